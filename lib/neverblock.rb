@@ -1,0 +1,232 @@
+# frozen_string_literal: true
+
+require "logger"
+require "timeout"
+
+require_relative "neverblock/version"
+require_relative "neverblock/errors"
+
+# NeverBlock runs ordinary blocking-style Ruby concurrently: every task is a
+# non-blocking fiber, and every blocking call in it (sockets, Net::HTTP, DNS,
+# sleep, Timeout, Process.wait, Mutex, Queue, database drivers that wait on
+# their socket) suspends only that fiber while the event loop serves the
+# others. Outside {NeverBlock.run} the same code simply blocks.
+#
+#   NeverBlock.run do
+#     tasks = urls.map { |url| NeverBlock.spawn { Net::HTTP.get(URI(url)) } }
+#     NeverBlock.wait_all(tasks)
+#   end
+module NeverBlock
+  # Default seconds a fiber may hold the loop before the stall detector warns.
+  DEFAULT_STALL_THRESHOLD = 0.1
+
+  # Default number of threads behind {NeverBlock.defer} and DNS lookups.
+  DEFAULT_THREAD_POOL_SIZE = 16
+
+  class << self
+    # @return [Logger] where NeverBlock reports failed tasks and stalls;
+    #   a Logger on $stderr unless set.
+    def logger
+      @logger ||= Logger.new($stderr, progname: "neverblock")
+    end
+
+    # @param logger [Logger, #warn, #error]
+    attr_writer :logger
+
+    # @return [Float, nil] seconds a fiber may hold the loop before the stall
+    #   detector logs a warning; nil when the detector is off. Defaults to
+    #   `ENV["NEVERBLOCK_STALL_THRESHOLD"]` (seconds, or `off`), else 0.1.
+    def stall_threshold
+      return @stall_threshold if defined?(@stall_threshold)
+
+      @stall_threshold = parse_stall_threshold(ENV.fetch("NEVERBLOCK_STALL_THRESHOLD", nil))
+    end
+
+    # @param seconds [Numeric, nil, false] nil or false turns the detector off.
+    # @raise [ArgumentError] for a negative or NaN value.
+    def stall_threshold=(seconds)
+      @stall_threshold = seconds ? validate_timeout!(seconds, :stall_threshold).to_f : nil
+    end
+
+    # @return [Integer] threads behind {NeverBlock.defer}, per event loop.
+    def thread_pool_size
+      @thread_pool_size ||= DEFAULT_THREAD_POOL_SIZE
+    end
+
+    # @param size [Integer] >= 1.
+    def thread_pool_size=(size)
+      @thread_pool_size = validate_size!(size, :thread_pool_size)
+    end
+
+    # Runs an event loop on the current thread: the block runs in a
+    # non-blocking fiber, and `run` returns once it and every task spawned
+    # inside it have finished. Inside a running NeverBlock loop it just runs
+    # the block. On a thread where another fiber scheduler is running (e.g.
+    # Async), the loop runs on a new thread and only the caller waits.
+    #
+    # @param options [Hash] passed to {Scheduler#initialize}
+    #   (`selector:`, `stall_threshold:`, `thread_pool_size:`).
+    # @return [Object] the block's value.
+    # @raise [Exception] whatever the block raised.
+    def run(**options, &block)
+      raise ArgumentError, "NeverBlock.run needs a block" unless block
+
+      current = Fiber.scheduler
+      if current.is_a?(Scheduler) && !current.closed?
+        return yield unless Fiber.current.blocking?
+
+        return current.run(&block)
+      end
+      return Thread.new { run(**options, &block) }.value if current
+
+      scheduler = Scheduler.new(**options)
+      Fiber.set_scheduler(scheduler)
+      begin
+        scheduler.run(&block)
+      ensure
+        Fiber.set_scheduler(nil)
+      end
+    end
+
+    # Starts a task on the running loop; it begins on the loop's next turn.
+    #
+    # @return [Task]
+    # @raise [NoReactorError] outside {NeverBlock.run}.
+    def spawn(&block)
+      raise ArgumentError, "NeverBlock.spawn needs a block" unless block
+
+      current_scheduler!.spawn(&block)
+    end
+
+    # @return [Boolean] true inside a NeverBlock non-blocking fiber (where
+    #   blocking calls suspend only the fiber), false anywhere else.
+    def neverblocking?
+      Fiber.scheduler.is_a?(Scheduler) && !Fiber.current.blocking?
+    end
+
+    # Sleeps for `seconds`: inside NeverBlock only the calling fiber waits.
+    #
+    # @param seconds [Numeric] >= 0.
+    # @return [Integer] seconds slept, rounded, like Kernel#sleep.
+    # @raise [ArgumentError] for a negative, NaN or non-numeric value.
+    def sleep(seconds)
+      Kernel.sleep(validate_timeout!(seconds, :seconds))
+    end
+
+    # Runs the block with `seconds` to finish. Inside NeverBlock, when time is
+    # up while the block waits (IO, sleep, a lock, a task), {TimeoutError} is
+    # raised at that wait; a block that computes without waiting cannot be
+    # interrupted there. Outside NeverBlock, behaves like Timeout.timeout.
+    # Zero expires immediately; nil means no limit.
+    #
+    # @param seconds [Numeric, nil]
+    # @return [Object] the block's value.
+    # @raise [TimeoutError] (a Timeout::Error) when time runs out.
+    # @raise [ArgumentError] for a negative, NaN or non-numeric value.
+    def timeout(seconds, &block)
+      raise ArgumentError, "NeverBlock.timeout needs a block" unless block
+      return yield(nil) if seconds.nil?
+
+      validate_timeout!(seconds, :seconds)
+      message = "execution expired after #{seconds} s"
+      if neverblocking?
+        Fiber.scheduler.timeout_after(seconds, TimeoutError, message, &block)
+      else
+        Timeout.timeout(seconds.zero? ? Float::MIN : seconds, TimeoutError, message, &block)
+      end
+    end
+
+    # Runs the block on the loop's bounded thread pool and suspends only the
+    # calling fiber until it is done: for CPU work and C extensions that
+    # would block the loop. Outside NeverBlock it just calls the block.
+    #
+    # @return [Object] the block's value.
+    # @raise [Exception] whatever the block raised.
+    def defer(&block)
+      raise ArgumentError, "NeverBlock.defer needs a block" unless block
+      return yield unless neverblocking?
+
+      Fiber.scheduler.defer(&block)
+    end
+
+    # Maps `enumerable` through the block with at most `concurrency` blocks
+    # running at once; results come back in input order. The enumerable is
+    # consumed lazily as slots free up. If a block raises, the others are
+    # cancelled and the first exception is raised. Outside NeverBlock it runs
+    # its own loop.
+    #
+    # @param enumerable [Enumerable]
+    # @param concurrency [Integer] >= 1.
+    # @return [Array]
+    def map(enumerable, concurrency: 10, &block)
+      raise ArgumentError, "NeverBlock.map needs a block" unless block
+
+      validate_size!(concurrency, :concurrency)
+      return run { map(enumerable, concurrency: concurrency, &block) } unless neverblocking?
+
+      Mapper.new(Fiber.scheduler, concurrency, block).call(enumerable)
+    end
+
+    # Waits for every task, then returns their values in order; if any
+    # failed, raises the first failure (in the order given) once all have
+    # finished.
+    #
+    # @param tasks [Enumerable<Task>]
+    # @return [Array]
+    def wait_all(tasks)
+      tasks = tasks.to_a
+      tasks.each(&:wait)
+      tasks.map(&:value)
+    end
+
+    # @api private
+    # @return [Scheduler] this thread's NeverBlock scheduler.
+    # @raise [NoReactorError] when there is none.
+    def current_scheduler!
+      scheduler = Fiber.scheduler
+      raise NoReactorError unless scheduler.is_a?(Scheduler) && !scheduler.closed?
+
+      scheduler
+    end
+
+    # @api private
+    # @return [Numeric] seconds, when finite and >= 0.
+    def validate_timeout!(value, name)
+      unless value.is_a?(Numeric) && value.real? && !(value.respond_to?(:nan?) && value.nan?) && value >= 0 &&
+             value.finite?
+        raise ArgumentError, "#{name} must be a finite number of seconds >= 0, got #{value.inspect}"
+      end
+
+      value
+    end
+
+    # @api private
+    # @return [Integer] the size, when an Integer >= minimum.
+    def validate_size!(value, name, minimum: 1)
+      unless value.is_a?(Integer) && value >= minimum
+        raise ArgumentError, "#{name} must be an Integer >= #{minimum}, got #{value.inspect}"
+      end
+
+      value
+    end
+
+    private
+
+    def parse_stall_threshold(text)
+      return DEFAULT_STALL_THRESHOLD if text.nil? || text.strip.empty?
+      return nil if %w[off false no 0].include?(text.strip.downcase)
+
+      seconds = Float(text, exception: false)
+      raise ArgumentError, "NEVERBLOCK_STALL_THRESHOLD must be seconds or 'off', got #{text.inspect}" unless seconds
+
+      validate_timeout!(seconds, :NEVERBLOCK_STALL_THRESHOLD)
+    end
+  end
+end
+
+# The short name, as in 2009.
+NB = NeverBlock unless defined?(NB)
+
+require_relative "neverblock/scheduler"
+require_relative "neverblock/mapper"
+require_relative "neverblock/fiber_pool"

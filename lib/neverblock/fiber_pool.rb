@@ -1,0 +1,207 @@
+# frozen_string_literal: true
+
+module NeverBlock
+  # A bounded set of reusable fibers: the 2009 NeverBlock::Pool::FiberPool,
+  # with backpressure.
+  #
+  #   pool = NeverBlock::FiberPool.new(size: 50, queue_limit: 10_000)
+  #   NeverBlock.run do
+  #     tasks = urls.map { |url| pool.spawn { Net::HTTP.get(URI(url)) } }
+  #     NeverBlock.wait_all(tasks)
+  #   end
+  #
+  # - Never more than `size` blocks run at once; each runs in one of at most
+  #   `size` fibers, which are reused rather than created per block.
+  # - Blocks beyond `size` wait in FIFO order; beyond `queue_limit` waiting
+  #   blocks, {#spawn} raises {PoolFull} instead of growing without bound.
+  # - Before each block, the worker's fiber-local variables
+  #   (`Thread.current[:key]`) are reset to nil, so nothing leaks from one
+  #   block to the next.
+  #
+  # A pool belongs to the event loop it is first used in; once that loop is
+  # closed it can be used in a new one. It is not shared between threads.
+  class FiberPool
+    # @return [Integer] the most blocks that run at once.
+    attr_reader :size
+
+    # @return [Integer] the most blocks that may wait for a fiber.
+    attr_reader :queue_limit
+
+    # @param size [Integer] fibers in the pool (>= 1).
+    # @param queue_limit [Integer] waiting blocks allowed (>= 0).
+    # @raise [ArgumentError] for negative, zero-size, non-integer values.
+    def initialize(size: 50, queue_limit: 10_000)
+      @size = NeverBlock.validate_size!(size, :size)
+      @queue_limit = NeverBlock.validate_size!(queue_limit, :queue_limit, minimum: 0)
+      @scheduler = nil
+      @queue = []
+      @idle = []
+      @workers = 0
+      @active = {}.compare_by_identity # task => true, running now
+      @completed = 0
+      @closed = false
+    end
+
+    # Runs the block in a pooled fiber, now or, if all `size` fibers are
+    # busy, once one is free.
+    #
+    # @return [Task] the block's task.
+    # @raise [PoolFull] when `queue_limit` blocks are already waiting.
+    # @raise [PoolClosed] after {#shutdown}.
+    # @raise [NoReactorError] outside {NeverBlock.run}.
+    def spawn(&block)
+      raise ArgumentError, "FiberPool#spawn needs a block" unless block
+      raise PoolClosed, "this FiberPool has been shut down" if @closed
+
+      scheduler = bind
+      if @idle.empty? && @workers >= @size && @queue.size >= @queue_limit
+        raise PoolFull, "FiberPool is full: #{@size} fibers busy and #{@queue.size} blocks queued " \
+                        "(queue_limit #{@queue_limit}); slow the producer down, or raise size or queue_limit"
+      end
+
+      task = Task.new(scheduler, block)
+      scheduler.adopt(task)
+      dispatch(scheduler, task)
+      task
+    end
+
+    # @return [Hash] `{size:, busy:, idle:, queued:, completed:}`: fibers
+    #   running a block, parked fibers, blocks waiting, blocks finished.
+    def stats
+      { size: @size, busy: @workers - @idle.size, idle: @idle.size, queued: @queue.size, completed: @completed }
+    end
+
+    # Stops accepting blocks, waits up to `timeout` seconds for running and
+    # queued blocks to finish, then cancels whatever is left and retires the
+    # fibers. Called inside the loop it suspends only the calling fiber.
+    #
+    # @param timeout [Numeric, nil] seconds; nil waits without limit.
+    # @return [Boolean] true if everything finished, false if work was cancelled.
+    def shutdown(timeout = nil)
+      NeverBlock.validate_timeout!(timeout, :timeout) if timeout
+      @closed = true
+      scheduler = @scheduler
+      return true unless scheduler && !scheduler.closed? && scheduler.loop_thread?
+
+      drained = drained? || wait_drained(scheduler, timeout)
+      unless drained
+        @queue.dup.each(&:cancel)
+        @active.keys.each(&:cancel)
+        wait_drained(scheduler, nil)
+      end
+      retire
+      drained
+    end
+
+    # @return [Boolean] true after {#shutdown}.
+    def closed?
+      @closed
+    end
+
+    # @api private
+    # A queued task was cancelled: it gives its place up at once.
+    def dequeue(task)
+      @queue.delete(task)
+    end
+
+    # @return [String]
+    def inspect
+      "#<#{self.class.name} #{stats.map { |key, value| "#{key}=#{value}" }.join(' ')}>"
+    end
+
+    private
+
+    # Binds the pool to the current thread's loop on first use (or after
+    # the loop it was bound to closed).
+    def bind
+      scheduler = NeverBlock.current_scheduler!
+      return scheduler if scheduler.equal?(@scheduler)
+
+      if @scheduler && !@scheduler.closed?
+        raise Error, "this FiberPool belongs to another event loop (#{@scheduler.thread.inspect}); " \
+                     "create one pool per thread"
+      end
+      @scheduler = scheduler
+      @queue.clear
+      @idle.clear
+      @workers = 0
+      @active.clear
+      scheduler.on_close { retire }
+      scheduler
+    end
+
+    def dispatch(scheduler, task)
+      if (worker = @idle.pop)
+        scheduler.wake(worker, task)
+      elsif @workers < @size
+        @workers += 1
+        scheduler.start_later(new_worker(scheduler, task))
+      else
+        task.owner = self
+        @queue << task
+      end
+    end
+
+    def new_worker(scheduler, task)
+      Fiber.new(blocking: false) do
+        fiber = Fiber.current
+        while task
+          work(fiber, task)
+          task = next_task(scheduler, fiber)
+        end
+      ensure
+        @workers -= 1
+        scheduler.entered(nil)
+      end
+    end
+
+    def work(fiber, task)
+      @active[task] = true
+      locals = Thread.current
+      locals.keys.each { |key| locals[key] = nil }
+      task.execute(fiber)
+    ensure
+      @active.delete(task)
+      @completed += 1
+      @drain_waiter && scheduler_wake_drain
+    end
+
+    # The next queued task, or parks the fiber until {#dispatch} hands it
+    # one; nil when the pool retires it.
+    def next_task(scheduler, fiber)
+      while (task = @queue.shift)
+        task.owner = nil
+        return task if task.status == :pending
+      end
+      return nil if @closed
+
+      @idle << fiber
+      task = scheduler.suspend until task || !@idle.include?(fiber)
+      task.is_a?(Task) ? task : nil
+    ensure
+      @idle.delete(fiber) if task.nil?
+    end
+
+    def drained?
+      @active.empty? && @queue.empty?
+    end
+
+    def wait_drained(scheduler, timeout)
+      @drain_waiter = Fiber.current
+      scheduler.wait_until(timeout) { drained? }
+    ensure
+      @drain_waiter = nil
+    end
+
+    def scheduler_wake_drain
+      @scheduler.wake(@drain_waiter) if drained?
+    end
+
+    # Wakes the parked fibers with nothing to do, so they end.
+    def retire
+      idle = @idle
+      @idle = []
+      idle.each { |fiber| @scheduler.wake(fiber, :retire) }
+    end
+  end
+end

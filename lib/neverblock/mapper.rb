@@ -1,0 +1,60 @@
+# frozen_string_literal: true
+
+module NeverBlock
+  # The engine behind {NeverBlock.map}: feeds items to at most `concurrency`
+  # tasks, consuming the enumerable only as slots free up (so a huge or lazy
+  # enumerable is not materialised), and collects results by index.
+  # @api private
+  class Mapper
+    def initialize(scheduler, concurrency, block)
+      @scheduler = scheduler
+      @concurrency = concurrency
+      @block = block
+      @live = {}.compare_by_identity
+      @failure = nil
+      @caller = nil
+    end
+
+    # @return [Array] results in input order.
+    # @raise [Exception] the first exception a block raised.
+    def call(enumerable)
+      @caller = Fiber.current
+      results = []
+      enumerable.each_with_index do |item, index|
+        @scheduler.wait_until { @live.size < @concurrency || @failure }
+        break if @failure
+
+        start(item, index, results)
+      end
+      @scheduler.wait_until { @live.empty? || @failure }
+      raise @failure if @failure
+
+      results
+    ensure
+      shut_down
+    end
+
+    private
+
+    def start(item, index, results)
+      task = nil
+      task = @scheduler.spawn(observed: true) do
+        results[index] = @block.call(item)
+      rescue Exception => e # rubocop:disable Lint/RescueException -- handed to the caller of map
+        @failure ||= e
+        raise
+      ensure
+        @live.delete(task)
+        @scheduler.wake(@caller)
+      end
+      @live[task] = true
+    end
+
+    # On failure or when the caller itself is cancelled: stop the rest.
+    def shut_down
+      tasks = @live.keys
+      tasks.each(&:cancel)
+      tasks.each(&:wait)
+    end
+  end
+end

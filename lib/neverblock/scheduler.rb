@@ -1,0 +1,616 @@
+# frozen_string_literal: true
+
+require "io/event"
+require "socket"
+
+require_relative "errors"
+require_relative "task"
+require_relative "selector"
+require_relative "thread_pool"
+require_relative "stall_detector"
+
+module NeverBlock
+  # NeverBlock's implementation of Ruby's `Fiber::Scheduler` interface: one
+  # event loop per thread, built on an io-event selector (EPoll by default).
+  #
+  # Most code never touches it directly: {NeverBlock.run} creates one, sets
+  # it as the thread's fiber scheduler and closes it. It can also be used the
+  # raw way, like any Fiber::Scheduler:
+  #
+  #   Thread.new do
+  #     Fiber.set_scheduler(NeverBlock::Scheduler.new)
+  #     Fiber.schedule { Net::HTTP.get(uri) }
+  #   end.join # the loop runs when the thread ends (Scheduler#close)
+  #
+  # How a fiber waits: it either sits in the selector (IO, child processes),
+  # or in {#suspend} with a wake-up token. Anything that may resume it later
+  # (a timer, {#unblock}, a finished task, a thread-pool job) goes through
+  # {#wake}, which only resumes the fiber if it is still in the same wait, so
+  # a late wake-up can never resume a fiber in the middle of another wait.
+  #
+  # Every method is called on the scheduler's own thread unless its comment
+  # says otherwise.
+  class Scheduler
+    # Marks a @ready entry that starts a task or a raw fiber.
+    START = :start
+    private_constant :START
+
+    # @return [Thread] the thread whose event loop this is.
+    attr_reader :thread
+
+    # @return [Class] the io-event selector class in use.
+    attr_reader :selector_class
+
+    # @param selector [String, Symbol, nil] `:epoll`, `:uring` or `:select`;
+    #   defaults to `ENV["NEVERBLOCK_SELECTOR"]`, else EPoll.
+    # @param stall_threshold [Numeric, nil] seconds a fiber may hold the loop
+    #   before a warning is logged; nil or false turns the detector off.
+    #   Defaults to {NeverBlock.stall_threshold}.
+    # @param thread_pool_size [Integer] threads for {#defer}, DNS and other
+    #   blocking work. Defaults to {NeverBlock.thread_pool_size}.
+    def initialize(selector: nil, stall_threshold: NeverBlock.stall_threshold,
+                   thread_pool_size: NeverBlock.thread_pool_size)
+      @loop = Fiber.current
+      @thread = Thread.current
+      @selector_class = Selector.resolve(selector)
+      @selector = @selector_class.new(@loop)
+      @timers = IO::Event::Timers.new
+
+      @ready = [] # flat triples: fiber (or task), token, value
+      @suspended = {}.compare_by_identity # fiber => token of its current wait
+      @blocked = {}.compare_by_identity # fibers inside #block
+      @token = 0
+      @tasks = {}.compare_by_identity # live tasks => true
+      @io_waiting = 0 # fibers waiting in the selector
+
+      @inbox = Thread::Queue.new # work posted from other threads
+      @wake_queue = Thread::Queue.new
+      @parked = false
+      @foreign_lock = Thread::Mutex.new
+      @foreign_cond = Thread::ConditionVariable.new
+      @foreign_waiters = 0
+
+      @thread_pool = ThreadPool.new(NeverBlock.validate_size!(thread_pool_size, :thread_pool_size))
+      @stall_detector = StallDetector.new(self, NeverBlock.validate_timeout!(stall_threshold, :stall_threshold)) if stall_threshold
+      @close_hooks = []
+      @running = nil # the non-loop fiber that holds the loop right now
+      @switches = 0 # bumped each time a fiber is (re)entered; read by the stall detector
+      @closed = false
+      @aborted = false
+    end
+
+    # @api private
+    # Read by the stall detector's thread.
+    attr_reader :running, :switches
+
+    # @return [Boolean] true once {#close} has run.
+    def closed?
+      @closed
+    end
+
+    # @return [Array<Task>] the tasks that are pending or running.
+    def tasks
+      @tasks.keys
+    end
+
+    # Runs `block` as the first task and the loop until every task has
+    # finished. The scheduler must already be the thread's fiber scheduler.
+    #
+    # @return [Object] the block's value.
+    # @raise [Exception] whatever the block raised.
+    def run(&block)
+      task = spawn(observed: true, &block)
+      run_loop
+      task.value
+    rescue Exception # rubocop:disable Lint/RescueException -- abort on anything, then re-raise
+      @aborted = true
+      raise
+    end
+
+    # Creates a task that starts on the next turn of the loop.
+    #
+    # @param observed [Boolean] true if the caller will collect the result,
+    #   so a failure is not logged.
+    # @return [Task]
+    # @raise [ClosedError] after {#close}.
+    def spawn(observed: false, &block)
+      raise ArgumentError, "spawn needs a block" unless block
+      raise ClosedError, "this NeverBlock scheduler is closed" if @closed
+
+      task = Task.new(self, block, observed: observed)
+      @tasks[task] = true
+      @ready.push(task, START, nil)
+      task
+    end
+
+    # @api private
+    # Registers a task created elsewhere (FiberPool) as live, so the loop
+    # runs until it finishes.
+    def adopt(task)
+      raise ClosedError, "this NeverBlock scheduler is closed" if @closed
+
+      @tasks[task] = true
+    end
+
+    # @api private
+    # Starts a raw fiber on the next turn of the loop.
+    def start_later(fiber)
+      @ready.push(fiber, START, nil)
+    end
+
+    # Suspends the current fiber until the block returns true, re-checking
+    # it each time the fiber is woken ({#wake}), or until `timeout` seconds
+    # have passed.
+    #
+    # @param timeout [Numeric, nil] seconds; nil waits without limit.
+    # @return [Boolean] the block's last answer.
+    def wait_until(timeout = nil)
+      return true if yield
+
+      fiber = Fiber.current
+      expired = false
+      timer = @timers.after(timeout) { expired = wake(fiber) } if timeout
+      suspend until yield || expired
+      yield
+    ensure
+      timer&.cancel!
+    end
+
+    # @return [Boolean] true when called on the scheduler's thread.
+    def loop_thread?
+      Thread.current.equal?(@thread)
+    end
+
+    # --- Waiting and waking ------------------------------------------------
+
+    # Suspends the current (non-blocking) fiber until {#wake} resumes it.
+    # Callers re-check their condition afterwards: being resumed only means
+    # "look again" (a timeout, a cancel, a finished task).
+    #
+    # @return [Object] the value passed to {#wake}.
+    def suspend
+      fiber = Fiber.current
+      @suspended[fiber] = (@token += 1)
+      @running = nil
+      @loop.transfer
+    ensure
+      @suspended.delete(fiber)
+      entered(fiber)
+    end
+
+    # Schedules a fiber suspended in {#suspend} to resume on the next turn of
+    # the loop. Does nothing if the fiber is not suspended there.
+    #
+    # @param value [Object] returned by the fiber's {#suspend}.
+    # @return [Boolean] whether the fiber was scheduled.
+    def wake(fiber, value = true)
+      token = @suspended[fiber]
+      return false unless token
+
+      @ready.push(fiber, token, value)
+      true
+    end
+
+    # Runs `callable.call` on the loop thread at its next turn. Thread-safe:
+    # this is how other threads hand work to the loop.
+    #
+    # @param callable [#call]
+    # @return [void]
+    def post(callable = nil, &block)
+      @inbox << (callable || block)
+      signal unless loop_thread?
+    end
+
+    # Raises `exception` inside the task's fiber at its current wait.
+    # @api private
+    def interrupt(task, exception)
+      fiber = task.fiber
+      return unless fiber&.alive?
+
+      if Fiber.current.blocking?
+        raise_in(fiber, exception)
+      else
+        @selector.raise(fiber, exception)
+      end
+    rescue FiberError
+      # The fiber is resuming another fiber (e.g. an Enumerator) and cannot
+      # be interrupted right now; try again shortly.
+      @timers.after(0.001) { interrupt(task, exception) if task.fiber.equal?(fiber) }
+    end
+
+    # Runs `block` with `duration` seconds to finish; when it is still
+    # waiting after that, `exception_class` is raised at its current wait.
+    # Code that computes without waiting is not interrupted.
+    #
+    # @return [Object] the block's value.
+    def timeout_after(duration, exception_class = TimeoutError, *message)
+      fiber = Fiber.current
+      timer = @timers.after(duration) { raise_in(fiber, exception_class.new(*message)) }
+      yield duration
+    ensure
+      timer&.cancel!
+    end
+
+    # Runs `block` on the scheduler's thread pool and suspends only the
+    # calling fiber until it finishes. If the fiber is cancelled or times out
+    # meanwhile, the block still runs to its end; its result is dropped.
+    #
+    # @return [Object] the block's value.
+    # @raise [Exception] whatever the block raised.
+    def defer(&block)
+      job = ThreadPool::Job.new(block, self, Fiber.current)
+      @thread_pool.submit(job)
+      suspend until job.done?
+      job.result
+    ensure
+      job&.abandon
+    end
+
+    # @api private
+    # Called (on the loop thread) when a thread-pool job has finished.
+    def job_done(job)
+      wake(job.fiber)
+    end
+
+    # --- Fiber::Scheduler hooks ---------------------------------------------
+
+    # Fiber::Scheduler hook: wait until `io` is ready for `events`.
+    # @return [Integer, false] the ready events, false on timeout.
+    def io_wait(io, events, timeout = nil)
+      fiber = Fiber.current
+      if timeout
+        timer = @timers.after(timeout) { fiber.transfer(false) }
+      elsif (timeout = io_timeout(io))
+        timer = @timers.after(timeout) do
+          raise_in(fiber, IO::TimeoutError.new("IO#timeout (#{timeout} s) expired waiting for #{io.inspect}"))
+        end
+      end
+      in_selector(fiber) { @selector.io_wait(fiber, io, events) }
+    ensure
+      timer&.cancel!
+    end
+
+    if IO.const_defined?(:Buffer)
+      # Fiber::Scheduler hook: read at least `length` bytes into `buffer`.
+      # @return [Integer] bytes read, or a negated errno.
+      def io_read(io, buffer, length, offset = 0)
+        fiber = Fiber.current
+        timer = io_timeout_timer(io, fiber, "readable")
+        in_selector(fiber) { @selector.io_read(fiber, io, buffer, length, offset) }
+      ensure
+        timer&.cancel!
+      end
+
+      # Ruby 3.3.0's io_write hook miscomputes lengths; it is fixed in 3.3.1.
+      if RUBY_ENGINE != "ruby" || RUBY_VERSION < "3.3" || RUBY_VERSION >= "3.3.1"
+        # Fiber::Scheduler hook: write at least `length` bytes from `buffer`.
+        # @return [Integer] bytes written, or a negated errno.
+        def io_write(io, buffer, length, offset = 0)
+          fiber = Fiber.current
+          timer = io_timeout_timer(io, fiber, "writable")
+          in_selector(fiber) { @selector.io_write(fiber, io, buffer, length, offset) }
+        ensure
+          timer&.cancel!
+        end
+      end
+    end
+
+    if Fiber.respond_to?(:blocking)
+      # Fiber::Scheduler hook (Ruby 3.2+): `IO.select` from a fiber.
+      # @return [Array, nil] like IO.select.
+      def io_select(readables, writables, exceptables, timeout)
+        poll = -> { Fiber.blocking { ::IO.select(readables, writables, exceptables, 0) } }
+        result = poll.call
+        return result if result || timeout&.zero?
+
+        waiter = Fiber.current
+        watchers = []
+        { readables => IO::READABLE, writables => IO::WRITABLE, exceptables => IO::PRIORITY }.each do |ios, events|
+          ios&.each { |io| watchers << watch(io, events, waiter) }
+        end
+        timed_out = false
+        timer = @timers.after(timeout) { timed_out = true if wake(waiter) } if timeout
+        until (result = poll.call) || timed_out
+          suspend
+        end
+        result
+      ensure
+        timer&.cancel!
+        watchers&.each { |watcher| @selector.raise(watcher, Cancelled) if watcher.alive? }
+      end
+    end
+
+    # Fiber::Scheduler hook: `sleep`. Without a duration, sleeps until woken.
+    def kernel_sleep(duration = nil)
+      fiber = Fiber.current
+      timer = @timers.after(duration) { wake(fiber) } if duration
+      suspend
+    ensure
+      timer&.cancel!
+    end
+
+    # Fiber::Scheduler hook: a Mutex, Queue, ConditionVariable or
+    # Thread#join is about to wait.
+    # @return [Boolean] false if the timeout expired.
+    def block(_blocker, timeout = nil)
+      fiber = Fiber.current
+      timer = @timers.after(timeout) { wake(fiber, false) } if timeout
+      @blocked[fiber] = true
+      suspend
+    ensure
+      @blocked.delete(fiber)
+      timer&.cancel!
+    end
+
+    # Fiber::Scheduler hook: resume a fiber suspended in {#block}. Called from
+    # any thread. A fiber woken without cause re-checks its Mutex or Queue and
+    # blocks again, which is how Ruby's own primitives are written.
+    def unblock(_blocker, fiber)
+      if loop_thread?
+        wake(fiber, true)
+      else
+        @inbox << fiber
+        signal
+      end
+    end
+
+    # Fiber::Scheduler hook: `Process.wait` and friends.
+    # @return [Process::Status, nil]
+    def process_wait(pid, flags)
+      # pidfd waits need a concrete pid and a blocking wait; anything else
+      # (any child, WNOHANG) is answered by a thread-pool thread.
+      if pid.positive? && (flags & Process::WNOHANG).zero?
+        fiber = Fiber.current
+        in_selector(fiber) { @selector.process_wait(fiber, pid, flags) }
+      else
+        defer { Process::Status.wait(pid, flags) }
+      end
+    end
+
+    # Fiber::Scheduler hook: DNS. The system resolver (getaddrinfo, honouring
+    # /etc/hosts and nsswitch exactly like blocking code) runs on the thread
+    # pool. Returns IPv6 and IPv4 addresses.
+    # @return [Array<String>]
+    def address_resolve(hostname)
+      host = hostname.split("%", 2).first # strip an IPv6 zone ("fe80::1%eth0")
+      host = host[1..-2] if host.start_with?("[") && host.end_with?("]")
+      defer { Addrinfo.getaddrinfo(host, nil, nil, :STREAM).map(&:ip_address).uniq }
+    end
+
+    # Fiber::Scheduler hook (Ruby 3.4+): a C extension's blocking call
+    # (e.g. a GVL-releasing function) runs on the thread pool.
+    def blocking_operation_wait(work)
+      defer { work.call }
+    end
+
+    # Fiber::Scheduler hook: `Fiber.schedule`. Unlike {#spawn}, the fiber
+    # starts at once, as Ruby specifies.
+    # @return [Fiber]
+    def fiber(&block)
+      raise ClosedError, "this NeverBlock scheduler is closed" if @closed
+
+      task = Task.new(self, block)
+      @tasks[task] = true
+      fiber = new_task_fiber(task)
+      if Fiber.current.blocking?
+        fiber.transfer
+      else
+        @selector.resume(fiber)
+      end
+      fiber
+    end
+
+    # Fiber::Scheduler hook: called by `Fiber.set_scheduler(nil)` and when
+    # the thread exits. Runs the loop until every task has finished (after
+    # an aborted {#run}, cancels them first), then releases the selector,
+    # the thread pool and the stall detector. Idempotent.
+    # @return [void]
+    def close
+      return if @closed
+      raise Error, "close the scheduler from its own thread" unless loop_thread?
+      raise Error, "close cannot be called from inside a task" unless Fiber.current.equal?(@loop)
+
+      begin
+        cancel_all if @aborted
+        run_loop
+      ensure
+        @closed = true
+        @close_hooks.each(&:call)
+        run_ready # lets fibers retired by the hooks finish
+        @stall_detector&.stop
+        @thread_pool.shutdown
+        @selector.close
+      end
+    end
+
+    # @api private
+    # Registers a callable to run in {#close} (FiberPool retires its fibers).
+    def on_close(&block)
+      @close_hooks << block
+    end
+
+    # @return [String]
+    def inspect
+      "#<#{self.class.name} #{@selector_class.name.split('::').last} tasks=#{@tasks.size}#{' closed' if @closed}>"
+    end
+
+    # --- Internals shared with Task, FiberPool and the thread pool ----------
+
+    # @api private
+    def task_started(_task)
+      entered(Fiber.current)
+    end
+
+    # @api private
+    def task_finished(task, report)
+      @tasks.delete(task)
+      report_failure(task) if report
+      signal_foreign_waiters if @foreign_waiters.positive?
+    end
+
+    # @api private
+    # Blocks a thread other than the loop's until `task` has finished.
+    def wait_from_other_thread(task)
+      @foreign_lock.synchronize do
+        @foreign_waiters += 1
+        @foreign_cond.wait(@foreign_lock) while task.alive?
+      ensure
+        @foreign_waiters -= 1
+      end
+    end
+
+    # @api private
+    # Creates the fiber that runs a task; the fiber ends with the task.
+    def new_task_fiber(task)
+      Fiber.new(blocking: false) do
+        task.execute(Fiber.current)
+      ensure
+        @running = nil
+      end
+    end
+
+    # @api private
+    # Records that `fiber` now holds the loop (for the stall detector).
+    def entered(fiber)
+      @running = fiber
+      @switches += 1
+    end
+
+    private
+
+    def run_loop
+      @stall_detector&.start
+      run_once until @tasks.empty?
+    end
+
+    # One turn: run what is ready, wait for IO or the next timer, fire timers.
+    def run_once
+      drain_inbox unless @inbox.empty?
+      run_ready
+      return if @tasks.empty?
+
+      interval = @ready.empty? && @inbox.empty? && !@selector.ready? ? @timers.wait_interval : 0
+      interval = 0 if interval&.negative?
+      if interval.nil? && @io_waiting.zero?
+        park
+      else
+        @selector.select(interval)
+      end
+      @timers.fire
+    end
+
+    def run_ready
+      ready = @ready
+      return if ready.empty?
+
+      @ready = []
+      index = 0
+      while index < ready.size
+        target = ready[index]
+        token = ready[index + 1]
+        value = ready[index + 2]
+        index += 3
+        if token.equal?(START)
+          start(target)
+        elsif @suspended[target] == token
+          target.transfer(value)
+        end
+      end
+    end
+
+    def start(target)
+      if target.is_a?(Task)
+        new_task_fiber(target).transfer if target.status == :pending
+      else
+        target.transfer
+      end
+    end
+
+    # Nothing can happen on this thread (no IO, no timers, nothing ready):
+    # only another thread can wake a fiber now. Waiting on a Thread::Queue
+    # lets Ruby's deadlock detector see it when no such thread exists.
+    def park
+      @parked = true
+      if @stall_detector
+        @stall_detector.idle { @wake_queue.pop if @inbox.empty? }
+      elsif @inbox.empty?
+        @wake_queue.pop
+      end
+    ensure
+      @parked = false
+      @wake_queue.clear
+    end
+
+    def signal
+      @wake_queue << true if @parked
+      @selector.wakeup
+    end
+
+    def drain_inbox
+      until @inbox.empty?
+        item = @inbox.pop
+        if item.is_a?(Fiber)
+          wake(item, true) if @blocked.key?(item)
+        else
+          item.call
+        end
+      end
+    end
+
+    # Raises in a suspended fiber from the loop fiber (timers).
+    def raise_in(fiber, exception)
+      fiber.raise(exception) if fiber.alive?
+    rescue FiberError
+      @timers.after(0.001) { raise_in(fiber, exception) }
+    end
+
+    def in_selector(fiber)
+      @io_waiting += 1
+      @running = nil
+      yield
+    ensure
+      @io_waiting -= 1
+      entered(fiber)
+    end
+
+    def io_timeout(io)
+      io.timeout if io.respond_to?(:timeout)
+    end
+
+    def io_timeout_timer(io, fiber, direction)
+      timeout = io_timeout(io) or return
+      @timers.after(timeout) do
+        raise_in(fiber, IO::TimeoutError.new("IO#timeout (#{timeout} s) expired waiting for #{io.inspect} to be #{direction}"))
+      end
+    end
+
+    # A raw fiber that wakes `waiter` once `io` is ready (for io_select).
+    def watch(io, events, waiter)
+      watcher = Fiber.new(blocking: false) do
+        in_selector(Fiber.current) { @selector.io_wait(Fiber.current, io, events) }
+        @running = nil
+        wake(waiter)
+      rescue Cancelled
+        @running = nil
+      end
+      start_later(watcher)
+      watcher
+    end
+
+    def cancel_all
+      @tasks.each_key { |task| task.cancel if task.alive? }
+    end
+
+    def signal_foreign_waiters
+      @foreign_lock.synchronize { @foreign_cond.broadcast }
+    end
+
+    def report_failure(task)
+      error = task.error
+      NeverBlock.logger.error("NeverBlock") do
+        "unhandled #{error.class} in #{task.inspect}: #{error.message}\n  " \
+          "#{(error.backtrace || []).join("\n  ")}"
+      end
+    end
+  end
+end

@@ -1,0 +1,106 @@
+# frozen_string_literal: true
+
+module NeverBlock
+  # Answers "what is blocking my reactor?": a watchdog thread that notices
+  # when one fiber has held the event loop longer than a threshold without
+  # yielding, and logs one warning naming the task and showing where it is.
+  #
+  # The loop itself pays almost nothing: entering a fiber bumps a counter
+  # (Scheduler#switches) and records the fiber (Scheduler#running). The
+  # watchdog samples both every quarter threshold; when the same fiber has
+  # been running with no switch for the threshold, it logs the loop thread's
+  # backtrace (which is the stalled fiber's). A stall is reported once.
+  #
+  # Ruby hands the GVL to the watchdog only at its thread-switch points (every
+  # 100 ms, or when C code releases the GVL), so stalls shorter than about
+  # the threshold plus that may go unreported; long ones never do.
+  class StallDetector
+    # @return [Float] seconds a fiber may hold the loop before a warning.
+    attr_reader :threshold
+
+    # @param scheduler [Scheduler]
+    # @param threshold [Numeric] seconds.
+    def initialize(scheduler, threshold)
+      @scheduler = scheduler
+      @threshold = threshold.to_f
+      @interval = [@threshold / 4, 0.005].max
+      @lock = Thread::Mutex.new
+      @cond = Thread::ConditionVariable.new
+      @idle = false
+      @thread = nil
+      @stopping = false
+    end
+
+    # Starts the watchdog thread (once).
+    # @return [void]
+    def start
+      return if @thread || @stopping
+
+      @thread = Thread.new { watch }
+      @thread.name = "neverblock-stall-detector"
+      @thread.report_on_exception = true
+    end
+
+    # Runs the block (the loop waiting for another thread, with nothing to
+    # run) while the watchdog waits too: a watchdog sleeping with a timeout
+    # would hide a deadlock from Ruby's deadlock detector.
+    # @api private
+    def idle
+      @lock.synchronize { @idle = true }
+      yield
+    ensure
+      @lock.synchronize do
+        @idle = false
+        @cond.signal
+      end
+    end
+
+    # Stops and joins the watchdog thread.
+    # @return [void]
+    def stop
+      @lock.synchronize do
+        @stopping = true
+        @cond.signal
+      end
+      return unless @thread
+
+      @thread.wakeup if @thread.alive?
+      @thread.join
+    rescue ThreadError
+      @thread.join # it went to sleep between alive? and wakeup
+    end
+
+    private
+
+    def watch
+      seen = nil
+      since = nil
+      reported = nil
+      until @stopping
+        @lock.synchronize { @cond.wait(@lock) while @idle && !@stopping }
+        sleep @interval
+        running = @scheduler.running
+        switches = @scheduler.switches
+        now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+        if running.nil? || switches != seen
+          seen = switches
+          since = now
+        elsif reported != switches && now - since >= @threshold
+          reported = switches
+          report(running, now - since)
+        end
+      end
+    end
+
+    def report(fiber, held)
+      backtrace = @scheduler.thread.backtrace || []
+      task = @scheduler.tasks.find { |candidate| candidate.fiber.equal?(fiber) }
+      NeverBlock.logger.warn("NeverBlock") do
+        "#{task ? task.inspect : fiber.inspect} has held the event loop for at least " \
+          "#{(held * 1000).round} ms without yielding (stall threshold #{(@threshold * 1000).round} ms); " \
+          "everything else on this loop waits meanwhile. Move CPU work or blocking C calls into " \
+          "NeverBlock.defer { }. It is here:\n  #{backtrace.join("\n  ")}"
+      end
+    end
+  end
+end

@@ -1,0 +1,187 @@
+# frozen_string_literal: true
+
+module NeverBlock
+  # A unit of concurrent work: a block running in a non-blocking fiber of a
+  # {Scheduler}. Created by {NeverBlock.spawn}, {FiberPool#spawn} and
+  # `Fiber.schedule`.
+  #
+  # A task moves through these statuses:
+  # - `:pending`   — created, not started yet;
+  # - `:running`   — its block is executing (or suspended at a wait);
+  # - `:completed` — the block returned; {#value} returns what it returned;
+  # - `:failed`    — the block raised; {#value} re-raises that exception;
+  # - `:cancelled` — {#cancel} stopped it; {#value} raises {Cancelled}.
+  class Task
+    # Exceptions that stop the event loop instead of failing one task: a
+    # Ctrl-C or `exit` inside a task must still end the program.
+    FATAL = [Interrupt, SignalException, SystemExit, NoMemoryError].freeze
+
+    # @return [Scheduler] the scheduler the task runs on.
+    attr_reader :scheduler
+
+    # @return [Symbol] `:pending`, `:running`, `:completed`, `:failed` or `:cancelled`.
+    attr_reader :status
+
+    # @api private
+    # @param scheduler [Scheduler]
+    # @param block [Proc] the work to run.
+    # @param observed [Boolean] true when the creator promises to collect the
+    #   result, so a failure is not logged (e.g. {NeverBlock.map}).
+    def initialize(scheduler, block, observed: false)
+      @scheduler = scheduler
+      @block = block
+      @status = :pending
+      @result = nil
+      @fiber = nil
+      @waiters = nil
+      @observed = observed
+      @cancel_requested = false
+    end
+
+    # @return [Fiber, nil] the fiber running the task, nil when it is not
+    #   running. Pooled tasks share reusable fibers, so this changes over time.
+    attr_reader :fiber
+
+    # @return [Boolean] true while the task is pending or running.
+    def alive?
+      @status == :pending || @status == :running
+    end
+
+    # @return [Boolean] true once the task completed, failed or was cancelled.
+    def finished?
+      !alive?
+    end
+
+    # @return [Boolean] true if the task was cancelled.
+    def cancelled?
+      @status == :cancelled
+    end
+
+    # Waits until the task has finished, without raising its exception.
+    #
+    # From a fiber of the same scheduler only that fiber is suspended; from
+    # another thread, that thread blocks. A task cannot wait for itself.
+    #
+    # @return [Task] self.
+    # @raise [Error] if called from the task's own fiber, or from the event
+    #   loop fiber itself (which would deadlock).
+    def wait
+      return self unless alive?
+
+      if @scheduler.loop_thread?
+        wait_in_loop
+      else
+        @scheduler.wait_from_other_thread(self)
+      end
+      self
+    end
+
+    # @return [Exception, nil] what ended a failed or cancelled task.
+    def error
+      @result if @status == :failed || @status == :cancelled
+    end
+
+    # Waits for the task and returns its result.
+    #
+    # @return [Object] the value the block returned.
+    # @raise [Exception] the exception that ended the task, or {Cancelled}.
+    def value
+      wait
+      @observed = true
+      raise @result if @status == :failed || @status == :cancelled
+
+      @result
+    end
+
+    # Cancels the task: raises {Cancelled} inside it at its current wait (or
+    # at once when the task cancels itself), so its `ensure` blocks run. A
+    # pending task finishes as cancelled without running. Cancelling a
+    # finished task does nothing. Safe to call from any thread.
+    #
+    # @return [Task] self.
+    def cancel
+      return self unless alive?
+      return @scheduler.post { cancel } && self unless @scheduler.loop_thread?
+
+      case @status
+      when :pending
+        @cancel_requested = true
+        @owner&.dequeue(self)
+        conclude(:cancelled, Cancelled.new)
+      when :running
+        @cancel_requested = true
+        raise Cancelled if Fiber.current.equal?(@fiber)
+
+        @scheduler.interrupt(self, Cancelled.new)
+      end
+      self
+    end
+
+    # @return [String]
+    def inspect
+      location = @block&.source_location
+      "#<#{self.class.name}:0x#{object_id.to_s(16)} #{@status}#{" (#{location.join(':')})" if location}>"
+    end
+    alias to_s inspect
+
+    # @api private
+    # The pool or queue holding a pending task, told when it is cancelled.
+    attr_writer :owner
+
+    # @api private
+    # Runs the block in the current fiber; every exception is captured on the
+    # task except {FATAL} ones, which propagate and stop the loop.
+    # @return [void]
+    def execute(fiber)
+      return unless @status == :pending
+
+      @fiber = fiber
+      @status = :running
+      @scheduler.task_started(self)
+      conclude(:completed, @block.call)
+    rescue Cancelled => e
+      conclude(@cancel_requested ? :cancelled : :failed, e)
+    rescue *FATAL => e
+      conclude(:failed, e)
+      raise
+    rescue Exception => e # rubocop:disable Lint/RescueException -- a task reports every failure
+      conclude(:failed, e)
+    end
+
+    # @api private
+    # Marks the task's result into the caller's scope: used by the scheduler
+    # to attribute log lines and by waiters.
+    # @return [Boolean]
+    def observed?
+      @observed || !@waiters.nil?
+    end
+
+    private
+
+    def wait_in_loop
+      current = Fiber.current
+      raise Error, "a task cannot wait for itself" if current.equal?(@fiber)
+      raise Error, "cannot wait for a task from the event loop fiber; wait from inside a task" if current.blocking?
+
+      waiters = (@waiters ||= [])
+      waiters << current
+      begin
+        @scheduler.suspend while alive?
+      ensure
+        waiters.delete(current) if alive?
+      end
+    end
+
+    def conclude(status, result)
+      return unless alive?
+
+      @result = result
+      @status = status
+      @fiber = nil
+      @scheduler.task_finished(self, status == :failed && !observed?)
+      @block = nil
+      @waiters&.each { |fiber| @scheduler.wake(fiber) }
+      @waiters = nil
+    end
+  end
+end

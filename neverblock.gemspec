@@ -1,0 +1,26 @@
+# frozen_string_literal: true
+
+require_relative "lib/neverblock/version"
+
+Gem::Specification.new do |spec|
+  spec.name = "neverblock"
+  spec.version = NeverBlock::VERSION
+  spec.authors = ["NeverBlock contributors"]
+  spec.summary = "Fiber-scheduler concurrency for blocking-style Ruby"
+  spec.description = <<~DESC
+    NeverBlock runs ordinary blocking-style Ruby (Net::HTTP, sockets, DNS, sleep,
+    Timeout, subprocesses, database drivers) concurrently in fibers on Ruby's
+    Fiber::Scheduler interface, with tasks, a reusable fiber pool, timeouts,
+    a stall detector and test helpers.
+  DESC
+  spec.homepage = "https://github.com/neverblock/neverblock"
+  spec.license = "MIT"
+  spec.required_ruby_version = ">= 3.1"
+
+  spec.files = Dir["lib/**/*.rb", "exe/*", "README.md", "CHANGELOG.md", "LICENSE"]
+  spec.bindir = "exe"
+  spec.executables = ["neverblock"]
+  spec.require_paths = ["lib"]
+
+  spec.add_dependency "io-event", "~> 1.11"
+end
