@@ -1,0 +1,180 @@
+# frozen_string_literal: true
+
+require "test_helper"
+
+# NeverBlock::Task: value, wait, cancel, alive?, status.
+class TaskTest < NeverBlockTest
+  def test_value_returns_the_block_result
+    assert_equal 3, NeverBlock.spawn { 1 + 2 }.value
+  end
+
+  def test_value_reraises_the_task_exception
+    task = NeverBlock.spawn { raise ArgumentError, "bad" }
+    error = assert_raises(ArgumentError) { task.value }
+    assert_equal "bad", error.message
+    assert_equal :failed, task.status
+    assert_same error, task.error
+  end
+
+  def test_a_spawned_task_starts_on_the_next_turn_of_the_loop
+    order = []
+    task = NeverBlock.spawn { order << :task }
+    order << :spawner
+    assert_equal :pending, task.status
+    task.wait
+    assert_equal %i[spawner task], order
+  end
+
+  def test_status_moves_from_pending_to_running_to_completed
+    task = NeverBlock.spawn { sleep 0.05 }
+    assert_equal :pending, task.status
+    assert task.alive?
+    sleep 0.01
+    assert_equal :running, task.status
+    task.wait
+    assert_equal :completed, task.status
+    refute task.alive?
+    assert task.finished?
+  end
+
+  def test_wait_returns_the_task_and_does_not_raise
+    task = NeverBlock.spawn { raise "ignored by wait" }
+    assert_same task, task.wait
+    assert_equal :failed, task.status
+  end
+
+  def test_many_fibers_can_wait_on_one_task
+    task = NeverBlock.spawn { sleep 0.05; :done }
+    waiters = 5.times.map { NeverBlock.spawn { task.value } }
+    assert_equal [:done] * 5, waiters.map(&:value)
+  end
+
+  def test_a_task_cannot_wait_for_itself
+    task = nil
+    task = NeverBlock.spawn { task.wait }
+    error = assert_raises(NeverBlock::Error) { task.value }
+    assert_match(/itself/, error.message)
+  end
+
+  def test_cancel_raises_cancelled_inside_the_task_and_runs_ensure
+    events = []
+    task = NeverBlock.spawn do
+      sleep 10
+    ensure
+      events << :ensure
+    end
+    sleep 0.01
+    task.cancel
+    assert_raises(NeverBlock::Cancelled) { task.value }
+    assert_equal [:ensure], events
+    assert_equal :cancelled, task.status
+    assert task.cancelled?
+  end
+
+  def test_cancel_interrupts_a_task_waiting_on_io
+    reader, writer = IO.pipe
+    task = NeverBlock.spawn { reader.read(1) }
+    sleep 0.01
+    task.cancel
+    assert_raises(NeverBlock::Cancelled) { task.value }
+    # the selector forgot the cancelled wait: the pipe works normally after
+    writer.write("x")
+    assert_equal "x", reader.read(1)
+  ensure
+    reader&.close
+    writer&.close
+  end
+
+  def test_cancel_a_pending_task_never_runs_its_block
+    ran = false
+    task = NeverBlock.spawn { ran = true }
+    task.cancel
+    assert_equal :cancelled, task.status
+    sleep 0.01
+    refute ran
+    assert_raises(NeverBlock::Cancelled) { task.value }
+  end
+
+  def test_cancelling_a_finished_task_does_nothing
+    task = NeverBlock.spawn { :ok }
+    task.wait
+    assert_same task, task.cancel
+    assert_equal :completed, task.status
+    assert_equal :ok, task.value
+  end
+
+  def test_a_task_cancelling_itself_stops_at_once
+    reached = false
+    task = nil
+    task = NeverBlock.spawn do
+      task.cancel
+      reached = true
+    end
+    assert_raises(NeverBlock::Cancelled) { task.value }
+    refute reached
+  end
+
+  def test_a_task_that_rescues_cancelled_can_clean_up_and_wait
+    task = NeverBlock.spawn do
+      sleep 10
+    rescue NeverBlock::Cancelled
+      sleep 0.01 # cleanup may still wait
+      :cleaned_up
+    end
+    sleep 0.01
+    task.cancel
+    assert_equal :cleaned_up, task.value
+    assert_equal :completed, task.status
+  end
+
+  def test_cancel_wakes_the_waiters_of_the_task
+    task = NeverBlock.spawn { sleep 10 }
+    waiter = NeverBlock.spawn { task.value }
+    sleep 0.01
+    task.cancel
+    assert_raises(NeverBlock::Cancelled) { waiter.value }
+  end
+
+  def test_cancel_from_another_thread
+    task = NeverBlock.spawn { sleep 10 }
+    sleep 0.01
+    Thread.new { task.cancel }.join
+    assert_raises(NeverBlock::Cancelled) { task.value }
+  end
+
+  def test_value_from_another_thread_blocks_that_thread_until_done
+    task = NeverBlock.spawn { sleep 0.05; :from_loop }
+    thread = Thread.new { task.value }
+    assert_equal :from_loop, thread.value
+  end
+
+  def test_a_cancelled_error_raised_by_user_code_is_a_failure_not_a_cancellation
+    task = NeverBlock.spawn { raise NeverBlock::Cancelled, "mine" }
+    task.wait
+    assert_equal :failed, task.status
+  end
+
+  def test_inspect_names_the_status_and_where_it_was_spawned
+    task = NeverBlock.spawn { sleep 0.01 }
+    assert_match(/Task.*pending.*task_test\.rb:\d+/, task.inspect)
+    task.wait
+  end
+
+  def test_wait_all_returns_values_in_order
+    tasks = [0.03, 0.01, 0.02].map { |delay| NeverBlock.spawn { sleep delay; delay } }
+    assert_equal [0.03, 0.01, 0.02], NeverBlock.wait_all(tasks)
+  end
+
+  def test_wait_all_raises_the_first_failure_after_all_finished
+    finished = []
+    tasks = [
+      NeverBlock.spawn { sleep 0.02; finished << 0 },
+      NeverBlock.spawn { raise IndexError, "first" },
+      NeverBlock.spawn { raise KeyError, "second" },
+      NeverBlock.spawn { sleep 0.05; finished << 3 }
+    ]
+    error = assert_raises(IndexError) { capture_log { NeverBlock.wait_all(tasks) } }
+    assert_equal "first", error.message
+    assert_equal [0, 3], finished
+  end
+end

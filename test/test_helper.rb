@@ -1,0 +1,56 @@
+# frozen_string_literal: true
+
+require "minitest/autorun"
+require "neverblock"
+require "neverblock/minitest"
+require "stringio"
+require "socket"
+
+# Shared helpers for NeverBlock's own suite. Every test class that includes
+# NeverBlock::Minitest runs each test inside NeverBlock.run with a timeout
+# and fails tests that leak tasks or file descriptors.
+module TestSupport
+  # Seconds on the monotonic clock.
+  def now
+    Process.clock_gettime(Process::CLOCK_MONOTONIC)
+  end
+
+  # Measures the block's wall time in seconds.
+  def elapsed
+    started = now
+    yield
+    now - started
+  end
+
+  # Captures what NeverBlock logs while the block runs.
+  # @return [String]
+  def capture_log
+    output = StringIO.new
+    previous = NeverBlock.logger
+    NeverBlock.logger = Logger.new(output)
+    yield
+    output.string
+  ensure
+    NeverBlock.logger = previous
+  end
+
+  # Runs the block in a child Ruby process with lib/ on the load path.
+  # @return [Array(String, String, Process::Status)] stdout, stderr, status.
+  def run_ruby(code, timeout: 30)
+    require "open3"
+    lib = File.expand_path("../lib", __dir__)
+    Open3.capture3(RbConfig.ruby, "-I#{lib}", "-rtimeout", "-e", "Timeout.timeout(#{timeout}) do\n#{code}\nend")
+  end
+end
+
+# Base class for tests that run inside the event loop.
+class NeverBlockTest < Minitest::Test
+  include TestSupport
+  include NeverBlock::Minitest
+  make_my_diffs_pretty!
+end
+
+# Base class for tests that run outside any event loop (they start their own).
+class PlainTest < Minitest::Test
+  include TestSupport
+end
