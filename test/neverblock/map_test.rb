@@ -1,0 +1,88 @@
+# frozen_string_literal: true
+
+require "test_helper"
+
+# NeverBlock.map: bounded concurrency, results in input order.
+class MapTest < NeverBlockTest
+  def test_results_come_back_in_input_order
+    assert_equal [30, 10, 20], NeverBlock.map([3, 1, 2], concurrency: 3) { |x| sleep x * 0.01; x * 10 }
+  end
+
+  def test_at_most_concurrency_blocks_run_at_once
+    running = 0
+    peak = 0
+    NeverBlock.map(1..20, concurrency: 4) do
+      running += 1
+      peak = [peak, running].max
+      sleep 0.01
+      running -= 1
+    end
+    assert_equal 4, peak
+  end
+
+  def test_blocks_overlap
+    time = elapsed { NeverBlock.map(1..10, concurrency: 10) { sleep 0.2 } }
+    assert_operator time, :<, 1
+  end
+
+  def test_the_enumerable_is_consumed_lazily
+    pulled = 0
+    source = Enumerator.new { |y| 100.times { |i| pulled += 1; y << i } }
+    first = nil
+    NeverBlock.map(source, concurrency: 2) do |x|
+      first ||= pulled
+      x
+    end
+    assert_operator first, :<=, 3, "only about `concurrency` items are pulled before work starts"
+  end
+
+  def test_a_failure_cancels_the_rest_and_raises_the_first_error
+    cancelled = 0
+    error = assert_raises(KeyError) do
+      NeverBlock.map(1..10, concurrency: 5) do |x|
+        raise KeyError, "item #{x}" if x == 2
+
+        sleep 1
+      rescue NeverBlock::Cancelled
+        cancelled += 1
+        raise
+      end
+    end
+    assert_equal "item 2", error.message
+    assert_equal 4, cancelled
+  end
+
+  def test_empty_input
+    assert_equal [], NeverBlock.map([]) { |x| x }
+  end
+
+  def test_concurrency_is_validated
+    [0, -1, 1.5, nil].each do |bad|
+      assert_raises(ArgumentError, bad.inspect) { NeverBlock.map([1], concurrency: bad) { |x| x } }
+    end
+  end
+
+  def test_cancelling_the_caller_cancels_its_blocks
+    cleaned = 0
+    caller = NeverBlock.spawn do
+      NeverBlock.map(1..3, concurrency: 3) do
+        sleep 5
+      ensure
+        cleaned += 1
+      end
+    end
+    sleep 0.02
+    caller.cancel
+    assert_raises(NeverBlock::Cancelled) { caller.value }
+    assert_equal 3, cleaned
+  end
+end
+
+# map outside a loop starts one.
+class MapOutsideLoopTest < PlainTest
+  def test_map_outside_a_loop_runs_its_own
+    time = elapsed { assert_equal [1, 2, 3], NeverBlock.map([1, 2, 3]) { |x| sleep 0.1; x } }
+    assert_operator time, :<, 0.25
+    assert_nil Fiber.scheduler
+  end
+end

@@ -1,0 +1,131 @@
+# frozen_string_literal: true
+
+require "test_helper"
+
+# NeverBlock.sleep, NeverBlock.timeout and the stdlib Timeout / Kernel#sleep
+# inside the loop.
+class TimeoutTest < NeverBlockTest
+  def test_timeout_raises_a_neverblock_timeout_error_at_the_current_wait
+    error = assert_raises(NeverBlock::TimeoutError) { NeverBlock.timeout(0.05) { sleep 5 } }
+    assert_kind_of Timeout::Error, error
+    assert_match(/0\.05 s/, error.message)
+  end
+
+  def test_timeout_error_is_a_neverblock_error_for_rescue
+    rescued = begin
+      NeverBlock.timeout(0.01) { sleep 1 }
+    rescue NeverBlock::Error => e
+      e
+    end
+    assert_kind_of NeverBlock::TimeoutError, rescued
+    refute NeverBlock::PoolFull === rescued, "only NeverBlock::Error itself matches TimeoutError"
+  end
+
+  def test_timeout_returns_the_block_value_in_time
+    assert_equal :fast, NeverBlock.timeout(1) { sleep 0.01; :fast }
+  end
+
+  def test_timeout_suspends_only_the_calling_fiber
+    other = NeverBlock.spawn { sleep 0.05; :other_done }
+    assert_raises(NeverBlock::TimeoutError) { NeverBlock.timeout(0.1) { sleep 5 } }
+    assert_equal :other_done, other.value
+  end
+
+  def test_timeout_interrupts_io_waits
+    reader, writer = IO.pipe
+    assert_raises(NeverBlock::TimeoutError) { NeverBlock.timeout(0.05) { reader.read(1) } }
+    writer.write("y")
+    assert_equal "y", reader.read(1), "the cancelled read left the pipe usable"
+  ensure
+    reader&.close
+    writer&.close
+  end
+
+  def test_timeout_runs_ensure_blocks
+    cleaned = false
+    assert_raises(NeverBlock::TimeoutError) do
+      NeverBlock.timeout(0.01) do
+        sleep 1
+      ensure
+        cleaned = true
+      end
+    end
+    assert cleaned
+  end
+
+  def test_zero_expires_at_the_first_wait
+    assert_raises(NeverBlock::TimeoutError) { NeverBlock.timeout(0) { sleep 1 } }
+  end
+
+  def test_nil_means_no_limit
+    assert_equal :done, NeverBlock.timeout(nil) { sleep 0.01; :done }
+  end
+
+  def test_nested_timeouts_inner_fires_first
+    outer = NeverBlock.timeout(1) do
+      assert_raises(NeverBlock::TimeoutError) { NeverBlock.timeout(0.02) { sleep 1 } }
+      :outer_survived
+    end
+    assert_equal :outer_survived, outer
+  end
+
+  def test_nested_timeouts_outer_fires_first
+    time = elapsed do
+      assert_raises(NeverBlock::TimeoutError) { NeverBlock.timeout(0.05) { NeverBlock.timeout(5) { sleep 10 } } }
+    end
+    assert_operator time, :<, 1
+  end
+
+  def test_invalid_durations_raise_argument_error
+    [-1, Float::NAN, Float::INFINITY, "1", Complex(1, 1)].each do |bad|
+      assert_raises(ArgumentError, bad.inspect) { NeverBlock.timeout(bad) { :never } }
+      assert_raises(ArgumentError, bad.inspect) { NeverBlock.sleep(bad) }
+    end
+  end
+
+  def test_stdlib_timeout_suspends_only_the_calling_fiber
+    tasks = 5.times.map do
+      NeverBlock.spawn do
+        Timeout.timeout(0.1) { sleep 5 }
+      rescue Timeout::Error
+        :timed_out
+      end
+    end
+    time = elapsed { assert_equal [:timed_out] * 5, tasks.map(&:value) }
+    assert_operator time, :<, 1
+  end
+
+  def test_stdlib_timeout_with_a_custom_exception_class
+    custom = Class.new(StandardError)
+    assert_raises(custom) { Timeout.timeout(0.01, custom) { sleep 1 } }
+  end
+
+  def test_neverblock_sleep_and_kernel_sleep_suspend_only_the_fiber
+    time = elapsed do
+      tasks = 5.times.map { NeverBlock.spawn { NeverBlock.sleep(0.1) } }
+      tasks += 5.times.map { NeverBlock.spawn { sleep 0.1 } }
+      tasks.each(&:wait)
+    end
+    assert_operator time, :<, 0.5
+  end
+
+  def test_sleep_returns_rounded_seconds_like_kernel_sleep
+    assert_equal 0, NeverBlock.sleep(0.01)
+  end
+end
+
+# The same calls outside any loop.
+class TimeoutOutsideLoopTest < PlainTest
+  def test_timeout_outside_a_loop_uses_the_stdlib
+    assert_raises(NeverBlock::TimeoutError) { NeverBlock.timeout(0.05) { sleep 1 } }
+    assert_equal 1, NeverBlock.timeout(1) { 1 }
+  end
+
+  def test_zero_outside_a_loop_expires_too
+    assert_raises(NeverBlock::TimeoutError) { NeverBlock.timeout(0) { sleep 1 } }
+  end
+
+  def test_sleep_outside_a_loop_blocks
+    assert_operator elapsed { NeverBlock.sleep(0.05) }, :>=, 0.05
+  end
+end
