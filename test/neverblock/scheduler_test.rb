@@ -1,0 +1,237 @@
+# frozen_string_literal: true
+
+require "test_helper"
+require "net/http"
+
+# The Fiber::Scheduler hooks, through the ordinary blocking APIs that call them.
+class SchedulerTest < NeverBlockTest
+  def test_io_wait_with_a_timeout_returns_falsy_when_nothing_arrives
+    reader, writer = IO.pipe
+    refute reader.wait_readable(0.02)
+    writer.write("z")
+    assert reader.wait_readable(1)
+  ensure
+    reader&.close
+    writer&.close
+  end
+
+  def test_pipe_reads_and_writes_between_fibers
+    reader, writer = IO.pipe
+    consumer = NeverBlock.spawn { reader.read }
+    NeverBlock.spawn do
+      3.times { |i| writer.write("chunk#{i};"); sleep 0.01 }
+      writer.close
+    end
+    assert_equal "chunk0;chunk1;chunk2;", consumer.value
+  ensure
+    reader&.close
+    writer&.close unless writer&.closed?
+  end
+
+  def test_large_writes_to_a_slow_reader_do_not_block_other_fibers
+    reader, writer = IO.pipe
+    payload = "x" * (4 * 1024 * 1024) # far beyond the pipe buffer
+    ticks = 0
+    ticker = NeverBlock.spawn { 5.times { sleep 0.005; ticks += 1 } }
+    writing = NeverBlock.spawn { writer.write(payload); writer.close }
+    received = +""
+    while (chunk = reader.read(65_536))
+      received << chunk
+      sleep 0.001 if received.bytesize < 200_000
+    end
+    writing.wait
+    ticker.wait
+    assert_equal payload.bytesize, received.bytesize
+    assert_equal 5, ticks
+  ensure
+    reader&.close
+    writer&.close unless writer&.closed?
+  end
+
+  def test_tcp_client_and_server_in_one_loop
+    server = TCPServer.new("127.0.0.1", 0)
+    port = server.addr[1]
+    serving = NeverBlock.spawn do
+      3.times.map do
+        client = server.accept
+        NeverBlock.spawn do
+          line = client.gets
+          client.write("echo #{line}")
+        ensure
+          client.close
+        end
+      end.each(&:wait)
+    end
+    replies = 3.times.map do |i|
+      NeverBlock.spawn { TCPSocket.open("127.0.0.1", port) { |s| s.write("hello #{i}\n"); s.read } }
+    end.map(&:value)
+    serving.wait
+    assert_equal ["echo hello 0\n", "echo hello 1\n", "echo hello 2\n"], replies
+  ensure
+    server&.close
+  end
+
+  def test_net_http_requests_run_concurrently
+    server = TCPServer.new("127.0.0.1", 0)
+    port = server.addr[1]
+    acceptor = NeverBlock.spawn do
+      5.times.map do
+        client = server.accept
+        NeverBlock.spawn do
+          nil while (line = client.gets) && line != "\r\n"
+          sleep 0.3
+          client.write("HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+        ensure
+          client.close
+        end
+      end.each(&:wait)
+    end
+    time = elapsed do
+      bodies = 5.times.map { NeverBlock.spawn { Net::HTTP.get(URI("http://127.0.0.1:#{port}/")) } }.map(&:value)
+      assert_equal ["ok"] * 5, bodies
+    end
+    acceptor.wait
+    assert_operator time, :<, 1.2, "five 0.3 s requests should overlap"
+  ensure
+    server&.close
+  end
+
+  def test_address_resolve_matches_the_system_resolver
+    expected = Addrinfo.getaddrinfo("localhost", nil, nil, :STREAM).map(&:ip_address).uniq
+    assert_equal expected, Fiber.scheduler.address_resolve("localhost")
+  end
+
+  def test_address_resolve_returns_ipv6_and_ipv4_literals
+    scheduler = Fiber.scheduler
+    assert_equal ["::1"], scheduler.address_resolve("::1")
+    assert_equal ["::1"], scheduler.address_resolve("[::1]")
+    assert_equal ["127.0.0.1"], scheduler.address_resolve("127.0.0.1")
+    assert_includes scheduler.address_resolve("fe80::1%lo"), "fe80::1"
+  end
+
+  def test_address_resolve_of_an_unknown_name_raises_socket_error
+    assert_raises(SocketError) { Addrinfo.getaddrinfo("no-such-host.invalid", 80) }
+  end
+
+  def test_dns_lookups_do_not_block_the_loop
+    ticks = 0
+    ticker = NeverBlock.spawn { 3.times { sleep 0.001; ticks += 1 } }
+    20.times.map { NeverBlock.spawn { Addrinfo.getaddrinfo("localhost", 80) } }.each(&:wait)
+    ticker.wait
+    assert_equal 3, ticks
+  end
+
+  def test_tcp_socket_resolves_names_through_the_scheduler
+    server = TCPServer.new("127.0.0.1", 0)
+    accepting = NeverBlock.spawn { server.accept.close }
+    TCPSocket.open("localhost", server.addr[1]).close
+    accepting.wait
+  ensure
+    server&.close
+  end
+
+  def test_process_wait_suspends_only_the_fiber
+    time = elapsed do
+      statuses = 4.times.map do
+        NeverBlock.spawn do
+          pid = Process.spawn("sleep", "0.2")
+          Process.wait2(pid).last
+        end
+      end.map(&:value)
+      assert statuses.all?(&:success?)
+    end
+    assert_operator time, :<, 0.7
+  end
+
+  def test_process_wait_with_wnohang_returns_at_once
+    pid = Process.spawn("sleep", "0.1")
+    assert_nil Process.wait(pid, Process::WNOHANG)
+    assert_equal pid, Process.wait(pid)
+  end
+
+  def test_process_wait_for_any_child
+    pid = Process.spawn("true")
+    assert_equal pid, Process.wait(-1)
+  end
+
+  def test_exit_status_of_a_failing_child
+    pid = Process.spawn("sh", "-c", "exit 3")
+    _, status = Process.wait2(pid)
+    assert_equal 3, status.exitstatus
+  end
+
+  def test_backticks_and_system_run_concurrently
+    time = elapsed do
+      tasks = 3.times.map { NeverBlock.spawn { `sleep 0.2; echo out` } }
+      tasks += 3.times.map { NeverBlock.spawn { system("sleep 0.2") } }
+      assert_equal ["out\n"] * 3 + [true] * 3, tasks.map(&:value)
+    end
+    assert_operator time, :<, 0.8
+  end
+
+  def test_io_timeout_raises_io_timeout_error
+    skip "IO#timeout needs Ruby 3.2" unless IO.method_defined?(:timeout=)
+
+    reader, writer = IO.pipe
+    reader.timeout = 0.02
+    assert_raises(IO::TimeoutError) { reader.read(1) }
+  ensure
+    reader&.close
+    writer&.close
+  end
+
+  def test_io_select_waits_for_any_of_several_ios
+    skip "the io_select hook needs Ruby 3.2" unless Fiber.respond_to?(:blocking)
+
+    r1, w1 = IO.pipe
+    r2, w2 = IO.pipe
+    NeverBlock.spawn { sleep 0.02; w2.write("!") }
+    readable, = IO.select([r1, r2], nil, nil, 1)
+    assert_equal [r2], readable
+    assert_nil IO.select([r1], nil, nil, 0.01)
+    ticker = NeverBlock.spawn { :ran_meanwhile }
+    IO.select([r1], nil, nil, 0.02)
+    assert_equal :ran_meanwhile, ticker.value
+  ensure
+    [r1, w1, r2, w2].each { |io| io&.close }
+  end
+
+  def test_scheduler_selector_defaults_to_epoll
+    assert_equal IO::Event::Selector::EPoll, Fiber.scheduler.selector_class
+  end
+end
+
+# Raw Fiber::Scheduler use, without NeverBlock.run.
+class RawSchedulerTest < PlainTest
+  def test_fiber_schedule_starts_at_once_and_close_runs_the_loop
+    order = []
+    thread = Thread.new do
+      Fiber.set_scheduler(NeverBlock::Scheduler.new)
+      Fiber.schedule do
+        order << :started
+        sleep 0.01
+        order << :finished
+      end
+      order << :after_schedule
+    end
+    thread.join
+    assert_equal %i[started after_schedule finished], order
+  end
+
+  def test_a_closed_scheduler_refuses_new_work
+    scheduler = NeverBlock::Scheduler.new
+    scheduler.close
+    assert scheduler.closed?
+    assert_raises(NeverBlock::ClosedError) { scheduler.spawn { 1 } }
+    scheduler.close # idempotent
+  end
+
+  def test_fiber_schedule_inside_a_task_starts_at_once
+    order = []
+    NeverBlock.run do
+      Fiber.schedule { order << :child; sleep 0.01; order << :child_done }
+      order << :parent
+    end
+    assert_equal %i[child parent child_done], order
+  end
+end
