@@ -1,0 +1,82 @@
+# frozen_string_literal: true
+
+require "optparse"
+require_relative "../neverblock"
+
+module NeverBlock
+  # The `neverblock` command. Subcommands:
+  #
+  #   neverblock run FILE [ARGS...]   run a Ruby script inside NeverBlock.run
+  #   neverblock -e CODE              run Ruby code inside NeverBlock.run
+  #   neverblock version              print the version
+  #   neverblock help                 this text
+  #
+  # Later subcommands (the server, the debouncer) register here too.
+  class CLI
+    USAGE = <<~TEXT
+      Usage: neverblock COMMAND [options]
+
+      Commands:
+        run FILE [ARGS...]   run a Ruby script inside NeverBlock.run (blocking calls in it
+                             suspend only their fiber; use NeverBlock.spawn for concurrency)
+        -e CODE              run Ruby code inside NeverBlock.run
+        version              print the NeverBlock version
+        help                 show this help
+
+      Environment:
+        NEVERBLOCK_SELECTOR=epoll|uring|select   the io-event selector (default epoll)
+        NEVERBLOCK_STALL_THRESHOLD=SECONDS|off   warn when a fiber holds the loop this long (0.1)
+    TEXT
+
+    # @param out [IO] where output goes.
+    # @param err [IO] where errors go.
+    def initialize(out: $stdout, err: $stderr)
+      @out = out
+      @err = err
+    end
+
+    # Runs the command line.
+    # @param argv [Array<String>]
+    # @return [Integer] the exit status.
+    def call(argv)
+      argv = argv.dup
+      command = argv.shift
+      case command
+      when "run" then run_file(argv)
+      when "-e" then run_code(argv)
+      when "version", "--version", "-v" then @out.puts("neverblock #{VERSION}") || 0
+      when nil, "help", "--help", "-h" then @out.puts(USAGE) || 0
+      else
+        @err.puts("neverblock: unknown command #{command.inspect}\n\n#{USAGE}")
+        64 # EX_USAGE
+      end
+    end
+
+    private
+
+    def run_file(argv)
+      file = argv.shift
+      return usage_error("run needs a FILE") unless file
+      return usage_error("no such file: #{file}") unless File.file?(file)
+
+      ARGV.replace(argv)
+      $PROGRAM_NAME = file
+      NeverBlock.run { load(File.expand_path(file)) }
+      0
+    end
+
+    def run_code(argv)
+      code = argv.shift
+      return usage_error("-e needs CODE") unless code
+
+      ARGV.replace(argv)
+      NeverBlock.run { TOPLEVEL_BINDING.eval(code, "-e") }
+      0
+    end
+
+    def usage_error(message)
+      @err.puts("neverblock: #{message}\n\n#{USAGE}")
+      64
+    end
+  end
+end
