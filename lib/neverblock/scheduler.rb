@@ -77,6 +77,7 @@ module NeverBlock
       @switches = 0 # bumped each time a fiber is (re)entered; read by the stall detector
       @closed = false
       @aborted = false
+      @collected_at = nil # when start last ran the GC to free fiber stacks
     end
 
     # @api private
@@ -524,6 +525,21 @@ module NeverBlock
       else
         target.transfer
       end
+    rescue FiberError => e
+      # Ruby could not allocate the fiber's stack (too many live fibers for
+      # vm.max_map_count, or memory). Dead fibers the GC has not collected
+      # yet still hold stacks, so collect and retry, at most once a second
+      # (a GC per failure would stall the loop); else that task fails and
+      # the loop goes on.
+      raise unless target.is_a?(Task) && target.status == :pending
+
+      clock = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      if @collected_at.nil? || clock - @collected_at > 1
+        @collected_at = clock
+        GC.start
+        retry
+      end
+      target.fail_to_start(e)
     end
 
     # Nothing can happen on this thread (no IO, no timers, nothing ready):

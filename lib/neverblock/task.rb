@@ -149,8 +149,19 @@ module NeverBlock
     end
 
     # @api private
-    # Marks the task's result into the caller's scope: used by the scheduler
-    # to attribute log lines and by waiters.
+    # Ruby could not create the task's fiber.
+    # @return [void]
+    def fail_to_start(error)
+      message = "could not start #{inspect}: #{error.message} (too many live fibers? " \
+                "Use a NeverBlock::FiberPool to bound them, or raise vm.max_map_count)"
+      failure = FiberError.new(message)
+      failure.set_backtrace(error.backtrace)
+      conclude(:failed, failure)
+    end
+
+    # @api private
+    # True when someone will see the task's failure (a fiber already waits,
+    # or the creator promised to collect the result), so it is not logged.
     # @return [Boolean]
     def observed?
       @observed || !@waiters.nil?

@@ -107,3 +107,33 @@ class RunTest < PlainTest
     assert_match(/RuntimeError.*boom/, log)
   end
 end
+
+# When Ruby cannot allocate another fiber stack, that task fails alone.
+class FiberExhaustionTest < PlainTest
+  def test_a_task_whose_fiber_cannot_be_created_fails_without_stopping_the_loop
+    code = <<~'RUBY'
+      require "neverblock"
+      NeverBlock.logger = Logger.new(nil)
+      size = File.read("/proc/self/status")[/VmSize:\s+(\d+)/, 1].to_i * 1024
+      Process.setrlimit(:AS, size + 512 * 1024 * 1024)
+      hogs = []
+      loop { hogs << Fiber.new { Fiber.yield }.tap(&:resume) } rescue FiberError
+      hogs.pop(2).each(&:resume) # room for the loop's own fiber, not for five tasks
+      statuses = NeverBlock.run(stall_threshold: nil) do
+        tasks = 5.times.map { NeverBlock.spawn { sleep 0.01 } }
+        tasks.each(&:wait)
+        tasks.map(&:status).tally
+      end
+      hogs.each(&:resume).clear
+      Process.setrlimit(:AS, Process::RLIM_INFINITY)
+      puts statuses.inspect
+      puts NeverBlock.run { NeverBlock.spawn { :still_works }.value }
+    RUBY
+    out, err, status = run_ruby(code)
+    assert status.success?, err
+    statuses = eval(out.lines.first) # rubocop:disable Security/Eval -- our own child's Hash#inspect
+    assert_operator statuses.fetch(:failed, 0), :>, 0, "the address-space limit should have stopped some fibers"
+    assert_operator statuses.fetch(:completed, 0), :>, 0
+    assert_equal "still_works\n", out.lines.last
+  end
+end
