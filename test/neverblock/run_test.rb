@@ -115,7 +115,7 @@ class FiberExhaustionTest < PlainTest
       require "neverblock"
       NeverBlock.logger = Logger.new(nil)
       size = File.read("/proc/self/status")[/VmSize:\s+(\d+)/, 1].to_i * 1024
-      Process.setrlimit(:AS, size + 512 * 1024 * 1024)
+      Process.setrlimit(:AS, size + 512 * 1024 * 1024, Process::RLIM_INFINITY)
       hogs = []
       loop { hogs << Fiber.new { Fiber.yield }.tap(&:resume) } rescue FiberError
       hogs.pop(2).each(&:resume) # room for the loop's own fiber, not for five tasks
