@@ -174,7 +174,7 @@ module NeverBlock
     # @param tasks [Enumerable<Task>]
     # @return [Array]
     def wait_all(tasks)
-      tasks = tasks.to_a
+      tasks = tasks.to_a.each(&:observe!)
       tasks.each(&:wait)
       tasks.map(&:value)
     end

@@ -10,7 +10,7 @@ module NeverBlock
       @scheduler = scheduler
       @concurrency = concurrency
       @block = block
-      @live = {}.compare_by_identity
+      @live = {} # index => running task
       @failure = nil
       @caller = nil
     end
@@ -37,22 +37,22 @@ module NeverBlock
     private
 
     def start(item, index, results)
-      task = nil
       task = @scheduler.spawn(observed: true) do
         results[index] = @block.call(item)
       rescue Exception => e # rubocop:disable Lint/RescueException -- handed to the caller of map
         @failure ||= e
         raise
       ensure
-        @live.delete(task)
+        @live.delete(index)
         @scheduler.wake(@caller)
       end
-      @live[task] = true
+      # spawn ran the block up to its first wait; it may be done already
+      @live[index] = task if task.alive?
     end
 
     # On failure or when the caller itself is cancelled: stop the rest.
     def shut_down
-      tasks = @live.keys
+      tasks = @live.values
       tasks.each(&:cancel)
       tasks.each(&:wait)
     end

@@ -6,6 +6,7 @@ require "socket"
 require_relative "errors"
 require_relative "task"
 require_relative "selector"
+require_relative "timers"
 require_relative "thread_pool"
 require_relative "stall_detector"
 
@@ -54,7 +55,11 @@ module NeverBlock
       @thread = Thread.current
       @selector_class = Selector.resolve(selector)
       @selector = @selector_class.new(@loop)
-      @timers = IO::Event::Timers.new
+      @timers = Timers.new
+      # Shared timer callbacks: a sleep or a lock timeout allocates no closure.
+      @wake_callback = method(:wake)
+      @expire_callback = ->(fiber) { wake(fiber, false) }
+      @io_expire_callback = ->(fiber) { fiber.transfer(false) }
 
       @ready = [] # flat triples: fiber (or task), token, value
       @suspended = {}.compare_by_identity # fiber => token of its current wait
@@ -78,6 +83,11 @@ module NeverBlock
       @closed = false
       @aborted = false
       @collected_at = nil # when start last ran the GC to free fiber stacks
+      # Failed tasks nobody has asked about yet: logged one full turn of the
+      # loop later if still unobserved, so that a spawner that collects the
+      # result (value, wait_all) right after spawning is not told twice.
+      @failures = []
+      @failures_due = []
     end
 
     # @api private
@@ -108,7 +118,9 @@ module NeverBlock
       raise
     end
 
-    # Creates a task that starts on the next turn of the loop.
+    # Creates a task and runs it at once, until its first wait; the caller
+    # continues on the next turn of the loop. Called from the loop fiber
+    # itself (outside any task), the task starts on the next turn instead.
     #
     # @param observed [Boolean] true if the caller will collect the result,
     #   so a failure is not logged.
@@ -120,7 +132,11 @@ module NeverBlock
 
       task = Task.new(self, block, observed: observed)
       @tasks[task] = true
-      @ready.push(task, START, nil)
+      if Fiber.current.blocking?
+        @ready.push(task, START, nil)
+      else
+        start(task)
+      end
       task
     end
 
@@ -154,7 +170,7 @@ module NeverBlock
       suspend until yield || expired
       yield
     ensure
-      timer&.cancel!
+      @timers.cancel(timer)
     end
 
     # @return [Boolean] true when called on the scheduler's thread.
@@ -229,7 +245,7 @@ module NeverBlock
       timer = @timers.after(duration) { raise_in(fiber, exception_class.new(*message)) }
       yield duration
     ensure
-      timer&.cancel!
+      @timers.cancel(timer)
     end
 
     # Runs `block` on the scheduler's thread pool and suspends only the
@@ -260,7 +276,7 @@ module NeverBlock
     def io_wait(io, events, timeout = nil)
       fiber = Fiber.current
       if timeout
-        timer = @timers.after(timeout) { fiber.transfer(false) }
+        timer = @timers.after(timeout, @io_expire_callback, fiber)
       elsif (timeout = io_timeout(io))
         timer = @timers.after(timeout) do
           raise_in(fiber, IO::TimeoutError.new("IO#timeout (#{timeout} s) expired waiting for #{io.inspect}"))
@@ -268,7 +284,7 @@ module NeverBlock
       end
       in_selector(fiber) { @selector.io_wait(fiber, io, events) }
     ensure
-      timer&.cancel!
+      @timers.cancel(timer)
     end
 
     if IO.const_defined?(:Buffer)
@@ -279,7 +295,7 @@ module NeverBlock
         timer = io_timeout_timer(io, fiber, "readable")
         in_selector(fiber) { @selector.io_read(fiber, io, buffer, length, offset) }
       ensure
-        timer&.cancel!
+        @timers.cancel(timer)
       end
 
       # Ruby 3.3.0's io_write hook miscomputes lengths; it is fixed in 3.3.1.
@@ -291,7 +307,7 @@ module NeverBlock
           timer = io_timeout_timer(io, fiber, "writable")
           in_selector(fiber) { @selector.io_write(fiber, io, buffer, length, offset) }
         ensure
-          timer&.cancel!
+          @timers.cancel(timer)
         end
       end
     end
@@ -316,7 +332,7 @@ module NeverBlock
         end
         result
       ensure
-        timer&.cancel!
+        @timers.cancel(timer)
         watchers&.each { |watcher| @selector.raise(watcher, Cancelled) if watcher.alive? }
       end
     end
@@ -324,10 +340,10 @@ module NeverBlock
     # Fiber::Scheduler hook: `sleep`. Without a duration, sleeps until woken.
     def kernel_sleep(duration = nil)
       fiber = Fiber.current
-      timer = @timers.after(duration) { wake(fiber) } if duration
+      timer = @timers.after(duration, @wake_callback, fiber) if duration
       suspend
     ensure
-      timer&.cancel!
+      @timers.cancel(timer)
     end
 
     # Fiber::Scheduler hook: a Mutex, Queue, ConditionVariable or
@@ -335,12 +351,12 @@ module NeverBlock
     # @return [Boolean] false if the timeout expired.
     def block(_blocker, timeout = nil)
       fiber = Fiber.current
-      timer = @timers.after(timeout) { wake(fiber, false) } if timeout
+      timer = @timers.after(timeout, @expire_callback, fiber) if timeout
       @blocked[fiber] = true
       suspend
     ensure
       @blocked.delete(fiber)
-      timer&.cancel!
+      @timers.cancel(timer)
     end
 
     # Fiber::Scheduler hook: resume a fiber suspended in {#block}. Called from
@@ -393,11 +409,7 @@ module NeverBlock
       task = Task.new(self, block)
       @tasks[task] = true
       fiber = new_task_fiber(task)
-      if Fiber.current.blocking?
-        fiber.transfer
-      else
-        @selector.resume(fiber)
-      end
+      start(fiber)
       fiber
     end
 
@@ -416,6 +428,7 @@ module NeverBlock
         run_loop
       ensure
         @closed = true
+        report_failures(all: true)
         @close_hooks.each(&:call)
         run_ready # lets fibers retired by the hooks finish
         @stall_detector&.stop
@@ -445,7 +458,7 @@ module NeverBlock
     # @api private
     def task_finished(task, report)
       @tasks.delete(task)
-      report_failure(task) if report
+      @failures << task if report
       signal_foreign_waiters if @foreign_waiters.positive?
     end
 
@@ -498,6 +511,21 @@ module NeverBlock
         @selector.select(interval)
       end
       @timers.fire
+      report_failures unless @failures_due.empty? && @failures.empty?
+    end
+
+    # Logs the failures recorded a turn ago (or, with all:, every one left)
+    # that nobody has observed since.
+    def report_failures(all: false)
+      due = @failures_due
+      if all
+        due += @failures
+        @failures_due = []
+      else
+        @failures_due = @failures
+      end
+      @failures = []
+      due.each { |task| report_failure(task) unless task.observed? }
     end
 
     def run_ready
@@ -519,11 +547,21 @@ module NeverBlock
       end
     end
 
+    # Starts a task (or a raw fiber). From a task, the new fiber runs at once
+    # and the caller waits in the selector's ready queue; from the loop fiber
+    # it is a plain transfer.
     def start(target)
       if target.is_a?(Task)
-        new_task_fiber(target).transfer if target.status == :pending
+        return unless target.status == :pending
+
+        fiber = new_task_fiber(target)
       else
-        target.transfer
+        fiber = target
+      end
+      if Fiber.current.blocking?
+        fiber.transfer
+      else
+        @selector.resume(fiber)
       end
     rescue FiberError => e
       # Ruby could not allocate the fiber's stack (too many live fibers for

@@ -36,6 +36,7 @@ module NeverBlock
       @waiters = nil
       @observed = observed
       @cancel_requested = false
+      @location = nil
     end
 
     # @return [Fiber, nil] the fiber running the task, nil when it is not
@@ -119,7 +120,7 @@ module NeverBlock
 
     # @return [String]
     def inspect
-      location = @block&.source_location
+      location = @location || @block&.source_location
       "#<#{self.class.name}:0x#{object_id.to_s(16)} #{@status}#{" (#{location.join(':')})" if location}>"
     end
     alias to_s inspect
@@ -142,6 +143,7 @@ module NeverBlock
     rescue Cancelled => e
       conclude(@cancel_requested ? :cancelled : :failed, e)
     rescue *FATAL => e
+      @observed = true # it propagates out of the loop; logging it too would be noise
       conclude(:failed, e)
       raise
     rescue Exception => e # rubocop:disable Lint/RescueException -- a task reports every failure
@@ -157,6 +159,15 @@ module NeverBlock
       failure = FiberError.new(message)
       failure.set_backtrace(error.backtrace)
       conclude(:failed, failure)
+    end
+
+    # @api private
+    # The caller promises to collect the result (NeverBlock.wait_all), so a
+    # failure is not logged as unhandled.
+    # @return [self]
+    def observe!
+      @observed = true
+      self
     end
 
     # @api private
@@ -189,8 +200,9 @@ module NeverBlock
       @result = result
       @status = status
       @fiber = nil
-      @scheduler.task_finished(self, status == :failed && !observed?)
+      @location = @block&.source_location if status == :failed # for the deferred log line
       @block = nil
+      @scheduler.task_finished(self, status == :failed && !observed?)
       @waiters&.each { |fiber| @scheduler.wake(fiber) }
       @waiters = nil
     end

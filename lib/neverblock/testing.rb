@@ -69,7 +69,7 @@ module NeverBlock
       def supervise(timeout, label, body)
         scheduler = Fiber.scheduler
         supervisor = Fiber.current
-        test = NeverBlock.spawn(&body)
+        test = scheduler.spawn(observed: true, &body)
         begin
           NeverBlock.timeout(timeout) { test.wait }
         rescue NeverBlock::TimeoutError

@@ -40,6 +40,7 @@ class MapTest < NeverBlockTest
     cancelled = 0
     error = assert_raises(KeyError) do
       NeverBlock.map(1..10, concurrency: 5) do |x|
+        sleep 0.01 # let all five start
         raise KeyError, "item #{x}" if x == 2
 
         sleep 1

@@ -16,21 +16,34 @@ class TaskTest < NeverBlockTest
     assert_same error, task.error
   end
 
-  def test_a_spawned_task_starts_on_the_next_turn_of_the_loop
+  def test_a_spawned_task_runs_at_once_until_its_first_wait
     order = []
-    task = NeverBlock.spawn { order << :task }
+    task = NeverBlock.spawn do
+      order << :task_started
+      sleep 0.01
+      order << :task_finished
+    end
     order << :spawner
-    assert_equal :pending, task.status
+    assert_equal :running, task.status
     task.wait
-    assert_equal %i[spawner task], order
+    assert_equal %i[task_started spawner task_finished], order
   end
 
-  def test_status_moves_from_pending_to_running_to_completed
+  def test_a_task_spawned_from_the_loop_fiber_starts_on_the_next_turn
+    scheduler = Fiber.scheduler
+    order = []
+    task = nil
+    # Timers run on the loop fiber itself, outside any task.
+    scheduler.instance_variable_get(:@timers).after(0) { task = scheduler.spawn { order << :task } }
+    sleep 0.01 until task
+    task.wait
+    assert_equal [:task], order
+  end
+
+  def test_status_moves_from_running_to_completed
     task = NeverBlock.spawn { sleep 0.05 }
-    assert_equal :pending, task.status
-    assert task.alive?
-    sleep 0.01
     assert_equal :running, task.status
+    assert task.alive?
     task.wait
     assert_equal :completed, task.status
     refute task.alive?
@@ -51,7 +64,10 @@ class TaskTest < NeverBlockTest
 
   def test_a_task_cannot_wait_for_itself
     task = nil
-    task = NeverBlock.spawn { task.wait }
+    task = NeverBlock.spawn do
+      sleep 0 # spawn returns at the first wait; then `task` is assigned
+      task.wait
+    end
     error = assert_raises(NeverBlock::Error) { task.value }
     assert_match(/itself/, error.message)
   end
@@ -86,11 +102,14 @@ class TaskTest < NeverBlockTest
   end
 
   def test_cancel_a_pending_task_never_runs_its_block
+    pool = NeverBlock::FiberPool.new(size: 1)
+    blocker = pool.spawn { sleep 0.02 }
     ran = false
-    task = NeverBlock.spawn { ran = true }
+    task = pool.spawn { ran = true }
+    assert_equal :pending, task.status
     task.cancel
     assert_equal :cancelled, task.status
-    sleep 0.01
+    blocker.wait
     refute ran
     assert_raises(NeverBlock::Cancelled) { task.value }
   end
@@ -107,6 +126,7 @@ class TaskTest < NeverBlockTest
     reached = false
     task = nil
     task = NeverBlock.spawn do
+      sleep 0
       task.cancel
       reached = true
     end
@@ -156,7 +176,7 @@ class TaskTest < NeverBlockTest
 
   def test_inspect_names_the_status_and_where_it_was_spawned
     task = NeverBlock.spawn { sleep 0.01 }
-    assert_match(/Task.*pending.*task_test\.rb:\d+/, task.inspect)
+    assert_match(/Task.*running.*task_test\.rb:\d+/, task.inspect)
     task.wait
   end
 

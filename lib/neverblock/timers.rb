@@ -1,0 +1,161 @@
+# frozen_string_literal: true
+
+module NeverBlock
+  # The loop's timers: a binary min-heap of deadlines on the monotonic clock.
+  #
+  # Written for the loop's hot paths (every sleep, timeout and IO deadline
+  # makes one): sifting allocates nothing, and a timer calls a shared
+  # callable with one argument, so scheduling a wake-up needs no closure.
+  # Cancelled timers are dropped lazily when they reach the top, and the heap
+  # is compacted when they make up most of it (timeouts are nearly always
+  # cancelled, and would otherwise pile up).
+  class Timers
+    # One scheduled call.
+    class Timer
+      # @return [Float] when it fires, in monotonic seconds.
+      attr_reader :deadline
+
+      def initialize(deadline, callable, argument)
+        @deadline = deadline
+        @callable = callable
+        @argument = argument
+      end
+
+      # Stops the timer from firing; use {Timers#cancel}, which also keeps
+      # the heap's count of cancelled timers.
+      # @api private
+      def cancel!
+        @callable = nil
+        @argument = nil
+      end
+
+      # @return [Boolean]
+      def cancelled?
+        @callable.nil?
+      end
+
+      # @api private
+      def fire
+        callable = @callable
+        return unless callable
+
+        @callable = nil
+        callable.call(@argument)
+      end
+    end
+
+    def initialize
+      @heap = []
+      @cancelled = 0
+    end
+
+    # @return [Float] the monotonic clock, in seconds.
+    def now
+      Process.clock_gettime(Process::CLOCK_MONOTONIC)
+    end
+
+    # Schedules `callable.call(argument)` after `seconds`, or the block.
+    # @param seconds [Numeric]
+    # @return [Timer]
+    def after(seconds, callable = nil, argument = nil, &block)
+      timer = Timer.new(now + seconds, callable || block, argument)
+      push(timer)
+      timer
+    end
+
+    # Cancels a timer, compacting the heap when cancelled timers dominate.
+    # @param timer [Timer, nil]
+    # @return [void]
+    def cancel(timer)
+      return if timer.nil? || timer.cancelled?
+
+      timer.cancel!
+      @cancelled += 1
+      compact if @cancelled > 64 && @cancelled * 2 > @heap.size
+    end
+
+    # @return [Float, nil] seconds until the next timer (<= 0 when one is
+    #   due), nil when there is none.
+    def wait_interval(now = self.now)
+      drop_cancelled
+      top = @heap.first
+      top && top.deadline - now
+    end
+
+    # Fires every timer whose deadline has passed.
+    # @return [void]
+    def fire(now = self.now)
+      while (top = @heap.first) && top.deadline <= now
+        pop
+        if top.cancelled?
+          @cancelled -= 1
+        else
+          top.fire
+        end
+      end
+    end
+
+    # @return [Integer] timers waiting to fire (cancelled ones excluded).
+    def size
+      @heap.size - @cancelled
+    end
+
+    private
+
+    def drop_cancelled
+      while (top = @heap.first) && top.cancelled?
+        pop
+        @cancelled -= 1
+      end
+    end
+
+    def push(timer)
+      heap = @heap
+      index = heap.size
+      deadline = timer.deadline
+      while index.positive?
+        parent_index = (index - 1) >> 1
+        parent = heap[parent_index]
+        break if parent.deadline <= deadline
+
+        heap[index] = parent
+        index = parent_index
+      end
+      heap[index] = timer
+    end
+
+    def pop
+      heap = @heap
+      last = heap.pop
+      return if heap.empty?
+
+      sift_down(last, 0)
+    end
+
+    # Places `timer` at `index` or below, keeping the heap ordered.
+    def sift_down(timer, index)
+      heap = @heap
+      size = heap.size
+      deadline = timer.deadline
+      loop do
+        child = (index << 1) + 1
+        break if child >= size
+
+        right = child + 1
+        child = right if right < size && heap[right].deadline < heap[child].deadline
+        break if deadline <= heap[child].deadline
+
+        heap[index] = heap[child]
+        index = child
+      end
+      heap[index] = timer
+    end
+
+    def compact
+      live = @heap.reject(&:cancelled?)
+      @heap = []
+      @cancelled = 0
+      live.each { |timer| push(timer) }
+    end
+  end
+end
