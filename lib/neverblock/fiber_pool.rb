@@ -135,7 +135,7 @@ module NeverBlock
         scheduler.wake(worker, task)
       elsif @workers < @size
         @workers += 1
-        scheduler.start_later(new_worker(scheduler, task))
+        scheduler.launch(new_worker(scheduler, task))
       else
         task.owner = self
         @queue << task
@@ -176,10 +176,17 @@ module NeverBlock
       return nil if @closed
 
       @idle << fiber
-      task = scheduler.suspend until task || !@idle.include?(fiber)
-      task.is_a?(Task) ? task : nil
+      parked = true
+      loop do
+        handed = scheduler.suspend # dispatch hands a Task; retire hands :retire
+        parked = false
+        return handed if handed.is_a?(Task)
+        return nil if handed == :retire
+
+        parked = true
+      end
     ensure
-      @idle.delete(fiber) if task.nil?
+      @idle.delete(fiber) if parked
     end
 
     def drained?

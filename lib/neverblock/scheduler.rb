@@ -150,9 +150,14 @@ module NeverBlock
     end
 
     # @api private
-    # Starts a raw fiber on the next turn of the loop.
-    def start_later(fiber)
-      @ready.push(fiber, START, nil)
+    # Starts a raw fiber: at once from a task (the caller continues on the
+    # next turn), on the next turn from the loop fiber.
+    def launch(fiber)
+      if Fiber.current.blocking?
+        @ready.push(fiber, START, nil)
+      else
+        start(fiber)
+      end
     end
 
     # Suspends the current fiber until the block returns true, re-checking
@@ -647,7 +652,7 @@ module NeverBlock
       rescue Cancelled
         @running = nil
       end
-      start_later(watcher)
+      @ready.push(watcher, START, nil)
       watcher
     end
 
