@@ -72,6 +72,11 @@ module NeverBlock
       end
       result
     rescue Testing::Failure => e
+      if e.is_a?(Testing::TimeoutFailure)
+        # The test body saw the timeout as a Cancelled error; the timeout
+        # report (with every fiber's backtrace) is the one worth reading.
+        failures.reject! { |f| f.respond_to?(:error) && f.error.is_a?(NeverBlock::Cancelled) }
+      end
       failure = ::Minitest::Assertion.new(e.message)
       failure.set_backtrace(e.backtrace)
       failures << failure

@@ -1,0 +1,219 @@
+# frozen_string_literal: true
+
+require "test_helper"
+require_relative "../fixtures/child_ruby"
+
+# The stall detector: one warning, naming the task and showing its
+# backtrace, when a fiber holds the loop past the threshold without
+# yielding. These tests start loops with their own thresholds, so they run
+# outside one.
+class StallDetectorTest < PlainTest
+  include ChildRuby
+
+  WARNING = "has held the event loop"
+  DETECTOR = "neverblock-stall-detector"
+
+  def test_busy_task_logs_one_warning_naming_it_with_its_backtrace
+    spawn_line = nil
+    log = with_log do |io|
+      NeverBlock.run(stall_threshold: 0.1) do
+        spawn_line = __LINE__ + 1
+        NeverBlock.spawn do
+          burn_cpu { io.string.include?(WARNING) } # until the detector has spoken
+          burn_cpu(0.4) { false } # the same stall goes on: no second warning
+        end.wait
+      end
+    end
+    assert_equal 1, log.scan(WARNING).size, log
+    assert_match(/WARN -- NeverBlock: #<NeverBlock::Task:0x\h+ running \(#{Regexp.escape("#{__FILE__}:#{spawn_line}")}\)> #{WARNING}/,
+                 log)
+    assert_includes log, "stall threshold 100 ms"
+    assert_match(/^  #{Regexp.escape(__FILE__)}:\d+:in `burn_cpu'$/, log, "the backtrace shows the busy code")
+  end
+
+  def test_each_separate_stall_is_reported
+    log = with_log do |io|
+      NeverBlock.run(stall_threshold: 0.1) do
+        burn_cpu { io.string.scan(WARNING).size == 1 }
+        NeverBlock.sleep(0.001) # yields: the next hold is a new stall
+        burn_cpu { io.string.scan(WARNING).size == 2 }
+      end
+    end
+    assert_equal 2, log.scan(WARNING).size, log
+  end
+
+  def test_a_fiber_that_yields_often_logs_nothing
+    log = with_log do
+      NeverBlock.run(stall_threshold: 0.1) do
+        started = now
+        sleep 0.001 while now - started < 0.3
+      end
+    end
+    assert_empty log
+  end
+
+  def test_the_threshold_is_configurable_per_loop
+    log = with_log do
+      NeverBlock.run(stall_threshold: 5) { burn_cpu(0.4) { false } }
+    end
+    assert_empty log, "0.4 s is well under a 5 s threshold"
+
+    log = with_log do |io|
+      NeverBlock.run(stall_threshold: 0.2) { burn_cpu { io.string.include?(WARNING) } }
+    end
+    assert_includes log, "stall threshold 200 ms"
+  end
+
+  def test_nil_or_false_turns_the_detector_off
+    [nil, false].each do |off|
+      detectors = nil
+      log = with_log do
+        NeverBlock.run(stall_threshold: off) do
+          detectors = detector_threads
+          burn_cpu(0.4) { false }
+        end
+      end
+      assert_empty log, "stall_threshold: #{off.inspect}"
+      assert_empty detectors, "no watchdog thread with stall_threshold: #{off.inspect}"
+    end
+  end
+
+  def test_the_detector_thread_is_gone_after_the_loop_ends
+    before = detector_threads
+    during = NeverBlock.run(stall_threshold: 0.1) { detector_threads - before }
+    assert_equal 1, during.size, "one watchdog thread while the loop runs"
+    refute during.first.alive?, "the watchdog is joined when the loop ends"
+    assert_equal before, detector_threads
+  end
+
+  def test_the_detector_still_watches_after_the_loop_waited_for_another_thread
+    log = with_log do |io|
+      NeverBlock.run(stall_threshold: 0.1) do
+        queue = Thread::Queue.new
+        loop_thread = Thread.current
+        feeder = Thread.new do
+          Thread.pass until loop_thread.status == "sleep" # the loop has parked: nothing else to do
+          queue << :from_thread
+        end
+        assert_equal :from_thread, queue.pop
+        feeder.join
+        burn_cpu { io.string.include?(WARNING) }
+      end
+    end
+    assert_equal 1, log.scan(WARNING).size, log
+  end
+
+  def test_global_setting_is_the_default_for_new_loops
+    previous = NeverBlock.stall_threshold
+    NeverBlock.stall_threshold = 5
+    assert_equal 5.0, NeverBlock.stall_threshold
+    assert_empty(with_log { NeverBlock.run { burn_cpu(0.4) { false } } })
+
+    NeverBlock.stall_threshold = false
+    assert_nil NeverBlock.stall_threshold
+    assert_empty(with_log { NeverBlock.run { assert_empty detector_threads } })
+  ensure
+    NeverBlock.stall_threshold = previous
+  end
+
+  def test_global_setting_rejects_negative_nan_infinite_and_non_numeric_values
+    previous = NeverBlock.stall_threshold
+    [-0.1, Float::NAN, Float::INFINITY, "0.1"].each do |bad|
+      error = assert_raises(ArgumentError, bad.inspect) { NeverBlock.stall_threshold = bad }
+      assert_match(/stall_threshold must be a finite number of seconds >= 0/, error.message)
+    end
+    assert_equal previous, NeverBlock.stall_threshold, "a rejected value leaves the setting alone"
+  end
+
+  def test_run_rejects_a_negative_or_nan_threshold
+    [-1, Float::NAN].each do |bad|
+      assert_raises(ArgumentError, bad.inspect) { NeverBlock.run(stall_threshold: bad) { flunk "ran" } }
+      assert_nil Fiber.scheduler, "no loop was left behind"
+    end
+  end
+
+  def test_environment_variable_sets_the_default
+    code = <<~RUBY
+      require "neverblock"
+      [nil, "", " 0.25 ", "2", "off", "OFF", "false", "no", "0", "abc", "-1", "nan", "1e400"].each do |text|
+        text.nil? ? ENV.delete("NEVERBLOCK_STALL_THRESHOLD") : ENV["NEVERBLOCK_STALL_THRESHOLD"] = text
+        NeverBlock.remove_instance_variable(:@stall_threshold) if NeverBlock.instance_variable_defined?(:@stall_threshold)
+        result = begin
+          NeverBlock.stall_threshold.inspect
+        rescue ArgumentError => e
+          "ArgumentError: \#{e.message}"
+        end
+        puts "\#{text.inspect} => \#{result}"
+      end
+    RUBY
+    out, err, status = ruby_child("-e", code)
+    assert status.success?, err
+    parsed = out.lines.to_h { |line| line.chomp.split(" => ", 2) }
+    assert_equal "0.1", parsed["nil"], "unset: 100 ms"
+    assert_equal "0.1", parsed['""']
+    assert_equal "0.25", parsed['" 0.25 "']
+    assert_equal "2.0", parsed['"2"']
+    %w[off OFF false no 0].each { |off| assert_equal "nil", parsed[off.inspect], off }
+    assert_equal %(ArgumentError: NEVERBLOCK_STALL_THRESHOLD must be seconds or 'off', got "abc"), parsed['"abc"']
+    assert_match(/\AArgumentError: NEVERBLOCK_STALL_THRESHOLD must be a finite number of seconds >= 0/, parsed['"-1"'])
+    assert_match(/\AArgumentError: NEVERBLOCK_STALL_THRESHOLD must be/, parsed['"nan"'])
+    assert_match(/\AArgumentError: NEVERBLOCK_STALL_THRESHOLD must be a finite number/, parsed['"1e400"'])
+  end
+
+  def test_environment_variable_reaches_the_loop
+    code = <<~RUBY
+      require "neverblock"
+      require "stringio"
+      log = StringIO.new
+      NeverBlock.logger = Logger.new(log)
+      clock = -> { Process.clock_gettime(Process::CLOCK_MONOTONIC) }
+      NeverBlock.run do
+        started = clock.call
+        nil until log.string.include?("#{WARNING}") || clock.call - started > ENV.fetch("BURN").to_f
+      end
+      print log.string
+    RUBY
+    out, err, status = ruby_child("-e", code, env: { "NEVERBLOCK_STALL_THRESHOLD" => "off", "BURN" => "0.4" })
+    assert status.success?, err
+    assert_empty out
+
+    out, err, status = ruby_child("-e", code, env: { "NEVERBLOCK_STALL_THRESHOLD" => "0.05", "BURN" => "5" })
+    assert status.success?, err
+    assert_includes out, "stall threshold 50 ms"
+  end
+
+  # A loop with nothing to do but wait for another thread must not keep a
+  # (timed) watchdog sleeping: Ruby would then never see the deadlock.
+  def test_a_deadlocked_loop_still_dies_with_rubys_deadlock_error
+    code = 'require "neverblock"; NeverBlock.run(stall_threshold: 0.1) { Thread::Queue.new.pop }'
+    _, err, status = ruby_child("-e", code, env: { "NEVERBLOCK_STALL_THRESHOLD" => nil }, timeout: 30)
+    refute status.success?
+    assert_includes err, "No live threads left. Deadlock?"
+  end
+
+  private
+
+  # Computes without yielding until the block returns true, or for at most
+  # `limit` seconds.
+  def burn_cpu(limit = 5)
+    started = now
+    nil until yield || now - started > limit
+  end
+
+  # Sends NeverBlock's log to a StringIO for the block.
+  # @yieldparam io [StringIO]
+  # @return [String] what was logged.
+  def with_log
+    io = StringIO.new
+    previous = NeverBlock.logger
+    NeverBlock.logger = Logger.new(io)
+    yield io
+    io.string
+  ensure
+    NeverBlock.logger = previous
+  end
+
+  def detector_threads
+    Thread.list.select { |thread| thread.name == DETECTOR }
+  end
+end
