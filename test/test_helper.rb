@@ -5,11 +5,14 @@ require "neverblock"
 require "neverblock/minitest"
 require "stringio"
 require "socket"
+require_relative "fixtures/child_ruby"
 
 # Shared helpers for NeverBlock's own suite. Every test class that includes
 # NeverBlock::Minitest runs each test inside NeverBlock.run with a timeout
 # and fails tests that leak tasks or file descriptors.
 module TestSupport
+  include ChildRuby
+
   # Seconds on the monotonic clock.
   def now
     Process.clock_gettime(Process::CLOCK_MONOTONIC)
@@ -34,12 +37,11 @@ module TestSupport
     NeverBlock.logger = previous
   end
 
-  # Runs the block in a child Ruby process with lib/ on the load path.
+  # Runs `code` in a child Ruby with lib/ on the load path; the child is
+  # killed (and the test fails) if it runs longer than `timeout` seconds.
   # @return [Array(String, String, Process::Status)] stdout, stderr, status.
-  def run_ruby(code, timeout: 30)
-    require "open3"
-    lib = File.expand_path("../lib", __dir__)
-    Open3.capture3(RbConfig.ruby, "-I#{lib}", "-rtimeout", "-e", "Timeout.timeout(#{timeout}) do\n#{code}\nend")
+  def run_ruby(code, timeout: 30, env: {})
+    ruby_child("-e", code, env: env, timeout: timeout)
   end
 end
 

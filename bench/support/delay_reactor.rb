@@ -40,10 +40,10 @@ module NeverBlockBench
     def run
       until @stopping
         readable, writable = IO.select(readers, @writing.keys, nil, select_timeout)
-        now = now()
-        readable&.each { |io| on_readable(io, now) }
+        woke_at = now
+        readable&.each { |io| on_readable(io, woke_at) }
         writable&.each { |io| on_writable(io) }
-        @timers.pop_due(now()) { |connection| on_due(connection) }
+        @timers.pop_due(now) { |connection| on_due(connection) }
       end
     ensure
       shut_down
@@ -72,14 +72,14 @@ module NeverBlockBench
       deadline ? (deadline - current).clamp(0.0, 1.0) : 1.0
     end
 
-    def on_readable(io, now)
+    def on_readable(io, woke_at)
       return accept_connections if io.equal?(@listener)
       return stop if io.equal?(@lifeline)
 
       connection = @reading[io]
       return unless connection
 
-      handle_parse(connection, connection.on_readable(now))
+      handle_parse(connection, connection.on_readable(woke_at))
     end
 
     def handle_parse(connection, result)

@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require "socket"
+require "uri"
 require_relative "delay_reactor"
 require_relative "machine"
 
@@ -85,7 +86,6 @@ module NeverBlockBench
     # @param path [String] e.g. "/delay/0.5"
     # @return [URI::HTTP]
     def uri(path = "/")
-      require "uri"
       URI("http://#{@host}:#{@port}#{path}")
     end
 
@@ -156,6 +156,7 @@ if $PROGRAM_NAME == __FILE__
   listener = NeverBlockBench::DelayServer.listen(options[:host], options[:port])
   reactor = NeverBlockBench::DelayReactor.new(listener)
   %w[TERM INT].each { |signal| trap(signal) { reactor.stop } }
+  $stdout.sync = true
   puts "delay server on http://#{options[:host]}:#{listener.local_address.ip_port}/delay/SECONDS (Ctrl-C stops)"
   reactor.run
 end

@@ -4,7 +4,7 @@ module NeverBlockBench
   # Writes grouped bar charts as standalone SVG, with no dependencies: one
   # or more panels stacked vertically under a shared legend, one group of
   # bars per category (e.g. a server delay) and one bar per series (e.g. a
-  # client). Missing values (nil) are drawn as "n/a".
+  # client). Missing values are drawn as text ("n/a", "failed").
   #
   #   chart = SvgChart.new(title: "Requests/s by server delay")
   #   chart.add_panel(title: "requests/s", categories: ["0 ms", "10 ms"],
@@ -28,7 +28,8 @@ module NeverBlockBench
 
     # @param title [String] the panel's heading, with its unit
     # @param categories [Array<String>] group labels along the x axis
-    # @param series [Hash{String => Array<Numeric, nil>}] one value per category
+    # @param series [Hash{String => Array<Numeric, String, nil>}] one value per
+    #   category; a String (e.g. "failed") is drawn instead of a bar, nil as "n/a"
     # @param log [Boolean] logarithmic y axis (for values spanning decades)
     # @return [self]
     def add_panel(title:, categories:, series:, log: false)
@@ -46,7 +47,7 @@ module NeverBlockBench
     # @return [String] the SVG document
     def to_svg
       names = @panels.flat_map { |panel| panel[:series].keys }.uniq
-      legend_rows = (names.size / 4.0).ceil
+      legend_rows = (names.size.to_f / legend_columns(names)).ceil
       header = 46 + (@subtitle ? 16 : 0) + (legend_rows * 18)
       height = header + (@panels.size * PANEL_HEIGHT) + 8
       body = [title_svg, legend_svg(names, 36 + (@subtitle ? 16 : 0))]
@@ -69,10 +70,22 @@ module NeverBlockBench
       lines.join("\n")
     end
 
+    # As many columns as the longest name allows.
+    def legend_columns(names)
+      [(WIDTH - MARGIN[:left] - MARGIN[:right]) / legend_column_width(names), 1].max
+    end
+
+    # Pixels per legend column: swatch, gap and the longest name at ~6.6 px
+    # per character of the 12 px font.
+    def legend_column_width(names)
+      ((names.map(&:size).max || 1) * 6.6).ceil + 32
+    end
+
     def legend_svg(names, top)
+      columns = legend_columns(names)
       names.each_with_index.map do |name, i|
-        x = MARGIN[:left] + ((i % 4) * 168)
-        y = top + ((i / 4) * 18)
+        x = MARGIN[:left] + ((i % columns) * legend_column_width(names))
+        y = top + ((i / columns) * 18)
         %(<rect x="#{x}" y="#{y}" width="12" height="12" fill="#{color(names, name)}"/>) +
           text(x + 17, y + 10, name, size: 12)
       end.join("\n")
@@ -81,8 +94,8 @@ module NeverBlockBench
     def panel_svg(panel, names, top)
       plot = { left: MARGIN[:left], right: WIDTH - MARGIN[:right],
                top: top + MARGIN[:top], bottom: top + PANEL_HEIGHT - MARGIN[:bottom] }
-      scale = Scale.new(panel[:series].values.flatten.compact, log: panel[:log])
-      parts = [text(plot[:left], top + 20, panel[:title] + (panel[:log] ? " (log scale)" : ""), size: 13, weight: "bold")]
+      scale = Scale.new(panel[:series].values.flatten.grep(Numeric), log: panel[:log])
+      parts = [text(plot[:left], top + 20, panel[:title] + (panel[:log] ? "; log scale" : ""), size: 13, weight: "bold")]
       parts.concat(axis_svg(scale, plot))
       parts.concat(bars_svg(panel, names, scale, plot))
       parts.join("\n")
@@ -114,7 +127,9 @@ module NeverBlockBench
 
     def bar_svg(value, x, width, fill, scale, plot)
       center = x + (width / 2)
-      return text(center, plot[:bottom] - 4, "n/a", size: 9, anchor: "middle", fill: "#999999") if value.nil?
+      unless value.is_a?(Numeric)
+        return text(center, plot[:bottom] - 4, value || "n/a", size: 9, anchor: "middle", fill: "#999999")
+      end
 
       y = scale.y(value, plot[:bottom], plot[:top])
       label = SvgChart.format_number(value)

@@ -69,10 +69,10 @@ nb_host_bundle_env() {
   export BUNDLE_JOBS="${BUNDLE_JOBS:-$(nproc)}"
 }
 
-# Prints "compiled=<bool> works=<bool> default=<Selector> [error]".
+# Prints "compiled=<bool> works=<bool> io_event_default=<Selector> [error]".
 #   compiled: io-event was built against liburing (IO::Event::Selector::URing exists)
 #   works:    an io_uring ring can be created and a pipe read through it on this kernel
-# shellcheck disable=SC2016
+# shellcheck disable=SC2016,SC2034  # single-quoted Ruby; used by bin/setup
 NB_URING_PROBE='
 require "io/event"
 compiled = IO::Event::Selector.const_defined?(:URing)
@@ -93,5 +93,5 @@ if compiled
   end
 end
 puts ["compiled=#{compiled}", "works=#{works}",
-      "default=#{IO::Event::Selector.default.name.split("::").last}", error].compact.join(" ")
+      "io_event_default=#{IO::Event::Selector.default.name.split("::").last}", error].compact.join(" ")
 '

@@ -24,7 +24,6 @@ RUBY33_MIRROR="${NEVERBLOCK_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 RUBY33_LOCK="${RUBY33_ROOT}.lock"
 RUBY33_PACKAGES=(ruby ruby-dev bundler build-essential pkg-config git ca-certificates
                  libpq-dev libmariadb-dev libyaml-dev liburing-dev)
-RUBY33_MOUNTS=(src proc dev/pts dev/shm)      # relative to $RUBY33_ROOT, mounted in this order
 
 # Present = debootstrap finished (see ruby33_build). Missing packages are added later by
 # ruby33_ensure_packages.
@@ -98,7 +97,7 @@ ruby33_ensure_packages() {
 _ruby33_in_use() {
   local dir="$1" p
   for p in /proc/[0-9]*; do
-    [[ "$(readlink "$p/root" 2>/dev/null)" == "$dir"* ]] && return 0
+    case "$(readlink "$p/root" 2>/dev/null)" in "$dir"|"$dir"/*) return 0 ;; esac
   done
   return 1
 }
@@ -119,7 +118,7 @@ _ruby33_umount_all() {
 
 # Remove mounts below the chroot left in the host namespace by an interrupted run or by the
 # manual recipe, unless something is still running in there.
-_ruby33_clean_stale_mounts() {
+ruby33_clean_stale_mounts() {
   [[ -n "$(_ruby33_mounts_under "$RUBY33_ROOT")" ]] || return 0
   if _ruby33_in_use "$RUBY33_ROOT"; then
     nb_warn "mounts under $RUBY33_ROOT belong to a process still running there; leaving them"
@@ -147,12 +146,15 @@ _ruby33_mount_and_run() (
   _ruby33_mount
   local ca=""
   [[ -s "$RUBY33_ROOT$RUBY33_CA_FILE" ]] && ca="$RUBY33_CA_FILE"
+  # BUNDLE_APP_CONFIG: a config dir of the chroot's own, so the repository's .bundle/config
+  #   (written for Ruby 3.1; Bundler ranks it above environment variables) is not read.
   # BUNDLE_VERSION=system: use the chroot's Bundler, do not fetch the lock's (2.3.15).
   # A clean environment inside: host paths and an outer `bundle exec` mean nothing there.
   # Variables the caller wants through are listed in RUBY33_PASS_ENV (NAME=value words).
   chroot "$RUBY33_ROOT" /usr/bin/env -i \
     HOME=/root LANG=C.UTF-8 TERM="${TERM:-dumb}" \
     PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    BUNDLE_APP_CONFIG=/var/lib/neverblock/bundle-config \
     BUNDLE_PATH=vendor/bundle-3.3 BUNDLE_GEMFILE=/src/Gemfile BUNDLE_FROZEN=true \
     BUNDLE_SILENCE_ROOT_WARNING=1 BUNDLE_JOBS="$(nproc)" \
     BUNDLE_VERSION=system \
@@ -166,9 +168,10 @@ ruby33_exec() {
   ruby33_built || nb_die "no Ruby 3.3 chroot at $RUBY33_ROOT; run: bin/setup --ruby 3.3"
   (( $# > 0 )) || set -- bash
   _ruby33_sync_etc
-  _ruby33_clean_stale_mounts
+  ruby33_clean_stale_mounts
   if [[ "${NEVERBLOCK_NO_UNSHARE:-}" != 1 ]] && unshare --mount true 2>/dev/null; then
     # A new bash in a private mount namespace sources these helpers again and mounts there.
+    # shellcheck disable=SC2016
     unshare --mount --propagation private -- \
       env NB_RUBY33_PASS_ENV="$(declare -p RUBY33_PASS_ENV)" \
       bash -c 'set -euo pipefail
@@ -180,7 +183,7 @@ ruby33_exec() {
     (
       exec 9>"$RUBY33_LOCK.run"
       flock 9
-      _ruby33_clean_stale_mounts
+      ruby33_clean_stale_mounts
       _ruby33_mount_and_run "$@"
     )
   fi
@@ -189,17 +192,14 @@ ruby33_exec() {
 # Environment passed into the chroot (NAME=value words); callers append to it.
 RUBY33_PASS_ENV=()
 
-# Host variables that make sense inside the chroot: test/minitest knobs, NeverBlock and
-# benchmark settings, io-event's selector choice, database/Redis locations (host servers are
-# reachable at 127.0.0.1 from the chroot). Add more names with NEVERBLOCK_PASS_ENV="A B".
-RUBY33_PASS_ENV_PATTERN='^(TEST|TESTOPTS|SEED|N|MT_[A-Z_]+|CI|NEVERBLOCK_[A-Z0-9_]+|NB_[A-Z0-9_]+|BENCH_[A-Z0-9_]+|IO_EVENT_[A-Z_]+|RUBY_DEBUG|PG[A-Z]+|DATABASE_URL|REDIS_URL|MYSQL_[A-Z_]+)$'
+# Pass the host's exported variables into the chroot, so `FOO=1 bin/test --all` means the
+# same on both Rubies, except those describing the host itself (paths, locale, Ruby/Bundler
+# and CA settings, session variables): inside, those are set by _ruby33_mount_and_run.
+RUBY33_HOST_ONLY_ENV='^(PATH|HOME|USER|LOGNAME|SHELL|PWD|OLDPWD|SHLVL|_|HOSTNAME|MAIL|TERM|TERMCAP|DISPLAY|EDITOR|VISUAL|PAGER|LS_COLORS|TMPDIR|TMP|TEMP|LANG|LANGUAGE|LC_[A-Z_]+|LD_[A-Z_]+|GEM_[A-Z_]+|RUBYOPT|RUBYLIB|RUBYSHELL|BUNDLE_[A-Z0-9_]+|BUNDLER_[A-Z_]+|SSL_CERT_[A-Z]+|[A-Z_]*CA_BUNDLE|NODE_EXTRA_CA_CERTS|XDG_[A-Z_]+|DBUS_[A-Z_]+|SSH_[A-Z_]+|DEBIAN_FRONTEND|DEBCONF_[A-Z_]+)$'
 ruby33_pass_host_env() {
   local name
-  # shellcheck disable=SC2086
-  for name in $(compgen -e) ${NEVERBLOCK_PASS_ENV:-}; do
-    if [[ "$name" =~ $RUBY33_PASS_ENV_PATTERN || " ${NEVERBLOCK_PASS_ENV:-} " == *" $name "* ]] &&
-       [[ -v "$name" ]]; then
-      RUBY33_PASS_ENV+=("$name=${!name}")
-    fi
+  for name in $(compgen -e); do
+    [[ "$name" =~ ^[A-Za-z_][A-Za-z0-9_]*$ && ! "$name" =~ $RUBY33_HOST_ONLY_ENV ]] || continue
+    RUBY33_PASS_ENV+=("$name=${!name}")
   done
 }

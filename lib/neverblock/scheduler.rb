@@ -34,7 +34,10 @@ module NeverBlock
   class Scheduler
     # Marks a @ready entry that starts a task or a raw fiber.
     START = :start
-    private_constant :START
+    # Marks a @ready entry that resumes a fiber displaced by a plain
+    # Fiber#raise or #transfer (see #run_ready).
+    RESUME = :resume
+    private_constant :START, :RESUME
 
     # @return [Thread] the thread whose event loop this is.
     attr_reader :thread
@@ -53,6 +56,7 @@ module NeverBlock
                    thread_pool_size: NeverBlock.thread_pool_size)
       @loop = Fiber.current
       @thread = Thread.current
+      @pid = Process.pid
       @selector_class = Selector.resolve(selector)
       @selector = @selector_class.new(@loop)
       @timers = Timers.new
@@ -62,8 +66,12 @@ module NeverBlock
       @io_expire_callback = ->(fiber) { fiber.transfer(false) }
 
       @ready = [] # flat triples: fiber (or task), token, value
-      @suspended = {}.compare_by_identity # fiber => token of its current wait
-      @blocked = {}.compare_by_identity # fibers inside #block
+      # Every fiber parked by NeverBlock => how: the Integer token of its wait
+      # in #suspend, :io while the selector has it, :queued while it waits in
+      # the selector's ready queue. A fiber the loop ran that is in none of
+      # these was displaced by user code (Fiber#raise) and is rescheduled.
+      @waits = {}.compare_by_identity
+      @unblockable = {}.compare_by_identity # fibers in #block or #kernel_sleep
       @token = 0
       @tasks = {}.compare_by_identity # live tasks => true
       @io_waiting = 0 # fibers waiting in the selector
@@ -83,11 +91,13 @@ module NeverBlock
       @closed = false
       @aborted = false
       @collected_at = nil # when start last ran the GC to free fiber stacks
-      # Failed tasks nobody has asked about yet: logged one full turn of the
-      # loop later if still unobserved, so that a spawner that collects the
-      # result (value, wait_all) right after spawning is not told twice.
+      @close_watch = nil # the timer looking for IOs closed under a waiting fiber
+      @forked = false
+      # Failed tasks nobody waited for: logged when the loop is next about to
+      # wait (every runnable fiber, the spawner included, has had its turn to
+      # collect the result with value or wait_all), or after a second.
       @failures = []
-      @failures_due = []
+      @failures_since = nil
     end
 
     # @api private
@@ -191,12 +201,13 @@ module NeverBlock
     #
     # @return [Object] the value passed to {#wake}.
     def suspend
+      exit_forked_child if @forked
       fiber = Fiber.current
-      @suspended[fiber] = (@token += 1)
+      @waits[fiber] = (@token += 1)
       @running = nil
       @loop.transfer
     ensure
-      @suspended.delete(fiber)
+      @waits.delete(fiber)
       entered(fiber)
     end
 
@@ -206,8 +217,8 @@ module NeverBlock
     # @param value [Object] returned by the fiber's {#suspend}.
     # @return [Boolean] whether the fiber was scheduled.
     def wake(fiber, value = true)
-      token = @suspended[fiber]
-      return false unless token
+      token = @waits[fiber]
+      return false unless token.is_a?(Integer)
 
       @ready.push(fiber, token, value)
       true
@@ -227,17 +238,17 @@ module NeverBlock
     # @api private
     def interrupt(task, exception)
       fiber = task.fiber
-      return unless fiber&.alive?
+      interrupt_fiber(fiber, exception) { task.fiber.equal?(fiber) } if fiber
+    end
 
-      if Fiber.current.blocking?
-        raise_in(fiber, exception)
+    # Fiber::Scheduler hook (Ruby 3.4+): an IO a fiber waits on was closed;
+    # raise `exception` (an IOError) in that fiber. Thread-safe.
+    def fiber_interrupt(fiber, exception)
+      if loop_thread?
+        interrupt_fiber(fiber, exception)
       else
-        @selector.raise(fiber, exception)
+        post { interrupt_fiber(fiber, exception) }
       end
-    rescue FiberError
-      # The fiber is resuming another fiber (e.g. an Enumerator) and cannot
-      # be interrupted right now; try again shortly.
-      @timers.after(0.001) { interrupt(task, exception) if task.fiber.equal?(fiber) }
     end
 
     # Runs `block` with `duration` seconds to finish; when it is still
@@ -287,7 +298,7 @@ module NeverBlock
           raise_in(fiber, IO::TimeoutError.new("IO#timeout (#{timeout} s) expired waiting for #{io.inspect}"))
         end
       end
-      in_selector(fiber) { @selector.io_wait(fiber, io, events) }
+      in_selector(fiber, io) { @selector.io_wait(fiber, io, events) }
     ensure
       @timers.cancel(timer)
     end
@@ -298,7 +309,7 @@ module NeverBlock
       def io_read(io, buffer, length, offset = 0)
         fiber = Fiber.current
         timer = io_timeout_timer(io, fiber, "readable")
-        in_selector(fiber) { @selector.io_read(fiber, io, buffer, length, offset) }
+        in_selector(fiber, io) { @selector.io_read(fiber, io, buffer, length, offset) }
       ensure
         @timers.cancel(timer)
       end
@@ -310,7 +321,7 @@ module NeverBlock
         def io_write(io, buffer, length, offset = 0)
           fiber = Fiber.current
           timer = io_timeout_timer(io, fiber, "writable")
-          in_selector(fiber) { @selector.io_write(fiber, io, buffer, length, offset) }
+          in_selector(fiber, io) { @selector.io_write(fiber, io, buffer, length, offset) }
         ensure
           @timers.cancel(timer)
         end
@@ -320,7 +331,7 @@ module NeverBlock
     if Fiber.respond_to?(:blocking)
       # Fiber::Scheduler hook (Ruby 3.2+): `IO.select` from a fiber.
       # @return [Array, nil] like IO.select.
-      def io_select(readables, writables, exceptables, timeout)
+      def io_select(readables, writables = nil, exceptables = nil, timeout = nil)
         poll = -> { Fiber.blocking { ::IO.select(readables, writables, exceptables, 0) } }
         result = poll.call
         return result if result || timeout&.zero?
@@ -338,7 +349,7 @@ module NeverBlock
         result
       ensure
         @timers.cancel(timer)
-        watchers&.each { |watcher| @selector.raise(watcher, Cancelled) if watcher.alive? }
+        watchers&.each { |watcher| queued { @selector.raise(watcher, Cancelled) } if watcher.alive? }
       end
     end
 
@@ -346,8 +357,12 @@ module NeverBlock
     def kernel_sleep(duration = nil)
       fiber = Fiber.current
       timer = @timers.after(duration, @wake_callback, fiber) if duration
+      # ConditionVariable#wait sleeps here, and its signal may come from
+      # another thread (#unblock).
+      @unblockable[fiber] = true
       suspend
     ensure
+      @unblockable.delete(fiber)
       @timers.cancel(timer)
     end
 
@@ -357,10 +372,10 @@ module NeverBlock
     def block(_blocker, timeout = nil)
       fiber = Fiber.current
       timer = @timers.after(timeout, @expire_callback, fiber) if timeout
-      @blocked[fiber] = true
+      @unblockable[fiber] = true
       suspend
     ensure
-      @blocked.delete(fiber)
+      @unblockable.delete(fiber)
       @timers.cancel(timer)
     end
 
@@ -396,8 +411,16 @@ module NeverBlock
     def address_resolve(hostname)
       host = hostname.split("%", 2).first # strip an IPv6 zone ("fe80::1%eth0")
       host = host[1..-2] if host.start_with?("[") && host.end_with?("]")
+      # An address literal needs no lookup (and no thread): the common case
+      # of connecting to 127.0.0.1 or ::1.
+      return [host] if IPV4_LITERAL.match?(host) || (host.include?(":") && IPV6_LITERAL.match?(host))
+
       defer { Addrinfo.getaddrinfo(host, nil, nil, :STREAM).map(&:ip_address).uniq }
     end
+
+    IPV4_LITERAL = /\A\d{1,3}(?:\.\d{1,3}){3}\z/.freeze
+    IPV6_LITERAL = /\A[\h:]*:[\h:.]*\z/.freeze
+    private_constant :IPV4_LITERAL, :IPV6_LITERAL
 
     # Fiber::Scheduler hook (Ruby 3.4+): a C extension's blocking call
     # (e.g. a GVL-releasing function) runs on the thread pool.
@@ -425,6 +448,7 @@ module NeverBlock
     # @return [void]
     def close
       return if @closed
+      return forked_close if @forked || Process.pid != @pid
       raise Error, "close the scheduler from its own thread" unless loop_thread?
       raise Error, "close cannot be called from inside a task" unless Fiber.current.equal?(@loop)
 
@@ -433,7 +457,7 @@ module NeverBlock
         run_loop
       ensure
         @closed = true
-        report_failures(all: true)
+        report_failures
         @close_hooks.each(&:call)
         run_ready # lets fibers retired by the hooks finish
         @stall_detector&.stop
@@ -441,6 +465,25 @@ module NeverBlock
         @selector.close
       end
     end
+
+    # @api private
+    # Called in a child process forked on this scheduler's thread (see
+    # ForkHook): the loop, its tasks and its selector belong to the parent.
+    # The child goes on in the forking fiber as plain blocking code, without
+    # a scheduler; it exits when that fiber ends, and no other task of the
+    # parent ever runs in it.
+    def forked!
+      @forked = true
+      Fiber.set_scheduler(nil) if Fiber.scheduler.equal?(self)
+    end
+
+    # Closing the copy in the child releases only the child's descriptors.
+    def forked_close
+      @closed = true
+      @forked = true
+      @selector.close
+    end
+    private :forked_close
 
     # @api private
     # Registers a callable to run in {#close} (FiberPool retires its fibers).
@@ -463,7 +506,10 @@ module NeverBlock
     # @api private
     def task_finished(task, report)
       @tasks.delete(task)
-      @failures << task if report
+      if report
+        @failures_since ||= @timers.now
+        @failures << task
+      end
       signal_foreign_waiters if @foreign_waiters.positive?
     end
 
@@ -485,6 +531,7 @@ module NeverBlock
         task.execute(Fiber.current)
       ensure
         @running = nil
+        exit_forked_child if @forked
       end
     end
 
@@ -502,6 +549,13 @@ module NeverBlock
       run_once until @tasks.empty?
     end
 
+    # In a forked child the fiber that forked has finished: leaving it would
+    # hand control back to the parent's loop. End the child instead, as a
+    # fork block ends, running at_exit handlers.
+    def exit_forked_child
+      Kernel.exit(0)
+    end
+
     # One turn: run what is ready, wait for IO or the next timer, fire timers.
     def run_once
       drain_inbox unless @inbox.empty?
@@ -510,27 +564,21 @@ module NeverBlock
 
       interval = @ready.empty? && @inbox.empty? && !@selector.ready? ? @timers.wait_interval : 0
       interval = 0 if interval&.negative?
+      report_failures if @failures_since && (interval != 0 || @timers.now - @failures_since > 1)
       if interval.nil? && @io_waiting.zero?
         park
       else
         @selector.select(interval)
       end
       @timers.fire
-      report_failures unless @failures_due.empty? && @failures.empty?
     end
 
-    # Logs the failures recorded a turn ago (or, with all:, every one left)
-    # that nobody has observed since.
-    def report_failures(all: false)
-      due = @failures_due
-      if all
-        due += @failures
-        @failures_due = []
-      else
-        @failures_due = @failures
-      end
+    # Logs the recorded failures that nobody has observed since.
+    def report_failures
+      failures = @failures
       @failures = []
-      due.each { |task| report_failure(task) unless task.observed? }
+      @failures_since = nil
+      failures.each { |task| report_failure(task) unless task.observed? }
     end
 
     def run_ready
@@ -546,8 +594,11 @@ module NeverBlock
         index += 3
         if token.equal?(START)
           start(target)
-        elsif @suspended[target] == token
+        elsif token.equal?(RESUME)
+          resume_displaced(target)
+        elsif @waits[target] == token
           target.transfer(value)
+          reschedule_if_displaced(target)
         end
       end
     end
@@ -565,8 +616,9 @@ module NeverBlock
       end
       if Fiber.current.blocking?
         fiber.transfer
+        reschedule_if_displaced(fiber)
       else
-        @selector.resume(fiber)
+        queued { @selector.resume(fiber) }
       end
     rescue FiberError => e
       # Ruby could not allocate the fiber's stack (too many live fibers for
@@ -609,7 +661,7 @@ module NeverBlock
       until @inbox.empty?
         item = @inbox.pop
         if item.is_a?(Fiber)
-          wake(item, true) if @blocked.key?(item)
+          wake(item, true) if @unblockable.key?(item)
         else
           item.call
         end
@@ -618,18 +670,88 @@ module NeverBlock
 
     # Raises in a suspended fiber from the loop fiber (timers).
     def raise_in(fiber, exception)
-      fiber.raise(exception) if fiber.alive?
+      return unless fiber.alive?
+
+      fiber.raise(exception)
+      reschedule_if_displaced(fiber)
     rescue FiberError
       @timers.after(0.001) { raise_in(fiber, exception) }
     end
 
-    def in_selector(fiber)
+    # Raises `exception` in `fiber` at its current wait, from a task or from
+    # the loop fiber. `still` re-checks, before a retry, that the fiber is
+    # still the one meant.
+    def interrupt_fiber(fiber, exception, &still)
+      return unless fiber.alive?
+
+      if Fiber.current.blocking?
+        raise_in(fiber, exception)
+      else
+        queued { @selector.raise(fiber, exception) }
+      end
+    rescue FiberError
+      # The fiber is resuming another fiber (e.g. an Enumerator) and cannot
+      # be interrupted right now; try again shortly.
+      @timers.after(0.001) { interrupt_fiber(fiber, exception, &still) if still.nil? || still.call }
+    end
+
+    def in_selector(fiber, io = :process)
       @io_waiting += 1
+      @waits[fiber] = io
+      arm_close_watch if io != :process && !@close_watch && CLOSE_WATCH
       @running = nil
       yield
     ensure
       @io_waiting -= 1
+      @waits.delete(fiber)
       entered(fiber)
+    end
+
+    # Before Ruby 3.4 (which calls #fiber_interrupt), nothing tells a
+    # scheduler that an IO a fiber waits on was closed by another fiber or
+    # thread, and epoll silently drops the closed descriptor: the fiber
+    # would wait forever. While fibers wait on IO, the loop looks every
+    # CLOSE_WATCH seconds for closed ones and raises IOError in their fiber,
+    # as Ruby does for a thread.
+    CLOSE_WATCH = RUBY_VERSION < "3.4" ? 0.1 : nil
+    private_constant :CLOSE_WATCH
+
+    def arm_close_watch
+      @close_watch = @timers.after(CLOSE_WATCH) do
+        @close_watch = nil
+        closed = @waits.select { |_fiber, waited| waited.is_a?(IO) && waited.closed? }
+        closed.each_key { |fiber| raise_in(fiber, IOError.new("stream closed in another thread")) }
+        arm_close_watch if @io_waiting.positive?
+      end
+    end
+
+    # Runs a selector call that parks the current fiber in the selector's
+    # ready queue (resume, raise) while another fiber runs.
+    def queued
+      fiber = Fiber.current
+      @waits[fiber] = :queued
+      @running = nil
+      yield
+    ensure
+      @waits.delete(fiber)
+      entered(fiber)
+    end
+
+    # The loop ran `fiber` and got control back, but `fiber` is not parked
+    # anywhere NeverBlock knows of: user code moved away from it with a plain
+    # Fiber#raise or #transfer. Nothing would ever resume it, so the loop
+    # does, on its next turn.
+    def reschedule_if_displaced(fiber)
+      @ready.push(fiber, RESUME, nil) if fiber.alive? && !@waits.key?(fiber)
+    end
+
+    def resume_displaced(fiber)
+      return unless fiber.alive? && !@waits.key?(fiber)
+
+      fiber.transfer
+      reschedule_if_displaced(fiber)
+    rescue FiberError
+      nil # it is resuming a fiber of its own (e.g. an Enumerator); that one returns to it
     end
 
     def io_timeout(io)
@@ -646,7 +768,7 @@ module NeverBlock
     # A raw fiber that wakes `waiter` once `io` is ready (for io_select).
     def watch(io, events, waiter)
       watcher = Fiber.new(blocking: false) do
-        in_selector(Fiber.current) { @selector.io_wait(Fiber.current, io, events) }
+        in_selector(Fiber.current, io) { @selector.io_wait(Fiber.current, io, events) }
         @running = nil
         wake(waiter)
       rescue Cancelled
@@ -672,4 +794,20 @@ module NeverBlock
       end
     end
   end
+
+  # Process._fork is Ruby's documented extension point for code that must
+  # react to fork (Ruby 3.1+). In the child, a NeverBlock loop running on the
+  # forking thread is detached (Scheduler#forked!); nothing else changes.
+  module ForkHook
+    # @return [Integer] what Ruby's _fork returns (0 in the child).
+    def _fork
+      pid = super
+      if pid.zero?
+        scheduler = Fiber.scheduler
+        scheduler.forked! if scheduler.is_a?(Scheduler)
+      end
+      pid
+    end
+  end
+  Process.singleton_class.prepend(ForkHook) unless Process.singleton_class < ForkHook
 end

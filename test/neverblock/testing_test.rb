@@ -40,7 +40,8 @@ class TestingTest < PlainTest
     end
     assert_match(/\ASuite#test_hangs timed out after 0\.2 s; live fibers:/, error.message)
     assert_includes error.message, "(#{__FILE__}:#{helper_line})>", "names the helper task by where it was spawned"
-    assert_includes error.message, "#{__FILE__}:#{helper_line}:in `pop'", "the helper's backtrace"
+    # Ruby 3.1 names the frame `pop'; 3.3 implements Queue#pop in Ruby and names the block
+    assert_includes error.message, "#{__FILE__}:#{helper_line}:in ", "the helper's backtrace"
     assert_includes error.message, "#{__FILE__}:#{wait_line}:in", "the test body's backtrace"
     assert_kind_of Testing::Failure, error
     assert_kind_of NeverBlock::Error, error
