@@ -354,29 +354,17 @@ module NeverBlock
     end
 
     # Fiber::Scheduler hook: `sleep`. Without a duration, sleeps until woken.
+    # ConditionVariable#wait sleeps here, and its signal may come from
+    # another thread (#unblock).
     def kernel_sleep(duration = nil)
-      fiber = Fiber.current
-      timer = @timers.after(duration, @wake_callback, fiber) if duration
-      # ConditionVariable#wait sleeps here, and its signal may come from
-      # another thread (#unblock).
-      @unblockable[fiber] = true
-      suspend
-    ensure
-      @unblockable.delete(fiber)
-      @timers.cancel(timer)
+      wait_unblockable(duration, @wake_callback)
     end
 
     # Fiber::Scheduler hook: a Mutex, Queue, ConditionVariable or
     # Thread#join is about to wait.
     # @return [Boolean] false if the timeout expired.
     def block(_blocker, timeout = nil)
-      fiber = Fiber.current
-      timer = @timers.after(timeout, @expire_callback, fiber) if timeout
-      @unblockable[fiber] = true
-      suspend
-    ensure
-      @unblockable.delete(fiber)
-      @timers.cancel(timer)
+      wait_unblockable(timeout, @expire_callback)
     end
 
     # Fiber::Scheduler hook: resume a fiber suspended in {#block}. Called from
@@ -723,6 +711,18 @@ module NeverBlock
         closed.each_key { |fiber| raise_in(fiber, IOError.new("stream closed in another thread")) }
         arm_close_watch if @io_waiting.positive?
       end
+    end
+
+    # Suspends the current fiber until #unblock (from any thread) or #wake,
+    # or until `timeout` seconds pass and `on_timeout` is called with it.
+    def wait_unblockable(timeout, on_timeout)
+      fiber = Fiber.current
+      timer = @timers.after(timeout, on_timeout, fiber) if timeout
+      @unblockable[fiber] = true
+      suspend
+    ensure
+      @unblockable.delete(fiber)
+      @timers.cancel(timer)
     end
 
     # Runs a selector call that parks the current fiber in the selector's
