@@ -15,12 +15,17 @@ module NeverBlock
   # - Blocks beyond `size` wait in FIFO order; beyond `queue_limit` waiting
   #   blocks, {#spawn} raises {PoolFull} instead of growing without bound.
   # - Before each block, the worker's fiber-local variables
-  #   (`Thread.current[:key]`) are reset to nil, so nothing leaks from one
-  #   block to the next.
+  #   (`Thread.current[:key]`) are reset to nil, and on Ruby 3.2+ its fiber
+  #   storage (`Fiber[:key]`) becomes the spawner's, as for a new fiber; so
+  #   nothing leaks from one block to the next.
   #
   # A pool belongs to the event loop it is first used in; once that loop is
   # closed it can be used in a new one. It is not shared between threads.
   class FiberPool
+    # Fiber storage (Fiber[:key]) exists from Ruby 3.2.
+    STORAGE = Fiber.respond_to?(:[])
+    private_constant :STORAGE
+
     # @return [Integer] the most blocks that run at once.
     attr_reader :size
 
@@ -60,6 +65,7 @@ module NeverBlock
       end
 
       task = Task.new(scheduler, block)
+      task.storage = Fiber.current.storage if STORAGE
       scheduler.adopt(task)
       dispatch(scheduler, task)
       task
@@ -159,6 +165,7 @@ module NeverBlock
       @active[task] = true
       locals = Thread.current
       locals.keys.each { |key| locals[key] = nil }
+      inherit_storage(task.storage) if STORAGE
       task.execute(fiber)
     ensure
       @active.delete(task)
@@ -187,6 +194,14 @@ module NeverBlock
       end
     ensure
       @idle.delete(fiber) if parked
+    end
+
+    # Gives the worker the spawner's Fiber storage. Fiber#storage= would do
+    # it in one call but warns that it is experimental; Fiber[]= does not.
+    def inherit_storage(storage)
+      current = Fiber.current.storage
+      current&.each_key { |key| Fiber[key] = nil unless storage&.key?(key) }
+      storage&.each { |key, value| Fiber[key] = value }
     end
 
     def drained?

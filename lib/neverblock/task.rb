@@ -130,6 +130,10 @@ module NeverBlock
     attr_writer :owner
 
     # @api private
+    # The spawner's Fiber storage, for a task that runs in a pooled fiber.
+    attr_accessor :storage
+
+    # @api private
     # Runs the block in the current fiber; every exception is captured on the
     # task except {FATAL} ones, which propagate and stop the loop.
     # @return [void]

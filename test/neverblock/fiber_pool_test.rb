@@ -168,3 +168,26 @@ class FiberPoolAcrossLoopsTest < PlainTest
     end
   end
 end
+
+# Fiber storage (Ruby 3.2+) in pooled fibers behaves as in new fibers.
+class FiberPoolStorageTest < NeverBlockTest
+  def setup
+    skip "Fiber storage needs Ruby 3.2" unless Fiber.respond_to?(:[])
+  end
+
+  def test_a_pooled_block_sees_the_spawners_storage
+    pool = NeverBlock::FiberPool.new(size: 1)
+    Fiber[:request_id] = "r-1"
+    assert_equal "r-1", pool.spawn { Fiber[:request_id] }.value
+    Fiber[:request_id] = "r-2"
+    assert_equal "r-2", pool.spawn { Fiber[:request_id] }.value
+  ensure
+    Fiber[:request_id] = nil
+  end
+
+  def test_storage_set_by_one_block_does_not_leak_into_the_next
+    pool = NeverBlock::FiberPool.new(size: 1)
+    pool.spawn { Fiber[:user] = "alice" }.wait
+    assert_nil pool.spawn { Fiber[:user] }.value
+  end
+end
