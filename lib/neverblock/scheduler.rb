@@ -683,16 +683,18 @@ module NeverBlock
       @timers.after(0.001) { interrupt_fiber(fiber, exception, &still) if still.nil? || still.call }
     end
 
+    # The hot path of every IO wait: keep it lean.
     def in_selector(fiber, io = :process)
       @io_waiting += 1
       @waits[fiber] = io
-      arm_close_watch if io != :process && !@close_watch && CLOSE_WATCH
+      arm_close_watch unless @close_watch || !CLOSE_WATCH
       @running = nil
       yield
     ensure
       @io_waiting -= 1
       @waits.delete(fiber)
-      entered(fiber)
+      @running = fiber
+      @switches += 1
     end
 
     # Before Ruby 3.4 (which calls #fiber_interrupt), nothing tells a
@@ -754,8 +756,15 @@ module NeverBlock
       nil # it is resuming a fiber of its own (e.g. an Enumerator); that one returns to it
     end
 
-    def io_timeout(io)
-      io.timeout if io.respond_to?(:timeout)
+    if IO.method_defined?(:timeout)
+      # IO#timeout (Ruby 3.2+), the default deadline for this IO's waits.
+      def io_timeout(io)
+        io.timeout
+      end
+    else
+      def io_timeout(_io)
+        nil
+      end
     end
 
     def io_timeout_timer(io, fiber, direction)

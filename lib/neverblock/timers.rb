@@ -76,15 +76,18 @@ module NeverBlock
 
     # @return [Float, nil] seconds until the next timer (<= 0 when one is
     #   due), nil when there is none.
-    def wait_interval(now = self.now)
+    def wait_interval(now = nil)
       drop_cancelled
       top = @heap.first
-      top && top.deadline - now
+      top && top.deadline - (now || self.now)
     end
 
     # Fires every timer whose deadline has passed.
     # @return [void]
-    def fire(now = self.now)
+    def fire(now = nil)
+      return if @heap.empty?
+
+      now ||= self.now
       while (top = @heap.first) && top.deadline <= now
         pop
         if top.cancelled?
