@@ -88,7 +88,9 @@ module NeverBlock
       end
     end
 
-    # Starts a task on the running loop; it begins on the loop's next turn.
+    # Starts a task on the running loop: it runs at once until its first
+    # wait, then `spawn` returns and the caller continues on the loop's next
+    # turn.
     #
     # @return [Task]
     # @raise [NoReactorError] outside {NeverBlock.run}.

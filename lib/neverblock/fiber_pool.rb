@@ -22,8 +22,9 @@ module NeverBlock
   # A pool belongs to the event loop it is first used in; once that loop is
   # closed it can be used in a new one. It is not shared between threads.
   class FiberPool
-    # Fiber storage (Fiber[:key]) exists from Ruby 3.2.
-    STORAGE = Fiber.respond_to?(:[])
+    # Fiber storage (Fiber[:key]) is Ruby's from 3.2 (a gem backports a
+    # look-alike to 3.1, which this does not try to manage).
+    STORAGE = RUBY_VERSION >= "3.2"
     private_constant :STORAGE
 
     # @return [Integer] the most blocks that run at once.
@@ -138,14 +139,23 @@ module NeverBlock
 
     def dispatch(scheduler, task)
       if (worker = @idle.pop)
+        @active[task] = true # handed over; it starts on the loop's next turn
         scheduler.wake(worker, task)
       elsif @workers < @size
         @workers += 1
-        scheduler.launch(new_worker(scheduler, task))
+        start_worker(scheduler, task)
       else
         task.owner = self
         @queue << task
       end
+    end
+
+    def start_worker(scheduler, task)
+      scheduler.start_fiber(new_worker(scheduler, task))
+    rescue FiberError => e
+      @workers -= 1
+      @active.delete(task)
+      task.fail_to_start(e)
     end
 
     def new_worker(scheduler, task)

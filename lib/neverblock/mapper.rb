@@ -13,6 +13,7 @@ module NeverBlock
       @live = {} # index => running task
       @failure = nil
       @caller = nil
+      @waiting = false # the caller is in #wait_until
     end
 
     # @return [Array] results in input order.
@@ -21,12 +22,12 @@ module NeverBlock
       @caller = Fiber.current
       results = []
       enumerable.each_with_index do |item, index|
-        @scheduler.wait_until { @live.size < @concurrency || @failure }
+        wait_until { @live.size < @concurrency || @failure }
         break if @failure
 
         start(item, index, results)
       end
-      @scheduler.wait_until { @live.empty? || @failure }
+      wait_until { @live.empty? || @failure }
       raise @failure if @failure
 
       results
@@ -44,10 +45,19 @@ module NeverBlock
         raise
       ensure
         @live.delete(index)
-        @scheduler.wake(@caller)
+        # only while the caller waits here: a wake-up elsewhere (say, a
+        # sleep in the enumerable's #each) would end that wait early
+        @scheduler.wake(@caller) if @waiting
       end
       # spawn ran the block up to its first wait; it may be done already
       @live[index] = task if task.alive?
+    end
+
+    def wait_until(&condition)
+      @waiting = true
+      @scheduler.wait_until(&condition)
+    ensure
+      @waiting = false
     end
 
     # On failure or when the caller itself is cancelled: stop the rest.

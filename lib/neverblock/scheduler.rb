@@ -54,6 +54,8 @@ module NeverBlock
     #   blocking work. Defaults to {NeverBlock.thread_pool_size}.
     def initialize(selector: nil, stall_threshold: NeverBlock.stall_threshold,
                    thread_pool_size: NeverBlock.thread_pool_size)
+      NeverBlock.validate_size!(thread_pool_size, :thread_pool_size)
+      NeverBlock.validate_timeout!(stall_threshold, :stall_threshold) if stall_threshold
       @loop = Fiber.current
       @thread = Thread.current
       @pid = Process.pid
@@ -77,14 +79,21 @@ module NeverBlock
       @io_waiting = 0 # fibers waiting in the selector
 
       @inbox = Thread::Queue.new # work posted from other threads
-      @wake_queue = Thread::Queue.new
+      # Other threads wake the loop by writing to this pipe, watched by an
+      # internal fiber: unlike Selector#wakeup, which does nothing unless the
+      # selector is already blocked, a byte in a pipe is not lost when it
+      # comes just before the loop blocks. One byte per wake-up at most.
+      @signal_reader, @signal_writer = IO.pipe
+      @signal_pending = false
+      @signal_watcher = nil
+      @wake_queue = Thread::Queue.new # wakes #park
       @parked = false
       @foreign_lock = Thread::Mutex.new
       @foreign_cond = Thread::ConditionVariable.new
       @foreign_waiters = 0
 
-      @thread_pool = ThreadPool.new(NeverBlock.validate_size!(thread_pool_size, :thread_pool_size))
-      @stall_detector = StallDetector.new(self, NeverBlock.validate_timeout!(stall_threshold, :stall_threshold)) if stall_threshold
+      @thread_pool = ThreadPool.new(thread_pool_size)
+      @stall_detector = StallDetector.new(self, stall_threshold) if stall_threshold
       @close_hooks = []
       @running = nil # the non-loop fiber that holds the loop right now
       @switches = 0 # bumped each time a fiber is (re)entered; read by the stall detector
@@ -98,6 +107,10 @@ module NeverBlock
       # collect the result with value or wait_all), or after a second.
       @failures = []
       @failures_since = nil
+
+      # Before any task runs: Scheduler#run and Fiber.schedule start their
+      # first fiber at once.
+      watch_signals
     end
 
     # @api private
@@ -120,12 +133,18 @@ module NeverBlock
     # @return [Object] the block's value.
     # @raise [Exception] whatever the block raised.
     def run(&block)
+      # The watchdog starts with the loop, not with the scheduler: a thread
+      # sleeping with a timeout would hide a deadlock from Ruby (say, the
+      # thread's root fiber blocking on a Mutex before the loop runs).
+      @stall_detector&.start
       task = spawn(observed: true, &block)
-      run_loop
+      begin
+        run_loop
+      rescue Exception # rubocop:disable Lint/RescueException -- the loop itself failed: close cancels the rest
+        @aborted = true
+        raise
+      end
       task.value
-    rescue Exception # rubocop:disable Lint/RescueException -- abort on anything, then re-raise
-      @aborted = true
-      raise
     end
 
     # Creates a task and runs it at once, until its first wait; the caller
@@ -142,11 +161,7 @@ module NeverBlock
 
       task = Task.new(self, block, observed: observed)
       @tasks[task] = true
-      if Fiber.current.blocking?
-        @ready.push(task, START, nil)
-      else
-        start(task)
-      end
+      start(task)
       task
     end
 
@@ -160,14 +175,10 @@ module NeverBlock
     end
 
     # @api private
-    # Starts a raw fiber: at once from a task (the caller continues on the
-    # next turn), on the next turn from the loop fiber.
-    def launch(fiber)
-      if Fiber.current.blocking?
-        @ready.push(fiber, START, nil)
-      else
-        start(fiber)
-      end
+    # Starts a raw fiber now, as #spawn starts a task.
+    # @raise [FiberError] when Ruby cannot allocate its stack.
+    def start_fiber(fiber)
+      start(fiber)
     end
 
     # Suspends the current fiber until the block returns true, re-checking
@@ -182,8 +193,9 @@ module NeverBlock
       fiber = Fiber.current
       expired = false
       timer = @timers.after(timeout) { expired = wake(fiber) } if timeout
-      suspend until yield || expired
-      yield
+      satisfied = false
+      suspend until (satisfied = yield) || expired
+      satisfied
     ensure
       @timers.cancel(timer)
     end
@@ -230,7 +242,11 @@ module NeverBlock
     # @param callable [#call]
     # @return [void]
     def post(callable = nil, &block)
-      @inbox << (callable || block)
+      callable ||= block
+      raise ArgumentError, "post needs a callable or a block" unless callable.respond_to?(:call)
+      raise ClosedError, "this NeverBlock scheduler is closed" if @closed
+
+      @inbox << callable
       signal unless loop_thread?
     end
 
@@ -258,9 +274,11 @@ module NeverBlock
     # @return [Object] the block's value.
     def timeout_after(duration, exception_class = TimeoutError, *message)
       fiber = Fiber.current
-      timer = @timers.after(duration) { raise_in(fiber, exception_class.new(*message)) }
+      active = true
+      timer = @timers.after(duration) { interrupt_fiber(fiber, exception_class.new(*message)) { active } }
       yield duration
     ensure
+      active = false
       @timers.cancel(timer)
     end
 
@@ -291,13 +309,8 @@ module NeverBlock
     # @return [Integer, false] the ready events, false on timeout.
     def io_wait(io, events, timeout = nil)
       fiber = Fiber.current
-      if timeout
-        timer = @timers.after(timeout, @io_expire_callback, fiber)
-      elsif (timeout = io_timeout(io))
-        timer = @timers.after(timeout) do
-          raise_in(fiber, IO::TimeoutError.new("IO#timeout (#{timeout} s) expired waiting for #{io.inspect}"))
-        end
-      end
+      # An explicit timeout makes io_wait return false; IO#timeout raises.
+      timer = timeout ? @timers.after(timeout, @io_expire_callback, fiber) : io_timeout_timer(io, fiber, "ready")
       in_selector(fiber, io) { @selector.io_wait(fiber, io, events) }
     ensure
       @timers.cancel(timer)
@@ -331,32 +344,32 @@ module NeverBlock
     if Fiber.respond_to?(:blocking)
       # Fiber::Scheduler hook (Ruby 3.2+): `IO.select` from a fiber.
       # @return [Array, nil] like IO.select.
+      #
+      # Polls; if nothing is ready, one watcher fiber per IO waits in the
+      # selector, the first to fire wakes this fiber, the watchers are
+      # stopped and it polls again (another fiber may have taken the data).
       def io_select(readables, writables = nil, exceptables = nil, timeout = nil)
-        poll = -> { Fiber.blocking { ::IO.select(readables, writables, exceptables, 0) } }
-        result = poll.call
-        return result if result || timeout&.zero?
+        interests = { readables => IO::READABLE, writables => IO::WRITABLE, exceptables => IO::PRIORITY }
+        deadline = @timers.now + timeout if timeout
+        loop do
+          result = Fiber.blocking { ::IO.select(readables, writables, exceptables, 0) }
+          return result if result
 
-        waiter = Fiber.current
-        watchers = []
-        { readables => IO::READABLE, writables => IO::WRITABLE, exceptables => IO::PRIORITY }.each do |ios, events|
-          ios&.each { |io| watchers << watch(io, events, waiter) }
+          remaining = deadline && deadline - @timers.now
+          return nil if remaining && remaining <= 0
+
+          wait_for_any(interests, remaining)
         end
-        timed_out = false
-        timer = @timers.after(timeout) { timed_out = true if wake(waiter) } if timeout
-        until (result = poll.call) || timed_out
-          suspend
-        end
-        result
-      ensure
-        @timers.cancel(timer)
-        watchers&.each { |watcher| queued { @selector.raise(watcher, Cancelled) } if watcher.alive? }
       end
+
     end
 
     # Fiber::Scheduler hook: `sleep`. Without a duration, sleeps until woken.
     # ConditionVariable#wait sleeps here, and its signal may come from
     # another thread (#unblock).
     def kernel_sleep(duration = nil)
+      raise ArgumentError, "time interval must not be negative" if duration&.negative?
+
       wait_unblockable(duration, @wake_callback)
     end
 
@@ -374,10 +387,17 @@ module NeverBlock
       if loop_thread?
         wake(fiber, true)
       else
-        @inbox << fiber
+        # The token names the wait this unblock is for. It is nil when the
+        # fiber has not suspended yet (it queued itself on the Mutex or Queue
+        # and this thread got in first); then the next wait is meant.
+        @inbox << Unblock.new(fiber, @waits[fiber])
         signal
       end
     end
+
+    # An #unblock from another thread, carried through the inbox.
+    Unblock = Struct.new(:fiber, :token)
+    private_constant :Unblock
 
     # Fiber::Scheduler hook: `Process.wait` and friends.
     # @return [Process::Status, nil]
@@ -427,6 +447,9 @@ module NeverBlock
       fiber = new_task_fiber(task)
       start(fiber)
       fiber
+    rescue FiberError => e
+      task&.fail_to_start(e)
+      raise
     end
 
     # Fiber::Scheduler hook: called by `Fiber.set_scheduler(nil)` and when
@@ -451,6 +474,8 @@ module NeverBlock
         @stall_detector&.stop
         @thread_pool.shutdown
         @selector.close
+        @signal_reader.close
+        @signal_writer.close
       end
     end
 
@@ -470,6 +495,8 @@ module NeverBlock
       @closed = true
       @forked = true
       @selector.close
+      @signal_reader.close
+      @signal_writer.close
     end
     private :forked_close
 
@@ -487,7 +514,7 @@ module NeverBlock
     # --- Internals shared with Task, FiberPool and the thread pool ----------
 
     # @api private
-    def task_started(_task)
+    def task_started
       entered(Fiber.current)
     end
 
@@ -519,7 +546,8 @@ module NeverBlock
         task.execute(Fiber.current)
       ensure
         @running = nil
-        exit_forked_child if @forked
+        # In a forked child; an exception on its way out ends the child itself.
+        exit_forked_child(task) if @forked && !$!
       end
     end
 
@@ -539,8 +567,13 @@ module NeverBlock
 
     # In a forked child the fiber that forked has finished: leaving it would
     # hand control back to the parent's loop. End the child instead, as a
-    # fork block ends, running at_exit handlers.
-    def exit_forked_child
+    # fork block ends (at_exit handlers run): status 1, with the error
+    # logged, if its task failed.
+    def exit_forked_child(task = nil)
+      if task&.status == :failed
+        report_failure(task)
+        Kernel.exit(1)
+      end
       Kernel.exit(0)
     end
 
@@ -581,7 +614,7 @@ module NeverBlock
         value = ready[index + 2]
         index += 3
         if token.equal?(START)
-          start(target)
+          start_deferred(target)
         elsif token.equal?(RESUME)
           resume_displaced(target)
         elsif @waits[target] == token
@@ -591,10 +624,17 @@ module NeverBlock
       end
     end
 
-    # Starts a task (or a raw fiber). From a task, the new fiber runs at once
-    # and the caller waits in the selector's ready queue; from the loop fiber
-    # it is a plain transfer.
+    # Starts a task (or a raw fiber) at once; it runs until its first wait.
+    # From a task, the caller waits meanwhile in the selector's ready queue;
+    # from the loop fiber it is a plain transfer. From some other blocking
+    # fiber (Fiber.blocking, an Enumerator on Ruby 3.1), which a transfer
+    # would strand, the start waits for the loop's next turn.
     def start(target)
+      current = Fiber.current
+      if current.blocking? && !current.equal?(@loop)
+        @ready.push(target, START, nil)
+        return
+      end
       if target.is_a?(Task)
         return unless target.status == :pending
 
@@ -602,7 +642,7 @@ module NeverBlock
       else
         fiber = target
       end
-      if Fiber.current.blocking?
+      if current.blocking?
         fiber.transfer
         reschedule_if_displaced(fiber)
       else
@@ -612,17 +652,23 @@ module NeverBlock
       # Ruby could not allocate the fiber's stack (too many live fibers for
       # vm.max_map_count, or memory). Dead fibers the GC has not collected
       # yet still hold stacks, so collect and retry, at most once a second
-      # (a GC per failure would stall the loop); else that task fails and
-      # the loop goes on.
-      raise unless target.is_a?(Task) && target.status == :pending
-
+      # (a GC per failure would stall the loop); else a task fails and the
+      # loop goes on, and for a raw fiber the caller hears of it.
       clock = Process.clock_gettime(Process::CLOCK_MONOTONIC)
       if @collected_at.nil? || clock - @collected_at > 1
         @collected_at = clock
         GC.start
         retry
       end
+      raise unless target.is_a?(Task)
+
       target.fail_to_start(e)
+    end
+
+    def start_deferred(target)
+      start(target)
+    rescue FiberError => e
+      NeverBlock.logger.error("NeverBlock") { "could not start #{target.inspect}: #{e.message}" }
     end
 
     # Nothing can happen on this thread (no IO, no timers, nothing ready):
@@ -642,38 +688,62 @@ module NeverBlock
 
     def signal
       @wake_queue << true if @parked
-      @selector.wakeup
+      return if @signal_pending
+
+      @signal_pending = true
+      @signal_writer.write_nonblock(".", exception: false)
+    rescue IOError
+      nil # closed: the loop is gone
+    end
+
+    # The internal fiber that keeps the signal pipe registered with the
+    # selector. It is not a task and not counted in @io_waiting, so it neither
+    # keeps the loop alive nor stops #park.
+    def watch_signals
+      @signal_watcher = Fiber.new(blocking: false) do
+        watcher = Fiber.current
+        loop do
+          @selector.io_wait(watcher, @signal_reader, IO::READABLE)
+          @signal_pending = false
+          @signal_reader.read_nonblock(4096, exception: false)
+        end
+      end
+      @signal_watcher.transfer
     end
 
     def drain_inbox
       until @inbox.empty?
         item = @inbox.pop
-        if item.is_a?(Fiber)
-          wake(item, true) if @unblockable.key?(item)
+        if item.is_a?(Unblock)
+          fiber = item.fiber
+          next unless @unblockable.key?(fiber)
+          next if item.token && @waits[fiber] != item.token # that wait is over
+
+          wake(fiber, true)
         else
-          item.call
+          run_posted(item)
         end
       end
     end
 
-    # Raises in a suspended fiber from the loop fiber (timers).
-    def raise_in(fiber, exception)
-      return unless fiber.alive?
-
-      fiber.raise(exception)
-      reschedule_if_displaced(fiber)
-    rescue FiberError
-      @timers.after(0.001) { raise_in(fiber, exception) }
+    # A posted callable's failure is its own: logged, and the loop goes on.
+    def run_posted(callable)
+      callable.call
+    rescue StandardError => e
+      NeverBlock.logger.error("NeverBlock") do
+        "#{e.class} in a callable posted to the loop: #{e.message}\n  #{(e.backtrace || []).join("\n  ")}"
+      end
     end
 
     # Raises `exception` in `fiber` at its current wait, from a task or from
-    # the loop fiber. `still` re-checks, before a retry, that the fiber is
-    # still the one meant.
+    # the loop fiber (timers). `still`, when given, says before a retry
+    # whether the fiber is still in the wait the exception is meant for.
     def interrupt_fiber(fiber, exception, &still)
       return unless fiber.alive?
 
       if Fiber.current.blocking?
-        raise_in(fiber, exception)
+        fiber.raise(exception)
+        reschedule_if_displaced(fiber)
       else
         queued { @selector.raise(fiber, exception) }
       end
@@ -710,7 +780,9 @@ module NeverBlock
       @close_watch = @timers.after(CLOSE_WATCH) do
         @close_watch = nil
         closed = @waits.select { |_fiber, waited| waited.is_a?(IO) && waited.closed? }
-        closed.each_key { |fiber| raise_in(fiber, IOError.new("stream closed in another thread")) }
+        closed.each do |fiber, io|
+          interrupt_fiber(fiber, IOError.new("stream closed in another thread")) { @waits[fiber].equal?(io) }
+        end
         arm_close_watch if @io_waiting.positive?
       end
     end
@@ -770,20 +842,40 @@ module NeverBlock
     def io_timeout_timer(io, fiber, direction)
       timeout = io_timeout(io) or return
       @timers.after(timeout) do
-        raise_in(fiber, IO::TimeoutError.new("IO#timeout (#{timeout} s) expired waiting for #{io.inspect} to be #{direction}"))
+        error = IO::TimeoutError.new("IO#timeout (#{timeout} s) expired waiting for #{io.inspect} to be #{direction}")
+        interrupt_fiber(fiber, error) { @waits[fiber].equal?(io) }
       end
     end
 
-    # A raw fiber that wakes `waiter` once `io` is ready (for io_select).
-    def watch(io, events, waiter)
+    # Suspends the current fiber until one of the IOs is ready for its
+    # events, or `timeout` seconds pass (for io_select).
+    def wait_for_any(interests, timeout)
+      waiter = Fiber.current
+      watchers = []
+      interests.each do |ios, events|
+        ios&.each { |io| watchers << start_watcher(io, events, waiter) }
+      end
+      timer = @timers.after(timeout, @wake_callback, waiter) if timeout
+      suspend
+    ensure
+      @timers.cancel(timer)
+      watchers.each { |watcher| queued { @selector.raise(watcher, Cancelled) } if @waits[watcher].is_a?(IO) }
+    end
+
+    # A raw fiber that waits in the selector until `io` is ready, then wakes
+    # `waiter`. Any error (a closed IO) also wakes it: its poll reports it.
+    def start_watcher(io, events, waiter)
       watcher = Fiber.new(blocking: false) do
         in_selector(Fiber.current, io) { @selector.io_wait(Fiber.current, io, events) }
-        @running = nil
         wake(waiter)
       rescue Cancelled
+        nil
+      rescue StandardError
+        wake(waiter)
+      ensure
         @running = nil
       end
-      @ready.push(watcher, START, nil)
+      start(watcher)
       watcher
     end
 

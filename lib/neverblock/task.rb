@@ -102,7 +102,10 @@ module NeverBlock
     # @return [Task] self.
     def cancel
       return self unless alive?
-      return @scheduler.post { cancel } && self unless @scheduler.loop_thread?
+      unless @scheduler.loop_thread?
+        @scheduler.post { cancel }
+        return self
+      end
 
       case @status
       when :pending
@@ -142,7 +145,7 @@ module NeverBlock
 
       @fiber = fiber
       @status = :running
-      @scheduler.task_started(self)
+      @scheduler.task_started
       conclude(:completed, @block.call)
     rescue Cancelled => e
       conclude(@cancel_requested ? :cancelled : :failed, e)

@@ -31,7 +31,13 @@ module NeverBlock
       # @return [Numeric] default per-test timeout in seconds:
       #   `ENV["NEVERBLOCK_TEST_TIMEOUT"]` or 10.
       def default_timeout
-        Float(ENV.fetch("NEVERBLOCK_TEST_TIMEOUT", DEFAULT_TIMEOUT))
+        text = ENV.fetch("NEVERBLOCK_TEST_TIMEOUT", nil)
+        return DEFAULT_TIMEOUT.to_f if text.nil? || text.strip.empty?
+
+        seconds = Float(text, exception: false)
+        raise ArgumentError, "NEVERBLOCK_TEST_TIMEOUT must be a number of seconds, got #{text.inspect}" unless seconds
+
+        NeverBlock.validate_timeout!(seconds, :NEVERBLOCK_TEST_TIMEOUT)
       end
 
       # Runs `body` as a task in a fresh event loop.

@@ -55,9 +55,17 @@ module NeverBlock
     end
 
     # Schedules `callable.call(argument)` after `seconds`, or the block.
+    # An infinite delay never fires: no timer is made.
     # @param seconds [Numeric]
-    # @return [Timer]
+    # @return [Timer, nil]
+    # @raise [ArgumentError] for NaN or -Infinity.
     def after(seconds, callable = nil, argument = nil, &block)
+      unless seconds.finite?
+        return nil if seconds.infinite? == 1
+
+        raise ArgumentError, "timer delay must be a number of seconds, got #{seconds.inspect}"
+      end
+
       timer = Timer.new(now + seconds, callable || block, argument)
       push(timer)
       timer
