@@ -196,6 +196,55 @@ class SchedulerTest < NeverBlockTest
     [r1, w1, r2, w2].each { |io| io&.close }
   end
 
+  def test_io_select_can_be_cancelled_at_once
+    skip "the io_select hook needs Ruby 3.2" unless Fiber.respond_to?(:blocking)
+
+    reader, writer = IO.pipe
+    selecting = NeverBlock.spawn { IO.select([reader]) }
+    selecting.cancel
+    assert_raises(NeverBlock::Cancelled) { selecting.value }
+    assert selecting.cancelled?
+  ensure
+    reader&.close
+    writer&.close
+  end
+
+  def test_io_select_keeps_waiting_when_another_fiber_takes_the_data
+    skip "the io_select hook needs Ruby 3.2" unless Fiber.respond_to?(:blocking)
+
+    reader, writer = IO.pipe
+    selectors = 2.times.map do
+      NeverBlock.spawn do
+        IO.select([reader], nil, nil, 5)
+        reader.read_nonblock(1, exception: false)
+      end
+    end
+    writer.write("a")
+    sleep 0.02
+    time = elapsed do
+      writer.write("b")
+      assert_equal %w[a b], selectors.map(&:value).sort
+    end
+    assert_operator time, :<, 1, "the second selector woke on the second byte, not at its timeout"
+  ensure
+    reader&.close
+    writer&.close
+  end
+
+  def test_io_select_on_an_io_closed_meanwhile_raises_in_that_fiber_only
+    skip "the io_select hook needs Ruby 3.2" unless Fiber.respond_to?(:blocking)
+
+    reader, writer = IO.pipe
+    selecting = NeverBlock.spawn { IO.select([reader]) }
+    bystander = NeverBlock.spawn { sleep 0.3; :unharmed }
+    sleep 0.01
+    reader.close
+    assert_raises(IOError) { selecting.value }
+    assert_equal :unharmed, bystander.value
+  ensure
+    writer&.close
+  end
+
   def test_scheduler_selector_defaults_to_epoll
     assert_equal IO::Event::Selector::EPoll, Fiber.scheduler.selector_class
   end
