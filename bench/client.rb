@@ -6,6 +6,8 @@
 # server delay, for a blocking client, a thread per request, Async, and
 # NeverBlock (a task per request, and a FiberPool).
 #
+#   bench/run client [options]              Ruby 3.1 (bench/results/)
+#   bench/run --ruby 3.3 client [options]   Ruby 3.3, newest async (bench/results/ruby33/)
 #   BUNDLE_PATH=vendor/bundle bundle exec ruby bench/client.rb
 #   ... bench/client.rb --requests 200 --delays 0,100 --only threads,neverblock
 #
@@ -14,6 +16,11 @@
 # Each cell is one run in its own forked process. The blocking client would
 # need 1000 x delay seconds, so it runs only as many requests as fit in about
 # --blocking-budget seconds; the table marks those cells.
+#
+# NeverBlock and Async run on the same io-event selector, --selector (EPoll
+# unless told): io-event's own default, which Async would otherwise take, is
+# URing where liburing was there at build time, while NeverBlock's is EPoll.
+# The header says which selector each library was seen to use.
 #
 # Writes <out>/client.csv and <out>/client.svg (default out: bench/results).
 
@@ -29,6 +36,7 @@ require_relative "support/delay_server"
 require_relative "support/http_get"
 require_relative "support/isolated"
 require_relative "support/machine"
+require_relative "support/peers"
 require_relative "support/svg_chart"
 require_relative "support/table"
 
@@ -47,7 +55,8 @@ module NeverBlockBench
       out: File.expand_path("results", __dir__),
       pool_size: nil, # nil: one fiber per request
       blocking_budget: 10.0,
-      runs: 1
+      runs: 1,
+      selector: Peers::DEFAULT_SELECTOR
     }.freeze
 
     # Seconds of client work per request beyond the delay, for sizing the
@@ -65,7 +74,13 @@ module NeverBlockBench
     # @return [Boolean] true when every request of every cell succeeded
     def call
       Machine.raise_fd_limit(DelayServer::FD_LIMIT)
+      @selector = Peers.use_selector(@options[:selector])
+      @probe = Peers.probe
       puts header
+      unless Peers.selector_matches?(@probe, @selector)
+        warn "NeverBlock and async are not on the same selector (see above); not measuring"
+        return false
+      end
       server = DelayServer.start
       results = measure_all(server)
       server_ok = server.stop
@@ -117,25 +132,19 @@ module NeverBlockBench
     end
 
     def header
-      versions = ["neverblock #{neverblock_version}", ("async #{Machine.gem_version('async')}" if Machine.gem_version("async"))]
       <<~TEXT
         NeverBlock client benchmark: requests/s by server delay (the 2009 "Ruby networking on steroids" table)
         #{Machine.ruby_description}
-        #{versions.compact.join(', ')}; #{Machine.description}
+        #{Peers.versions_text(@probe)}; #{Machine.description}
+        #{Peers.selector_text(@probe, @selector)}
         #{@options[:requests]} requests per cell, each a GET on a fresh Net::HTTP connection to a local delay server
         (one process, single-threaded event loop, same machine); each cell is #{runs_text} in a forked process.
+        load average at start: #{Machine.load_average}
       TEXT
     end
 
     def runs_text
       @options[:runs] == 1 ? "one run" : "the best of #{@options[:runs]} runs, each"
-    end
-
-    def neverblock_version
-      require "neverblock/version"
-      NeverBlock::VERSION
-    rescue LoadError
-      "?"
     end
 
     def measure_all(server)
@@ -212,7 +221,8 @@ module NeverBlockBench
     end
 
     def report(results)
-      puts
+      puts "\nload average at end: #{Machine.load_average}"
+      puts "async and NeverBlock cells on io-event #{@selector}" if @clients.any? { |client| client.library }
       puts rates_table(results)
       notes = footnotes(results)
       puts notes unless notes.empty?
@@ -286,9 +296,9 @@ module NeverBlockBench
         value = rate(result)
         note = result[:failure] || (result[:errors].positive? ? result[:first_error] : nil)
         [result[:client].name, result[:client].label, result[:delay_ms], result[:requests],
-         result[:seconds]&.round(4), value&.round(1), result[:errors], note]
+         result[:seconds]&.round(4), value&.round(1), result[:errors], (@selector if result[:client].library), note]
       end
-      File.write(path, csv_text(%w[client label delay_ms requests seconds requests_per_s errors note], rows))
+      File.write(path, csv_text(%w[client label delay_ms requests seconds requests_per_s errors selector note], rows))
       path
     end
 
@@ -303,8 +313,9 @@ module NeverBlockBench
 
     def write_svg(results)
       chart = SvgChart.new(title: "Requests/s by server delay, #{@options[:requests]} requests",
-                           subtitle: "ruby #{RUBY_VERSION}, #{Machine.description}; " \
-                                     "fresh Net::HTTP connection per request")
+                           subtitle: ["ruby #{RUBY_VERSION}, #{Machine.description}",
+                                      "#{Peers.versions_text(@probe)}, #{@selector} selector for both; " \
+                                      "fresh Net::HTTP connection per request"])
       series = @clients.to_h do |client|
         [client.label, @options[:delays_ms].map { |ms| rate(find(results, client, ms)) }]
       end
@@ -334,6 +345,9 @@ if $PROGRAM_NAME == __FILE__
     end
     opts.on("--runs N", Integer, "runs per cell, best reported (1)") { |value| options[:runs] = value }
     opts.on("--out DIR", "where client.csv and client.svg go (bench/results)") { |value| options[:out] = value }
+    opts.on("--selector NAME", "io-event selector for NeverBlock and async: epoll, uring, select (epoll)") do |value|
+      options[:selector] = value
+    end
   end
   begin
     parser.parse!

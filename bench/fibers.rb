@@ -13,8 +13,17 @@
 # 2. Cost: spawning and finishing a task with an empty block, in microseconds
 #    per task, best of 3 runs of --spawns tasks (in batches of 1000).
 #
+#   bench/run fibers [options]              Ruby 3.1 (bench/results/)
+#   bench/run --ruby 3.3 fibers [options]   Ruby 3.3, newest async (bench/results/ruby33/)
 #   BUNDLE_PATH=vendor/bundle bundle exec ruby bench/fibers.rb
 #   ... bench/fibers.rb --counts 1000,10000 --sleep 0.5 --only fibers,neverblock
+#
+# Every fiber stack is two memory mappings, so 100_000 live fibers need
+# vm.max_map_count well above the kernel's default 65530. When it is too low
+# for the largest count, the script raises it (as root, like `sysctl -w`),
+# says so and leaves it raised; --no-raise-map-count leaves it alone.
+# NeverBlock and Async run on the same io-event selector (--selector, EPoll
+# unless told; see bench/support/peers.rb).
 #
 # Writes <out>/fibers.csv and <out>/fibers.svg (default out: bench/results).
 
@@ -28,6 +37,7 @@ require "optparse"
 require "fileutils"
 require_relative "support/isolated"
 require_relative "support/machine"
+require_relative "support/peers"
 require_relative "support/svg_chart"
 require_relative "support/table"
 
@@ -44,7 +54,9 @@ module NeverBlockBench
       sleep: nil, # see #sleep_for
       spawns: 100_000,
       only: nil,
-      out: File.expand_path("results", __dir__)
+      out: File.expand_path("results", __dir__),
+      selector: Peers::DEFAULT_SELECTOR,
+      raise_map_count: true
     }.freeze
     BATCH = 1000
     # Default sleep, in seconds: long enough that every task is started
@@ -58,6 +70,12 @@ module NeverBlockBench
     # divided by these bounds how many can exist at once.
     MAPPINGS_PER_THREAD = 3
     MAPPINGS_PER_FIBER = 2
+    # Mappings a process has besides its fibers' stacks (heap, libraries,
+    # the VM's own), with room to spare.
+    MAPPINGS_BESIDES = 10_000
+    # What vm.max_map_count is raised to when too low: the value commonly
+    # recommended (e.g. for Elasticsearch), or more if the counts need it.
+    MAP_COUNT_TARGET = 262_144
 
     def initialize(options)
       @options = DEFAULTS.merge(options)
@@ -73,7 +91,15 @@ module NeverBlockBench
 
     # @return [Boolean] true when every variant that was not skipped ran
     def call
+      map_count_note = ensure_map_count
+      @selector = Peers.use_selector(@options[:selector])
+      @probe = Peers.probe
       puts header
+      puts map_count_note if map_count_note
+      unless Peers.selector_matches?(@probe, @selector)
+        warn "NeverBlock and async are not on the same selector (see above); not measuring"
+        return false
+      end
       concurrency = measure_concurrency
       micro = measure_micro
       report(concurrency, micro)
@@ -177,6 +203,39 @@ module NeverBlockBench
 
     # --- measuring -----------------------------------------------------------
 
+    # Mappings needed for the largest count of fibers alive at once.
+    def map_count_needed
+      (@options[:counts].max * MAPPINGS_PER_FIBER) + MAPPINGS_BESIDES
+    end
+
+    # Makes vm.max_map_count large enough for the largest count, if it can.
+    #
+    # @return [String, nil] what was done or why not, for the report; nil
+    #   when the limit was already high enough
+    def ensure_map_count
+      needed = map_count_needed
+      status, value, detail = if @options[:raise_map_count]
+                                Machine.raise_sysctl("vm/max_map_count", minimum: needed,
+                                                                         target: [MAP_COUNT_TARGET, needed].max)
+                              else
+                                current = Machine.sysctl("vm/max_map_count")
+                                low = current && current < needed
+                                low ? [:failed, current, "--no-raise-map-count"] : [:ok, current, nil]
+                              end
+      note = case status
+             when :ok, :unknown then nil
+             when :raised
+               "Raised vm.max_map_count from #{value} to #{detail} for #{@options[:counts].max} fibers " \
+                 "(#{MAPPINGS_PER_FIBER} mappings each); it stays raised: " \
+                 "`sysctl -w vm.max_map_count=#{value}` restores it."
+             else
+               "vm.max_map_count=#{value.inspect} is below the #{needed} that #{@options[:counts].max} fibers " \
+                 "need and was not raised (#{detail}): expect FiberError at that count. " \
+                 "`sysctl -w vm.max_map_count=#{[MAP_COUNT_TARGET, needed].max}` as root lifts it."
+             end
+      note
+    end
+
     # @return [Float] seconds each of `count` tasks sleeps: --sleep, or by
     #   default MIN_SLEEP and more for large counts
     def sleep_for(count)
@@ -187,8 +246,11 @@ module NeverBlockBench
       <<~TEXT
         NeverBlock fibers benchmark: N concurrent sleeping tasks, and the cost of an empty task
         #{Machine.ruby_description}
+        #{Peers.versions_text(@probe)}
+        #{Peers.selector_text(@probe, @selector)}
         #{Machine.description}; kernel.pid_max=#{Machine.sysctl('kernel/pid_max')}, vm.max_map_count=#{Machine.sysctl('vm/max_map_count')}
         Each variant runs in its own forked process; peak RSS is that process's VmHWM, reset at its start.
+        load average at start: #{Machine.load_average}
       TEXT
     end
 
@@ -300,7 +362,9 @@ module NeverBlockBench
     end
 
     def report(concurrency, micro)
-      puts "\n#{@options[:counts].map { |count| "#{count} tasks sleeping #{sleep_for(count)} s" }.join(', ')}; " \
+      puts "\nload average at end: #{Machine.load_average}"
+      puts "NeverBlock and async variants on io-event #{@selector}" if @variants.any?(&:library)
+      puts "#{@options[:counts].map { |count| "#{count} tasks sleeping #{sleep_for(count)} s" }.join(', ')}; " \
            "all tasks of a run at once"
       puts concurrency_table(concurrency)
       puts "start all: time until the loop that spawns the tasks returned. Where spawning only queues a " \
@@ -361,16 +425,18 @@ module NeverBlockBench
 
     def write_csv(concurrency, micro)
       path = File.join(@options[:out], "fibers.csv")
-      header = %w[benchmark variant tasks sleep_s start_all_s wall_s peak_rss_mb kb_per_task us_per_task note]
+      header = %w[benchmark variant tasks sleep_s start_all_s wall_s peak_rss_mb kb_per_task us_per_task selector
+                  note]
       rows = concurrency.map do |row|
         measured = row[:wall_seconds]
         ["concurrent_sleep", row[:variant].name, row[:count], sleep_for(row[:count]),
          row[:spawn_seconds]&.round(4), measured&.round(4), measured && (row[:peak_kb] / 1024.0).round(1),
-         measured && per_task_kb(row).round(2), nil, row[:skipped] || row[:failure]]
+         measured && per_task_kb(row).round(2), nil, (@selector if row[:variant].library),
+         row[:skipped] || row[:failure]]
       end
       rows += micro.map do |row|
         ["empty_task", row[:variant].name, row[:count], nil, nil, row[:seconds]&.round(4), nil, nil,
-         row[:seconds] && per_task_us(row).round(3), row[:failure]]
+         row[:seconds] && per_task_us(row).round(3), (@selector if row[:variant].library), row[:failure]]
       end
       File.write(path, ([header] + rows).map { |row| row.map { |cell| csv_cell(cell) }.join(",") }.join("\n") + "\n")
       path
@@ -383,7 +449,8 @@ module NeverBlockBench
 
     def write_svg(concurrency, micro)
       chart = SvgChart.new(title: "Fibers vs threads: #{@options[:counts].join(' and ')} tasks sleeping at once",
-                           subtitle: "ruby #{RUBY_VERSION}, #{Machine.description}")
+                           subtitle: ["ruby #{RUBY_VERSION}, #{Machine.description}",
+                                      "#{Peers.versions_text(@probe)}, #{@selector} selector for both"])
       categories = @options[:counts].map { |count| "#{count} tasks, #{sleep_for(count)} s sleep" }
       chart.add_panel(title: "peak RSS, MB (lower is better)", categories: categories,
                       series: series(concurrency) { |row| bar_value(row) { row[:peak_kb] / 1024.0 } })
@@ -436,6 +503,12 @@ if $PROGRAM_NAME == __FILE__
     end
     opts.on("--only LIST", Array, "variants: threads,fibers,neverblock,pool,async") { |list| options[:only] = list }
     opts.on("--out DIR", "where fibers.csv and fibers.svg go (bench/results)") { |value| options[:out] = value }
+    opts.on("--selector NAME", "io-event selector for NeverBlock and async: epoll, uring, select (epoll)") do |value|
+      options[:selector] = value
+    end
+    opts.on("--[no-]raise-map-count", "raise vm.max_map_count when too low for the counts (as root; on)") do |value|
+      options[:raise_map_count] = value
+    end
   end
   begin
     parser.parse!

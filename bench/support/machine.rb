@@ -80,6 +80,37 @@ module NeverBlockBench
       nil
     end
 
+    # @return [String] the 1, 5 and 15 minute load averages, e.g. "0.31 0.45 1.02"
+    def load_average
+      File.read("/proc/loadavg").split.first(3).join(" ")
+    rescue SystemCallError
+      "unknown"
+    end
+
+    # Raises a kernel tunable to at least `minimum`, writing `target` to
+    # /proc/sys (what `sysctl -w` does), when it is lower. Needs root; the
+    # value is left raised (these limits are system-wide: lowering it again
+    # could break a concurrent run), and the caller reports the old value.
+    #
+    # @param name [String] e.g. "vm/max_map_count"
+    # @param minimum [Integer] the value that suffices
+    # @param target [Integer] the value to set when raising (>= minimum)
+    # @return [Array(Symbol, Integer, Object)] [:ok, current, nil] when high
+    #   enough, [:raised, old, new], [:failed, current, reason], or
+    #   [:unknown, nil, nil] where there is no such tunable (not Linux)
+    def raise_sysctl(name, minimum:, target: minimum)
+      current = sysctl(name)
+      return [:unknown, nil, nil] if current.nil?
+      return [:ok, current, nil] if current >= minimum
+      return [:failed, current, "not root"] unless Process.euid.zero?
+
+      File.write("/proc/sys/#{name}", "#{[target, minimum].max}\n")
+      now = sysctl(name)
+      now && now >= minimum ? [:raised, current, now] : [:failed, current, "the kernel kept #{now}"]
+    rescue SystemCallError => e
+      [:failed, current, "#{e.class.name.split('::').last}: #{e.message}"]
+    end
+
     # @param name [String] gem name
     # @return [String, nil] version of the gem that is (or would be) loaded
     def gem_version(name)

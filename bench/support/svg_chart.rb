@@ -19,10 +19,11 @@ module NeverBlockBench
     FONT = "font-family=\"Helvetica, Arial, sans-serif\""
 
     # @param title [String] drawn at the top
-    # @param subtitle [String, nil] a smaller line under it (machine, Ruby)
+    # @param subtitle [String, Array<String>, nil] smaller lines under it
+    #   (machine, Ruby, versions), one per element
     def initialize(title:, subtitle: nil)
       @title = title
-      @subtitle = subtitle
+      @subtitle = Array(subtitle)
       @panels = []
     end
 
@@ -48,9 +49,9 @@ module NeverBlockBench
     def to_svg
       names = @panels.flat_map { |panel| panel[:series].keys }.uniq
       legend_rows = (names.size.to_f / legend_columns(names)).ceil
-      header = 46 + (@subtitle ? 16 : 0) + (legend_rows * 18)
+      header = 46 + (@subtitle.size * 16) + (legend_rows * 18)
       height = header + (@panels.size * PANEL_HEIGHT) + 8
-      body = [title_svg, legend_svg(names, 36 + (@subtitle ? 16 : 0))]
+      body = [title_svg, legend_svg(names, 36 + (@subtitle.size * 16))]
       @panels.each_with_index do |panel, i|
         body << panel_svg(panel, names, header + (i * PANEL_HEIGHT))
       end
@@ -66,7 +67,9 @@ module NeverBlockBench
 
     def title_svg
       lines = [text(WIDTH / 2, 22, @title, size: 16, anchor: "middle", weight: "bold")]
-      lines << text(WIDTH / 2, 40, @subtitle, size: 11, anchor: "middle", fill: "#555555") if @subtitle
+      @subtitle.each_with_index do |line, i|
+        lines << text(WIDTH / 2, 40 + (i * 16), line, size: 11, anchor: "middle", fill: "#555555")
+      end
       lines.join("\n")
     end
 
