@@ -32,6 +32,7 @@ rescue LoadError, StandardError => e
 end
 require "optparse"
 require "fileutils"
+require_relative "support/command_line"
 require_relative "support/delay_server"
 require_relative "support/http_get"
 require_relative "support/isolated"
@@ -338,22 +339,13 @@ if $PROGRAM_NAME == __FILE__
     opts.on("--delays LIST", Array, "server delays in ms (0,10,50,100,500)") do |list|
       options[:delays_ms] = list.map { |value| Integer(value) }
     end
-    opts.on("--only LIST", Array, "clients: blocking,threads,async,neverblock,pool") { |list| options[:only] = list }
     opts.on("--pool-size N", Integer, "FiberPool size (default: --requests)") { |value| options[:pool_size] = value }
     opts.on("--blocking-budget SECONDS", Float, "seconds the blocking client may take per cell (10)") do |value|
       options[:blocking_budget] = value
     end
     opts.on("--runs N", Integer, "runs per cell, best reported (1)") { |value| options[:runs] = value }
-    opts.on("--out DIR", "where client.csv and client.svg go (bench/results)") { |value| options[:out] = value }
-    opts.on("--selector NAME", "io-event selector for NeverBlock and async: epoll, uring, select (epoll)") do |value|
-      options[:selector] = value
-    end
+    NeverBlockBench::CommandLine.shared_options(opts, options, results: "client",
+                                                               variants: "blocking,threads,async,neverblock,pool")
   end
-  begin
-    parser.parse!
-    success = NeverBlockBench::ClientBench.new(options).call
-  rescue OptionParser::ParseError, ArgumentError => e
-    abort "#{e.message}\n#{parser}"
-  end
-  exit(success ? 0 : 1)
+  NeverBlockBench::CommandLine.run(parser) { NeverBlockBench::ClientBench.new(options).call }
 end

@@ -35,6 +35,7 @@ rescue LoadError, StandardError => e
 end
 require "optparse"
 require "fileutils"
+require_relative "support/command_line"
 require_relative "support/isolated"
 require_relative "support/machine"
 require_relative "support/peers"
@@ -501,20 +502,11 @@ if $PROGRAM_NAME == __FILE__
     opts.on("--spawns N", Integer, "empty tasks per micro-benchmark run (100000)") do |value|
       options[:spawns] = value
     end
-    opts.on("--only LIST", Array, "variants: threads,fibers,neverblock,pool,async") { |list| options[:only] = list }
-    opts.on("--out DIR", "where fibers.csv and fibers.svg go (bench/results)") { |value| options[:out] = value }
-    opts.on("--selector NAME", "io-event selector for NeverBlock and async: epoll, uring, select (epoll)") do |value|
-      options[:selector] = value
-    end
+    NeverBlockBench::CommandLine.shared_options(opts, options, results: "fibers",
+                                                               variants: "threads,fibers,neverblock,pool,async")
     opts.on("--[no-]raise-map-count", "raise vm.max_map_count when too low for the counts (as root; on)") do |value|
       options[:raise_map_count] = value
     end
   end
-  begin
-    parser.parse!
-    success = NeverBlockBench::FibersBench.new(options).call
-  rescue OptionParser::ParseError, ArgumentError => e
-    abort "#{e.message}\n#{parser}"
-  end
-  exit(success ? 0 : 1)
+  NeverBlockBench::CommandLine.run(parser) { NeverBlockBench::FibersBench.new(options).call }
 end
