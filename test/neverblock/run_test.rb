@@ -119,21 +119,32 @@ class FiberExhaustionTest < PlainTest
       hogs = []
       loop { hogs << Fiber.new { Fiber.yield }.tap(&:resume) } rescue FiberError
       hogs.pop(3).each(&:resume) # room for the loop's own fibers (root task, signal watcher), not for five tasks
-      statuses = NeverBlock.run(stall_threshold: nil) do
+      pool = NeverBlock::FiberPool.new(size: 5)
+      statuses, pooled, scheduled = NeverBlock.run(stall_threshold: nil) do
         tasks = 5.times.map { NeverBlock.spawn { sleep 0.01 } }
         tasks.each(&:wait)
-        tasks.map(&:status).tally
+        pool_tasks = 5.times.map { pool.spawn { sleep 0.01 } }
+        pool_tasks.each(&:wait)
+        schedule_error = begin
+          5.times { Fiber.schedule { sleep 0.01 } }
+          nil
+        rescue FiberError => e
+          e.class
+        end
+        [tasks.map(&:status).tally, pool_tasks.map(&:status).tally, schedule_error]
       end
       hogs.each(&:resume).clear
       Process.setrlimit(:AS, Process::RLIM_INFINITY)
-      puts statuses.inspect
+      puts statuses.inspect, pooled.inspect, scheduled.inspect
       puts NeverBlock.run { NeverBlock.spawn { :still_works }.value }
     RUBY
     out, err, status = run_ruby(code)
     assert status.success?, err
-    statuses = eval(out.lines.first) # rubocop:disable Security/Eval -- our own child's Hash#inspect
+    statuses, pooled = out.lines.first(2).map { |line| eval(line) } # rubocop:disable Security/Eval -- our child's Hash#inspect
     assert_operator statuses.fetch(:failed, 0), :>, 0, "the address-space limit should have stopped some fibers"
     assert_operator statuses.fetch(:completed, 0), :>, 0
+    assert_operator pooled.fetch(:failed, 0), :>, 0, "pooled blocks whose fiber could not start fail"
+    assert_equal "FiberError\n", out.lines[2], "Fiber.schedule raises to its caller"
     assert_equal "still_works\n", out.lines.last
   end
 end
