@@ -232,3 +232,4 @@ NB = NeverBlock unless defined?(NB)
 require_relative "neverblock/scheduler"
 require_relative "neverblock/mapper"
 require_relative "neverblock/fiber_pool"
+require_relative "neverblock/connection_pool"

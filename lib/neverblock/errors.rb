@@ -44,6 +44,11 @@ module NeverBlock
   class PoolFull < Error
   end
 
+  # Raised by {ConnectionPool#checkout} (and #with) when no connection is
+  # free within the pool's timeout; the message has the pool's stats.
+  class PoolTimeout < Error
+  end
+
   # Raised by {FiberPool#spawn} after {FiberPool#shutdown}.
   class PoolClosed < Error
   end

@@ -1,0 +1,282 @@
+# frozen_string_literal: true
+
+require "test_helper"
+
+# A real connection for the pool to manage: a connected pair of UNIX sockets
+# (two real file descriptors, so a leak fails the test).
+class PairConnection
+  @count = 0
+  class << self
+    attr_accessor :count
+  end
+
+  attr_reader :id
+
+  def initialize
+    @socket, @peer = UNIXSocket.pair
+    @id = (self.class.count += 1)
+  end
+
+  # A round trip through the kernel, which suspends the fiber.
+  def ping
+    @socket.write("p")
+    @peer.read(1)
+  end
+
+  def close
+    @socket.close
+    @peer.close
+  end
+
+  def closed?
+    @socket.closed?
+  end
+end
+
+# NeverBlock::ConnectionPool inside the loop.
+class ConnectionPoolTest < NeverBlockTest
+  def setup
+    @opened = []
+    @pool = NeverBlock::ConnectionPool.new(size: 2, timeout: 1) { PairConnection.new.tap { |c| @opened << c } }
+  end
+
+  def teardown
+    @pool.disconnect_all
+  end
+
+  def test_with_lends_a_connection_and_returns_the_block_value
+    assert_equal "p", @pool.with(&:ping)
+    assert_equal({ size: 2, in_use: 0, idle: 1, waiting: 0 }, @pool.stats)
+  end
+
+  def test_with_is_reentrant_in_one_fiber
+    @pool.with do |outer|
+      @pool.with { |inner| assert_same outer, inner }
+      assert_equal 1, @pool.stats[:in_use]
+    end
+    assert_equal 1, @opened.size
+  end
+
+  def test_never_more_than_size_connections_and_they_are_reused
+    peak = 0
+    in_use = 0
+    10.times.map do
+      NeverBlock.spawn do
+        @pool.with do |connection|
+          in_use += 1
+          peak = [peak, in_use].max
+          connection.ping
+          sleep 0.01
+          in_use -= 1
+        end
+      end
+    end.each(&:wait)
+    assert_equal 2, peak
+    assert_equal 2, @opened.size
+  end
+
+  def test_waiters_are_served_first_come_first_served
+    pool = NeverBlock::ConnectionPool.new(size: 1, timeout: 5) { PairConnection.new }
+    order = []
+    holder = NeverBlock.spawn { pool.with { sleep 0.05 } }
+    waiters = 5.times.map do |i|
+      NeverBlock.spawn do
+        sleep 0.001 * (i + 1) # queue up in order 0..4
+        pool.with { order << i }
+      end
+    end
+    [holder, *waiters].each(&:wait)
+    assert_equal [0, 1, 2, 3, 4], order
+  ensure
+    pool.disconnect_all
+  end
+
+  def test_a_waiter_times_out_with_the_stats_in_the_message
+    pool = NeverBlock::ConnectionPool.new(size: 1, timeout: 0.1) { PairConnection.new }
+    holder = NeverBlock.spawn { pool.with { sleep 0.5 } }
+    sleep 0.01
+    error = nil
+    time = elapsed { error = assert_raises(NeverBlock::PoolTimeout) { pool.with { :never } } }
+    assert_operator time, :>=, 0.09
+    assert_operator time, :<, 1
+    assert_match(/within 0\.1 s \(size: 1, in_use: 1, idle: 0, waiting: 0\)/, error.message)
+    assert_kind_of NeverBlock::Error, error
+    holder.wait
+    assert_equal :free_again, pool.with { :free_again }
+  ensure
+    pool.disconnect_all
+  end
+
+  def test_a_connection_level_error_discards_the_connection
+    broken = nil
+    assert_raises(IOError) do
+      @pool.with do |connection|
+        broken = connection
+        raise IOError, "server went away"
+      end
+    end
+    assert broken.closed?
+    @pool.with { |connection| refute_same broken, connection }
+    assert_equal({ size: 2, in_use: 0, idle: 1, waiting: 0 }, @pool.stats)
+  end
+
+  def test_a_timeout_during_use_discards_the_connection
+    used = nil
+    assert_raises(NeverBlock::TimeoutError) do
+      NeverBlock.timeout(0.02) do
+        @pool.with do |connection|
+          used = connection
+          sleep 1 # a query that will not finish in time
+        end
+      end
+    end
+    assert used.closed?, "a connection left mid-conversation must not be reused"
+  end
+
+  def test_an_application_error_returns_the_connection_for_reuse
+    first = nil
+    assert_raises(KeyError) { @pool.with { |connection| first = connection; raise KeyError } }
+    @pool.with { |connection| assert_same first, connection }
+  end
+
+  def test_a_broken_connection_lets_a_waiter_open_a_new_one
+    pool = NeverBlock::ConnectionPool.new(size: 1, timeout: 2) { PairConnection.new }
+    failing = NeverBlock.spawn do
+      pool.with do
+        sleep 0.02
+        raise Errno::ECONNRESET
+      end
+    end
+    waiting = NeverBlock.spawn { sleep 0.005; pool.with(&:ping) }
+    assert_raises(Errno::ECONNRESET) { failing.value }
+    assert_equal "p", waiting.value
+  ensure
+    pool.disconnect_all
+  end
+
+  def test_checkout_and_checkin_by_hand
+    connection = @pool.checkout
+    assert_equal 1, @pool.stats[:in_use]
+    assert_same connection, @pool.checkout, "the fiber already holds one"
+    @pool.checkin(connection)
+    assert_equal 1, @pool.stats[:in_use], "checked out twice, so in use until checked in twice"
+    @pool.checkin(connection)
+    assert_equal 0, @pool.stats[:in_use]
+  end
+
+  def test_checkin_of_a_connection_this_fiber_does_not_hold_raises
+    connection = @pool.checkout
+    error = assert_raises(ArgumentError) { NeverBlock.spawn { @pool.checkin(connection) }.value }
+    assert_match(/did not check out/, error.message)
+    @pool.checkin(connection)
+  end
+
+  def test_disconnect_all_closes_idle_now_and_busy_on_return
+    busy = nil
+    holder = NeverBlock.spawn { @pool.with { |connection| busy = connection; sleep 0.05 } }
+    idle = @pool.checkout
+    @pool.checkin(idle)
+    sleep 0.01
+    @pool.disconnect_all
+    assert idle.closed?
+    refute busy.closed?, "in use: closed when it comes back"
+    holder.wait
+    assert busy.closed?
+    @pool.with { |connection| refute_includes [idle, busy], connection }
+  end
+
+  def test_a_failing_factory_raises_and_frees_its_slot
+    attempts = 0
+    pool = NeverBlock::ConnectionPool.new(size: 1, timeout: 0.5) do
+      attempts += 1
+      raise Errno::ECONNREFUSED if attempts == 1
+
+      PairConnection.new
+    end
+    assert_raises(Errno::ECONNREFUSED) { pool.with { :never } }
+    assert_equal "p", pool.with(&:ping)
+  ensure
+    pool.disconnect_all
+  end
+
+  def test_a_cancelled_waiter_does_not_lose_a_handed_connection
+    pool = NeverBlock::ConnectionPool.new(size: 1, timeout: 5) { PairConnection.new }
+    holder = NeverBlock.spawn { pool.with { sleep 0.03 } }
+    cancelled = NeverBlock.spawn { sleep 0.005; pool.with { :never } }
+    patient = NeverBlock.spawn { sleep 0.01; pool.with(&:ping) }
+    sleep 0.02
+    cancelled.cancel
+    holder.wait
+    assert_equal "p", patient.value
+    assert_equal({ size: 1, in_use: 0, idle: 1, waiting: 0 }, pool.stats)
+  ensure
+    pool.disconnect_all
+  end
+
+  def test_eager_opens_every_connection_up_front
+    pool = NeverBlock::ConnectionPool.new(size: 3, eager: true) { PairConnection.new }
+    assert_equal({ size: 3, in_use: 0, idle: 3, waiting: 0 }, pool.stats)
+  ensure
+    pool.disconnect_all
+  end
+
+  def test_bad_arguments
+    assert_raises(ArgumentError) { NeverBlock::ConnectionPool.new }
+    assert_raises(ArgumentError) { NeverBlock::ConnectionPool.new(size: 0) { 1 } }
+    assert_raises(ArgumentError) { NeverBlock::ConnectionPool.new(timeout: -1) { 1 } }
+    assert_raises(ArgumentError) { NeverBlock::ConnectionPool.new(timeout: Float::NAN) { 1 } }
+  end
+end
+
+# The same pool from plain threads, with no event loop.
+class ConnectionPoolThreadsTest < PlainTest
+  def test_threads_share_the_pool_with_at_most_size_connections
+    opened = Queue.new
+    pool = NeverBlock::ConnectionPool.new(size: 2, timeout: 5) { PairConnection.new.tap { |c| opened << c } }
+    peak = 0
+    in_use = 0
+    lock = Mutex.new
+    6.times.map do
+      Thread.new do
+        pool.with do |connection|
+          lock.synchronize { peak = [peak, in_use += 1].max }
+          connection.ping
+          sleep 0.02
+          lock.synchronize { in_use -= 1 }
+        end
+      end
+    end.each(&:join)
+    assert_equal 2, peak
+    assert_equal 2, opened.size
+    pool.disconnect_all
+  end
+
+  def test_a_thread_times_out_waiting
+    pool = NeverBlock::ConnectionPool.new(size: 1, timeout: 0.05) { PairConnection.new }
+    holder = Thread.new { pool.with { sleep 0.3 } }
+    sleep 0.02
+    assert_raises(NeverBlock::PoolTimeout) { pool.with { :never } }
+    holder.join
+    pool.disconnect_all
+  end
+
+  def test_a_forked_child_gets_fresh_connections_and_leaves_the_parents_alone
+    pool = NeverBlock::ConnectionPool.new(size: 1) { PairConnection.new }
+    parents = pool.checkout
+    reader, writer = IO.pipe
+    pid = fork do
+      reader.close
+      child = pool.with { |connection| connection }
+      writer.write(child.equal?(parents) ? "same" : "fresh #{child.ping}")
+      writer.close
+    end
+    writer.close
+    Process.wait(pid)
+    assert_equal "fresh p", reader.read
+    assert_equal "p", parents.ping, "the parent's connection still works"
+    pool.checkin(parents)
+    pool.disconnect_all
+  ensure
+    reader&.close
+  end
+end
