@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require_relative "errors"
+require_relative "fork_hook"
 
 module NeverBlock
   # A pool of connections (to a database, a cache, an HTTP service) shared by
@@ -62,7 +63,7 @@ module NeverBlock
       @held = {}.compare_by_identity # fiber => [connection, depth]
       @waiters = [] # Waiters, oldest first
       @retired = {}.compare_by_identity # in use when #disconnect_all ran: closed at checkin
-      @pid = Process.pid
+      @generation = NeverBlock.fork_generation
       open_all if eager
     end
 
@@ -74,7 +75,7 @@ module NeverBlock
     # @raise [PoolTimeout] when none is free within `timeout` seconds.
     def with
       owner = Fiber.current
-      after_fork unless Process.pid == @pid
+      after_fork unless @generation == NeverBlock.fork_generation
       if (held = @held[owner])
         held[1] += 1
         begin
@@ -104,7 +105,7 @@ module NeverBlock
     # @raise [PoolTimeout] when none is free within `timeout` seconds.
     def checkout
       owner = Fiber.current
-      after_fork unless Process.pid == @pid
+      after_fork unless @generation == NeverBlock.fork_generation
       @lock.synchronize do
         if (held = @held[owner])
           held[1] += 1
@@ -159,7 +160,7 @@ module NeverBlock
 
     # In a forked child: forgets every connection without closing it (they
     # belong to the parent; closing would end the parent's sessions too).
-    # Checkout calls it by itself when the process id changes.
+    # Checkout and #with call it by themselves in a forked child.
     # @return [void]
     def after_fork
       @lock = Thread::Mutex.new
@@ -168,7 +169,7 @@ module NeverBlock
       @waiters = []
       @retired = {}.compare_by_identity
       @opened = 0
-      @pid = Process.pid
+      @generation = NeverBlock.fork_generation
     end
 
     # @return [String]

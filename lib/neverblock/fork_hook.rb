@@ -9,10 +9,26 @@ module NeverBlock
     def _fork
       pid = super
       if pid.zero?
+        NeverBlock.forked!
         scheduler = Fiber.scheduler
         scheduler.forked! if scheduler.is_a?(Scheduler)
       end
       pid
+    end
+  end
+
+  class << self
+    # @api private
+    # Bumped in every forked child, so objects holding per-process resources
+    # (ConnectionPool) can tell cheaply that they are in a new process.
+    # @return [Integer]
+    def fork_generation
+      @fork_generation ||= 0
+    end
+
+    # @api private
+    def forked!
+      @fork_generation = fork_generation + 1
     end
   end
   Process.singleton_class.prepend(ForkHook) unless Process.singleton_class < ForkHook
