@@ -19,20 +19,33 @@ module NeverBlock
   # - A connection whose use raised a connection-level error (by default
   #   IOError, SystemCallError, a timeout or a cancellation, which leave it
   #   mid-conversation; see `broken_on:`) is closed and never handed out
-  #   again; the next checkout opens a new one.
+  #   again, even when a nested `with` raised it; the next checkout opens a
+  #   new one.
   # - It is one Mutex and condition variables, which suspend only the fiber
   #   inside NeverBlock and block the thread elsewhere, so the same pool
-  #   works from fibers and from plain threads.
+  #   works from fibers and from plain threads. Asynchronous interrupts
+  #   (Thread#raise, Timeout on a plain thread) are held back while the pool
+  #   moves a connection between owners, so they cannot lose one.
+  # - In a forked child every pool forgets the parent's connections, without
+  #   closing them, before the child's code runs.
   #
   # Calling code must not hold the pool's lock: every method takes it itself
-  # and never calls the connection factory or `close` while holding it.
+  # and never calls the connection factory, `close` or the logger holding it.
   class ConnectionPool
     # The errors that, raised inside {#with}, mark the connection broken.
     BROKEN_ON = [IOError, SystemCallError, Timeout::Error, Cancelled].freeze
 
+    # Masks for Thread.handle_interrupt: hold interrupts back / let them in.
+    DEFER = { Exception => :never }.freeze
+    ALLOW = { Exception => :immediate }.freeze
+    private_constant :DEFER, :ALLOW
+
     # One fiber or thread waiting for a connection.
     Waiter = Struct.new(:condition, :handed)
-    private_constant :Waiter
+    # What a fiber holds: the connection, how many checkouts deep, and
+    # whether a nested `with` found it broken.
+    Hold = Struct.new(:connection, :depth, :broken)
+    private_constant :Waiter, :Hold
 
     # @return [Integer] the most connections the pool opens.
     attr_reader :size
@@ -57,13 +70,8 @@ module NeverBlock
       @factory = factory
       @broken_on = broken_on
       @closer = close || ->(connection) { connection.close if connection.respond_to?(:close) }
-      @lock = Thread::Mutex.new
-      @idle = [] # connections ready to hand out, most recently used last
-      @opened = 0 # connections open or being opened
-      @held = {}.compare_by_identity # fiber => [connection, depth]
-      @waiters = [] # Waiters, oldest first
-      @retired = {}.compare_by_identity # in use when #disconnect_all ran: closed at checkin
-      @generation = NeverBlock.fork_generation
+      reset
+      ConnectionPool.live[self] = true
       open_all if eager
     end
 
@@ -74,26 +82,18 @@ module NeverBlock
     # @return [Object] the block's value.
     # @raise [PoolTimeout] when none is free within `timeout` seconds.
     def with
-      owner = Fiber.current
-      after_fork unless @generation == NeverBlock.fork_generation
-      if (held = @held[owner])
-        held[1] += 1
+      Thread.handle_interrupt(DEFER) do
+        hold = take
+        broken = false
         begin
-          return yield held[0]
+          Thread.handle_interrupt(ALLOW) { yield hold.connection }
+        rescue *@broken_on
+          broken = true
+          raise
         ensure
-          held[1] -= 1
+          hold.broken ||= broken
+          give_back(hold)
         end
-      end
-
-      connection = checkout
-      broken = false
-      begin
-        yield connection
-      rescue *@broken_on
-        broken = true
-        raise
-      ensure
-        broken ? discard(connection) : checkin(connection)
       end
     end
 
@@ -104,17 +104,7 @@ module NeverBlock
     # @return [Object] the connection.
     # @raise [PoolTimeout] when none is free within `timeout` seconds.
     def checkout
-      owner = Fiber.current
-      after_fork unless @generation == NeverBlock.fork_generation
-      @lock.synchronize do
-        if (held = @held[owner])
-          held[1] += 1
-          return held[0]
-        end
-      end
-      connection = acquire
-      @lock.synchronize { @held[owner] = [connection, 1] }
-      connection
+      Thread.handle_interrupt(DEFER) { take.connection }
     end
 
     # Gives back the connection the current fiber checked out.
@@ -122,28 +112,24 @@ module NeverBlock
     # @return [void]
     # @raise [ArgumentError] if the current fiber does not hold it.
     def checkin(connection)
-      release(connection) { |retire| retire ? close_quietly(connection) : hand_over(connection) }
+      Thread.handle_interrupt(DEFER) { give_back(held(connection)) }
     end
 
-    # Closes `connection` instead of returning it (it is broken), and lets
-    # a waiter open a new one.
-    # @param connection [Object] held by the current fiber.
+    # Marks `connection` (held by the current fiber) broken and gives it
+    # back: it is closed and a new one is opened when next needed.
+    # @param connection [Object]
     # @return [void]
     def discard(connection)
-      release(connection) do
-        close_quietly(connection)
-        @lock.synchronize do
-          @opened -= 1
-          grant(:open)
-        end
+      Thread.handle_interrupt(DEFER) do
+        hold = held(connection)
+        hold.broken = true
+        give_back(hold)
       end
     end
 
     # @return [Hash] `{size:, in_use:, idle:, waiting:}`.
     def stats
-      @lock.synchronize do
-        { size: @size, in_use: @opened - @idle.size, idle: @idle.size, waiting: @waiters.size }
-      end
+      @lock.synchronize { stats_held }
     end
 
     # Closes the idle connections now and those in use when they come back;
@@ -151,25 +137,19 @@ module NeverBlock
     # @return [void]
     def disconnect_all
       idle = @lock.synchronize do
-        @held.each_value { |(connection, _)| @retired[connection] = true }
+        @generation += 1
         @opened -= @idle.size
-        @idle.slice!(0..)
+        @idle.slice!(0..).each { |closing| @born.delete(closing) }
       end
       idle.each { |connection| close_quietly(connection) }
     end
 
-    # In a forked child: forgets every connection without closing it (they
-    # belong to the parent; closing would end the parent's sessions too).
-    # Checkout and #with call it by themselves in a forked child.
+    # Forgets every connection without closing it: they belong to the parent
+    # process, and closing would end the parent's sessions too. Runs by
+    # itself in every forked child (see ForkHook).
     # @return [void]
     def after_fork
-      @lock = Thread::Mutex.new
-      @idle = []
-      @held = {}.compare_by_identity
-      @waiters = []
-      @retired = {}.compare_by_identity
-      @opened = 0
-      @generation = NeverBlock.fork_generation
+      reset
     end
 
     # @return [String]
@@ -177,54 +157,96 @@ module NeverBlock
       "#<#{self.class.name} #{stats.map { |key, value| "#{key}=#{value}" }.join(' ')}>"
     end
 
+    class << self
+      # @api private
+      # The pools alive in this process, for resetting after fork.
+      def live
+        @live ||= ObjectSpace::WeakMap.new
+      end
+    end
+
+    NeverBlock.on_fork_child { ConnectionPool.live.each_key(&:after_fork) }
+
     private
 
-    # A connection for a new checkout: an idle one, a new one while the pool
-    # has room, else the next one handed over (FIFO), for up to `timeout`.
-    def acquire
-      waiter = nil
+    def reset
+      @lock = Thread::Mutex.new
+      @idle = [] # connections ready to hand out, most recently used last
+      @opened = 0 # connections open or being opened
+      @holds = {}.compare_by_identity # fiber => Hold
+      @waiters = [] # Waiters, oldest first
+      @generation = 0 # bumped by disconnect_all
+      @born = {}.compare_by_identity # connection => generation it was opened in
+    end
+
+    # The current fiber's Hold, one level deeper: an existing one, an idle
+    # connection, a new one while the pool has room, or the next one handed
+    # over (FIFO) within `timeout`. Called with interrupts deferred.
+    def take
+      owner = Fiber.current
       action = @lock.synchronize do
+        if (hold = @holds[owner])
+          hold.depth += 1
+          next hold
+        end
         if (connection = @idle.pop)
-          next connection
-        elsif @opened < @size
+          next hold_for(owner, connection)
+        end
+        if @opened < @size
           @opened += 1
           next :open
         end
-
-        waiter = Waiter.new(Thread::ConditionVariable.new, nil)
-        @waiters << waiter
-        wait_for_turn(waiter)
+        handed = wait_for_turn
+        handed == :open ? :open : hold_for(owner, handed)
       end
-      action == :open ? open_connection : action
+      return action unless action == :open
+
+      connection = open_connection
+      @lock.synchronize { hold_for(owner, connection) }
     end
 
-    # Called with the lock held.
-    def wait_for_turn(waiter)
+    # With the lock held.
+    def hold_for(owner, connection)
+      @holds[owner] = Hold.new(connection, 1, false)
+    end
+
+    # With the lock held: queues a Waiter and waits for a connection or the
+    # right to open one.
+    def wait_for_turn
+      waiter = Waiter.new(Thread::ConditionVariable.new, nil)
+      @waiters << waiter
       deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + @timeout
       until waiter.handed
         remaining = deadline - Process.clock_gettime(Process::CLOCK_MONOTONIC)
         if remaining <= 0
           @waiters.delete(waiter)
-          raise PoolTimeout, "no connection free within #{@timeout} s " \
-                             "(size: #{@size}, in_use: #{@opened - @idle.size}, idle: #{@idle.size}, " \
-                             "waiting: #{@waiters.size}); raise size or timeout, or hold connections for less time"
+          raise PoolTimeout, "no connection free within #{@timeout} s (#{describe(stats_held)}); " \
+                             "raise size or timeout, or hold connections for less time"
         end
-        waiter.condition.wait(@lock, remaining)
+        wait(waiter.condition, remaining)
       end
-      waiter.handed
+      handed = waiter.handed
+      waiter = nil
+      handed
     ensure
-      # Cancelled or timed out of the wait just as a connection was handed
-      # over: pass it on rather than lose it.
-      if $! # timed out, cancelled or interrupted: leave the queue
-        @waiters.delete(waiter)
-        pass_on(waiter) if waiter.handed
-      end
+      # still set: the wait ended by an exception (cancelled, interrupted)
+      leave(waiter) if waiter
     end
 
-    # With the lock held: what was handed to a waiter that left goes on.
-    def pass_on(waiter)
-      handed = waiter.handed
-      waiter.handed = nil
+    # With the lock held: waits on `condition` for up to `seconds`.
+    def wait(condition, seconds)
+      Thread.handle_interrupt(ALLOW) { condition.wait(@lock, seconds) }
+    rescue Exception # rubocop:disable Lint/RescueException -- re-raised
+      # Ruby 3.1 does not take the lock back when a fiber's wait is raised
+      # into (a cancel, a timeout); the callers' cleanup needs it.
+      @lock.lock unless @lock.owned?
+      raise
+    end
+
+    # With the lock held: a waiter left; what it was handed goes on.
+    def leave(waiter)
+      @waiters.delete(waiter)
+      handed = waiter.handed or return
       if handed == :open
         @opened -= 1
         grant(:open)
@@ -233,16 +255,10 @@ module NeverBlock
       end
     end
 
-    def open_all
-      connections = Array.new(@size) { @factory.call }
-      @lock.synchronize do
-        @idle.concat(connections)
-        @opened = @size
-      end
-    end
-
     def open_connection
-      @factory.call
+      connection = Thread.handle_interrupt(ALLOW) { @factory.call }
+      @lock.synchronize { @born[connection] = @generation }
+      connection
     rescue Exception # rubocop:disable Lint/RescueException -- the slot must be given back whatever happened
       @lock.synchronize do
         @opened -= 1
@@ -251,33 +267,53 @@ module NeverBlock
       raise
     end
 
-    # Ends the current fiber's hold on `connection` and yields whether it was
-    # retired by #disconnect_all, when this was the outermost checkout.
-    def release(connection)
-      owner = Fiber.current
-      retire = @lock.synchronize do
-        held = @held[owner]
-        unless held && held[0].equal?(connection)
-          raise ArgumentError, "this fiber did not check out #{connection.inspect} from this pool"
-        end
+    def open_all
+      opened = []
+      @size.times { opened << open_connection_now }
+      @lock.synchronize do
+        @idle.concat(opened)
+        @opened = @size
+      end
+    rescue Exception # rubocop:disable Lint/RescueException -- close what was opened, then fail
+      opened.each { |connection| close_quietly(connection) }
+      raise
+    end
 
-        held[1] -= 1
-        next :still_held if held[1].positive?
+    def open_connection_now
+      connection = @factory.call
+      @born[connection] = @generation
+      connection
+    end
 
-        @held.delete(owner)
-        if @retired.delete(connection)
+    # The current fiber's Hold of `connection`.
+    def held(connection)
+      hold = @lock.synchronize { @holds[Fiber.current] }
+      return hold if hold&.connection.equal?(connection)
+
+      raise ArgumentError, "this fiber did not check out #{connection.inspect} from this pool"
+    end
+
+    # One level up; at the outermost level the connection goes to the next
+    # waiter or the idle list, or, if broken or from before #disconnect_all,
+    # is closed (after the counts are right, so a slow close delays no one).
+    def give_back(hold)
+      connection = hold.connection
+      closing = @lock.synchronize do
+        hold.depth -= 1
+        next false if hold.depth.positive?
+
+        @holds.delete(Fiber.current)
+        if hold.broken || @born[connection] != @generation
+          @born.delete(connection)
           @opened -= 1
           grant(:open)
           true
         else
+          give(connection)
           false
         end
       end
-      yield retire unless retire == :still_held
-    end
-
-    def hand_over(connection)
-      @lock.synchronize { give(connection) }
+      close_quietly(connection) if closing
     end
 
     # With the lock held: to the oldest waiter, else back to the idle list.
@@ -289,14 +325,27 @@ module NeverBlock
     # to open one) to the oldest waiter. @return [Boolean] whether one took it.
     def grant(what)
       waiter = @waiters.shift or return false
-      what == :open && @opened += 1
+      @opened += 1 if what == :open
       waiter.handed = what
       waiter.condition.signal
       true
     end
 
+    # Stats, for callers already holding the lock.
+    def stats_held
+      { size: @size, in_use: @opened - @idle.size, idle: @idle.size, waiting: @waiters.size }
+    end
+
+    def describe(stats)
+      stats.map { |key, value| "#{key}: #{value}" }.join(", ")
+    end
+
+    # A failing close is logged, not raised: the connection is gone either
+    # way. A cancellation or timeout arriving meanwhile still propagates.
     def close_quietly(connection)
-      @closer.call(connection)
+      Thread.handle_interrupt(ALLOW) { @closer.call(connection) }
+    rescue Cancelled, Timeout::Error
+      raise
     rescue StandardError => e
       NeverBlock.logger.warn("NeverBlock") { "closing a pooled connection failed: #{e.class}: #{e.message}" }
     end

@@ -8,28 +8,34 @@ module NeverBlock
     # @return [Integer] what Ruby's _fork returns (0 in the child).
     def _fork
       pid = super
-      if pid.zero?
-        NeverBlock.forked!
-        scheduler = Fiber.scheduler
-        scheduler.forked! if scheduler.is_a?(Scheduler)
-      end
+      NeverBlock.forked_child if pid.zero?
       pid
     end
   end
+  Process.singleton_class.prepend(ForkHook) unless Process.singleton_class < ForkHook
 
   class << self
     # @api private
-    # Bumped in every forked child, so objects holding per-process resources
-    # (ConnectionPool) can tell cheaply that they are in a new process.
-    # @return [Integer]
-    def fork_generation
-      @fork_generation ||= 0
+    # Registers a block to run in every forked child, before the child's own
+    # code (ConnectionPool forgets the parent's connections there).
+    # @return [void]
+    def on_fork_child(&block)
+      fork_callbacks << block
     end
 
     # @api private
-    def forked!
-      @fork_generation = fork_generation + 1
+    # In a forked child: detach this thread's loop, then run the callbacks.
+    # @return [void]
+    def forked_child
+      scheduler = Fiber.scheduler
+      scheduler.forked! if scheduler.is_a?(Scheduler)
+      fork_callbacks.each(&:call)
+    end
+
+    private
+
+    def fork_callbacks
+      @fork_callbacks ||= []
     end
   end
-  Process.singleton_class.prepend(ForkHook) unless Process.singleton_class < ForkHook
 end

@@ -206,11 +206,102 @@ class ConnectionPoolTest < NeverBlockTest
     patient = NeverBlock.spawn { sleep 0.01; pool.with(&:ping) }
     sleep 0.02
     cancelled.cancel
+    assert_raises(NeverBlock::Cancelled) { cancelled.value }
     holder.wait
     assert_equal "p", patient.value
     assert_equal({ size: 1, in_use: 0, idle: 1, waiting: 0 }, pool.stats)
   ensure
     pool.disconnect_all
+  end
+
+  def test_a_checkout_from_inside_a_rescue_clause_is_not_handed_out_twice
+    pool = NeverBlock::ConnectionPool.new(size: 1, timeout: 0.2) { PairConnection.new }
+    holder = NeverBlock.spawn { pool.with { sleep 0.02 } }
+    got = nil
+    begin
+      raise "handled"
+    rescue RuntimeError
+      got = pool.checkout # waits, inside a rescue clause ($! is set)
+    end
+    holder.wait
+    assert_equal({ size: 1, in_use: 1, idle: 0, waiting: 0 }, pool.stats)
+    assert_raises(NeverBlock::PoolTimeout) { NeverBlock.spawn { pool.with { :twice } }.value }
+    pool.checkin(got)
+  ensure
+    pool.disconnect_all
+  end
+
+  def test_a_broken_connection_found_by_a_nested_with_is_not_reused
+    first = nil
+    @pool.with do |outer|
+      first = outer
+      begin
+        @pool.with { raise Errno::EPIPE }
+      rescue Errno::EPIPE
+        nil # the outer block carries on, but the connection is done for
+      end
+    end
+    assert first.closed?
+    @pool.with { |connection| refute_same first, connection }
+  end
+
+  def test_discarding_a_connection_retired_by_disconnect_all_counts_once
+    pool = NeverBlock::ConnectionPool.new(size: 1, timeout: 0.02) { PairConnection.new }
+    assert_raises(IOError) do
+      pool.with do
+        pool.disconnect_all
+        raise IOError
+      end
+    end
+    assert_equal({ size: 1, in_use: 0, idle: 0, waiting: 0 }, pool.stats)
+    holder = NeverBlock.spawn { pool.with { sleep 0.05 } }
+    sleep 0.01
+    assert_raises(NeverBlock::PoolTimeout, "size 1 still means one connection at a time") do
+      NeverBlock.spawn { pool.with { :second } }.value
+    end
+    holder.wait
+  ensure
+    pool.disconnect_all
+  end
+
+  def test_a_connection_handed_over_before_disconnect_all_is_closed_on_return
+    pool = NeverBlock::ConnectionPool.new(size: 1, timeout: 5) { PairConnection.new }
+    old = pool.checkout
+    waiter = NeverBlock.spawn { pool.with { |connection| connection } }
+    sleep 0.01
+    pool.checkin(old) # handed to the waiter
+    pool.disconnect_all # before the waiter has run
+    assert_same old, waiter.value
+    assert old.closed?, "it came back after disconnect_all, so it was closed"
+    pool.with { |connection| refute_same old, connection }
+  ensure
+    pool.disconnect_all
+  end
+
+  def test_a_failing_close_is_logged_and_loses_nothing
+    pool = NeverBlock::ConnectionPool.new(size: 1, close: ->(_) { raise "close failed" }) { PairConnection.new }
+    broken = nil
+    log = capture_log do
+      assert_raises(IOError) { pool.with { |connection| broken = connection; raise IOError } }
+    end
+    assert_match(/closing a pooled connection failed: RuntimeError: close failed/, log)
+    assert_equal({ size: 1, in_use: 0, idle: 0, waiting: 0 }, pool.stats)
+    pool.with { |connection| refute_same broken, connection }
+  ensure
+    broken&.close
+    pool&.instance_variable_get(:@idle)&.each(&:close)
+  end
+
+  def test_eager_closes_what_it_opened_when_the_factory_fails
+    opened = []
+    assert_raises(Errno::ECONNREFUSED) do
+      NeverBlock::ConnectionPool.new(size: 3, eager: true) do
+        raise Errno::ECONNREFUSED if opened.size == 2
+
+        PairConnection.new.tap { |connection| opened << connection }
+      end
+    end
+    assert opened.all?(&:closed?)
   end
 
   def test_eager_opens_every_connection_up_front
@@ -257,6 +348,49 @@ class ConnectionPoolThreadsTest < PlainTest
     sleep 0.02
     assert_raises(NeverBlock::PoolTimeout) { pool.with { :never } }
     holder.join
+    pool.disconnect_all
+  end
+
+  def test_thread_raise_at_any_moment_never_loses_a_connection
+    pool = NeverBlock::ConnectionPool.new(size: 2, timeout: 5) { PairConnection.new }
+    stop = false
+    workers = 4.times.map do
+      Thread.new do
+        Thread.current.report_on_exception = false
+        loop do
+          break if stop
+
+          pool.with(&:ping)
+        rescue RuntimeError
+          nil # the interrupt below, wherever it landed
+        end
+      end
+    end
+    300.times do
+      target = workers.sample
+      target.raise(RuntimeError, "interrupt") if target.alive?
+      Thread.pass
+    end
+    stop = true
+    workers.each do |worker|
+      worker.join
+    rescue RuntimeError
+      nil # an interrupt that landed in the rescue clause itself ended the thread
+    end
+    stats = pool.stats
+    assert_equal 0, stats[:in_use]
+    assert_operator stats[:idle], :<=, 2
+    assert_equal "p", pool.with(&:ping)
+    pool.disconnect_all
+  end
+
+  def test_disconnect_all_in_a_forked_child_leaves_the_parents_connections_open
+    pool = NeverBlock::ConnectionPool.new(size: 1) { PairConnection.new }
+    connection = pool.with { |c| c } # idle in the parent
+    pid = fork { pool.disconnect_all } # a worker's usual boot step
+    Process.wait(pid)
+    refute connection.closed?
+    assert_equal "p", connection.ping, "the child did not close the parent's connection"
     pool.disconnect_all
   end
 
