@@ -194,7 +194,7 @@ module NeverBlock
 
       @idle << fiber
       parked = true
-      loop do
+      while true # rubocop:disable Style/InfiniteLoop -- Kernel#loop costs a block call per wake-up
         handed = scheduler.suspend # dispatch hands a Task; retire hands :retire
         parked = false
         return handed if handed.is_a?(Task)

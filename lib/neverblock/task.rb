@@ -31,12 +31,10 @@ module NeverBlock
       @scheduler = scheduler
       @block = block
       @status = :pending
-      @result = nil
-      @fiber = nil
-      @waiters = nil
       @observed = observed
-      @cancel_requested = false
-      @location = nil
+      # Set when needed (nil until then): @result, @fiber, @waiters,
+      # @cancel_requested, @location, @owner, @storage. Spawning is a hot
+      # path, and each assignment here is paid by every task.
     end
 
     # @return [Fiber, nil] the fiber running the task, nil when it is not

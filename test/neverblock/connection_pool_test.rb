@@ -356,7 +356,6 @@ class ConnectionPoolThreadsTest < PlainTest
     stop = false
     workers = 4.times.map do
       Thread.new do
-        Thread.current.report_on_exception = false
         loop do
           break if stop
 
@@ -364,7 +363,7 @@ class ConnectionPoolThreadsTest < PlainTest
         rescue RuntimeError
           nil # the interrupt below, wherever it landed
         end
-      end
+      end.tap { |thread| thread.report_on_exception = false }
     end
     300.times do
       target = workers.sample
