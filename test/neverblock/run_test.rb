@@ -112,8 +112,8 @@ end
 class FiberExhaustionTest < PlainTest
   def test_a_task_whose_fiber_cannot_be_created_fails_without_stopping_the_loop
     if RUBY_VERSION >= "3.3"
-      skip "Ruby 3.3 spins in C (signals unhandled) when a fiber switch from inside a task cannot " \
-           "allocate a stack under RLIMIT_AS; not yet diagnosed (see the issue note)"
+      skip "Ruby 3.3 itself spins (in its backtrace walker, building the FiberError) when a fiber " \
+           "switch from inside a task cannot allocate a stack; seen under RLIMIT_AS with gdb"
     end
 
     code = <<~'RUBY'
