@@ -164,6 +164,14 @@ class ConnectionPoolTest < NeverBlockTest
     assert_equal 0, @pool.stats[:in_use]
   end
 
+  def test_discard_closes_a_checked_out_connection_instead_of_returning_it
+    connection = @pool.checkout
+    @pool.discard(connection)
+    assert connection.closed?
+    assert_equal({ size: 2, in_use: 0, idle: 0, waiting: 0 }, @pool.stats)
+    @pool.with { |fresh| refute_same connection, fresh }
+  end
+
   def test_checkin_of_a_connection_this_fiber_does_not_hold_raises
     connection = @pool.checkout
     error = assert_raises(ArgumentError) { NeverBlock.spawn { @pool.checkin(connection) }.value }
