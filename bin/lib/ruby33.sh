@@ -7,7 +7,8 @@
 #   ruby33_ensure_packages   install chroot packages that are missing (e.g. liburing-dev
 #                            in a chroot built before it was on the list)
 #   ruby33_exec CMD...       run CMD inside the chroot, cwd /src (the repository),
-#                            BUNDLE_PATH=vendor/bundle-3.3; returns CMD's exit status
+#                            BUNDLE_PATH=vendor/bundle-3.3, BUNDLE_GEMFILE=gemfiles/ruby33.gemfile;
+#                            returns CMD's exit status
 #
 # Mounts. Each ruby33_exec mounts the repository at $ROOT/src plus proc, /dev/pts and a
 # /dev/shm tmpfs, runs CMD, and unmounts them from an EXIT trap. Normally this happens in
@@ -155,7 +156,7 @@ _ruby33_mount_and_run() (
     HOME=/root LANG=C.UTF-8 TERM="${TERM:-dumb}" \
     PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     BUNDLE_APP_CONFIG=/var/lib/neverblock/bundle-config \
-    BUNDLE_PATH=vendor/bundle-3.3 BUNDLE_GEMFILE=/src/Gemfile BUNDLE_FROZEN=true \
+    BUNDLE_PATH=/src/vendor/bundle-3.3 BUNDLE_GEMFILE=/src/gemfiles/ruby33.gemfile BUNDLE_FROZEN=true \
     BUNDLE_SILENCE_ROOT_WARNING=1 BUNDLE_JOBS="$(nproc)" \
     BUNDLE_VERSION=system \
     ${ca:+SSL_CERT_FILE="$ca"} \

@@ -42,9 +42,10 @@ module NeverBlock
 
     # One fiber or thread waiting for a connection.
     Waiter = Struct.new(:condition, :handed)
-    # What a fiber holds: the connection, how many checkouts deep, and
-    # whether a nested `with` found it broken.
-    Hold = Struct.new(:connection, :depth, :broken)
+    # What an owner (a fiber, or an object such as a pipeline) holds: the
+    # connection, how many checkouts deep, and whether a nested `with` found
+    # it broken.
+    Hold = Struct.new(:owner, :connection, :depth, :broken)
     private_constant :Waiter, :Hold
 
     # @return [Integer] the most connections the pool opens.
@@ -60,9 +61,12 @@ module NeverBlock
     #   (drivers add theirs, e.g. PG::ConnectionBad).
     # @param close [#call] closes a connection being discarded; default
     #   calls `close` when it responds to it.
+    # @param healthy [#call, nil] called with an idle connection before it
+    #   is lent again; when it returns false or raises, that connection is
+    #   closed and another one taken (e.g. one the server closed while idle).
     # @yieldreturn [Object] a new connection.
     # @raise [ArgumentError] without a block, or for a bad size or timeout.
-    def initialize(size: 8, timeout: 5, eager: false, broken_on: BROKEN_ON, close: nil, &factory)
+    def initialize(size: 8, timeout: 5, eager: false, broken_on: BROKEN_ON, close: nil, healthy: nil, &factory)
       raise ArgumentError, "ConnectionPool.new needs a block that opens a connection" unless factory
 
       @size = NeverBlock.validate_size!(size, :size)
@@ -70,6 +74,7 @@ module NeverBlock
       @factory = factory
       @broken_on = broken_on
       @closer = close || ->(connection) { connection.close if connection.respond_to?(:close) }
+      @healthy = healthy
       reset
       ConnectionPool.live[self] = true
       open_all if eager
@@ -101,27 +106,33 @@ module NeverBlock
     # that already holds one gets the same one (counted: check it in as
     # many times).
     #
+    # @param owner [Object] who holds it: the current fiber, or an object
+    #   that outlives any one fiber (a pipeline shared by many), which must
+    #   then be passed to {#checkin} too.
     # @return [Object] the connection.
     # @raise [PoolTimeout] when none is free within `timeout` seconds.
-    def checkout
-      Thread.handle_interrupt(DEFER) { take.connection }
+    def checkout(owner: Fiber.current)
+      Thread.handle_interrupt(DEFER) { take(owner).connection }
     end
 
-    # Gives back the connection the current fiber checked out.
+    # Gives back a connection checked out by {#checkout}.
     # @param connection [Object]
+    # @param owner [Object] as given to {#checkout}.
     # @return [void]
-    # @raise [ArgumentError] if the current fiber does not hold it.
-    def checkin(connection)
-      Thread.handle_interrupt(DEFER) { give_back(held(connection)) }
+    # @raise [ArgumentError] if `owner` does not hold it.
+    def checkin(connection, owner: Fiber.current)
+      Thread.handle_interrupt(DEFER) { give_back(held(connection, owner)) }
     end
 
-    # Marks `connection` (held by the current fiber) broken and gives it
-    # back: it is closed and a new one is opened when next needed.
+    # Marks `connection` broken and gives it back: it is closed and a new
+    # one is opened when next needed.
     # @param connection [Object]
+    # @param owner [Object] as given to {#checkout}.
     # @return [void]
-    def discard(connection)
+    # @raise [ArgumentError] if `owner` does not hold it.
+    def discard(connection, owner: Fiber.current)
       Thread.handle_interrupt(DEFER) do
-        hold = held(connection)
+        hold = held(connection, owner)
         hold.broken = true
         give_back(hold)
       end
@@ -181,33 +192,51 @@ module NeverBlock
 
     # The current fiber's Hold, one level deeper: an existing one, an idle
     # connection, a new one while the pool has room, or the next one handed
-    # over (FIFO) within `timeout`. Called with interrupts deferred.
-    def take
-      owner = Fiber.current
-      action = @lock.synchronize do
-        if (hold = @holds[owner])
-          hold.depth += 1
-          next hold
+    # over (FIFO) within `timeout`. An idle connection that fails the
+    # `healthy` check is closed and the next one tried. Called with
+    # interrupts deferred.
+    def take(owner = Fiber.current)
+      loop do
+        action = @lock.synchronize do
+          if (hold = @holds[owner])
+            hold.depth += 1
+            next hold
+          end
+          if (connection = @idle.pop)
+            next hold_for(owner, connection, :idle)
+          end
+          if @opened < @size
+            @opened += 1
+            next :open
+          end
+          handed = wait_for_turn
+          handed == :open ? :open : hold_for(owner, handed, :idle)
         end
-        if (connection = @idle.pop)
-          next hold_for(owner, connection)
+        if action == :open
+          connection = open_connection
+          return @lock.synchronize { hold_for(owner, connection, :new) }
         end
-        if @opened < @size
-          @opened += 1
-          next :open
-        end
-        handed = wait_for_turn
-        handed == :open ? :open : hold_for(owner, handed)
-      end
-      return action unless action == :open
+        return action unless action.broken == :idle
 
-      connection = open_connection
-      @lock.synchronize { hold_for(owner, connection) }
+        action.broken = false
+        return action if !@healthy || healthy?(action.connection)
+
+        action.broken = true
+        give_back(action)
+      end
     end
 
-    # With the lock held.
-    def hold_for(owner, connection)
-      @holds[owner] = Hold.new(connection, 1, false)
+    # With the lock held. `broken` is :idle while the connection, taken from
+    # the idle list or handed over, still has to pass the health check.
+    def hold_for(owner, connection, origin)
+      @holds[owner] = Hold.new(owner, connection, 1, origin == :idle ? :idle : false)
+    end
+
+    def healthy?(connection)
+      Thread.handle_interrupt(ALLOW) { @healthy.call(connection) }
+    rescue StandardError => e
+      NeverBlock.logger.debug("NeverBlock") { "pooled connection failed its health check: #{e.class}: #{e.message}" }
+      false
     end
 
     # With the lock held: queues a Waiter and waits for a connection or the
@@ -285,12 +314,13 @@ module NeverBlock
       connection
     end
 
-    # The current fiber's Hold of `connection`.
-    def held(connection)
-      hold = @lock.synchronize { @holds[Fiber.current] }
+    # `owner`'s Hold of `connection`.
+    def held(connection, owner = Fiber.current)
+      hold = @lock.synchronize { @holds[owner] }
       return hold if hold&.connection.equal?(connection)
 
-      raise ArgumentError, "this fiber did not check out #{connection.inspect} from this pool"
+      who = owner.equal?(Fiber.current) ? "this fiber" : owner.inspect
+      raise ArgumentError, "#{who} did not check out #{connection.inspect} from this pool"
     end
 
     # One level up; at the outermost level the connection goes to the next
@@ -302,7 +332,7 @@ module NeverBlock
         hold.depth -= 1
         next false if hold.depth.positive?
 
-        @holds.delete(Fiber.current)
+        @holds.delete(hold.owner)
         if hold.broken || @born[connection] != @generation
           @born.delete(connection)
           @opened -= 1

@@ -53,6 +53,13 @@ module NeverBlock
   class PoolClosed < Error
   end
 
+  # Raised when a database connection cannot be opened: after bounded
+  # retries with backoff for a server that is down or starting up, at once
+  # for a refusal that retrying cannot fix (wrong password, unknown
+  # database). The driver's error is the `cause`.
+  class ConnectError < Error
+  end
+
   # Raised when a scheduler is used after {Scheduler#close}.
   class ClosedError < Error
   end

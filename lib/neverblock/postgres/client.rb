@@ -1,0 +1,284 @@
+# frozen_string_literal: true
+
+module NeverBlock
+  module Postgres
+    # Raised by {Client#transaction} when the block finished but the
+    # transaction had failed inside it (an SQL error the block rescued):
+    # PostgreSQL rolled it back instead of committing.
+    class TransactionRolledBack < NeverBlock::Error
+    end
+
+    # A pool of PostgreSQL connections with a query interface; made by
+    # {Postgres.pool}. Thread- and fiber-safe: share one per process.
+    #
+    # Every call takes a connection for its own duration only, except
+    # {#transaction} and {#with}, which pin one connection to the calling
+    # fiber for the block (calls on the client inside the block use it too).
+    class Client
+      # Errors that leave a connection unusable, beyond those the pool knows.
+      BROKEN_ON = (ConnectionPool::BROKEN_ON + [PG::ConnectionBad, PG::UnableToSend]).freeze
+
+      # Closes a connection the pool gives up (finish is quick: no round trip).
+      CLOSE = ->(conn) { conn.finish unless conn.finished? }
+
+      DEFER = { Exception => :never }.freeze
+      ALLOW = { Exception => :immediate }.freeze
+      private_constant :DEFER, :ALLOW, :CLOSE
+
+      # @return [ConnectionPool] the pool of `PG::Connection`s.
+      attr_reader :pool
+
+      # @param connector [Connector] opens connections.
+      # @param size [Integer]
+      # @param timeout [Numeric] seconds to wait for a free connection.
+      # @param pipeline [Boolean] see {Postgres.pool}.
+      def initialize(connector, size:, timeout:, pipeline: false)
+        @connector = connector
+        @pipeline = pipeline ? true : false
+        @pool = ConnectionPool.new(size: size, timeout: timeout, broken_on: BROKEN_ON, close: CLOSE,
+                                   healthy: method(:healthy?)) { connector.call }
+        @held_key = :"__neverblock_pg_held_#{object_id}"
+        @transaction_key = :"__neverblock_pg_transaction_#{object_id}"
+        @lanes_key = :"__neverblock_pg_lanes_#{object_id}"
+      end
+
+      # @return [Boolean] whether statements are pipelined.
+      def pipeline?
+        @pipeline
+      end
+
+      # Runs `sql` (one statement when pipelined; several separated by `;`
+      # otherwise).
+      #
+      # @param sql [String]
+      # @return [PG::Result]
+      # @raise [PG::Error] the server's error (the connection stays usable),
+      #   or a connection error (the connection is replaced).
+      # @raise [PoolTimeout] when no connection is free in time.
+      def exec(sql)
+        return lane_exec(sql, nil, 0) if pipelining?
+
+        with { |conn| conn.exec(sql) }
+      end
+
+      # Runs one statement with `$1`-style parameters, sent apart from the SQL.
+      #
+      # @param sql [String]
+      # @param params [Array] values, or hashes with :value, :type, :format.
+      # @param result_format [Integer] 0 for text results, 1 for binary.
+      # @return [PG::Result]
+      # @raise (see #exec)
+      def exec_params(sql, params, result_format = 0)
+        return lane_exec(sql, params, result_format) if pipelining?
+
+        with { |conn| conn.exec_params(sql, params, result_format) }
+      end
+
+      # Runs the block in a transaction on one connection: COMMIT when it
+      # returns, ROLLBACK when it raises (the error propagates). Calls on the
+      # client inside the block run in the transaction; a nested
+      # `transaction` joins the outer one.
+      #
+      # @param isolation [Symbol, nil] :serializable, :repeatable_read,
+      #   :read_committed (default: the server's).
+      # @param read_only [Boolean]
+      # @yieldparam conn [PG::Connection]
+      # @return [Object] the block's value.
+      # @raise [TransactionRolledBack] if an SQL error inside the block was
+      #   rescued, so that PostgreSQL could only roll back.
+      def transaction(isolation: nil, read_only: false)
+        with do |conn|
+          next yield(conn) if Thread.current[@transaction_key]
+
+          conn.exec(begin_statement(isolation, read_only))
+          Thread.current[@transaction_key] = true
+          begin
+            value = yield(conn)
+            if conn.transaction_status == PG::PQTRANS_INERROR
+              conn.exec("ROLLBACK")
+              raise TransactionRolledBack, "an error inside the transaction was rescued, so it was rolled back " \
+                                           "instead of committed; let the error propagate or use a savepoint"
+            end
+            conn.exec("COMMIT")
+            value
+          ensure
+            # On an exception #with rolls back (cancelling a query in flight).
+            Thread.current[@transaction_key] = nil
+          end
+        end
+      end
+
+      # Lends the calling fiber a connection for the block: for COPY,
+      # prepared statements, cursors, anything pg can do. Re-entrant. If the
+      # block leaves a query running or a transaction open (an exception, a
+      # timeout), the query is cancelled on the server and the transaction
+      # rolled back before the connection goes back to the pool; a
+      # connection that cannot be restored is closed.
+      #
+      # @yieldparam conn [PG::Connection]
+      # @return [Object] the block's value.
+      # @raise [PoolTimeout] when no connection is free in time.
+      def with
+        held = Thread.current[@held_key]
+        return yield(held) if held
+
+        Thread.handle_interrupt(DEFER) do
+          conn = @pool.checkout
+          clean = false
+          Thread.current[@held_key] = conn
+          begin
+            Thread.handle_interrupt(ALLOW) { yield(conn) }
+          ensure
+            Thread.current[@held_key] = nil
+            clean = idle?(conn) || restored?(conn)
+            clean ? @pool.checkin(conn) : @pool.discard(conn)
+          end
+        end
+      end
+
+      # Listens on PostgreSQL channels (LISTEN/NOTIFY) on a connection of its
+      # own, calling the block for every notification until the block
+      # breaks or the calling task is cancelled. Inside NeverBlock only the
+      # calling fiber waits.
+      #
+      # @param channels [Array<String>]
+      # @param timeout [Numeric, nil] return nil after this many seconds
+      #   without a notification (default: wait forever).
+      # @yieldparam payload [String]
+      # @yieldparam channel [String]
+      # @yieldparam pid [Integer] the notifying backend.
+      # @return [Object] the value of a `break`, or nil after `timeout`.
+      def listen(*channels, timeout: nil)
+        raise ArgumentError, "listen needs at least one channel" if channels.empty?
+        raise ArgumentError, "listen needs a block" unless block_given?
+
+        timeout = NeverBlock.validate_timeout!(timeout, :timeout) if timeout
+        conn = @connector.call
+        begin
+          channels.each { |channel| conn.exec("LISTEN #{conn.quote_ident(channel.to_s)}") }
+          loop do
+            got = conn.wait_for_notify(timeout) { |channel, pid, payload| yield(payload, channel, pid) }
+            return nil if got.nil? && timeout
+            raise PG::ConnectionBad, "connection lost while listening" if conn.status != PG::CONNECTION_OK
+          end
+        ensure
+          conn.finish unless conn.finished?
+        end
+      end
+
+      # Sends a notification (`pg_notify`).
+      # @param channel [String]
+      # @param payload [String]
+      # @return [void]
+      def notify(channel, payload = "")
+        exec_params("SELECT pg_notify($1, $2)", [channel.to_s, payload.to_s])
+        nil
+      end
+
+      # @return [Hash] the pool's `{size:, in_use:, idle:, waiting:}`, plus
+      #   `lanes:` (pipelined connections in use on this thread).
+      def stats
+        stats = @pool.stats
+        stats[:lanes] = lanes_state.lanes.size if @pipeline
+        stats
+      end
+
+      # Closes idle connections now and the others when they come back.
+      # @return [void]
+      def disconnect_all
+        @pool.disconnect_all
+      end
+      alias close disconnect_all
+
+      # @return [String]
+      def inspect
+        "#<#{self.class.name} #{@connector.inspect} #{stats.map { |k, v| "#{k}=#{v}" }.join(' ')}>"
+      end
+
+      private
+
+      # Pipelined unless the fiber holds a connection (transaction, with) or
+      # there is no fiber scheduler (plain threads: nothing to multiplex).
+      def pipelining?
+        @pipeline && !Thread.current[@held_key] && Fiber.scheduler && !Fiber.current.blocking?
+      end
+
+      # The least loaded lane of this thread; a new one while the pool has
+      # room. When others wait for the pool (say for a transaction), lanes
+      # are closed so that their connections come back.
+      def lane_exec(sql, params, result_format)
+        state = lanes_state
+        lanes = state.lanes
+        stats = @pool.stats
+        lanes.dup.each(&:close) if stats[:waiting] > state.opening
+        lane = lanes.min_by(&:load)
+        room = stats[:waiting].zero? && (stats[:idle].positive? || stats[:in_use] < stats[:size])
+        lane = open_lane(state) if lane.nil? || (lane.load.positive? && room)
+        lane.exec(sql, params, result_format)
+      end
+
+      # Lanes of one thread, and how many of its fibers are opening one (they
+      # may wait for the pool, and must not make the lanes close).
+      LaneState = Struct.new(:pid, :lanes, :opening)
+      private_constant :LaneState
+
+      def open_lane(state)
+        state.opening += 1
+        begin
+          lane = Lane.new(@pool, ->(closed) { state.lanes.delete(closed) })
+        ensure
+          state.opening -= 1
+        end
+        state.lanes << lane
+        lane
+      end
+
+      # This thread's lanes (reset in a forked child).
+      def lanes_state
+        state = Thread.current.thread_variable_get(@lanes_key)
+        return state if state&.pid == Process.pid
+
+        Thread.current.thread_variable_set(@lanes_key, LaneState.new(Process.pid, [], 0))
+      end
+
+      def idle?(conn)
+        !conn.finished? && conn.status == PG::CONNECTION_OK && conn.transaction_status == PG::PQTRANS_IDLE
+      end
+
+      def restored?(conn)
+        if conn.status == PG::CONNECTION_OK && conn.transaction_status == PG::PQTRANS_INTRANS && !$!
+          NeverBlock.logger.warn("NeverBlock") { "a transaction was left open on a pooled connection; rolled back" }
+        end
+        Recovery.restore(conn)
+      end
+
+      # Cheap check of an idle connection before it is lent: reads whatever
+      # the server sent meanwhile (a notice that it is shutting down, EOF)
+      # without waiting, so a checkout never yields here.
+      def healthy?(conn)
+        return false unless idle?(conn)
+
+        conn.consume_input
+        conn.status == PG::CONNECTION_OK
+      end
+
+      ISOLATION = {
+        serializable: "SERIALIZABLE", repeatable_read: "REPEATABLE READ", read_committed: "READ COMMITTED",
+        read_uncommitted: "READ UNCOMMITTED"
+      }.freeze
+      private_constant :ISOLATION
+
+      def begin_statement(isolation, read_only)
+        sql = +"BEGIN"
+        if isolation
+          level = ISOLATION.fetch(isolation) do
+            raise ArgumentError, "unknown isolation #{isolation.inspect}; use one of #{ISOLATION.keys.join(', ')}"
+          end
+          sql << " ISOLATION LEVEL " << level
+        end
+        sql << " READ ONLY" if read_only
+        sql
+      end
+    end
+  end
+end

@@ -1,0 +1,179 @@
+# frozen_string_literal: true
+
+module NeverBlock
+  module Postgres
+    # One pooled connection in libpq pipeline mode, shared by the fibers of
+    # one thread: each statement is sent at once, followed by its own sync
+    # point (so an error fails only that statement), and a reader fiber takes
+    # the results off the socket in order and hands each to the fiber that
+    # sent the statement. While the lane has statements in flight it holds
+    # its connection; when the last result is handed out it leaves pipeline
+    # mode and returns the connection to the pool.
+    #
+    # Sending never yields between a statement and its sync point (libpq only
+    # buffers them), so statements from different fibers never interleave.
+    # The first sender of a burst lets the other ready fibers queue theirs
+    # (sleep 0) and then flushes them all in one write. A lane is used by one
+    # thread only.
+    class Lane
+      # One statement: what to send, and where its result goes.
+      Request = Struct.new(:sql, :params, :result_format, :outcome)
+
+      # libpq >= 17 can queue a sync point without flushing it.
+      QUEUED_SYNC = PG::Connection.method_defined?(:send_pipeline_sync)
+      # Whether pg lets the lane turn off its flush after every send (a
+      # private setter of pg >= 1.3; without it each statement is one write).
+      BATCHED = QUEUED_SYNC && PG::Connection.private_method_defined?(:flush_data=)
+      private_constant :QUEUED_SYNC, :BATCHED
+
+      # @param pool [ConnectionPool]
+      # @param on_release [#call] called with the lane when it stops taking
+      #   statements (drained or failed).
+      def initialize(pool, on_release)
+        @pool = pool
+        @on_release = on_release
+        @pending = []
+        @reading = false
+        @open = true
+        @conn = pool.checkout(owner: self)
+        begin
+          @conn.enter_pipeline_mode
+          # pg flushes after every send on its nonblocking connections; the
+          # lane flushes bursts itself (see #flush_burst). Restored in #release.
+          @conn.send(:flush_data=, false) if BATCHED
+        rescue Exception # rubocop:disable Lint/RescueException -- the connection must go back
+          @pool.discard(@conn, owner: self)
+          raise
+        end
+      end
+
+      # @return [Integer] statements sent and not yet answered.
+      def load
+        @pending.size
+      end
+
+      # @return [Boolean] whether it still takes statements.
+      def open?
+        @open
+      end
+
+      # Stops taking statements; the connection goes back to the pool when
+      # the ones in flight are answered.
+      # @return [void]
+      def close
+        return unless @open
+
+        @open = false
+        @on_release.call(self)
+        release unless @reading
+      end
+
+      # Sends a statement and waits for its result.
+      #
+      # @param sql [String] one statement.
+      # @param params [Array, nil]
+      # @param result_format [Integer] 0 text, 1 binary.
+      # @return [PG::Result]
+      # @raise [PG::Error] the statement's error, or the connection's.
+      def exec(sql, params, result_format)
+        request = Request.new(sql, params || [], result_format, Thread::Queue.new)
+        send_request(request)
+        outcome = request.outcome.pop
+        raise outcome.exception(outcome.message) if outcome.is_a?(Exception)
+
+        outcome
+      end
+
+      # @return [String]
+      def inspect
+        "#<#{self.class.name} pending=#{@pending.size}#{' closing' unless @open}>"
+      end
+
+      private
+
+      def send_request(request)
+        @conn.send_query_params(request.sql, request.params, request.result_format)
+        QUEUED_SYNC ? @conn.send_pipeline_sync : @conn.sync_pipeline_sync
+        @pending << request
+        Fiber.schedule { read } unless @reading
+        @reading = true
+        BATCHED ? flush_burst : @conn.flush
+      rescue Exception => e # rubocop:disable Lint/RescueException -- the lane cannot be trusted any more
+        fail(e)
+        raise
+      end
+
+      # One flush for every statement queued by the fibers ready now: the
+      # first sender sleeps 0 s (the loop runs the others, which find the
+      # flush scheduled and only queue), then writes them all.
+      def flush_burst
+        return if @flush_scheduled
+
+        @flush_scheduled = true
+        begin
+          sleep(0)
+        ensure
+          @flush_scheduled = false
+          @conn.flush
+        end
+      end
+
+      # The reader fiber: results in order until nothing is in flight.
+      def read
+        @reading = true
+        until @pending.empty?
+          outcome = read_one
+          @pending.shift.outcome.push(outcome)
+        end
+      rescue Exception => e # rubocop:disable Lint/RescueException -- delivered to every waiter
+        fail(e)
+      ensure
+        @reading = false
+        close if @pending.empty?
+        release unless @open
+      end
+
+      # One statement's result (or its error), then its sync point.
+      def read_one
+        result = nil
+        while (next_result = @conn.get_result)
+          result&.clear
+          result = next_result
+        end
+        sync = @conn.get_result
+        unless sync&.result_status == PG::PGRES_PIPELINE_SYNC
+          raise PG::ConnectionBad, "pipeline out of step: expected a sync point, got #{sync&.res_status || 'nothing'}"
+        end
+
+        begin
+          result.check
+        rescue PG::ServerError => e
+          result.clear
+          return e
+        end
+        result
+      end
+
+      # The connection is unusable: every statement in flight gets the error.
+      def fail(error)
+        @failed = true
+        @pending.slice!(0..).each { |request| request.outcome.push(error) }
+        close
+      end
+
+      def release
+        return if @released || @reading
+
+        @released = true
+        @conn.send(:flush_data=, true) if BATCHED
+        if !@failed && @conn.pipeline_status == PG::PQ_PIPELINE_ON && @conn.exit_pipeline_mode.nil?
+          @pool.checkin(@conn, owner: self)
+        else
+          @pool.discard(@conn, owner: self)
+        end
+      rescue PG::Error
+        @pool.discard(@conn, owner: self)
+      end
+    end
+  end
+end

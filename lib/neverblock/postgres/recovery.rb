@@ -1,0 +1,72 @@
+# frozen_string_literal: true
+
+module NeverBlock
+  module Postgres
+    # Brings a connection whose user stopped half-way (a timeout or
+    # cancellation during a query, an exception inside a transaction) back
+    # to an idle state, so that it can go back to the pool, or says that it
+    # cannot be (then the pool closes it).
+    #
+    # A query still running is cancelled on the server (libpq's cancel
+    # request, sent without blocking the loop by pg >= 1.5) and its results
+    # read and dropped; an open transaction is rolled back. Everything is
+    # bounded by `RECOVERY_TIMEOUT`.
+    module Recovery
+      # Seconds a cancel plus drain, or a ROLLBACK, may take before the
+      # connection is given up.
+      RECOVERY_TIMEOUT = 5.0
+
+      module_function
+
+      # @param conn [PG::Connection]
+      # @param rollback [Boolean] roll back an open transaction (false when
+      #   the caller's own transaction block will).
+      # @return [Boolean] true when `conn` is idle and usable again.
+      def restore(conn, rollback: true)
+        return false if conn.finished? || conn.status != PG::CONNECTION_OK
+
+        deadline = now + RECOVERY_TIMEOUT
+        if conn.transaction_status == PG::PQTRANS_ACTIVE
+          return false if conn.pipeline_status != PG::PQ_PIPELINE_OFF
+
+          conn.cancel
+          return false unless drain(conn, deadline)
+        end
+        case conn.transaction_status
+        when PG::PQTRANS_IDLE then true
+        when PG::PQTRANS_INTRANS, PG::PQTRANS_INERROR then !rollback || roll_back(conn, deadline)
+        else false
+        end
+      rescue PG::Error, IOError, SystemCallError
+        false
+      end
+
+      # Reads and drops the results of the query in flight.
+      # @return [Boolean] false if the server did not finish in time.
+      def drain(conn, deadline)
+        loop do
+          while conn.is_busy
+            remaining = deadline - now
+            return false if remaining <= 0 || !conn.socket_io.wait_readable(remaining)
+
+            conn.consume_input
+          end
+          result = conn.sync_get_result or return true
+          status = result.result_status
+          result.clear
+          # COPY in progress: not worth untangling; the connection goes.
+          return false if [PG::PGRES_COPY_IN, PG::PGRES_COPY_OUT, PG::PGRES_COPY_BOTH].include?(status)
+        end
+      end
+
+      def roll_back(conn, deadline)
+        conn.send_query("ROLLBACK")
+        drain(conn, deadline) && conn.transaction_status == PG::PQTRANS_IDLE
+      end
+
+      def now
+        Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      end
+    end
+  end
+end
