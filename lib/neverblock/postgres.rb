@@ -6,6 +6,7 @@ require_relative "../neverblock"
 require_relative "connection_pool"
 require_relative "connector"
 require_relative "postgres/recovery"
+require_relative "postgres/connection"
 require_relative "postgres/lane"
 require_relative "postgres/client"
 
@@ -71,8 +72,8 @@ module NeverBlock
         Client.new(connector, size: size, timeout: timeout, pipeline: pipeline)
       end
 
-      # A {Connector} that opens `PG::Connection`s (asynchronously: pg
-      # connects through the fiber scheduler) with retries.
+      # A {Connector} that opens {Connection}s (asynchronously: pg connects
+      # through the fiber scheduler) with retries.
       #
       # @param url [String, nil]
       # @param retries [Integer]
@@ -86,7 +87,7 @@ module NeverBlock
         params[:connect_timeout] ||= DEFAULT_CONNECT_TIMEOUT
         Connector.new(describe(params), errors: [PG::ConnectionBad], retryable: method(:retryable?),
                                         retries: retries, backoff: backoff) do
-          PG::Connection.new(params)
+          Connection.new(params)
         end
       end
 

@@ -41,6 +41,22 @@ module NeverBlock
         false
       end
 
+      # After an interrupt (not an SQL error) escaped a query method: cancels
+      # the query still running and drops its results, leaving any
+      # transaction as it is; closes the connection if that fails.
+      # @param conn [PG::Connection]
+      # @return [void]
+      def cancel_interrupted(conn)
+        return if conn.finished? || conn.status != PG::CONNECTION_OK
+        return unless conn.transaction_status == PG::PQTRANS_ACTIVE
+        return if conn.pipeline_status != PG::PQ_PIPELINE_OFF
+
+        conn.cancel
+        conn.finish unless drain(conn, now + RECOVERY_TIMEOUT)
+      rescue PG::Error, IOError, SystemCallError
+        conn.finish unless conn.finished?
+      end
+
       # Reads and drops the results of the query in flight.
       # @return [Boolean] false if the server did not finish in time.
       def drain(conn, deadline)

@@ -1,0 +1,39 @@
+# frozen_string_literal: true
+
+module NeverBlock
+  module Postgres
+    # A `PG::Connection` whose queries are cancelled on the server when the
+    # calling fiber or thread is interrupted mid-query ({NeverBlock.timeout},
+    # `Timeout.timeout`, {Task#cancel}, Thread#raise): the cancel request is
+    # sent, the interrupted query's results are read and dropped, and the
+    # interrupt propagates. Without this the query keeps running on the
+    # server, and the connection's next query first waits for it to finish.
+    #
+    # The connection stays in the transaction state it was in (an open
+    # transaction is now failed): rolling back is its owner's business, e.g.
+    # {Client#with} or ActiveRecord's transaction handling. If the server
+    # does not answer the cancel within {Recovery::RECOVERY_TIMEOUT} seconds,
+    # the connection is closed, so its owner sees `PG::ConnectionBad` next.
+    #
+    # {Postgres.pool} and the `neverblock_postgresql` ActiveRecord adapter
+    # open connections of this class; it is a subclass, pg itself is not
+    # changed.
+    class Connection < PG::Connection
+      # The methods that send a query and wait for its result.
+      QUERY_METHODS = %i[
+        exec async_exec sync_exec query exec_params async_exec_params sync_exec_params
+        exec_prepared async_exec_prepared sync_exec_prepared prepare async_prepare sync_prepare
+        get_last_result async_get_last_result
+      ].select { |name| PG::Connection.method_defined?(name) }.freeze
+
+      QUERY_METHODS.each do |name|
+        define_method(name) do |*args, &block|
+          super(*args, &block)
+        rescue Exception => e # rubocop:disable Lint/RescueException -- re-raised
+          Recovery.cancel_interrupted(self) unless e.is_a?(PG::Error)
+          raise
+        end
+      end
+    end
+  end
+end

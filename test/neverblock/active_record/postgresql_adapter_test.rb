@@ -1,0 +1,161 @@
+# frozen_string_literal: true
+
+require "test_helper"
+require "neverblock/active_record"
+
+# adapter: neverblock_postgresql, against the PostgreSQL that bin/test starts.
+class ActiveRecordPostgreSQLAdapterTest < NeverBlockTest
+  include NeverBlockTest::Databases
+
+  # A model of its own, so that the test owns its connection pool.
+  class Record < ActiveRecord::Base
+    self.abstract_class = true
+  end
+
+  class Item < Record
+    self.table_name = "nb_ar_items"
+  end
+
+  def setup
+    info = pg_conninfo
+    Record.establish_connection(adapter: "neverblock_postgresql", host: info[:host], port: info[:port],
+                                username: info[:user], password: info[:password], database: info[:dbname],
+                                pool: 10, checkout_timeout: 1)
+    Record.connection_pool.with_connection do |conn|
+      conn.execute("DROP TABLE IF EXISTS nb_ar_items")
+      conn.execute("CREATE TABLE nb_ar_items (id serial PRIMARY KEY, name text NOT NULL)")
+    end
+  end
+
+  def teardown
+    Record.connection_pool.with_connection { |conn| conn.execute("DROP TABLE IF EXISTS nb_ar_items") }
+    Record.connection_pool.disconnect!
+    Record.remove_connection
+  end
+
+  def test_the_adapter_name_in_database_yml_resolves_to_the_neverblock_adapter_reporting_postgresql
+    Record.connection_pool.with_connection do |conn|
+      assert_instance_of NeverBlock::ActiveRecord::PostgreSQLAdapter, conn
+      assert_equal "PostgreSQL", conn.adapter_name
+      assert_instance_of NeverBlock::Postgres::Connection, conn.raw_connection
+    end
+  end
+
+  def test_requiring_it_sets_the_fiber_isolation_level
+    assert_equal :fiber, ActiveSupport::IsolatedExecutionState.isolation_level
+  end
+
+  def test_each_fiber_gets_its_own_connection
+    pids = 3.times.map do
+      NeverBlock.spawn { Record.connection_pool.with_connection { |c| c.select_value("SELECT pg_backend_pid() FROM pg_sleep(0.2)") } }
+    end.map(&:value)
+    assert_equal 3, pids.uniq.size
+  end
+
+  def test_ten_concurrent_one_second_sleeps_finish_in_about_one_second
+    took = elapsed do
+      10.times.map do
+        NeverBlock.spawn { Record.connection_pool.with_connection { |c| c.execute("SELECT pg_sleep(1)") } }
+      end.each(&:value)
+    end
+    assert_operator took, :<, 3, "10 x pg_sleep(1) over 10 connections took #{took.round(2)} s"
+  end
+
+  def test_two_fibers_in_two_transactions_never_see_each_others_uncommitted_rows
+    inserted = Thread::Queue.new
+    checked = Thread::Queue.new
+    writer = NeverBlock.spawn do
+      Item.transaction do
+        Item.create!(name: "uncommitted")
+        inserted << true
+        checked.pop
+        raise ActiveRecord::Rollback
+      end
+    end
+    reader = NeverBlock.spawn do
+      inserted.pop
+      Item.transaction { Item.where(name: "uncommitted").count }.tap { checked << true }
+    end
+    assert_equal 0, reader.value
+    writer.value
+    assert_equal 0, Item.count
+  end
+
+  def test_a_committed_transaction_is_visible_to_other_fibers
+    NeverBlock.spawn { Item.transaction { Item.create!(name: "committed") } }.value
+    assert_equal 1, NeverBlock.spawn { Item.where(name: "committed").count }.value
+  end
+
+  def test_pool_exhaustion_raises_connection_timeout_error_after_checkout_timeout
+    release = Thread::Queue.new
+    holders = 10.times.map do
+      NeverBlock.spawn { Record.connection_pool.with_connection { |c| c.execute("SELECT 1"); release.pop } }
+    end
+    error = nil
+    took = elapsed do
+      error = assert_raises(ActiveRecord::ConnectionTimeoutError) do
+        Record.connection_pool.with_connection { |c| c.execute("SELECT 1") }
+      end
+    end
+    assert_operator took, :>=, 0.9
+    assert_operator took, :<, 5
+    assert_match(/could not obtain a connection/, error.message)
+  ensure
+    10.times { release << true }
+    holders&.each(&:value)
+  end
+
+  def test_a_timeout_during_a_query_cancels_it_on_the_server
+    pid = nil
+    assert_raises(NeverBlock::TimeoutError) do
+      NeverBlock.timeout(0.3) do
+        Record.connection_pool.with_connection do |c|
+          pid = c.select_value("SELECT pg_backend_pid()")
+          c.execute("SELECT pg_sleep(30) /* nb_ar_cancel */")
+        end
+      end
+    end
+    Record.connection_pool.with_connection do |c|
+      active = c.select_value("SELECT count(*) FROM pg_stat_activity WHERE state = 'active' " \
+                              "AND query LIKE '%nb_ar_cancel%' AND pid <> pg_backend_pid()")
+      assert_equal 0, active
+      assert_equal pid, c.select_value("SELECT pg_backend_pid()"), "the same connection should be reused"
+    end
+  end
+
+  def test_a_timeout_inside_a_transaction_rolls_it_back_and_the_connection_works_on
+    assert_raises(NeverBlock::TimeoutError) do
+      NeverBlock.timeout(0.3) do
+        Item.transaction do
+          Item.create!(name: "doomed")
+          Item.connection.execute("SELECT pg_sleep(30)")
+        end
+      end
+    end
+    assert_equal 0, Item.count
+    Item.create!(name: "after")
+    assert_equal ["after"], Item.pluck(:name)
+  end
+
+  def test_an_sql_error_raises_in_its_fiber_only_and_the_transaction_is_rolled_back
+    failing = NeverBlock.spawn do
+      Item.transaction do
+        Item.create!(name: "rolled back")
+        Item.connection.execute("SELECT * FROM no_such_table")
+      end
+    end
+    fine = NeverBlock.spawn { Item.transaction { Item.create!(name: "kept") } }
+    assert_raises(ActiveRecord::StatementInvalid) { failing.value }
+    fine.value
+    assert_equal ["kept"], Item.pluck(:name)
+  end
+
+  def test_a_missing_database_raises_no_database_error
+    info = pg_conninfo
+    Record.establish_connection(adapter: "neverblock_postgresql", host: info[:host], port: info[:port],
+                                username: info[:user], password: info[:password], database: "nb_no_such_db")
+    assert_raises(ActiveRecord::NoDatabaseError) { Record.connection_pool.with_connection { |c| c.execute("SELECT 1") } }
+  ensure
+    setup
+  end
+end
