@@ -56,3 +56,6 @@ end
 class PlainTest < Minitest::Test
   include TestSupport
 end
+
+# NeverBlockTest::Databases: how to reach the PostgreSQL and MariaDB that bin/test starts.
+require_relative "support/databases"

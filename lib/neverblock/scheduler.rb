@@ -272,11 +272,15 @@ module NeverBlock
     # waiting after that, `exception_class` is raised at its current wait.
     # Code that computes without waiting is not interrupted.
     #
+    # `exception_class` may also be an exception object: timeout >= 0.4
+    # passes one it later recognises by identity (its #exception returns
+    # itself), so it is raised as given.
+    #
     # @return [Object] the block's value.
     def timeout_after(duration, exception_class = TimeoutError, *message)
       fiber = Fiber.current
       active = true
-      timer = @timers.after(duration) { interrupt_fiber(fiber, exception_class.new(*message)) { active } }
+      timer = @timers.after(duration) { interrupt_fiber(fiber, exception_class.exception(*message)) { active } }
       yield duration
     ensure
       active = false

@@ -129,3 +129,19 @@ class TimeoutOutsideLoopTest < PlainTest
     assert_operator elapsed { NeverBlock.sleep(0.05) }, :>=, 0.05
   end
 end
+
+# Timeout.timeout on the scheduler, as the timeout gem (>= 0.4) calls it.
+class TimeoutGemTest < NeverBlockTest
+  # timeout >= 0.4 hands the scheduler an exception object and recognises
+  # it by identity when it comes back.
+  def test_timeout_after_raises_an_exception_object_as_given
+    marker = Class.new(Exception) { def exception(*) = self }.new("marker")
+    raised = assert_raises(Exception) { Fiber.scheduler.timeout_after(0.01, marker) { sleep 1 } }
+    assert_same marker, raised
+  end
+
+  def test_timeout_timeout_without_a_class_raises_timeout_error_with_its_message
+    error = assert_raises(Timeout::Error) { Timeout.timeout(0.01) { sleep 1 } }
+    assert_equal "execution expired", error.message
+  end
+end
