@@ -54,6 +54,11 @@ module NeverBlock
     # @return [Numeric] seconds a checkout waits before {PoolTimeout}.
     attr_reader :timeout
 
+    # @return [Integer] bumped each time the pool forgets its connections
+    #   in a forked child: a caller that remembers a connection together
+    #   with the epoch can tell that it belongs to the parent.
+    attr_reader :epoch
+
     # @param size [Integer] connections at most (>= 1).
     # @param timeout [Numeric] seconds a checkout may wait (>= 0).
     # @param eager [Boolean] open all `size` connections now.
@@ -64,9 +69,13 @@ module NeverBlock
     # @param healthy [#call, nil] called with an idle connection before it
     #   is lent again; when it returns false or raises, that connection is
     #   closed and another one taken (e.g. one the server closed while idle).
+    # @param forget [#call, nil] called in a forked child with each
+    #   connection the child forgets, e.g. to detach its socket so that the
+    #   driver's finalizer in the child cannot end the parent's session.
     # @yieldreturn [Object] a new connection.
     # @raise [ArgumentError] without a block, or for a bad size or timeout.
-    def initialize(size: 8, timeout: 5, eager: false, broken_on: BROKEN_ON, close: nil, healthy: nil, &factory)
+    def initialize(size: 8, timeout: 5, eager: false, broken_on: BROKEN_ON, close: nil, healthy: nil,
+                   forget: nil, &factory)
       raise ArgumentError, "ConnectionPool.new needs a block that opens a connection" unless factory
 
       @size = NeverBlock.validate_size!(size, :size)
@@ -75,6 +84,8 @@ module NeverBlock
       @broken_on = broken_on
       @closer = close || ->(connection) { connection.close if connection.respond_to?(:close) }
       @healthy = healthy
+      @forget = forget
+      @epoch = 0
       reset
       ConnectionPool.live[self] = true
       open_all if eager
@@ -160,7 +171,10 @@ module NeverBlock
     # itself in every forked child (see ForkHook).
     # @return [void]
     def after_fork
+      forgotten = @born.keys
       reset
+      @epoch += 1
+      forgotten.each { |connection| forget_quietly(connection) } if @forget
     end
 
     # @return [String]
@@ -219,11 +233,22 @@ module NeverBlock
         return action unless action.broken == :idle
 
         action.broken = false
-        return action if !@healthy || healthy?(action.connection)
+        return action if !@healthy || checked_healthy?(action)
 
         action.broken = true
         give_back(action)
       end
+    end
+
+    # Runs the health check on a fresh Hold; if the check is interrupted
+    # (a timeout, a cancel), the connection is given up and the interrupt
+    # raised.
+    def checked_healthy?(hold)
+      healthy?(hold.connection)
+    rescue Exception # rubocop:disable Lint/RescueException -- re-raised
+      hold.broken = true
+      give_back(hold)
+      raise
     end
 
     # With the lock held. `broken` is :idle while the connection, taken from
@@ -234,6 +259,8 @@ module NeverBlock
 
     def healthy?(connection)
       Thread.handle_interrupt(ALLOW) { @healthy.call(connection) }
+    rescue Cancelled, Timeout::Error
+      raise
     rescue StandardError => e
       NeverBlock.logger.debug("NeverBlock") { "pooled connection failed its health check: #{e.class}: #{e.message}" }
       false
@@ -368,6 +395,12 @@ module NeverBlock
 
     def describe(stats)
       stats.map { |key, value| "#{key}: #{value}" }.join(", ")
+    end
+
+    def forget_quietly(connection)
+      @forget.call(connection)
+    rescue StandardError => e
+      NeverBlock.logger.warn("NeverBlock") { "forgetting a pooled connection after fork failed: #{e.class}: #{e.message}" }
     end
 
     # A failing close is logged, not raised: the connection is gone either

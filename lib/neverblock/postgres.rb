@@ -35,7 +35,7 @@ module NeverBlock
   #   down; at once for a wrong password).
   module Postgres
     # Options of {.pool} that are not libpq connection parameters.
-    POOL_OPTIONS = %i[size timeout pipeline connect_retries connect_backoff url].freeze
+    POOL_OPTIONS = %i[size timeout pipeline pipeline_depth connect_retries connect_backoff url].freeze
 
     # Libpq connect_timeout (seconds) used unless one is given.
     DEFAULT_CONNECT_TIMEOUT = 5
@@ -58,6 +58,9 @@ module NeverBlock
       #   before {PoolTimeout} (default 5).
       # @param pipeline [Boolean] multiplex statements from many fibers over
       #   each connection (libpq pipeline mode; default false).
+      # @param pipeline_depth [Integer] statements in flight on a pipelined
+      #   connection before another connection is opened (default 16): deeper
+      #   queues batch more, more connections run more statements at once.
       # @param connect_retries [Integer] attempts after the first when the
       #   server cannot be reached (default 3; backoff 0.1, 0.2, 0.4 s...).
       # @param connect_backoff [Numeric] seconds before the first retry.
@@ -66,10 +69,11 @@ module NeverBlock
       #   dbname:, user:, password:, sslmode:, connect_timeout:, ...).
       # @return [Client]
       # @raise [ArgumentError] for a bad size or timeout.
-      def pool(size: 12, timeout: 5, pipeline: false, connect_retries: 3,
+      def pool(size: 12, timeout: 5, pipeline: false, pipeline_depth: 16, connect_retries: 3,
                connect_backoff: 0.1, url: nil, **conninfo)
         connector = connector(url: url, retries: connect_retries, backoff: connect_backoff, **conninfo)
-        Client.new(connector, size: size, timeout: timeout, pipeline: pipeline)
+        Client.new(connector, size: size, timeout: timeout, pipeline: pipeline,
+                                   pipeline_depth: pipeline_depth)
       end
 
       # A {Connector} that opens {Connection}s (asynchronously: pg connects

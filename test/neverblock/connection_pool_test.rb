@@ -319,6 +319,108 @@ class ConnectionPoolTest < NeverBlockTest
     pool.disconnect_all
   end
 
+  def test_an_owner_other_than_the_fiber_holds_its_own_connection
+    pipeline = Object.new
+    shared = @pool.checkout(owner: pipeline)
+    @pool.with { |mine| refute_same shared, mine, "the fiber is not the owner, so it gets another one" }
+    assert_same shared, @pool.checkout(owner: pipeline), "the same owner gets the same one back"
+    @pool.checkin(shared, owner: pipeline)
+    assert_equal 1, @pool.stats[:in_use], "checked out twice by its owner, so in use until checked in twice"
+    @pool.checkin(shared, owner: pipeline)
+    assert_equal({ size: 2, in_use: 0, idle: 2, waiting: 0 }, @pool.stats)
+  end
+
+  def test_a_connection_checked_out_for_an_owner_can_be_checked_in_from_another_fiber
+    pipeline = Object.new
+    connection = @pool.checkout(owner: pipeline)
+    NeverBlock.spawn { @pool.checkin(connection, owner: pipeline) }.value
+    assert_equal 0, @pool.stats[:in_use]
+  end
+
+  def test_checkin_without_the_owner_that_checked_out_raises
+    pipeline = Object.new
+    connection = @pool.checkout(owner: pipeline)
+    error = assert_raises(ArgumentError) { @pool.checkin(connection) }
+    assert_match(/this fiber did not check out/, error.message)
+    error = assert_raises(ArgumentError) { @pool.checkin(connection, owner: Object.new) }
+    assert_match(/did not check out/, error.message)
+    assert_equal 1, @pool.stats[:in_use], "a refused checkin leaves the connection with its owner"
+    @pool.checkin(connection, owner: pipeline)
+  end
+
+  def test_discard_with_an_owner_closes_the_connection
+    pipeline = Object.new
+    connection = @pool.checkout(owner: pipeline)
+    @pool.discard(connection, owner: pipeline)
+    assert connection.closed?
+    assert_equal({ size: 2, in_use: 0, idle: 0, waiting: 0 }, @pool.stats)
+  end
+
+  def test_an_idle_connection_that_fails_the_health_check_is_closed_and_replaced
+    checked = []
+    pool = NeverBlock::ConnectionPool.new(size: 1, healthy: ->(c) { checked << c; false }) { PairConnection.new }
+    first = pool.with { |connection| connection }
+    second = pool.with { |connection| connection }
+    assert_equal [first], checked, "only an idle connection is checked, not a new one"
+    assert first.closed?
+    refute_same first, second
+    refute second.closed?
+  ensure
+    pool.disconnect_all
+  end
+
+  def test_a_healthy_idle_connection_is_lent_again
+    checks = 0
+    pool = NeverBlock::ConnectionPool.new(size: 1, healthy: ->(_) { checks += 1 }) { PairConnection.new }
+    first = pool.with { |connection| connection }
+    pool.with { |connection| assert_same first, connection }
+    assert_equal 1, checks
+  ensure
+    pool.disconnect_all
+  end
+
+  def test_a_health_check_that_raises_counts_as_unhealthy_and_is_logged_at_debug_level
+    pool = NeverBlock::ConnectionPool.new(size: 1, healthy: ->(_) { raise IOError, "peer went away" }) do
+      PairConnection.new
+    end
+    first = pool.with { |connection| connection }
+    log = capture_log { pool.with { |connection| refute_same first, connection } }
+    assert first.closed?
+    assert_match(/failed its health check: IOError: peer went away/, log)
+    assert_equal({ size: 1, in_use: 0, idle: 1, waiting: 0 }, pool.stats)
+  ensure
+    pool.disconnect_all
+  end
+
+  def test_a_connection_handed_to_a_waiter_is_health_checked_too
+    pool = NeverBlock::ConnectionPool.new(size: 1, timeout: 5, healthy: ->(connection) { !connection.closed? }) do
+      PairConnection.new
+    end
+    holder = NeverBlock.spawn { pool.with { |connection| sleep 0.02; connection.close } }
+    waiter = NeverBlock.spawn { pool.with(&:ping) }
+    holder.wait
+    assert_equal "p", waiter.value, "the waiter got a new connection, not the one closed under it"
+    assert_equal({ size: 1, in_use: 0, idle: 1, waiting: 0 }, pool.stats)
+  ensure
+    pool.disconnect_all
+  end
+
+  def test_a_timeout_during_a_health_check_is_raised_not_taken_for_an_unhealthy_connection
+    # A health check that waits (a round trip) is where a timeout or a
+    # cancellation may land; it belongs to the caller, not to the check.
+    pool = NeverBlock::ConnectionPool.new(size: 1, healthy: ->(connection) { connection.ping && sleep(0.5) }) do
+      PairConnection.new
+    end
+    pool.with(&:ping) # now idle, so the next checkout checks it
+    ran = false
+    assert_raises(NeverBlock::TimeoutError) do
+      NeverBlock.timeout(0.05) { pool.with { ran = true } }
+    end
+    refute ran, "the block must not run after its timeout fired"
+  ensure
+    pool.disconnect_all
+  end
+
   def test_bad_arguments
     assert_raises(ArgumentError) { NeverBlock::ConnectionPool.new }
     assert_raises(ArgumentError) { NeverBlock::ConnectionPool.new(size: 0) { 1 } }

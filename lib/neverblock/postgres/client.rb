@@ -21,9 +21,14 @@ module NeverBlock
       # Closes a connection the pool gives up (finish is quick: no round trip).
       CLOSE = ->(conn) { conn.finish unless conn.finished? }
 
+      # In a forked child: points the parent's connection's socket at
+      # /dev/null, so that pg's finalizer in the child (PQfinish sends a
+      # Terminate message) cannot end the parent's session.
+      FORGET = ->(conn) { conn.socket_io.reopen(IO::NULL) unless conn.finished? }
+
       DEFER = { Exception => :never }.freeze
       ALLOW = { Exception => :immediate }.freeze
-      private_constant :DEFER, :ALLOW, :CLOSE
+      private_constant :DEFER, :ALLOW, :CLOSE, :FORGET
 
       # @return [ConnectionPool] the pool of `PG::Connection`s.
       attr_reader :pool
@@ -32,11 +37,13 @@ module NeverBlock
       # @param size [Integer]
       # @param timeout [Numeric] seconds to wait for a free connection.
       # @param pipeline [Boolean] see {Postgres.pool}.
-      def initialize(connector, size:, timeout:, pipeline: false)
+      # @param pipeline_depth [Integer] see {Postgres.pool}.
+      def initialize(connector, size:, timeout:, pipeline: false, pipeline_depth: 16)
         @connector = connector
         @pipeline = pipeline ? true : false
+        @pipeline_depth = NeverBlock.validate_size!(pipeline_depth, :pipeline_depth)
         @pool = ConnectionPool.new(size: size, timeout: timeout, broken_on: BROKEN_ON, close: CLOSE,
-                                   healthy: method(:healthy?)) { connector.call }
+                                   healthy: method(:healthy?), forget: FORGET) { connector.call }
         @held_key = :"__neverblock_pg_held_#{object_id}"
         @transaction_key = :"__neverblock_pg_transaction_#{object_id}"
         @lanes_key = :"__neverblock_pg_lanes_#{object_id}"
@@ -119,19 +126,18 @@ module NeverBlock
       # @return [Object] the block's value.
       # @raise [PoolTimeout] when no connection is free in time.
       def with
-        held = Thread.current[@held_key]
-        return yield(held) if held
+        if (held = held_connection)
+          return yield(held)
+        end
 
         Thread.handle_interrupt(DEFER) do
           conn = @pool.checkout
-          clean = false
-          Thread.current[@held_key] = conn
+          Thread.current[@held_key] = [@pool.epoch, conn]
           begin
             Thread.handle_interrupt(ALLOW) { yield(conn) }
           ensure
             Thread.current[@held_key] = nil
-            clean = idle?(conn) || restored?(conn)
-            clean ? @pool.checkin(conn) : @pool.discard(conn)
+            give_back(conn)
           end
         end
       end
@@ -200,37 +206,74 @@ module NeverBlock
       # Pipelined unless the fiber holds a connection (transaction, with) or
       # there is no fiber scheduler (plain threads: nothing to multiplex).
       def pipelining?
-        @pipeline && !Thread.current[@held_key] && Fiber.scheduler && !Fiber.current.blocking?
+        @pipeline && !held_connection && Fiber.scheduler && !Fiber.current.blocking?
       end
 
-      # The least loaded lane of this thread; a new one while the pool has
-      # room. When others wait for the pool (say for a transaction), lanes
-      # are closed so that their connections come back.
+      # The connection this fiber holds through #with, unless it is a
+      # parent's connection seen from a forked child.
+      def held_connection
+        held = Thread.current[@held_key] or return nil
+        held[1] if held[0] == @pool.epoch
+      end
+
+      # Back to the pool when idle or restored (even if the restore is
+      # interrupted: then the connection is closed); otherwise closed.
+      def give_back(conn)
+        clean = false
+        begin
+          clean = idle?(conn) || restored?(conn)
+        ensure
+          clean ? @pool.checkin(conn) : @pool.discard(conn)
+        end
+      end
+
+      # The least loaded lane of this thread; a new one when that one has
+      # `pipeline_depth` statements in flight and the pool has room. When
+      # the pool is full and lanes are still being opened, waits for them
+      # rather than queueing for the pool. When others wait for the
+      # pool (say for a transaction), lanes are closed so that their
+      # connections come back.
       def lane_exec(sql, params, result_format)
         state = lanes_state
-        lanes = state.lanes
-        stats = @pool.stats
-        lanes.dup.each(&:close) if stats[:waiting] > state.opening
-        lane = lanes.min_by(&:load)
-        room = stats[:waiting].zero? && (stats[:idle].positive? || stats[:in_use] < stats[:size])
-        lane = open_lane(state) if lane.nil? || (lane.load.positive? && room)
-        lane.exec(sql, params, result_format)
+        loop do
+          lanes = state.lanes
+          stats = @pool.stats
+          lanes.dup.each(&:close) if stats[:waiting] > state.opening
+          lane = lanes.min_by(&:load)
+          room = stats[:waiting].zero? && (stats[:idle].positive? || stats[:in_use] < stats[:size])
+          if lane.nil? && !room && state.opening.positive?
+            wait_for_lane(state)
+            next
+          end
+          lane = open_lane(state) if lane.nil? || (lane.load >= @pipeline_depth && room)
+          return lane.exec(sql, params, result_format)
+        end
       end
 
-      # Lanes of one thread, and how many of its fibers are opening one (they
-      # may wait for the pool, and must not make the lanes close).
-      LaneState = Struct.new(:pid, :lanes, :opening)
+      # Lanes of one thread, how many of its fibers are opening one (they
+      # may wait for the pool, and must not make the lanes close), and the
+      # fibers waiting for those.
+      LaneState = Struct.new(:pid, :lanes, :opening, :waiting)
       private_constant :LaneState
 
       def open_lane(state)
         state.opening += 1
         begin
           lane = Lane.new(@pool, ->(closed) { state.lanes.delete(closed) })
+          state.lanes << lane
+          lane
         ensure
           state.opening -= 1
+          state.waiting.slice!(0..).each { |queue| queue << true }
         end
-        state.lanes << lane
-        lane
+      end
+
+      def wait_for_lane(state)
+        queue = Thread::Queue.new
+        state.waiting << queue
+        queue.pop
+      ensure
+        state.waiting.delete(queue)
       end
 
       # This thread's lanes (reset in a forked child).
@@ -238,7 +281,7 @@ module NeverBlock
         state = Thread.current.thread_variable_get(@lanes_key)
         return state if state&.pid == Process.pid
 
-        Thread.current.thread_variable_set(@lanes_key, LaneState.new(Process.pid, [], 0))
+        Thread.current.thread_variable_set(@lanes_key, LaneState.new(Process.pid, [], 0, []))
       end
 
       def idle?(conn)
@@ -253,13 +296,23 @@ module NeverBlock
       end
 
       # Cheap check of an idle connection before it is lent: reads whatever
-      # the server sent meanwhile (a notice that it is shutting down, EOF)
-      # without waiting, so a checkout never yields here.
+      # the server sent meanwhile without waiting (a checkout never yields
+      # here). A server ending the session (pg_terminate_backend, shutdown)
+      # sends a FATAL error and then closes; libpq hands the error, which
+      # arrives while idle, to the notice receiver, and may not have seen the
+      # close yet.
       def healthy?(conn)
         return false unless idle?(conn)
 
-        conn.consume_input
-        conn.status == PG::CONNECTION_OK
+        fatal = false
+        previous = conn.set_notice_receiver { |result| fatal ||= result.error_field(PG::PG_DIAG_SEVERITY_NONLOCALIZED) == "FATAL" }
+        begin
+          conn.consume_input
+          conn.is_busy
+        ensure
+          previous ? conn.set_notice_receiver(&previous) : conn.set_notice_receiver
+        end
+        !fatal && conn.status == PG::CONNECTION_OK
       end
 
       ISOLATION = {

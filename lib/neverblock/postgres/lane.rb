@@ -17,7 +17,7 @@ module NeverBlock
     # thread only.
     class Lane
       # One statement: what to send, and where its result goes.
-      Request = Struct.new(:sql, :params, :result_format, :outcome)
+      Request = Struct.new(:sql, :params, :result_format, :outcome, :abandoned)
 
       # libpq >= 17 can queue a sync point without flushing it.
       QUEUED_SYNC = PG::Connection.method_defined?(:send_pipeline_sync)
@@ -68,7 +68,10 @@ module NeverBlock
         release unless @reading
       end
 
-      # Sends a statement and waits for its result.
+      # Sends a statement and waits for its result. If the wait is
+      # interrupted (a timeout, a cancel) the statement is abandoned: its
+      # result is dropped, and once it is the one running, PostgreSQL is asked
+      # to cancel it (see #read).
       #
       # @param sql [String] one statement.
       # @param params [Array, nil]
@@ -76,12 +79,20 @@ module NeverBlock
       # @return [PG::Result]
       # @raise [PG::Error] the statement's error, or the connection's.
       def exec(sql, params, result_format)
-        request = Request.new(sql, params || [], result_format, Thread::Queue.new)
-        send_request(request)
-        outcome = request.outcome.pop
-        raise outcome.exception(outcome.message) if outcome.is_a?(Exception)
+        request = Request.new(sql, params || [], result_format, Thread::Queue.new, false)
+        enqueue(request)
+        begin
+          BATCHED ? flush_burst : flush
+          outcome = request.outcome.pop
+        rescue Exception # rubocop:disable Lint/RescueException -- re-raised
+          abandon(request)
+          raise
+        end
+        return outcome unless outcome.is_a?(Exception)
 
-        outcome
+        error = outcome.exception(outcome.message)
+        error.set_backtrace(caller)
+        raise error
       end
 
       # @return [String]
@@ -91,14 +102,23 @@ module NeverBlock
 
       private
 
-      def send_request(request)
+      # Queues the statement and its sync point in libpq's buffer (no IO).
+      def enqueue(request)
         @conn.send_query_params(request.sql, request.params, request.result_format)
         QUEUED_SYNC ? @conn.send_pipeline_sync : @conn.sync_pipeline_sync
         @pending << request
-        Fiber.schedule { read } unless @reading
+        return if @reading
+
         @reading = true
-        BATCHED ? flush_burst : @conn.flush
-      rescue Exception => e # rubocop:disable Lint/RescueException -- the lane cannot be trusted any more
+        Fiber.schedule { read }
+      rescue PG::Error, IOError, SystemCallError => e
+        fail(e)
+        raise
+      end
+
+      def flush
+        @conn.flush
+      rescue PG::Error, IOError, SystemCallError => e
         fail(e)
         raise
       end
@@ -114,16 +134,46 @@ module NeverBlock
           sleep(0)
         ensure
           @flush_scheduled = false
-          @conn.flush
+          flush
         end
+      end
+
+      def abandon(request)
+        request.abandoned = true
+        cancel_running if @pending.first.equal?(request) && !@cancel_fence
+      end
+
+      # Asks PostgreSQL to cancel the statement running now, which should be
+      # the abandoned one at the head of the pipeline, but may be one sent
+      # after it if that finished meanwhile. When pg's cancel returns, the
+      # server has signalled the backend, so the statement hit is one of
+      # those sent by then: up to the fence, a "query canceled" error is
+      # ours, and a statement that got it without being abandoned is sent
+      # again (it had no effect: each statement is its own transaction).
+      def cancel_running
+        fence = @pending.last
+        @conn.cancel
+        @cancel_fence = fence
+      rescue PG::Error, IOError, SystemCallError
+        nil # the statement runs to its end; its result is dropped anyway
       end
 
       # The reader fiber: results in order until nothing is in flight.
       def read
         @reading = true
         until @pending.empty?
+          request = @pending.first
+          cancel_running if request.abandoned && !@cancel_fence
           outcome = read_one
-          @pending.shift.outcome.push(outcome)
+          @pending.shift
+          ours = @cancel_fence && outcome.is_a?(PG::QueryCanceled)
+          @cancel_fence = nil if ours || @cancel_fence.equal?(request)
+          if ours && !request.abandoned
+            enqueue(request)
+            @conn.flush
+          else
+            request.outcome.push(outcome)
+          end
         end
       rescue Exception => e # rubocop:disable Lint/RescueException -- delivered to every waiter
         fail(e)

@@ -1,0 +1,206 @@
+# frozen_string_literal: true
+
+require "test_helper"
+require "securerandom"
+require "neverblock/postgres"
+
+# NeverBlock::Postgres.pool(pipeline: true): statements from many fibers
+# share each connection (libpq pipeline mode), each fiber gets its own
+# result or error, and transactions still get a connection to themselves.
+class PostgresPipelineTest < NeverBlockTest
+  include NeverBlockTest::Databases
+
+  def setup
+    @clients = []
+  end
+
+  def teardown
+    @clients.each(&:close)
+  end
+
+  def test_two_hundred_concurrent_statements_share_two_connections_and_each_gets_its_own_result
+    db = client(size: 2)
+    open_connections(db, 2)
+    tasks, busiest = busiest_stats(db) do
+      200.times.map { |i| NeverBlock.spawn { db.exec_params("SELECT $1::int, pg_backend_pid()", [i]).values.first } }
+    end
+    rows = tasks.map(&:value)
+    assert_equal (0...200).map(&:to_s), rows.map(&:first), "a fiber got another fiber's result"
+    assert_operator rows.map(&:last).uniq.size, :<=, 2, "more backends than the pool's size"
+    # While the statements were in flight nobody queued for a connection:
+    # they were multiplexed over the two the pool has.
+    assert_equal 0, busiest[:waiting], "statements waited for the pool instead of being pipelined"
+  end
+
+  def test_a_burst_on_a_fresh_pool_waits_in_the_pipeline_not_for_the_pool
+    db = client(size: 1, timeout: 0.5)
+    # No connection is open yet. One connection runs the statements one after
+    # another, about 1 s in all: they wait in its pipeline, not for the pool.
+    outcomes = 20.times.map do
+      NeverBlock.spawn do
+        db.exec("SELECT pg_sleep(0.05)")
+        :ok
+      rescue NeverBlock::PoolTimeout => e
+        e
+      end
+    end.map(&:value)
+    assert_equal [:ok] * 20, outcomes
+  end
+
+  def test_an_error_in_one_pipelined_statement_fails_only_that_call
+    db = client(size: 1)
+    open_connections(db, 1)
+    outcomes = 20.times.map do |i|
+      NeverBlock.spawn do
+        i == 7 ? db.exec("SELECT 1/0") : db.exec_params("SELECT $1::int", [i]).getvalue(0, 0)
+      rescue PG::Error => e
+        e
+      end
+    end.map(&:value)
+    assert_kind_of PG::DivisionByZero, outcomes.delete_at(7)
+    assert_equal (0...20).reject { |i| i == 7 }.map(&:to_s), outcomes
+    assert_equal "1", db.exec("SELECT 1").getvalue(0, 0), "the connection is still usable"
+  end
+
+  def test_connections_leave_pipeline_mode_when_they_go_back_to_the_pool
+    db = client(size: 2)
+    10.times.map { |i| NeverBlock.spawn { db.exec_params("SELECT $1::int", [i]) } }.each(&:value)
+    assert_equal 0, db.stats[:in_use]
+    db.with { |conn| assert_equal PG::PQ_PIPELINE_OFF, conn.pipeline_status }
+  end
+
+  def test_a_transaction_takes_a_connection_out_of_pipelined_use
+    db = client(size: 2)
+    open_connections(db, 2)
+    outside = []
+    inside = db.transaction do |conn|
+      before = conn.exec("SELECT txid_current(), pg_backend_pid()").values.first
+      # Pipelined statements from other fibers while the transaction is open.
+      outside = 50.times.map { NeverBlock.spawn { db.exec("SELECT pg_backend_pid()").getvalue(0, 0) } }.map(&:value)
+      after = db.exec("SELECT txid_current(), pg_backend_pid()").values.first
+      assert_equal before, after, "the transaction's statements ran on its own connection"
+      before.last
+    end
+    refute_includes outside, inside, "a pipelined statement ran on the transaction's connection"
+  end
+
+  def test_a_transaction_is_not_starved_by_a_steady_stream_of_pipelined_statements
+    db = client(size: 1, timeout: 1)
+    open_connections(db, 1)
+    streaming = true
+    outcomes = []
+    stream = NeverBlock.spawn do
+      statements = []
+      while streaming
+        statements << NeverBlock.spawn do
+          db.exec("SELECT pg_sleep(0.01)")
+          :ok
+        rescue NeverBlock::PoolTimeout => e
+          e
+        end
+        sleep 0.005 # faster than the connection answers: the pipeline never empties by itself
+      end
+      outcomes = statements.map(&:value)
+    end
+    sleep 0.01 until db.stats[:in_use] == 1 # the stream has the connection
+    begin
+      txid = db.transaction { db.exec("SELECT txid_current()").getvalue(0, 0) }
+    ensure
+      streaming = false
+      stream.wait
+    end
+    refute_nil txid
+    assert_equal [:ok], outcomes.uniq, "statements queued behind the transaction timed out"
+  end
+
+  def test_a_pipelined_statement_that_times_out_is_cancelled_on_the_server
+    db = client(size: 1)
+    marker = "nb_sleep_#{SecureRandom.hex(6)}"
+    assert_raises(NeverBlock::TimeoutError) do
+      NeverBlock.timeout(0.3) { db.exec("SELECT pg_sleep(3) /* #{marker} */") }
+    end
+    with_admin do |admin|
+      sql = "SELECT 1 FROM pg_stat_activity WHERE state = 'active' AND query LIKE $1 AND pid <> pg_backend_pid()"
+      deadline = now + 1
+      sleep 0.01 while admin.exec_params(sql, ["%#{marker}%"]).ntuples.positive? && now < deadline
+      assert_equal 0, admin.exec_params(sql, ["%#{marker}%"]).ntuples, "the statement still runs on the server"
+    end
+  ensure
+    # Without the cancel, let the statement finish so that the test ends clean.
+    db&.exec("SELECT 1")
+  end
+
+  def test_terminating_a_pipelined_backend_fails_the_statements_in_flight_and_later_ones_succeed
+    db = client(size: 1)
+    open_connections(db, 1)
+    marker = "nb_sleep_#{SecureRandom.hex(6)}"
+    in_flight = 5.times.map do
+      NeverBlock.spawn do
+        db.exec("SELECT pg_sleep(30) /* #{marker} */")
+      rescue PG::Error => e
+        e
+      end
+    end
+    with_admin do |admin|
+      sql = "SELECT pid FROM pg_stat_activity WHERE state = 'active' AND query LIKE $1 AND pid <> pg_backend_pid()"
+      deadline = now + 5
+      sleep 0.01 while (rows = admin.exec_params(sql, ["%#{marker}%"])).ntuples.zero? && now < deadline
+      admin.exec_params("SELECT pg_terminate_backend($1)", [rows.getvalue(0, 0)])
+    end
+    in_flight.map(&:value).each { |outcome| assert_kind_of PG::Error, outcome }
+    assert_equal "1", db.exec("SELECT 1").getvalue(0, 0)
+  end
+
+  private
+
+  def client(**options)
+    NeverBlock::Postgres.pool(pipeline: true, **pg_conninfo, **options).tap { |db| @clients << db }
+  end
+
+  # Opens `count` connections and leaves them idle in the pool.
+  def open_connections(db, count)
+    count.times.map { NeverBlock.spawn { db.with { sleep 0.05 } } }.each(&:value)
+    assert_equal count, db.stats[:idle]
+  end
+
+  # Runs the block, which returns tasks, while a sampler reads the pool's
+  # stats on every turn of the loop until they are done.
+  # @return [Array(Array<Task>, Hash)] the tasks, and the highest in_use and
+  #   waiting seen.
+  def busiest_stats(db)
+    busiest = { in_use: 0, waiting: 0 }
+    sampler = NeverBlock.spawn do
+      loop do
+        busiest = busiest.merge(db.stats.slice(:in_use, :waiting)) { |_, was, now| [was, now].max }
+        sleep 0
+      end
+    end
+    tasks = yield
+    tasks.each(&:wait)
+    [tasks, busiest]
+  ensure
+    sampler.cancel
+    sampler.wait
+  end
+
+  def with_admin
+    admin = PG.connect(**pg_conninfo)
+    yield admin
+  ensure
+    admin&.close
+  end
+end
+
+# A pipelined client used from plain threads, without a loop: nothing to
+# multiplex, so each statement takes a connection as usual.
+class PostgresPipelineThreadsTest < PlainTest
+  include NeverBlockTest::Databases
+
+  def test_plain_threads_use_a_pipelined_client
+    db = NeverBlock::Postgres.pool(size: 3, pipeline: true, **pg_conninfo)
+    values = 3.times.map { |i| Thread.new { db.exec_params("SELECT $1::int", [i]).getvalue(0, 0) } }.map(&:value)
+    assert_equal %w[0 1 2], values
+  ensure
+    db&.close
+  end
+end
