@@ -26,7 +26,7 @@ module NeverBlock
   #   works from fibers and from plain threads. Asynchronous interrupts
   #   (Thread#raise, Timeout on a plain thread) are held back while the pool
   #   moves a connection between owners, so they cannot lose one.
-  # - In a forked child every pool forgets the parent's connections, without
+  # - In a forked child each pool forgets the parent's connections, without
   #   closing them, before the child's code runs.
   #
   # Calling code must not hold the pool's lock: every method takes it itself
@@ -45,7 +45,7 @@ module NeverBlock
     # What an owner (a fiber, or an object such as a pipeline) holds: the
     # connection, how many checkouts deep, and whether a nested `with` found
     # it broken.
-    Hold = Struct.new(:owner, :connection, :depth, :broken)
+    Hold = Struct.new(:owner, :connection, :depth, :broken, :epoch)
     private_constant :Waiter, :Hold
 
     # @return [Integer] the most connections the pool opens.
@@ -87,7 +87,6 @@ module NeverBlock
       @forget = forget
       @epoch = 0
       reset
-      ConnectionPool.live[self] = true
       open_all if eager
     end
 
@@ -123,6 +122,7 @@ module NeverBlock
     # @return [Object] the connection.
     # @raise [PoolTimeout] when none is free within `timeout` seconds.
     def checkout(owner: Fiber.current)
+      detect_fork
       Thread.handle_interrupt(DEFER) { take(owner).connection }
     end
 
@@ -132,6 +132,8 @@ module NeverBlock
     # @return [void]
     # @raise [ArgumentError] if `owner` does not hold it.
     def checkin(connection, owner: Fiber.current)
+      return if parents?(connection)
+
       Thread.handle_interrupt(DEFER) { give_back(held(connection, owner)) }
     end
 
@@ -142,6 +144,8 @@ module NeverBlock
     # @return [void]
     # @raise [ArgumentError] if `owner` does not hold it.
     def discard(connection, owner: Fiber.current)
+      return if parents?(connection)
+
       Thread.handle_interrupt(DEFER) do
         hold = held(connection, owner)
         hold.broken = true
@@ -151,6 +155,7 @@ module NeverBlock
 
     # @return [Hash] `{size:, in_use:, idle:, waiting:}`.
     def stats
+      detect_fork
       @lock.synchronize { stats_held }
     end
 
@@ -158,43 +163,74 @@ module NeverBlock
     # later checkouts open new ones.
     # @return [void]
     def disconnect_all
+      detect_fork
       idle = @lock.synchronize do
         @generation += 1
         @opened -= @idle.size
-        @idle.slice!(0..).each { |closing| @born.delete(closing) }
+        closing = @idle.slice!(0..)
+        closing.each { |connection| @born.delete(connection) }
+        Registry.delete(self) if @born.empty?
+        closing
       end
       idle.each { |connection| close_quietly(connection) }
     end
 
     # Forgets every connection without closing it: they belong to the parent
     # process, and closing would end the parent's sessions too. Runs by
-    # itself in every forked child (see ForkHook).
+    # itself in a forked child (forked through Process._fork, see ForkHook)
+    # for every pool with open connections, and for any other pool when the
+    # child first uses it; checking in a connection the parent held is then
+    # a no-op.
     # @return [void]
     def after_fork
       forgotten = @born.keys
       reset
       @epoch += 1
+      @forgotten = forgotten.to_h { |connection| [connection, true] }.compare_by_identity
       forgotten.each { |connection| forget_quietly(connection) } if @forget
     end
+
+    # The pools that have open connections, strongly held (a pool with open
+    # connections is in use, or its connections leak anyway), so that a
+    # forked child can make each forget the parent's connections before the
+    # child's own code runs. (Not an ObjectSpace::WeakMap: on Ruby 3.1 its
+    # iteration can yield pools that are already garbage.)
+    module Registry
+      @pools = {}.compare_by_identity
+      @lock = Thread::Mutex.new
+
+      class << self
+        # @param pool [ConnectionPool]
+        def add(pool)
+          @lock.synchronize { @pools[pool] = true }
+        end
+
+        # @param pool [ConnectionPool]
+        def delete(pool)
+          @lock.synchronize { @pools.delete(pool) }
+        end
+
+        # In a forked child (one thread: no lock needed, and the parent's
+        # other threads may have held it when they vanished).
+        def after_fork
+          @lock = Thread::Mutex.new
+          @pools.keys.each(&:after_fork)
+        end
+      end
+    end
+    private_constant :Registry
+
+    NeverBlock.on_fork_child { Registry.after_fork }
 
     # @return [String]
     def inspect
       "#<#{self.class.name} #{stats.map { |key, value| "#{key}=#{value}" }.join(' ')}>"
     end
 
-    class << self
-      # @api private
-      # The pools alive in this process, for resetting after fork.
-      def live
-        @live ||= ObjectSpace::WeakMap.new
-      end
-    end
-
-    NeverBlock.on_fork_child { ConnectionPool.live.each_key(&:after_fork) }
-
     private
 
     def reset
+      @fork_generation = NeverBlock.fork_generation
       @lock = Thread::Mutex.new
       @idle = [] # connections ready to hand out, most recently used last
       @opened = 0 # connections open or being opened
@@ -204,12 +240,30 @@ module NeverBlock
       @born = {}.compare_by_identity # connection => generation it was opened in
     end
 
+    # With the lock held (or before the pool is shared): records a new
+    # connection; a pool with connections is in the Registry.
+    def born(connection)
+      Registry.add(self) if @born.empty?
+      @born[connection] = @generation
+    end
+
+    def detect_fork
+      after_fork if @fork_generation != NeverBlock.fork_generation
+    end
+
+    # Whether `connection` is one the parent process held when it forked.
+    def parents?(connection)
+      detect_fork
+      @forgotten&.key?(connection)
+    end
+
     # The current fiber's Hold, one level deeper: an existing one, an idle
     # connection, a new one while the pool has room, or the next one handed
     # over (FIFO) within `timeout`. An idle connection that fails the
     # `healthy` check is closed and the next one tried. Called with
     # interrupts deferred.
     def take(owner = Fiber.current)
+      detect_fork
       loop do
         action = @lock.synchronize do
           if (hold = @holds[owner])
@@ -254,7 +308,7 @@ module NeverBlock
     # With the lock held. `broken` is :idle while the connection, taken from
     # the idle list or handed over, still has to pass the health check.
     def hold_for(owner, connection, origin)
-      @holds[owner] = Hold.new(owner, connection, 1, origin == :idle ? :idle : false)
+      @holds[owner] = Hold.new(owner, connection, 1, origin == :idle ? :idle : false, @epoch)
     end
 
     def healthy?(connection)
@@ -313,7 +367,7 @@ module NeverBlock
 
     def open_connection
       connection = Thread.handle_interrupt(ALLOW) { @factory.call }
-      @lock.synchronize { @born[connection] = @generation }
+      @lock.synchronize { born(connection) }
       connection
     rescue Exception # rubocop:disable Lint/RescueException -- the slot must be given back whatever happened
       @lock.synchronize do
@@ -337,7 +391,7 @@ module NeverBlock
 
     def open_connection_now
       connection = @factory.call
-      @born[connection] = @generation
+      born(connection)
       connection
     end
 
@@ -354,6 +408,8 @@ module NeverBlock
     # waiter or the idle list, or, if broken or from before #disconnect_all,
     # is closed (after the counts are right, so a slow close delays no one).
     def give_back(hold)
+      return if hold.epoch != @epoch # held when the process forked: the parent's
+
       connection = hold.connection
       closing = @lock.synchronize do
         hold.depth -= 1
@@ -362,6 +418,7 @@ module NeverBlock
         @holds.delete(hold.owner)
         if hold.broken || @born[connection] != @generation
           @born.delete(connection)
+          Registry.delete(self) if @born.empty?
           @opened -= 1
           grant(:open)
           true

@@ -24,12 +24,26 @@ module NeverBlock
     end
 
     # @api private
+    # @return [Integer] how many forks this process descends from (through
+    #   Process._fork): objects that remember it can tell they were created
+    #   in a parent.
+    def fork_generation
+      @fork_generation ||= 0
+    end
+
+    # @api private
     # In a forked child: detach this thread's loop, then run the callbacks.
+    # A failing callback is logged; it never stops the child's own code.
     # @return [void]
     def forked_child
+      @fork_generation = fork_generation + 1
       scheduler = Fiber.scheduler
       scheduler.forked! if scheduler.is_a?(Scheduler)
-      fork_callbacks.each(&:call)
+      fork_callbacks.each do |callback|
+        callback.call
+      rescue StandardError => e
+        logger.warn("NeverBlock") { "a fork callback failed in the child: #{e.class}: #{e.message}" }
+      end
     end
 
     private
