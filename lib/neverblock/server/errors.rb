@@ -1,0 +1,19 @@
+# frozen_string_literal: true
+
+module NeverBlock
+  class Server
+    # A request the server refuses with an HTTP error status (400, 408, 413,
+    # 414, 431, 505) before the app sees it; the connection is then closed.
+    class HTTPError < Error
+      # @return [Integer] the response status.
+      attr_reader :status
+
+      # @param status [Integer]
+      # @param message [String] for the log; never sent to the client.
+      def initialize(status, message)
+        @status = status
+        super(message)
+      end
+    end
+  end
+end

@@ -1,0 +1,50 @@
+# frozen_string_literal: true
+
+module NeverBlock
+  class Server
+    # The limits a request must stay within, and how long the server waits
+    # for a client. Sizes are bytes, timeouts seconds.
+    #
+    # - `max_request_target` :: bytes of the request target (the URL), else 414 (default 8 KiB)
+    # - `max_header_bytes`   :: bytes of the header block, else 431 (default 64 KiB)
+    # - `max_headers`        :: header lines, else 431 (default 100)
+    # - `max_body`           :: bytes of a request body, else 413 (default 10 MiB)
+    # - `header_timeout`     :: seconds from a request's first byte to the end of its
+    #                           headers, else 408 (default 10)
+    # - `body_timeout`       :: seconds the body may make no progress, else 408 (default 10)
+    # - `idle_timeout`       :: seconds a keep-alive connection may wait for its next
+    #                           request before it is closed (default 5)
+    # - `write_timeout`      :: seconds a client may leave a response write stuck
+    #                           before the connection is dropped (default 30)
+    # - `shutdown_timeout`   :: seconds {Server#stop} lets in-flight requests run
+    #                           before they are cancelled (default 30)
+    Limits = Struct.new(:max_request_target, :max_header_bytes, :max_headers, :max_body,
+                        :header_timeout, :body_timeout, :idle_timeout, :write_timeout,
+                        :shutdown_timeout, keyword_init: true) do
+      # @return [Hash{Symbol => Numeric}]
+      def self.defaults
+        { max_request_target: 8 * 1024, max_header_bytes: 64 * 1024, max_headers: 100,
+          max_body: 10 * 1024 * 1024, header_timeout: 10, body_timeout: 10, idle_timeout: 5,
+          write_timeout: 30, shutdown_timeout: 30 }
+      end
+
+      # @param options [Hash] any of the members; the rest take their defaults.
+      # @return [Limits]
+      # @raise [ArgumentError] for an unknown key or an invalid value.
+      def self.build(options)
+        unknown = options.keys - members
+        raise ArgumentError, "unknown Server option(s): #{unknown.join(', ')} (known: #{members.join(', ')})" if unknown.any?
+
+        values = defaults.merge(options)
+        values.each do |key, value|
+          if key.to_s.end_with?("timeout")
+            NeverBlock.validate_timeout!(value, key)
+          else
+            NeverBlock.validate_size!(value, key)
+          end
+        end
+        new(**values).freeze
+      end
+    end
+  end
+end

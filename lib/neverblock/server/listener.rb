@@ -1,0 +1,103 @@
+# frozen_string_literal: true
+
+require "socket"
+require "io/wait"
+
+module NeverBlock
+  class Server
+    # One listening socket, from a bind spec: `tcp://HOST:PORT` (`tcp://[::1]:9292`
+    # for IPv6; port 0 picks a free port) or `unix://PATH`.
+    class Listener
+      # Connections the kernel queues for us while the server is busy.
+      BACKLOG = 1024
+
+      # @return [String] the spec it was made from.
+      attr_reader :spec
+
+      # @param spec [String]
+      # @raise [ArgumentError] for a spec that is neither tcp:// nor unix://.
+      def initialize(spec)
+        @spec = spec
+        case spec
+        when %r{\Atcp://\[([^\]]+)\]:(\d+)\z}, %r{\Atcp://([^:/\[\]]+):(\d+)\z}
+          @host = Regexp.last_match(1)
+          @port = Integer(Regexp.last_match(2), 10)
+        when %r{\Aunix://(.+)\z}
+          @path = Regexp.last_match(1)
+        else
+          raise ArgumentError, "bind must look like tcp://HOST:PORT or unix://PATH, got #{spec.inspect}"
+        end
+        @server = nil
+      end
+
+      # Opens the listening socket (once).
+      # @return [self]
+      def listen
+        return self if @server
+
+        @server = @path ? listen_unix : TCPServer.new(@host, @port)
+        @server.listen(BACKLOG)
+        self
+      end
+
+      # @return [String] where it listens, with the real port: `tcp://127.0.0.1:34567`.
+      def address
+        return "unix://#{@path}" if @path
+
+        addr = @server.local_address
+        host = addr.ipv6? ? "[#{addr.ip_address}]" : addr.ip_address
+        "tcp://#{host}:#{addr.ip_port}"
+      end
+
+      # @return [Boolean]
+      def unix?
+        !@path.nil?
+      end
+
+      # @return [Integer, nil] the TCP port.
+      def port
+        @server.local_address.ip_port unless @path
+      end
+
+      # Waits for and returns the next connection; inside NeverBlock only the
+      # calling fiber waits.
+      # @return [Socket]
+      def accept
+        loop do
+          socket = @server.accept_nonblock(exception: false)
+          return socket unless socket == :wait_readable
+
+          @server.wait_readable
+        end
+      end
+
+      # Closes the socket (and removes a unix socket's file).
+      # @return [void]
+      def close
+        return unless @server
+
+        @server.close unless @server.closed?
+        File.unlink(@path) if @path && File.socket?(@path)
+      rescue SystemCallError
+        nil
+      ensure
+        @server = nil
+      end
+
+      private
+
+      # A socket file left behind by a dead process is removed; one that a
+      # live server answers on is not (bind then fails with EADDRINUSE).
+      def listen_unix
+        if File.socket?(@path)
+          begin
+            UNIXSocket.new(@path).close
+          rescue Errno::ECONNREFUSED
+            File.unlink(@path)
+          end
+        end
+        UNIXServer.new(@path)
+      end
+    end
+  end
+end

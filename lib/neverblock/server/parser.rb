@@ -1,0 +1,242 @@
+# frozen_string_literal: true
+
+begin
+  require "llhttp"
+rescue LoadError => e
+  raise LoadError, "NeverBlock::Server parses HTTP with the llhttp gem: add `gem \"llhttp\", \"~> 0.6\"` " \
+                   "to your Gemfile (#{e.message})"
+end
+
+module NeverBlock
+  class Server
+    # Turns the bytes of one connection into {Request}s with llhttp (in its
+    # strict mode, which rejects the request-smuggling shapes: Content-Length
+    # with Transfer-Encoding, duplicate or invalid Content-Length, invalid
+    # chunk sizes, bare CR/LF in headers, NUL or CTL in the target), and
+    # enforces the {Limits} llhttp has no notion of.
+    #
+    # llhttp parses every message in the bytes it is given, so pipelined
+    # requests pile up in {#requests} in order; the connection answers them
+    # and reads again only when the queue is drained.
+    #
+    # Errors: {#<<} raises {HTTPError} with the status to answer.
+    class Parser < LLHttp::Delegate
+      # llhttp error names mapped to statuses other than 400.
+      STATUSES = { "HPE_PAUSED_H2_UPGRADE" => 505, "HPE_INVALID_VERSION" => 505 }.freeze
+
+      # A header name llhttp lets through with spaces before the colon
+      # (`Host : x`), which a proxy might read differently: refused.
+      SPACE = /[ \t]/
+
+      # RFC 3986 host with an optional port, as Rack::Lint wants HTTP_HOST.
+      HOST = /\A(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9\-._~%!$&'()*+,;=]+)(?::\d*)?\z/
+
+      HTTP_KEYS = {} # rubocop:disable Style/MutableConstant -- a bounded cache
+      private_constant :HTTP_KEYS
+
+      # @return [Array<Request>] requests whose headers are complete, oldest first.
+      attr_reader :requests
+
+      # @param limits [Limits]
+      # @param base_env [Hash] the connection's env entries (REMOTE_ADDR, rack.errors, ...).
+      # @param default_host [String], default_port [String] for a request without Host.
+      def initialize(limits, base_env, default_host, default_port)
+        super()
+        @limits = limits
+        @base_env = base_env
+        @default_host = default_host
+        @default_port = default_port
+        @requests = []
+        @current = nil
+        @in_message = false
+        @llhttp = LLHttp::Parser.new(self, type: :request)
+      end
+
+      # Parses `data`; complete requests are appended to {#requests}.
+      # @raise [HTTPError] for a request to refuse (after the requests before it).
+      # @return [void]
+      def <<(data)
+        if @current && !@current.complete && (@raw_body += data.bytesize) > @limits.max_body + 65_536
+          fail_with(413, "request body (with chunk framing) over #{@limits.max_body} bytes")
+        end
+        @llhttp << data
+      rescue LLHttp::Error => e
+        raise @error if @error
+
+        name = e.message[/HPE_\w+/]
+        # CONNECT and `Connection: Upgrade` end the HTTP/1.1 exchange; without
+        # rack.hijack the request is answered and the connection then closed.
+        raise HTTPError.new(nil, "upgrade") if name == "HPE_PAUSED_UPGRADE"
+
+        raise HTTPError.new(STATUSES.fetch(name, 400), e.message)
+      end
+
+      # @return [Float] when the current message's first byte arrived (monotonic seconds).
+      attr_reader :started_at
+
+      # @return [Boolean] true while a message has begun but is not complete.
+      def in_message?
+        @in_message
+      end
+
+      # @return [Boolean] true while the current request's headers are done
+      #   and its body is still being read.
+      def in_body?
+        !@current.nil? && !@current.complete
+      end
+
+      # --- llhttp callbacks ---------------------------------------------------
+
+      def on_message_begin
+        @started_at = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+        @in_message = true
+        @url = nil
+        @field = nil
+        @value = nil
+        @headers = {}
+        @header_bytes = 0
+        @header_count = 0
+      end
+
+      def on_url(fragment)
+        @url ? @url << fragment : (@url = fragment)
+        fail_with(414, "request target over #{@limits.max_request_target} bytes") if @url.bytesize > @limits.max_request_target
+      end
+
+      def on_header_field(fragment)
+        @field ? @field << fragment : (@field = fragment)
+        count_header_bytes(fragment)
+      end
+
+      def on_header_value(fragment)
+        @value ? @value << fragment : (@value = fragment)
+        count_header_bytes(fragment)
+      end
+
+      # llhttp calls this after every value, empty ones included.
+      def on_header_value_complete
+        store_header
+      end
+
+      # Exceptions here become llhttp's HPE_CB_HEADERS_COMPLETE, so the chosen
+      # status travels in @error (see {#fail_with}).
+      def on_headers_complete
+        @current = build_request
+        @raw_body = 0
+        @requests << @current
+        0
+      end
+
+      def on_body(chunk)
+        body = @current.body
+        body << chunk
+        fail_with(413, "request body over #{@limits.max_body} bytes") if body.bytesize > @limits.max_body
+      end
+
+      def on_message_complete
+        @current.keep_alive = @llhttp.keep_alive?
+        @current.expects_continue = false
+        @current.complete = true
+        @current = nil
+        @in_message = false
+        0
+      end
+
+      private
+
+      def fail_with(status, message)
+        @error = HTTPError.new(status, message)
+        raise @error
+      end
+
+      def count_header_bytes(fragment)
+        return if (@header_bytes += fragment.bytesize + 4) <= @limits.max_header_bytes
+
+        fail_with(431, "header block over #{@limits.max_header_bytes} bytes")
+      end
+
+      def store_header
+        field = @field || +""
+        value = @value || +""
+        @field = @value = nil
+        fail_with(431, "more than #{@limits.max_headers} headers") if (@header_count += 1) > @limits.max_headers
+        fail_with(400, "whitespace in header name #{field.inspect}") if field.match?(SPACE)
+        key = http_key(field)
+        return unless key # a name with "_" could pose as one with "-": dropped, as Puma and nginx do
+
+        value.strip!
+        existing = @headers[key]
+        @headers[key] = existing ? "#{existing}#{key == 'HTTP_COOKIE' ? '; ' : ', '}#{value}" : value
+      end
+
+      def http_key(field)
+        key = HTTP_KEYS[field]
+        return key if key
+        return nil if field.include?("_")
+
+        key = "HTTP_#{field.upcase.tr('-', '_')}".freeze
+        key = "CONTENT_TYPE" if key == "HTTP_CONTENT_TYPE"
+        key = "CONTENT_LENGTH" if key == "HTTP_CONTENT_LENGTH"
+        HTTP_KEYS[field.dup.freeze] = key if HTTP_KEYS.size < 512
+        key
+      end
+
+      def build_request
+        llhttp = @llhttp
+        fail_with(505, "HTTP/#{llhttp.http_major}.#{llhttp.http_minor}") unless llhttp.http_major == 1
+        http10 = llhttp.http_minor.zero?
+        method = llhttp.method_name
+        content_length = @headers["CONTENT_LENGTH"]
+        if content_length && content_length.to_i > @limits.max_body
+          fail_with(413, "Content-Length #{content_length} over #{@limits.max_body}")
+        end
+
+        env = @base_env.dup
+        env.merge!(@headers)
+        env["REQUEST_METHOD"] = method
+        env["SERVER_PROTOCOL"] = http10 ? "HTTP/1.0" : "HTTP/1.1"
+        set_target(env, method, @url || "")
+        set_host(env, http10)
+        request = Request.new(env, head: method == "HEAD", http10: http10)
+        if !http10 && (env["HTTP_TRANSFER_ENCODING"] || content_length.to_i.positive?)
+          request.expects_continue = env["HTTP_EXPECT"]&.casecmp?("100-continue") || false
+        end
+        request
+      end
+
+      def set_target(env, method, url)
+        if url.start_with?("/")
+          path, query = url.split("?", 2)
+          query = query&.split("#", 2)&.first
+          path = path.split("#", 2).first || "/"
+        elsif url == "*" && method == "OPTIONS"
+          path = "*"
+        elsif method == "CONNECT"
+          path = url
+        elsif (match = %r{\Ahttps?://[^/?#]*(/[^?#]*)?(?:\?([^#]*))?}i.match(url))
+          path = match[1] || "/"
+          query = match[2]
+        else
+          fail_with(400, "request target #{url[0, 100].inspect}")
+        end
+        env["PATH_INFO"] = path
+        env["QUERY_STRING"] = query || ""
+      end
+
+      def set_host(env, http10)
+        host = env["HTTP_HOST"]
+        unless host
+          fail_with(400, "HTTP/1.1 request without Host") unless http10
+          env["SERVER_NAME"] = @default_host
+          env["SERVER_PORT"] = @default_port
+          return
+        end
+        fail_with(400, "invalid Host #{host[0, 100].inspect}") unless host.match?(HOST)
+
+        name, port = host.start_with?("[") ? host.split(/(?<=\])(?::)/, 2) : host.split(":", 2)
+        env["SERVER_NAME"] = name
+        env["SERVER_PORT"] = port.nil? || port.empty? ? "80" : port
+      end
+    end
+  end
+end

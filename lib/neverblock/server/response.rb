@@ -1,0 +1,223 @@
+# frozen_string_literal: true
+
+require "time"
+require_relative "stream"
+
+module NeverBlock
+  class Server
+    # Writes responses to one client socket: the status line and headers,
+    # the body framed by Content-Length or chunked encoding, interim
+    # `100 Continue`s and the server's own error responses.
+    #
+    # Writes never wait longer than `write_timeout` for a client that stopped
+    # reading; a client that went away raises {ClientGone}, which the
+    # connection treats as a normal end, without logging.
+    class Response
+      # Reason phrases for the status line (any phrase is valid HTTP; these read well).
+      REASONS = {
+        100 => "Continue", 101 => "Switching Protocols", 103 => "Early Hints",
+        200 => "OK", 201 => "Created", 202 => "Accepted", 204 => "No Content", 206 => "Partial Content",
+        301 => "Moved Permanently", 302 => "Found", 303 => "See Other", 304 => "Not Modified",
+        307 => "Temporary Redirect", 308 => "Permanent Redirect",
+        400 => "Bad Request", 401 => "Unauthorized", 403 => "Forbidden", 404 => "Not Found",
+        405 => "Method Not Allowed", 408 => "Request Timeout", 409 => "Conflict", 410 => "Gone",
+        411 => "Length Required", 412 => "Precondition Failed", 413 => "Content Too Large",
+        414 => "URI Too Long", 415 => "Unsupported Media Type", 417 => "Expectation Failed",
+        422 => "Unprocessable Content", 429 => "Too Many Requests", 431 => "Request Header Fields Too Large",
+        500 => "Internal Server Error", 501 => "Not Implemented", 502 => "Bad Gateway",
+        503 => "Service Unavailable", 504 => "Gateway Timeout", 505 => "HTTP Version Not Supported"
+      }.freeze
+
+      STATUS_LINES = Hash.new { |hash, status| hash[status] = "HTTP/1.1 #{status} #{REASONS.fetch(status, 'Status')}\r\n".b.freeze }
+      private_constant :STATUS_LINES
+
+      # Socket errors that mean the client is gone.
+      GONE = [Errno::EPIPE, Errno::ECONNRESET, Errno::ENOTCONN, Errno::ETIMEDOUT, Errno::ECONNABORTED,
+              IOError].freeze
+
+      # Bodies up to this size are sent in the same write as the headers.
+      COALESCE = 64 * 1024
+
+      # The client went away (or stopped reading) during a write.
+      class ClientGone < Error
+      end
+
+      @date = nil
+      @date_second = nil
+
+      class << self
+        # @return [String] the Date header line for the current second.
+        def date_line
+          second = Process.clock_gettime(Process::CLOCK_REALTIME, :second)
+          return @date if second == @date_second
+
+          @date_second = second
+          @date = "date: #{Time.at(second).httpdate}\r\n".freeze
+        end
+      end
+
+      # @return [Boolean] true once bytes of the current response were sent
+      #   (an error can then no longer become a clean 500).
+      attr_reader :started
+
+      # @param socket [IO]
+      # @param write_timeout [Numeric] seconds
+      def initialize(socket, write_timeout)
+        @socket = socket
+        @write_timeout = write_timeout
+        @started = false
+      end
+
+      # Sends `HTTP/1.1 100 Continue`.
+      # @return [void]
+      def write_continue
+        write_all("HTTP/1.1 100 Continue\r\n\r\n")
+      end
+
+      # Sends one of the server's own responses (an error) and asks for the
+      # connection to be closed.
+      # @return [void]
+      def write_error(status, keep_alive: false)
+        text = "#{REASONS.fetch(status, 'Error')}\n"
+        write_all("#{STATUS_LINES[status]}content-type: text/plain\r\ncontent-length: #{text.bytesize}\r\n" \
+                  "#{self.class.date_line}#{keep_alive ? '' : "connection: close\r\n"}\r\n#{text}")
+      end
+
+      # Sends an app's response and closes its body.
+      #
+      # @param request [Request]
+      # @param keep_alive [Boolean] whether the connection may stay open as far
+      #   as the request and the server are concerned.
+      # @return [Boolean] whether it may stay open after this response (the
+      #   app did not ask to close, and the body's end was framed).
+      # @raise [ClientGone]
+      def write(request, status, headers, body, keep_alive)
+        @started = false
+        status = status.to_i
+        no_body = request.head || status < 200 || status == 204 || status == 304
+        head = +""
+        head << STATUS_LINES[status]
+        length = nil
+        framed_by_app = false
+        headers.each do |key, value|
+          case key
+          when "content-length" then length = value
+          when "transfer-encoding" then framed_by_app = true
+          when "connection"
+            keep_alive = false if value.to_s.downcase.include?("close")
+            next
+          end
+          add_header(head, key, value)
+        end
+        head << self.class.date_line unless headers.key?("date")
+
+        if no_body
+          head << connection_header(keep_alive, request)
+          write_all(head << "\r\n")
+          return keep_alive
+        end
+
+        if length || framed_by_app
+          chunked = false
+        elsif body.respond_to?(:to_ary)
+          parts = body.to_ary
+          length = parts.sum(&:bytesize)
+          head << "content-length: " << length.to_s << "\r\n"
+        elsif request.http10
+          keep_alive = false # the body ends when the connection closes
+          chunked = false
+        else
+          chunked = true
+          head << "transfer-encoding: chunked\r\n"
+        end
+        head << connection_header(keep_alive, request) << "\r\n"
+
+        if parts
+          write_parts(head, parts)
+        elsif body.respond_to?(:each)
+          write_each(head, body, chunked)
+        else
+          write_stream(head, body, chunked, request)
+        end
+        keep_alive
+      end
+
+      # @api private
+      # Writes every byte, waiting at most `write_timeout` for the client.
+      # @raise [ClientGone]
+      def write_all(data)
+        @started = true
+        socket = @socket
+        loop do
+          written = socket.write_nonblock(data, exception: false)
+          if written == :wait_writable
+            raise ClientGone, "write timed out" unless socket.wait_writable(@write_timeout)
+          elsif written == data.bytesize
+            return
+          else
+            data = data.byteslice(written, data.bytesize - written)
+          end
+        end
+      rescue *GONE => e
+        raise ClientGone, e.message
+      end
+
+      private
+
+      def connection_header(keep_alive, request)
+        if !keep_alive
+          "connection: close\r\n"
+        elsif request.http10
+          "connection: keep-alive\r\n"
+        else
+          ""
+        end
+      end
+
+      # Values are Strings or Arrays of Strings (Rack 3); a newline inside a
+      # value would split the response, so it starts a new header line instead.
+      def add_header(head, key, value)
+        if value.is_a?(Array)
+          value.each { |item| add_header(head, key, item) }
+        elsif (value = value.to_s).match?(/[\r\n]/)
+          value.split(/[\r\n]+/).each { |line| head << key << ": " << line << "\r\n" }
+        else
+          head << key << ": " << value << "\r\n"
+        end
+      end
+
+      def write_parts(head, parts)
+        if parts.sum(&:bytesize) <= COALESCE
+          parts.each { |part| head << part }
+          write_all(head)
+        else
+          write_all(head)
+          parts.each { |part| write_all(part) unless part.empty? }
+        end
+      end
+
+      def write_each(head, body, chunked)
+        pending = head
+        body.each do |chunk|
+          next if chunk.empty?
+
+          if chunked
+            pending << chunk.bytesize.to_s(16) << "\r\n" << chunk << "\r\n"
+          else
+            pending << chunk
+          end
+          write_all(pending)
+          pending = +""
+        end
+        pending << "0\r\n\r\n" if chunked
+        write_all(pending)
+      end
+
+      def write_stream(head, body, chunked, request)
+        stream = Stream.new(self, head, chunked, request.env["rack.input"])
+        body.call(stream)
+        stream.wait_closed
+      end
+    end
+  end
+end

@@ -1,0 +1,98 @@
+# frozen_string_literal: true
+
+module NeverBlock
+  class Server
+    # The stream handed to a streaming body's `call(stream)` (Rack 3). Writes
+    # go to the client (chunked when the response has no Content-Length);
+    # reads come from the request body. The response ends when the body
+    # closes the stream, which it may do from another fiber after `call`
+    # returned.
+    class Stream
+      # @api private
+      def initialize(response, head, chunked, input)
+        @response = response
+        @head = head
+        @chunked = chunked
+        @input = input
+        @closed = false
+        @done = Thread::Queue.new
+      end
+
+      # @return [String, nil] from the request body.
+      def read(length = nil, buffer = nil)
+        @input.read(length, buffer)
+      end
+
+      # Sends `data` to the client now.
+      # @return [Integer] bytes accepted.
+      # @raise [IOError] after {#close}; [Response::ClientGone] when the client left.
+      def write(data)
+        raise IOError, "stream closed" if @closed
+
+        data = data.to_s
+        return 0 if data.empty?
+
+        out = @head ? (+"") << @head : +""
+        @head = nil
+        if @chunked
+          out << data.bytesize.to_s(16) << "\r\n" << data << "\r\n"
+        else
+          out << data
+        end
+        @response.write_all(out)
+        data.bytesize
+      end
+
+      # @return [self]
+      def <<(data)
+        write(data)
+        self
+      end
+
+      # Writes are not buffered: nothing to do.
+      # @return [self]
+      def flush
+        self
+      end
+
+      # No more request body for the app.
+      # @return [void]
+      def close_read
+        nil
+      end
+
+      # Ends the response.
+      # @return [void]
+      def close_write
+        close
+      end
+
+      # Ends the response: the last chunk goes out, and the connection moves
+      # on to the next request.
+      # @return [void]
+      def close
+        return if @closed
+
+        @closed = true
+        tail = @head ? @head.dup : +""
+        @head = nil
+        tail << "0\r\n\r\n" if @chunked
+        @response.write_all(tail) unless tail.empty?
+      ensure
+        @done.push(true) if @done.empty?
+      end
+
+      # @return [Boolean]
+      def closed?
+        @closed
+      end
+
+      # @api private
+      # Waits (this fiber only) until the body has closed the stream.
+      # @return [void]
+      def wait_closed
+        @done.pop
+      end
+    end
+  end
+end

@@ -1,0 +1,235 @@
+# frozen_string_literal: true
+
+require_relative "server_helper"
+
+# Requests the server refuses: each gets its status and a closed connection,
+# and the app never sees it.
+class ServerLimitsTest < PlainTest
+  include ServerHelper
+
+  def setup
+    @calls = Queue.new
+    calls = @calls
+    @app = lambda do |env|
+      calls << env["PATH_INFO"]
+      body = env["rack.input"].read
+      [200, { "content-type" => "text/plain", "content-length" => body.bytesize.to_s }, [body]]
+    end
+  end
+
+  # Sends `raw`, expects `status` and the connection closed, and the app not called.
+  def assert_refused(status, raw, app_calls: 0)
+    response = exchange(raw)
+    assert_match(%r{\AHTTP/1\.1 #{status} }, response[-(response.size - response.rindex("HTTP/1.1"))..] || "")
+    assert_includes response, "connection: close\r\n"
+    assert_equal app_calls, @calls.size
+    response
+  end
+
+  def test_request_target_over_the_limit_is_414
+    start_server(@app)
+    assert_refused 414, "GET /#{'a' * 9000} HTTP/1.1\r\nHost: a\r\n\r\n"
+  end
+
+  def test_request_target_limit_is_configurable
+    start_server(@app, max_request_target: 100)
+    assert_refused 414, "GET /#{'a' * 101} HTTP/1.1\r\nHost: a\r\n\r\n"
+  end
+
+  def test_header_block_over_64_kib_is_431
+    start_server(@app)
+    headers = 40.times.map { |i| "X-Big-#{i}: #{'v' * 2000}\r\n" }.join
+    assert_refused 431, "GET / HTTP/1.1\r\nHost: a\r\n#{headers}\r\n"
+  end
+
+  def test_more_than_100_headers_is_431
+    start_server(@app)
+    headers = 101.times.map { |i| "X-H#{i}: v\r\n" }.join
+    assert_refused 431, "GET / HTTP/1.1\r\n#{headers}Host: a\r\n\r\n"
+  end
+
+  def test_100_headers_are_fine
+    start_server(@app)
+    headers = 98.times.map { |i| "X-H#{i}: v\r\n" }.join # + Host + Connection = 100
+    response = exchange("GET / HTTP/1.1\r\nHost: a\r\n#{headers}Connection: close\r\n\r\n")
+    assert_match(/\AHTTP\/1\.1 200 /, response)
+  end
+
+  def test_content_length_over_the_body_limit_is_413_without_reading_it
+    start_server(@app, max_body: 1000)
+    assert_refused 413, "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 1001\r\n\r\n"
+  end
+
+  def test_content_length_over_the_limit_with_expect_gets_413_not_100
+    start_server(@app, max_body: 1000)
+    response = assert_refused 413, "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5000\r\nExpect: 100-continue\r\n\r\n"
+    refute_includes response, "100 Continue"
+  end
+
+  def test_chunked_body_over_the_limit_is_413
+    start_server(@app, max_body: 1000)
+    chunk = "#{'x' * 600}"
+    assert_refused 413, "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n" \
+                        "258\r\n#{chunk}\r\n258\r\n#{chunk}\r\n0\r\n\r\n"
+  end
+
+  def test_default_body_limit_is_10_mib
+    assert_equal 10 * 1024 * 1024, NeverBlock::Server::Limits.build({}).max_body
+  end
+
+  def test_slow_headers_are_408
+    start_server(@app, header_timeout: 0.3)
+    socket = connect
+    socket.write("GET / HTTP/1.1\r\nHost: a\r\n")
+    response = read_all(socket)
+    assert_match(/\AHTTP\/1\.1 408 /, response)
+    assert_equal 0, @calls.size
+  end
+
+  def test_slow_body_is_408
+    start_server(@app, body_timeout: 0.3)
+    socket = connect
+    socket.write("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\nabc")
+    response = read_all(socket)
+    assert_match(/\AHTTP\/1\.1 408 /, response)
+    assert_equal 0, @calls.size
+  end
+
+  def test_idle_keep_alive_connection_is_closed_without_a_response
+    start_server(@app, idle_timeout: 0.3)
+    socket = connect
+    socket.write(get)
+    assert_equal 200, read_response(socket)[0]
+    assert_equal "", read_all(socket)
+  end
+
+  def test_a_connection_that_never_sends_is_closed_after_the_idle_timeout
+    start_server(@app, idle_timeout: 0.3)
+    assert_equal "", read_all(connect)
+  end
+
+  # --- Request smuggling shapes: 400 and close --------------------------------
+
+  def test_content_length_with_transfer_encoding_is_400
+    start_server(@app)
+    assert_refused 400, "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n" \
+                        "0\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: a\r\n\r\n"
+  end
+
+  def test_transfer_encoding_with_content_length_is_400
+    start_server(@app)
+    assert_refused 400, "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n"
+  end
+
+  def test_duplicate_content_length_is_400
+    start_server(@app)
+    assert_refused 400, "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\nhello"
+  end
+
+  def test_differing_content_lengths_are_400
+    start_server(@app)
+    assert_refused 400, "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello!"
+  end
+
+  def test_invalid_content_length_is_400
+    start_server(@app)
+    ["abc", "-1", "+5", "1 2", "5, 5"].each do |value|
+      assert_refused 400, "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: #{value}\r\n\r\nhello"
+    end
+  end
+
+  def test_invalid_chunk_size_is_400
+    start_server(@app)
+    assert_refused 400, "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n"
+  end
+
+  def test_transfer_encoding_not_ending_in_chunked_is_400
+    start_server(@app)
+    assert_refused 400, "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked, gzip\r\n\r\n0\r\n\r\n"
+  end
+
+  def test_bare_lf_inside_a_header_value_is_400
+    start_server(@app)
+    assert_refused 400, "GET / HTTP/1.1\r\nHost: a\r\nX-A: b\nX-B: c\r\n\r\n"
+  end
+
+  def test_bare_cr_inside_a_header_value_is_400
+    start_server(@app)
+    assert_refused 400, "GET / HTTP/1.1\r\nHost: a\r\nX-A: b\rX-B: c\r\n\r\n"
+  end
+
+  def test_bare_lf_line_endings_in_headers_are_400
+    start_server(@app)
+    assert_refused 400, "GET / HTTP/1.1\r\nHost: a\nX-A: b\n\n"
+  end
+
+  def test_nul_in_the_target_is_400
+    start_server(@app)
+    assert_refused 400, "GET /a\0b HTTP/1.1\r\nHost: a\r\n\r\n"
+  end
+
+  def test_space_before_the_colon_is_400
+    start_server(@app)
+    assert_refused 400, "GET / HTTP/1.1\r\nHost : a\r\n\r\n"
+    assert_refused 400, "POST / HTTP/1.1\r\nHost: a\r\nContent-Length : 5\r\n\r\nhello"
+  end
+
+  def test_http_11_without_host_is_400
+    start_server(@app)
+    assert_refused 400, "GET / HTTP/1.1\r\n\r\n"
+  end
+
+  def test_invalid_host_is_400
+    start_server(@app)
+    assert_refused 400, "GET / HTTP/1.1\r\nHost: a b\r\n\r\n"
+  end
+
+  def test_unknown_method_is_400
+    start_server(@app)
+    assert_refused 400, "FOO / HTTP/1.1\r\nHost: a\r\n\r\n"
+  end
+
+  def test_http_2_request_line_is_505
+    start_server(@app)
+    assert_refused 505, "GET / HTTP/2.0\r\nHost: a\r\n\r\n"
+  end
+
+  def test_garbage_after_a_valid_request_answers_the_valid_one_then_400
+    start_server(@app)
+    response = exchange("GET /ok HTTP/1.1\r\nHost: a\r\n\r\nthis is not http\r\n\r\n")
+    assert_match(%r{\AHTTP/1\.1 200 .*HTTP/1\.1 400 }m, response)
+    assert_equal ["/ok"], [@calls.pop]
+  end
+
+  def test_header_names_with_underscores_are_dropped
+    app = ->(env) { [200, { "content-length" => "0", "x-seen" => env.key?("HTTP_X_A").to_s }, []] }
+    start_server(app)
+    response = exchange("GET / HTTP/1.1\r\nHost: a\r\nX_A: spoof\r\nConnection: close\r\n\r\n")
+    assert_includes response, "x-seen: false"
+    assert_includes response, "connection: close" # the next header was read intact
+  end
+
+  def test_unknown_options_are_refused
+    error = assert_raises(ArgumentError) { NeverBlock::Server.new(@app, max_bdy: 1) }
+    assert_match(/max_bdy/, error.message)
+  end
+
+  def test_llhttp_missing_says_to_add_the_gem
+    out, _err, status = run_ruby(<<~RUBY)
+      module Kernel
+        alias_method :original_require, :require
+        def require(name)
+          raise LoadError, "cannot load such file -- llhttp" if name == "llhttp"
+          original_require(name)
+        end
+      end
+      begin
+        require "neverblock/server"
+      rescue LoadError => e
+        puts e.message
+      end
+    RUBY
+    assert status.success?
+    assert_match(/add `gem "llhttp"/, out)
+  end
+end

@@ -1,0 +1,102 @@
+# frozen_string_literal: true
+
+require_relative "../../test_helper"
+require "neverblock/server"
+require "rack/lint"
+require "net/http"
+
+# Starts a NeverBlock::Server on 127.0.0.1 (port 0) in its own thread and
+# talks to it with raw sockets. Test apps are wrapped in Rack::Lint.
+module ServerHelper
+  HELLO = ->(_env) { [200, { "content-type" => "text/plain", "content-length" => "6" }, ["hello\n"]] }
+
+  def start_server(app = HELLO, lint: true, **options)
+    app = Rack::Lint.new(app) if lint
+    @server = NeverBlock::Server.new(app, bind: ["tcp://127.0.0.1:0"], **options)
+    @port = Integer(@server.bound_addresses.first[/\d+\z/])
+    @server_thread = Thread.new { @server.run }
+    @server
+  end
+
+  def teardown
+    if @server
+      @server.stop
+      assert @server_thread.join(20), "server did not stop"
+    end
+    @sockets&.each { |socket| socket.close unless socket.closed? }
+    super
+  end
+
+  def connect
+    socket = TCPSocket.new("127.0.0.1", @port)
+    (@sockets ||= []) << socket
+    socket
+  end
+
+  # Sends raw bytes on a new connection and reads until the server closes it.
+  def exchange(raw, timeout: 10)
+    socket = connect
+    socket.write(raw)
+    read_all(socket, timeout: timeout)
+  ensure
+    socket&.close
+  end
+
+  def read_all(socket, timeout: 10)
+    data = +""
+    loop do
+      raise "no EOF within #{timeout} s; got #{data.inspect}" unless socket.wait_readable(timeout)
+
+      data << socket.readpartial(65_536)
+    end
+  rescue EOFError, Errno::ECONNRESET
+    data
+  end
+
+  # Reads one response: [status, headers (lowercase keys), body (de-chunked)].
+  def read_response(socket, head: false, timeout: 10)
+    Timeout.timeout(timeout) do
+      status_line = socket.gets("\r\n")
+      raise "connection closed before a response" unless status_line
+
+      status = Integer(status_line[/\AHTTP\/1\.1 (\d{3}) /, 1])
+      headers = {}
+      while (line = socket.gets("\r\n")) != "\r\n"
+        key, value = line.chomp("\r\n").split(": ", 2)
+        headers[key.downcase] = headers.key?(key.downcase) ? "#{headers[key.downcase]}\n#{value}" : value
+      end
+      body = +""
+      if head || status == 204 || status == 304 || status < 200
+        # no body
+      elsif headers["transfer-encoding"] == "chunked"
+        while (size = Integer(socket.gets("\r\n").chomp("\r\n"), 16)).positive?
+          body << socket.read(size)
+          socket.read(2)
+        end
+        socket.read(2)
+      elsif headers["content-length"]
+        body = socket.read(Integer(headers["content-length"]))
+      else
+        body = socket.read
+      end
+      [status, headers, body]
+    end
+  end
+
+  def get(path = "/", extra = "")
+    "GET #{path} HTTP/1.1\r\nHost: localhost\r\n#{extra}\r\n"
+  end
+
+  def fd_count
+    Dir.children("/proc/self/fd").size
+  end
+
+  # Waits until the block is true (polling, since the server runs in another thread).
+  def eventually(timeout: 10)
+    deadline = now + timeout
+    until yield
+      flunk "condition not met within #{timeout} s" if now > deadline
+      sleep 0.01
+    end
+  end
+end
