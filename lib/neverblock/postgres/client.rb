@@ -253,7 +253,7 @@ module NeverBlock
       # Lanes of one thread, how many of its fibers are opening one (they
       # may wait for the pool, and must not make the lanes close), and the
       # fibers waiting for those.
-      LaneState = Struct.new(:pid, :lanes, :opening, :waiting)
+      LaneState = Struct.new(:epoch, :lanes, :opening, :waiting)
       private_constant :LaneState
 
       def open_lane(state)
@@ -276,12 +276,13 @@ module NeverBlock
         state.waiting.delete(queue)
       end
 
-      # This thread's lanes (reset in a forked child).
+      # This thread's lanes (reset in a forked child, where the pool's epoch
+      # moves on; cheaper than asking for the pid on every statement).
       def lanes_state
         state = Thread.current.thread_variable_get(@lanes_key)
-        return state if state&.pid == Process.pid
+        return state if state&.epoch == @pool.epoch
 
-        Thread.current.thread_variable_set(@lanes_key, LaneState.new(Process.pid, [], 0, []))
+        Thread.current.thread_variable_set(@lanes_key, LaneState.new(@pool.epoch, [], 0, []))
       end
 
       def idle?(conn)
