@@ -89,11 +89,18 @@ module NeverBlock
           conn.query("SET TRANSACTION ISOLATION LEVEL #{isolation_level(isolation)}") if isolation
           conn.query(read_only ? "START TRANSACTION READ ONLY" : "START TRANSACTION")
           conn.transaction = true
-          value = yield(conn.raw)
-          # On an exception #lend rolls back (killing a statement in flight).
-          conn.query("COMMIT")
-          conn.transaction = false
-          value
+          begin
+            value = yield(conn.raw)
+            conn.query("COMMIT")
+            value
+          rescue Exception => e # rubocop:disable Lint/RescueException -- re-raised
+            # Roll back here (killing a statement in flight), not only when
+            # the connection goes back: an outer #with may lend it on.
+            roll_back_quietly(conn, e)
+            raise
+          ensure
+            conn.transaction = false
+          end
         end
       end
 
@@ -141,11 +148,12 @@ module NeverBlock
       # pool, which gets it back restored (or discards it) afterwards.
       def lend
         held = Thread.current[@held_key]
-        return yield(held) if held
+        # A forked child must not use the parent's session.
+        return yield(held[1]) if held && held[0] == @pool.epoch
 
         Thread.handle_interrupt(DEFER) do
           conn = @pool.checkout
-          Thread.current[@held_key] = conn
+          Thread.current[@held_key] = [@pool.epoch, conn]
           error = nil
           begin
             Thread.handle_interrupt(ALLOW) { yield(conn) }
@@ -163,8 +171,18 @@ module NeverBlock
         clean = false
         clean = Recovery.restore(conn, error, @kill)
       ensure
+        conn.transaction = false
         conn.returned!
         clean ? @pool.checkin(conn) : @pool.discard(conn)
+      end
+
+      # Rolls back after the block of #transaction raised; a second
+      # interrupt meanwhile must not replace the error being raised. A
+      # connection that could not be restored is left for #lend to discard.
+      def roll_back_quietly(conn, error)
+        Recovery.restore(conn, error, @kill)
+      rescue StandardError
+        nil
       end
 
       def isolation_level(isolation)

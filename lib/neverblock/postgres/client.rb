@@ -108,8 +108,12 @@ module NeverBlock
             end
             conn.exec("COMMIT")
             value
+          rescue Exception # rubocop:disable Lint/RescueException -- re-raised
+            # Roll back here, not only when the connection goes back: an
+            # outer #with may lend it on. (If this fails, #with closes it.)
+            roll_back_quietly(conn)
+            raise
           ensure
-            # On an exception #with rolls back (cancelling a query in flight).
             Thread.current[@transaction_key] = nil
           end
         end
@@ -287,6 +291,14 @@ module NeverBlock
 
       def idle?(conn)
         !conn.finished? && conn.status == PG::CONNECTION_OK && conn.transaction_status == PG::PQTRANS_IDLE
+      end
+
+      # Cancels a query in flight and rolls back; a second interrupt meanwhile
+      # must not replace the error being raised.
+      def roll_back_quietly(conn)
+        Recovery.restore(conn)
+      rescue StandardError
+        nil
       end
 
       def restored?(conn)

@@ -10,8 +10,9 @@ module NeverBlock
     # its connection; when the last result is handed out it leaves pipeline
     # mode and returns the connection to the pool.
     #
-    # Sending never yields between a statement and its sync point (libpq only
-    # buffers them), so statements from different fibers never interleave.
+    # Statements from different fibers never interleave: with libpq >= 17
+    # sending only buffers a statement and its sync point (nothing yields in
+    # between); with older libpq a lock covers the pair.
     # The first sender of a burst lets the other ready fibers queue theirs
     # (sleep 0) and then flushes them all in one write. A lane is used by one
     # thread only.
@@ -102,16 +103,34 @@ module NeverBlock
 
       private
 
-      # Queues the statement and its sync point in libpq's buffer (no IO).
+      # Queues the statement and its sync point in libpq's buffer (no IO
+      # when BATCHED; otherwise pg flushes each and may wait, so a lock keeps
+      # other fibers' statements from slipping in between).
       def enqueue(request)
+        if BATCHED
+          send_statement(request)
+        else
+          (@send_lock ||= Thread::Mutex.new).synchronize { send_statement(request) }
+        end
+        start_reader unless @reading
+      rescue PG::Error, IOError, SystemCallError => e
+        fail(e)
+        raise
+      end
+
+      def send_statement(request)
         @conn.send_query_params(request.sql, request.params, request.result_format)
         QUEUED_SYNC ? @conn.send_pipeline_sync : @conn.sync_pipeline_sync
         @pending << request
-        return if @reading
+      end
 
+      # A lane whose reader cannot start (no fiber to be had) fails at once,
+      # rather than leaving its statements waiting for no one.
+      def start_reader
         @reading = true
         Fiber.schedule { read }
-      rescue PG::Error, IOError, SystemCallError => e
+      rescue Exception => e # rubocop:disable Lint/RescueException -- re-raised
+        @reading = false
         fail(e)
         raise
       end
@@ -150,12 +169,18 @@ module NeverBlock
       # those sent by then: up to the fence, a "query canceled" error is
       # ours, and a statement that got it without being abandoned is sent
       # again (it had no effect: each statement is its own transaction).
+      #
+      # While the cancel request is on its way (pg sends it without blocking
+      # the loop), any "query canceled" the reader sees is ours too, and the
+      # connection is not given back: the cancel must not reach its next
+      # owner.
       def cancel_running
-        fence = @pending.last
-        @conn.cancel
-        @cancel_fence = fence
-      rescue PG::Error, IOError, SystemCallError
-        nil # the statement runs to its end; its result is dropped anyway
+        @cancelling = true
+        @conn.cancel # returns an error message rather than raising
+        @cancel_fence = @pending.last
+      ensure
+        @cancelling = false
+        release if !@open && !@reading
       end
 
       # The reader fiber: results in order until nothing is in flight.
@@ -166,7 +191,7 @@ module NeverBlock
           cancel_running if request.abandoned && !@cancel_fence
           outcome = read_one
           @pending.shift
-          ours = @cancel_fence && outcome.is_a?(PG::QueryCanceled)
+          ours = (@cancelling || @cancel_fence) && outcome.is_a?(PG::QueryCanceled)
           @cancel_fence = nil if ours || @cancel_fence.equal?(request)
           if ours && !request.abandoned
             enqueue(request)
@@ -212,7 +237,7 @@ module NeverBlock
       end
 
       def release
-        return if @released || @reading
+        return if @released || @reading || @cancelling
 
         @released = true
         @conn.send(:flush_data=, true) if BATCHED

@@ -54,6 +54,21 @@ class PostgresClientTest < NeverBlockTest
     assert_equal [1], rows_seen_by_another_session(table)
   end
 
+  def test_a_transaction_that_raises_inside_with_is_rolled_back_at_once
+    db = client
+    table = create_table(db)
+    db.with do
+      assert_raises(KeyError) do
+        db.transaction do |conn|
+          conn.exec("INSERT INTO #{table} VALUES (1)")
+          raise KeyError
+        end
+      end
+      db.transaction { |conn| conn.exec("INSERT INTO #{table} VALUES (2)") }
+    end
+    assert_equal [2], rows_seen_by_another_session(table).map(&:to_i)
+  end
+
   def test_transaction_rolls_back_and_reraises_when_the_block_raises
     db = client
     table = create_table(db)
