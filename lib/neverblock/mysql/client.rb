@@ -42,8 +42,10 @@ module NeverBlock
         @connection_class = connection_class
         @connector = connector
         kill_config = Recovery.kill_config(config)
-        broken_on = ConnectionPool::BROKEN_ON + connection_class.errors
-        @pool = ConnectionPool.new(size: size, timeout: timeout, broken_on: broken_on, close: CLOSE,
+        # The client checks connections in or discards them itself; for
+        # `pool.with` the pool's defaults apply (an SQL error must not make
+        # it discard a connection), and the health check catches the rest.
+        @pool = ConnectionPool.new(size: size, timeout: timeout, close: CLOSE,
                                    healthy: HEALTHY) { connector.call }
         @held_key = :"__neverblock_mysql_held_#{object_id}"
         @kill = ->(thread_id) { Recovery.kill_query(connection_class, kill_config, thread_id) }

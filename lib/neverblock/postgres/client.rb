@@ -13,7 +13,9 @@ module NeverBlock
     #
     # Every call takes a connection for its own duration only, except
     # {#transaction} and {#with}, which pin one connection to the calling
-    # fiber for the block (calls on the client inside the block use it too).
+    # fiber for the block (calls on the client inside the block use it too),
+    # and pipelined calls, whose connection stays with its lane while any
+    # statement is in flight on it.
     class Client
       # Errors that leave a connection unusable, beyond those the pool knows.
       BROKEN_ON = (ConnectionPool::BROKEN_ON + [PG::ConnectionBad, PG::UnableToSend]).freeze

@@ -19,10 +19,8 @@ module NeverBlock
       module_function
 
       # @param conn [PG::Connection]
-      # @param rollback [Boolean] roll back an open transaction (false when
-      #   the caller's own transaction block will).
       # @return [Boolean] true when `conn` is idle and usable again.
-      def restore(conn, rollback: true)
+      def restore(conn)
         return false if conn.finished? || conn.status != PG::CONNECTION_OK
 
         deadline = now + RECOVERY_TIMEOUT
@@ -34,7 +32,7 @@ module NeverBlock
         end
         case conn.transaction_status
         when PG::PQTRANS_IDLE then true
-        when PG::PQTRANS_INTRANS, PG::PQTRANS_INERROR then !rollback || roll_back(conn, deadline)
+        when PG::PQTRANS_INTRANS, PG::PQTRANS_INERROR then roll_back(conn, deadline)
         else false
         end
       rescue PG::Error, IOError, SystemCallError
