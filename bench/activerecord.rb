@@ -52,6 +52,7 @@ require_relative "support/csv_file"
 require_relative "support/isolated"
 require_relative "support/machine"
 require_relative "support/peers"
+require_relative "support/postgres_bench"
 require_relative "support/postgres_server"
 require_relative "support/samples"
 require_relative "support/spinner"
@@ -61,6 +62,8 @@ require_relative "support/table"
 module NeverBlockBench
   # Runs the ActiveRecord benchmark and reports it. See the file comment.
   class ActiveRecordBench
+    include PostgresBench
+
     DEFAULTS = {
       units: 1000,
       rows: 5000,
@@ -125,17 +128,8 @@ module NeverBlockBench
     #
     # @return [Boolean] true when every measurement succeeded
     def call
-      if (problem = PostgresServer.problem)
-        warn problem
-        return false
-      end
-      @selector = Peers.use_selector(@options[:selector])
-      @probe = Peers.probe
-      puts header
-      if @probe.is_a?(Isolated::Failure) || @probe.neverblock_selector != @selector
-        warn "NeverBlock does not run on the #{@selector} selector (see above); not measuring"
-        return false
-      end
+      return false unless ready_to_measure?
+
       create_table
       begin
         rows = []
@@ -161,12 +155,6 @@ module NeverBlockBench
         Each measurement runs in a forked process that refills #{TABLE} to #{@options[:rows]} rows, connects and warms up before timing.
         load average at start: #{Machine.load_average}
       TEXT
-    end
-
-    def versions_text
-      return "neverblock (version unknown, the probe failed)" if @probe.is_a?(Isolated::Failure)
-
-      "neverblock #{@probe.neverblock}, io-event #{@probe.io_event}"
     end
 
     # --- the table ----------------------------------------------------------------
@@ -473,7 +461,7 @@ module NeverBlockBench
       FileUtils.mkdir_p(@options[:out])
       csv = write_csv(rows)
       svg = write_svg(workloads, scaling, sleeps)
-      puts "\nwrote #{relative(csv)} and #{relative(svg)}"
+      puts "\nwrote #{CommandLine.relative(csv)} and #{CommandLine.relative(svg)}"
     end
 
     def report_workloads(rows)
@@ -589,10 +577,6 @@ module NeverBlockBench
                         series: sleeps.to_h { |row| [row[:variant].series, [median(row) || "failed"]] })
       end
       chart.write(File.join(@options[:out], "activerecord.svg"))
-    end
-
-    def relative(path)
-      path.delete_prefix("#{Dir.pwd}/")
     end
   end
 end

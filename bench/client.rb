@@ -232,7 +232,7 @@ module NeverBlockBench
       FileUtils.mkdir_p(@options[:out])
       csv = write_csv(results)
       svg = write_svg(results)
-      puts "\nwrote #{relative(csv)} and #{relative(svg)}"
+      puts "\nwrote #{CommandLine.relative(csv)} and #{CommandLine.relative(svg)}"
     end
 
     def rates_table(results)
@@ -323,10 +323,6 @@ module NeverBlockBench
       chart.add_panel(title: "requests/s (higher is better)", log: true,
                       categories: @options[:delays_ms].map { |ms| "#{ms} ms" }, series: series)
       chart.write(File.join(@options[:out], "client.svg"))
-    end
-
-    def relative(path)
-      path.delete_prefix("#{Dir.pwd}/")
     end
   end
 end

@@ -54,6 +54,7 @@ require_relative "support/isolated"
 require_relative "support/machine"
 require_relative "support/peers"
 require_relative "support/pgbench"
+require_relative "support/postgres_bench"
 require_relative "support/postgres_server"
 require_relative "support/samples"
 require_relative "support/spinner"
@@ -63,6 +64,8 @@ require_relative "support/table"
 module NeverBlockBench
   # Runs the PostgreSQL benchmark and reports it. See the file comment.
   class DbBench
+    include PostgresBench
+
     # One way of running the all-short queries. `measure` runs in a forked
     # child and returns seconds; `kind` is :ruby or :pgbench.
     Variant = Struct.new(:name, :label, :short_label, :kind, :measure, keyword_init: true)
@@ -120,17 +123,8 @@ module NeverBlockBench
     #
     # @return [Boolean] true when every measurement succeeded
     def call
-      if (problem = PostgresServer.problem)
-        warn problem
-        return false
-      end
-      @selector = Peers.use_selector(@options[:selector])
-      @probe = Peers.probe
-      puts header
-      if @probe.is_a?(Isolated::Failure) || @probe.neverblock_selector != @selector
-        warn "NeverBlock does not run on the #{@selector} selector (see above); not measuring"
-        return false
-      end
+      return false unless ready_to_measure?
+
       long_short = @parts.include?("longshort") ? measure_long_short : []
       short = @parts.include?("short") ? measure_short : []
       report(long_short, short)
@@ -153,12 +147,6 @@ module NeverBlockBench
         Each measurement runs in a forked process, connected and warmed up before timing; medians of several runs.
         load average at start: #{Machine.load_average}
       TEXT
-    end
-
-    def versions_text
-      return "neverblock (version unknown, the probe failed)" if @probe.is_a?(Isolated::Failure)
-
-      "neverblock #{@probe.neverblock}, io-event #{@probe.io_event}"
     end
 
     # --- part 1: long and short queries -----------------------------------
@@ -445,7 +433,7 @@ module NeverBlockBench
       FileUtils.mkdir_p(@options[:out])
       csv = write_csv(long_short, short)
       svg = write_svg(long_short, short)
-      puts "\nwrote #{relative(csv)} and #{relative(svg)}"
+      puts "\nwrote #{CommandLine.relative(csv)} and #{CommandLine.relative(svg)}"
     end
 
     def report_long_short(rows)
@@ -602,10 +590,6 @@ module NeverBlockBench
                         series: { "client CPU us/query" => rows.map { |row| cpu_per_query(row) || "failed" } })
       end
       chart.write(File.join(@options[:out], "db.svg"))
-    end
-
-    def relative(path)
-      path.delete_prefix("#{Dir.pwd}/")
     end
   end
 end

@@ -378,7 +378,7 @@ module NeverBlockBench
       FileUtils.mkdir_p(@options[:out])
       csv = write_csv(concurrency, micro)
       svg = write_svg(concurrency, micro)
-      puts "\nwrote #{relative(csv)} and #{relative(svg)}"
+      puts "\nwrote #{CommandLine.relative(csv)} and #{CommandLine.relative(svg)}"
     end
 
     def concurrency_table(rows)
@@ -481,10 +481,6 @@ module NeverBlockBench
           yield(rows.find { |row| row[:variant].equal?(variant) && row[:count] == count })
         end]
       end
-    end
-
-    def relative(path)
-      path.delete_prefix("#{Dir.pwd}/")
     end
   end
 end

@@ -59,3 +59,7 @@ end
 
 # NeverBlockTest::Databases: how to reach the PostgreSQL and MariaDB that bin/test starts.
 require_relative "support/databases"
+# NeverBlockTest::PostgresHelpers and ::MySQLHelpers: helpers shared by the database tests.
+require_relative "support/pool_tracking"
+require_relative "support/postgres"
+require_relative "support/mysql"

@@ -31,5 +31,10 @@ module NeverBlockBench
     rescue OptionParser::ParseError, ArgumentError => e
       abort "#{e.message}\n#{parser}"
     end
+
+    # `path` relative to the current directory, for messages.
+    def relative(path)
+      path.delete_prefix("#{Dir.pwd}/")
+    end
   end
 end

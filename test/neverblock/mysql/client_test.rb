@@ -11,17 +11,7 @@ require "neverblock/mysql"
 # raw connection, pool exhaustion. Every test runs once per driver (the
 # classes at the end of the file).
 module MySQLClientTests
-  include NeverBlockTest::Databases
-
-  def setup
-    @clients = []
-    @tables = []
-  end
-
-  def teardown
-    with_admin { |admin| @tables.each { |table| admin.query("DROP TABLE IF EXISTS #{table}") } } if @tables.any?
-    @clients.each(&:close)
-  end
+  include NeverBlockTest::MySQLHelpers
 
   def test_query_returns_the_drivers_result
     db = client
@@ -259,48 +249,9 @@ module MySQLClientTests
     track(NeverBlock::MySQL.pool(driver: driver, **mysql_config, **options))
   end
 
-  def track(db)
-    db.tap { @clients << db }
-  end
-
-  def driver_error
-    driver == :trilogy ? Trilogy::Error : Mysql2::Error
-  end
-
   # The driver's option that lets one query hold several statements.
   def multi_statements
     driver == :trilogy ? { multi_statement: true } : { flags: Mysql2::Client::MULTI_STATEMENTS }
-  end
-
-  # Rows as arrays, whichever the driver.
-  def rows(result)
-    result.respond_to?(:rows) ? result.rows : result.map(&:values)
-  end
-
-  def connection_id(db)
-    rows(db.query("SELECT CONNECTION_ID()")).first.first
-  end
-
-  # A session of its own, to look at the server from outside the pool. Opened
-  # on the thread pool, as NeverBlock::MySQL opens its own: Trilogy.new on the
-  # loop can leave a stale epoll registration behind (see TrilogyConnection).
-  def with_admin
-    admin = NeverBlock.defer { Trilogy.new(mysql_config) }
-    yield admin
-  ensure
-    admin&.close
-  end
-
-  # An InnoDB table, dropped in teardown.
-  def create_table(db)
-    "nb_t_#{SecureRandom.hex(6)}".tap do |table|
-      db.query("CREATE TABLE #{table} (id integer PRIMARY KEY) ENGINE=InnoDB")
-      @tables << table
-    end
-  end
-
-  def rows_seen_by_another_session(table)
-    with_admin { |admin| admin.query("SELECT id FROM #{table} ORDER BY id").rows.map(&:first) }
   end
 end
 

@@ -10,7 +10,7 @@ require "neverblock/mysql"
 # connection is being opened (mysql2's blocking connect runs on the thread
 # pool). Every test runs once per driver.
 module MySQLConnectTests
-  include NeverBlockTest::Databases
+  include NeverBlockTest::MySQLHelpers
 
   def test_a_server_that_is_down_raises_connect_error_after_bounded_retries
     db = NeverBlock::MySQL.pool(driver: driver, **mysql_config, port: closed_port, connect_retries: 2,
@@ -85,10 +85,6 @@ module MySQLConnectTests
   end
 
   private
-
-  def driver_error
-    driver == :trilogy ? Trilogy::Error : Mysql2::Error
-  end
 
   # A TCP port on 127.0.0.1 where nothing listens.
   def closed_port

@@ -13,17 +13,7 @@ require "neverblock/mysql"
 # closes its socket when interrupted. A second session watches
 # information_schema.PROCESSLIST to see it from the server's side.
 module MySQLRecoveryTests
-  include NeverBlockTest::Databases
-
-  def setup
-    @clients = []
-    @tables = []
-  end
-
-  def teardown
-    with_admin { |admin| @tables.each { |table| admin.query("DROP TABLE IF EXISTS #{table}") } } if @tables.any?
-    @clients.each(&:close)
-  end
+  include NeverBlockTest::MySQLHelpers
 
   def test_a_neverblock_timeout_kills_the_query_on_the_server
     db = client
@@ -158,19 +148,7 @@ module MySQLRecoveryTests
   private
 
   def client(size: 1, **options)
-    NeverBlock::MySQL.pool(driver: driver, size: size, **mysql_config, **options).tap { |db| @clients << db }
-  end
-
-  def driver_error
-    driver == :trilogy ? Trilogy::Error : Mysql2::Error
-  end
-
-  def rows(result)
-    result.respond_to?(:rows) ? result.rows : result.map(&:values)
-  end
-
-  def connection_id(db)
-    rows(db.query("SELECT CONNECTION_ID()")).first.first
+    track(NeverBlock::MySQL.pool(driver: driver, size: size, **mysql_config, **options))
   end
 
   # mysql2 reads the interrupted reply and keeps the session; trilogy has
@@ -181,27 +159,6 @@ module MySQLRecoveryTests
       assert_equal id, connection_id(db), "the same connection came back to the pool, and works"
     else
       refute_equal id, connection_id(db), "a new connection replaced the interrupted one, and works"
-    end
-  end
-
-  # A session of its own, to look at the server from outside the pool. Opened
-  # on the thread pool, as NeverBlock::MySQL opens its own: Trilogy.new on the
-  # loop can leave a stale epoll registration behind (see TrilogyConnection).
-  def with_admin
-    admin = NeverBlock.defer { Trilogy.new(mysql_config) }
-    yield admin
-  ensure
-    admin&.close
-  end
-
-  def unique_name(prefix)
-    "nb_#{prefix}_#{SecureRandom.hex(6)}"
-  end
-
-  def create_table(db)
-    unique_name("t").tap do |table|
-      db.query("CREATE TABLE #{table} (id integer PRIMARY KEY) ENGINE=InnoDB")
-      @tables << table
     end
   end
 

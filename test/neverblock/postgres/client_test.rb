@@ -8,17 +8,7 @@ require "neverblock/postgres"
 # PostgreSQL that bin/test starts: queries, transactions, the raw
 # connection, SQL errors, concurrency, pool exhaustion, LISTEN/NOTIFY.
 class PostgresClientTest < NeverBlockTest
-  include NeverBlockTest::Databases
-
-  def setup
-    @clients = []
-    @tables = []
-  end
-
-  def teardown
-    with_admin { |admin| @tables.each { |table| admin.exec("DROP TABLE IF EXISTS #{table}") } } if @tables.any?
-    @clients.each(&:close)
-  end
+  include NeverBlockTest::PostgresHelpers
 
   def test_exec_returns_the_result_of_the_sql
     db = client
@@ -241,42 +231,6 @@ class PostgresClientTest < NeverBlockTest
   end
 
   private
-
-  def client(**options)
-    client_from(**pg_conninfo, **options)
-  end
-
-  def client_from(**options)
-    NeverBlock::Postgres.pool(**options).tap { |db| @clients << db }
-  end
-
-  # A plain connection of its own, to look at the server from outside the pool.
-  def with_admin
-    admin = PG.connect(**pg_conninfo)
-    yield admin
-  ensure
-    admin&.close
-  end
-
-  def backend_pid(db)
-    Integer(db.exec("SELECT pg_backend_pid()").getvalue(0, 0))
-  end
-
-  def unique_name(prefix)
-    "nb_#{prefix}_#{SecureRandom.hex(6)}"
-  end
-
-  # A real table (temporary ones belong to one pooled connection), dropped in teardown.
-  def create_table(db)
-    unique_name("t").tap do |table|
-      db.exec("CREATE TABLE #{table} (id integer PRIMARY KEY)")
-      @tables << table
-    end
-  end
-
-  def rows_seen_by_another_session(table)
-    with_admin { |admin| admin.exec("SELECT id FROM #{table} ORDER BY id").column_values(0).map(&:to_i) }
-  end
 
   def listening_pids(admin, channel)
     listen = "LISTEN #{PG::Connection.quote_ident(channel)}"

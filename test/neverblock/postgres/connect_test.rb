@@ -8,15 +8,7 @@ require "neverblock/postgres"
 # be reached, an immediate NeverBlock::ConnectError when retrying cannot
 # help, and new connections after the server restarts.
 class PostgresConnectTest < NeverBlockTest
-  include NeverBlockTest::Databases
-
-  def setup
-    @clients = []
-  end
-
-  def teardown
-    @clients.each(&:close)
-  end
+  include NeverBlockTest::PostgresHelpers
 
   def test_a_server_that_is_down_raises_connect_error_after_bounded_retries
     db = client(port: closed_port)
@@ -95,10 +87,6 @@ class PostgresConnectTest < NeverBlockTest
   end
 
   private
-
-  def client(**options)
-    NeverBlock::Postgres.pool(**pg_conninfo, **options).tap { |db| @clients << db }
-  end
 
   # Restarts PostgreSQL with pg_restart!, which stops it and relies on the
   # supervisor of bin/lib/databases.sh to start it again: a server that

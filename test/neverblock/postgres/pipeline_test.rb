@@ -8,15 +8,7 @@ require "neverblock/postgres"
 # share each connection (libpq pipeline mode), each fiber gets its own
 # result or error, and transactions still get a connection to themselves.
 class PostgresPipelineTest < NeverBlockTest
-  include NeverBlockTest::Databases
-
-  def setup
-    @clients = []
-  end
-
-  def teardown
-    @clients.each(&:close)
-  end
+  include NeverBlockTest::PostgresHelpers
 
   def test_two_hundred_concurrent_statements_share_two_connections_and_each_gets_its_own_result
     db = client(size: 2)
@@ -154,7 +146,7 @@ class PostgresPipelineTest < NeverBlockTest
   private
 
   def client(**options)
-    NeverBlock::Postgres.pool(pipeline: true, **pg_conninfo, **options).tap { |db| @clients << db }
+    client_from(pipeline: true, **pg_conninfo, **options)
   end
 
   # Opens `count` connections and leaves them idle in the pool.
@@ -181,13 +173,6 @@ class PostgresPipelineTest < NeverBlockTest
   ensure
     sampler.cancel
     sampler.wait
-  end
-
-  def with_admin
-    admin = PG.connect(**pg_conninfo)
-    yield admin
-  ensure
-    admin&.close
   end
 end
 

@@ -9,17 +9,7 @@ require "neverblock/postgres"
 # query stops on the server, and the pool goes on with a clean connection.
 # A second session watches pg_stat_activity to see it from the server's side.
 class PostgresRecoveryTest < NeverBlockTest
-  include NeverBlockTest::Databases
-
-  def setup
-    @clients = []
-    @tables = []
-  end
-
-  def teardown
-    with_admin { |admin| @tables.each { |table| admin.exec("DROP TABLE IF EXISTS #{table}") } } if @tables.any?
-    @clients.each(&:close)
-  end
+  include NeverBlockTest::PostgresHelpers
 
   def test_a_neverblock_timeout_cancels_the_query_on_the_server_and_the_connection_is_reused
     db = client
@@ -136,29 +126,7 @@ class PostgresRecoveryTest < NeverBlockTest
   private
 
   def client(size: 1, **options)
-    NeverBlock::Postgres.pool(size: size, **pg_conninfo, **options).tap { |db| @clients << db }
-  end
-
-  def with_admin
-    admin = PG.connect(**pg_conninfo)
-    yield admin
-  ensure
-    admin&.close
-  end
-
-  def backend_pid(db)
-    Integer(db.exec("SELECT pg_backend_pid()").getvalue(0, 0))
-  end
-
-  def unique_name(prefix)
-    "nb_#{prefix}_#{SecureRandom.hex(6)}"
-  end
-
-  def create_table(db)
-    unique_name("t").tap do |table|
-      db.exec("CREATE TABLE #{table} (id integer PRIMARY KEY)")
-      @tables << table
-    end
+    client_from(size: size, **pg_conninfo, **options)
   end
 
   # A query that would run for 30 s, findable in pg_stat_activity by `marker`.
