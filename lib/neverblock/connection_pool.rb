@@ -35,10 +35,12 @@ module NeverBlock
     # The errors that, raised inside {#with}, mark the connection broken.
     BROKEN_ON = [IOError, SystemCallError, Timeout::Error, Cancelled].freeze
 
-    # Masks for Thread.handle_interrupt: hold interrupts back / let them in.
+    # @api private
+    # Masks for Thread.handle_interrupt: hold interrupts back / let them in
+    # (also used by the database clients built on the pool).
     DEFER = { Exception => :never }.freeze
+    # @api private
     ALLOW = { Exception => :immediate }.freeze
-    private_constant :DEFER, :ALLOW
 
     # One fiber or thread waiting for a connection.
     Waiter = Struct.new(:condition, :handed)

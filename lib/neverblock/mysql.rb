@@ -97,6 +97,7 @@
 require_relative "../neverblock"
 require_relative "connection_pool"
 require_relative "connector"
+require_relative "isolation"
 require_relative "mysql/connection"
 require_relative "mysql/recovery"
 require_relative "mysql/client"

@@ -18,15 +18,9 @@ module NeverBlock
     class Client
       CLOSE = ->(conn) { conn.close }
       HEALTHY = ->(conn) { conn.healthy? }
-      DEFER = { Exception => :never }.freeze
-      ALLOW = { Exception => :immediate }.freeze
+      DEFER = ConnectionPool::DEFER
+      ALLOW = ConnectionPool::ALLOW
       private_constant :CLOSE, :HEALTHY, :DEFER, :ALLOW
-
-      ISOLATION = {
-        serializable: "SERIALIZABLE", repeatable_read: "REPEATABLE READ", read_committed: "READ COMMITTED",
-        read_uncommitted: "READ UNCOMMITTED"
-      }.freeze
-      private_constant :ISOLATION
 
       # @return [ConnectionPool] the pool of {Connection}s (each wraps a
       #   driver connection; {#with} lends the driver's).
@@ -88,7 +82,7 @@ module NeverBlock
         lend do |conn|
           next yield(conn.raw) if conn.transaction
 
-          conn.query("SET TRANSACTION ISOLATION LEVEL #{isolation_level(isolation)}") if isolation
+          conn.query("SET TRANSACTION ISOLATION LEVEL #{Isolation.sql(isolation)}") if isolation
           conn.query(read_only ? "START TRANSACTION READ ONLY" : "START TRANSACTION")
           conn.transaction = true
           begin
@@ -185,12 +179,6 @@ module NeverBlock
         Recovery.restore(conn, error, @kill)
       rescue StandardError
         nil
-      end
-
-      def isolation_level(isolation)
-        ISOLATION.fetch(isolation) do
-          raise ArgumentError, "unknown isolation #{isolation.inspect}; use one of #{ISOLATION.keys.join(', ')}"
-        end
       end
     end
   end

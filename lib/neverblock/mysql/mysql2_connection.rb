@@ -26,8 +26,8 @@ module NeverBlock
     # server and its reply read and dropped ({#finish_interrupted}), and the
     # session goes back to the pool.
     class Mysql2Connection < Connection
-      DEFER = { Exception => :never }.freeze
-      ALLOW = { Exception => :immediate }.freeze
+      DEFER = ConnectionPool::DEFER
+      ALLOW = ConnectionPool::ALLOW
       private_constant :DEFER, :ALLOW
 
       class << self

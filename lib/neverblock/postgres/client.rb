@@ -28,8 +28,8 @@ module NeverBlock
       # Terminate message) cannot end the parent's session.
       FORGET = ->(conn) { conn.socket_io.reopen(IO::NULL) unless conn.finished? }
 
-      DEFER = { Exception => :never }.freeze
-      ALLOW = { Exception => :immediate }.freeze
+      DEFER = ConnectionPool::DEFER
+      ALLOW = ConnectionPool::ALLOW
       private_constant :DEFER, :ALLOW, :CLOSE, :FORGET
 
       # @return [ConnectionPool] the pool of `PG::Connection`s.
@@ -330,20 +330,9 @@ module NeverBlock
         !fatal && conn.status == PG::CONNECTION_OK
       end
 
-      ISOLATION = {
-        serializable: "SERIALIZABLE", repeatable_read: "REPEATABLE READ", read_committed: "READ COMMITTED",
-        read_uncommitted: "READ UNCOMMITTED"
-      }.freeze
-      private_constant :ISOLATION
-
       def begin_statement(isolation, read_only)
         sql = +"BEGIN"
-        if isolation
-          level = ISOLATION.fetch(isolation) do
-            raise ArgumentError, "unknown isolation #{isolation.inspect}; use one of #{ISOLATION.keys.join(', ')}"
-          end
-          sql << " ISOLATION LEVEL " << level
-        end
+        sql << " ISOLATION LEVEL " << Isolation.sql(isolation) if isolation
         sql << " READ ONLY" if read_only
         sql
       end
