@@ -1,5 +1,6 @@
 # frozen_string_literal: true
 
+require "etc"
 require "neverblock"
 require_relative "server/errors"
 require_relative "server/limits"
@@ -8,6 +9,7 @@ require_relative "server/request"
 require_relative "server/parser"
 require_relative "server/response"
 require_relative "server/connection"
+require_relative "server/cluster"
 
 module NeverBlock
   # A fiber-per-connection Rack 3 server on the NeverBlock loop: one process
@@ -48,15 +50,21 @@ module NeverBlock
 
     # @param app [#call] a Rack 3 app.
     # @param bind [Array<String>, String] `tcp://HOST:PORT` (port 0 picks one) or `unix://PATH`.
+    # @param workers [Integer] processes to fork and serve in; 0 serves in this
+    #   process (no master). With workers, {#run} is the master: it binds,
+    #   forks, respawns workers that die and handles signals (see {Cluster}).
     # @param fiber_pool [Integer] the most connections served at once.
     # @param limits [Hash] see {Limits}: `max_request_target:`, `max_header_bytes:`,
     #   `max_headers:`, `max_body:`, `header_timeout:`, `body_timeout:`,
     #   `idle_timeout:`, `write_timeout:`, `shutdown_timeout:`.
     # @raise [ArgumentError] for an invalid bind spec or option.
-    def initialize(app, bind: ["tcp://127.0.0.1:9292"], fiber_pool: 1000, **limits)
+    def initialize(app, bind: ["tcp://127.0.0.1:9292"], workers: Etc.nprocessors, fiber_pool: 1000, **limits)
       raise ArgumentError, "app must respond to call" unless app.respond_to?(:call)
 
       @app = app
+      @workers = Integer(workers)
+      raise ArgumentError, "workers must be 0 or more, got #{workers.inspect}" if @workers.negative?
+
       @limits = Limits.build(limits)
       @pool_size = NeverBlock.validate_size!(fiber_pool, :fiber_pool)
       @listeners = Array(bind).map { |spec| Listener.new(spec) }
@@ -79,13 +87,28 @@ module NeverBlock
       @listeners.each(&:listen).map(&:address)
     end
 
-    # Serves until {#stop}: runs its own NeverBlock loop on this thread (or,
-    # called inside a running loop, in it) and returns once the listeners
-    # are closed and in-flight requests have finished or been cancelled
-    # after `shutdown_timeout`.
+    # Serves until {#stop}. With `workers: 0` it runs its own NeverBlock
+    # loop on this thread (or, called inside a running loop, in it) and
+    # returns once the listeners are closed and in-flight requests have
+    # finished or been cancelled after `shutdown_timeout`. With workers it is
+    # the master of a {Cluster} and returns when every worker has exited.
     # @return [void]
-    # @raise [Error] when the server already ran (a Server runs once).
+    # @raise [Error] when the server already ran (a Server runs once), or
+    #   when workers are asked for inside a running NeverBlock loop.
     def run
+      raise Error, "this NeverBlock::Server has already run; create a new one" if @wake_reader.closed?
+      return serve_here if @workers.zero?
+
+      Cluster.new(self, @workers, @listeners).run
+    end
+
+    # @return [Integer] worker processes (0: serves in the calling process).
+    attr_reader :workers
+
+    # @api private
+    # Serves in this process until {#stop} (a worker's whole life).
+    # @return [void]
+    def serve_here
       raise Error, "this NeverBlock::Server has already run; create a new one" if @wake_reader.closed?
 
       @listeners.each(&:listen)

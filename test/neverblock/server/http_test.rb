@@ -297,7 +297,7 @@ class ServerHTTPTest < PlainTest
 
   def test_unix_socket
     path = File.join(Dir.tmpdir, "nb-server-#{Process.pid}-#{rand(1 << 30)}.sock")
-    @server = NeverBlock::Server.new(Rack::Lint.new(ECHO_ENV), bind: ["unix://#{path}"])
+    @server = NeverBlock::Server.new(Rack::Lint.new(ECHO_ENV), bind: ["unix://#{path}"], workers: 0)
     assert_equal ["unix://#{path}"], @server.bound_addresses
     @server_thread = Thread.new { @server.run }
     socket = UNIXSocket.new(path)

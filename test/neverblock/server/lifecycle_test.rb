@@ -206,7 +206,7 @@ class ServerLifecycleTest < PlainTest
       require "neverblock/server"
       require "net/http"
       app = ->(_env) { [200, { "content-length" => "2" }, ["ok"]] }
-      server = NeverBlock::Server.new(app, bind: ["tcp://127.0.0.1:0"])
+      server = NeverBlock::Server.new(app, bind: ["tcp://127.0.0.1:0"], workers: 0)
       port = server.bound_addresses.first[/\\d+\\z/]
       trap("TERM") { server.stop }
       Thread.new do

@@ -12,7 +12,7 @@ module ServerHelper
 
   def start_server(app = HELLO, lint: true, **options)
     app = Rack::Lint.new(app) if lint
-    @server = NeverBlock::Server.new(app, bind: ["tcp://127.0.0.1:0"], **options)
+    @server = NeverBlock::Server.new(app, bind: ["tcp://127.0.0.1:0"], workers: 0, **options)
     @port = Integer(@server.bound_addresses.first[/\d+\z/])
     @server_thread = Thread.new { @server.run }
     @server
