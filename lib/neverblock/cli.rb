@@ -6,6 +6,7 @@ require_relative "../neverblock"
 module NeverBlock
   # The `neverblock` command. Subcommands:
   #
+  #   neverblock serve [config.ru]    serve a Rack app (see CLI::Serve)
   #   neverblock run FILE [ARGS...]   run a Ruby script inside NeverBlock.run
   #   neverblock -e CODE              run Ruby code inside NeverBlock.run
   #   neverblock version              print the version
@@ -17,6 +18,8 @@ module NeverBlock
       Usage: neverblock COMMAND [options]
 
       Commands:
+        serve [CONFIG_RU] [options]
+                             serve a Rack app with NeverBlock::Server (see `neverblock serve --help`)
         run FILE [ARGS...]   run a Ruby script inside NeverBlock.run (blocking calls in it
                              suspend only their fiber; use NeverBlock.spawn for concurrency)
         -e CODE              run Ruby code inside NeverBlock.run
@@ -42,6 +45,9 @@ module NeverBlock
       argv = argv.dup
       command = argv.shift
       case command
+      when "serve"
+        require_relative "cli/serve"
+        Serve.new(out: @out, err: @err).call(argv)
       when "run" then run_file(argv)
       when "-e" then run_code(argv)
       when "version", "--version", "-v" then @out.puts("neverblock #{VERSION}") || 0

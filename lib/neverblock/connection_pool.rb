@@ -74,11 +74,14 @@ module NeverBlock
     # @param forget [#call, nil] called in a forked child with each
     #   connection the child forgets, e.g. to detach its socket so that the
     #   driver's finalizer in the child cannot end the parent's session.
+    # @param name [#to_s, nil] shown in {Server#stats} and logs.
     # @yieldreturn [Object] a new connection.
     # @raise [ArgumentError] without a block, or for a bad size or timeout.
     def initialize(size: 8, timeout: 5, eager: false, broken_on: BROKEN_ON, close: nil, healthy: nil,
-                   forget: nil, &factory)
+                   forget: nil, name: nil, &factory)
       raise ArgumentError, "ConnectionPool.new needs a block that opens a connection" unless factory
+
+      @name = name&.to_s
 
       @size = NeverBlock.validate_size!(size, :size)
       @timeout = NeverBlock.validate_timeout!(timeout, :timeout)
@@ -212,6 +215,11 @@ module NeverBlock
           @lock.synchronize { @pools.delete(pool) }
         end
 
+        # @return [Array<ConnectionPool>]
+        def pools
+          @lock.synchronize { @pools.keys }
+        end
+
         # In a forked child (one thread: no lock needed, and the parent's
         # other threads may have held it when they vanished).
         def after_fork
@@ -223,6 +231,19 @@ module NeverBlock
     private_constant :Registry
 
     NeverBlock.on_fork_child { Registry.after_fork }
+
+    # The pools of this process that have open connections (what a status
+    # page shows; see Server#stats).
+    # @return [Array<ConnectionPool>]
+    def self.active
+      Registry.pools.reject do |pool|
+        stats = pool.stats
+        (stats[:in_use] + stats[:idle] + stats[:waiting]).zero?
+      end
+    end
+
+    # @return [String, nil] the name given to {#initialize}, for logs and stats.
+    attr_reader :name
 
     # @return [String]
     def inspect

@@ -10,6 +10,7 @@ require_relative "server/parser"
 require_relative "server/response"
 require_relative "server/connection"
 require_relative "server/cluster"
+require_relative "server/status_endpoint"
 
 module NeverBlock
   # A fiber-per-connection Rack 3 server on the NeverBlock loop: one process
@@ -54,16 +55,33 @@ module NeverBlock
     #   process (no master). With workers, {#run} is the master: it binds,
     #   forks, respawns workers that die and handles signals (see {Cluster}).
     # @param fiber_pool [Integer] the most connections served at once.
+    # @param before_fork [#call, nil] called in the master before the first
+    #   worker is forked (close what children must not share).
+    # @param on_worker_boot [#call, nil] called with the worker index in each
+    #   worker before it accepts (open per-process resources; load the app
+    #   when it was not preloaded). An exception fails the worker's boot.
+    # @param status_path [String, nil] a path (like `"/_neverblock/status"`)
+    #   answered by the server itself with {#stats} as JSON, for GET only;
+    #   nil (the default) answers nothing there.
     # @param limits [Hash] see {Limits}: `max_request_target:`, `max_header_bytes:`,
     #   `max_headers:`, `max_body:`, `header_timeout:`, `body_timeout:`,
     #   `idle_timeout:`, `write_timeout:`, `shutdown_timeout:`.
     # @raise [ArgumentError] for an invalid bind spec or option.
-    def initialize(app, bind: ["tcp://127.0.0.1:9292"], workers: Etc.nprocessors, fiber_pool: 1000, **limits)
+    def initialize(app, bind: ["tcp://0.0.0.0:9292"], workers: Etc.nprocessors, fiber_pool: 1000,
+                   before_fork: nil, on_worker_boot: nil, status_path: nil, **limits)
       raise ArgumentError, "app must respond to call" unless app.respond_to?(:call)
 
       @app = app
-      @workers = Integer(workers)
-      raise ArgumentError, "workers must be 0 or more, got #{workers.inspect}" if @workers.negative?
+      @workers = NeverBlock.validate_size!(workers, :workers, minimum: 0)
+      @hooks = { before_fork: before_fork, on_worker_boot: on_worker_boot }.freeze
+      if status_path
+        raise ArgumentError, "status_path must start with /, got #{status_path.inspect}" unless status_path.to_s.start_with?("/")
+
+        @app = StatusEndpoint.new(app, self, status_path.to_s)
+      end
+      @cluster = nil
+      @worker_index = nil
+      @on_ready = nil
 
       @limits = Limits.build(limits)
       @pool_size = NeverBlock.validate_size!(fiber_pool, :fiber_pool)
@@ -75,6 +93,8 @@ module NeverBlock
       @in_flight = 0
       @total = 0
       @pool = nil
+      @scheduler = nil
+      @waiters = [] # fibers waiting for room (acceptors) or for the last connection to close (#shutdown)
       @stopping = false
       @stop_requested = false
       @wake_reader, @wake_writer = IO.pipe
@@ -113,10 +133,11 @@ module NeverBlock
 
       @listeners.each(&:listen)
       NeverBlock.run do
-        @pool = FiberPool.new(size: @pool_size, queue_limit: @pool_size)
-        @slots = Thread::SizedQueue.new(@pool_size)
+        @scheduler = NeverBlock.current_scheduler!
+        @pool = FiberPool.new(size: @pool_size, queue_limit: @limits.max_connections)
         @accepting = {}
         acceptors = @listeners.map { |listener| NeverBlock.spawn { accept_loop(listener) } }
+        @on_ready&.call
         @wake_reader.wait_readable until @stop_requested
         shutdown(acceptors)
       end
@@ -132,6 +153,8 @@ module NeverBlock
     # {#run} then returns. Safe from any thread and from a signal handler.
     # @return [void]
     def stop
+      return @cluster.stop if @cluster
+
       @stop_requested = true
       @wake_writer.write_nonblock(".", exception: false)
     rescue IOError
@@ -143,12 +166,26 @@ module NeverBlock
       @stopping
     end
 
-    # @return [Hash] `{connections:, requests_in_flight:, requests_total:, fiber_pool:}`;
-    #   fiber_pool is {FiberPool#stats} (nil when not running).
+    # In a worker (or with `workers: 0`): this process's connections,
+    # requests, fiber pool and the database pools that have connections
+    # ({ConnectionPool.active}). In the master of a {Cluster}: its workers.
+    # @return [Hash] `{pid:, worker:, connections:, requests_in_flight:,
+    #   requests_total:, fiber_pool:, database_pools:}`; fiber_pool is
+    #   {FiberPool#stats} (nil when not running); or {Cluster#stats} in the master.
     def stats
-      { connections: @connections.size, requests_in_flight: @in_flight, requests_total: @total,
-        fiber_pool: @pool&.stats }
+      return @cluster.stats if @cluster
+
+      { pid: Process.pid, worker: @worker_index, connections: @connections.size,
+        requests_in_flight: @in_flight, requests_total: @total, fiber_pool: @pool&.stats,
+        database_pools: ConnectionPool.active.map { |pool| { name: pool.name, **pool.stats } } }
     end
+
+    # @api private
+    # @return [Hash{Symbol => #call, nil}] `before_fork`, `on_worker_boot`.
+    attr_reader :hooks
+
+    # @api private
+    attr_writer :cluster, :worker_index, :on_ready
 
     # @api private
     def request_started

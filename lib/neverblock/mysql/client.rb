@@ -40,7 +40,7 @@ module NeverBlock
         # `pool.with` the pool's defaults apply (an SQL error must not make
         # it discard a connection), and the health check catches the rest.
         @pool = ConnectionPool.new(size: size, timeout: timeout, close: CLOSE,
-                                   healthy: HEALTHY) { connector.call }
+                                   healthy: HEALTHY, name: "mysql") { connector.call }
         @held_key = :"__neverblock_mysql_held_#{object_id}"
         @kill = ->(thread_id) { Recovery.kill_query(connection_class, kill_config, thread_id) }
       end

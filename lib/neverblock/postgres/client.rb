@@ -45,7 +45,7 @@ module NeverBlock
         @pipeline = pipeline ? true : false
         @pipeline_depth = NeverBlock.validate_size!(pipeline_depth, :pipeline_depth)
         @pool = ConnectionPool.new(size: size, timeout: timeout, broken_on: BROKEN_ON, close: CLOSE,
-                                   healthy: method(:healthy?), forget: FORGET) { connector.call }
+                                   healthy: method(:healthy?), forget: FORGET, name: "postgres") { connector.call }
         @held_key = :"__neverblock_pg_held_#{object_id}"
         @transaction_key = :"__neverblock_pg_transaction_#{object_id}"
         @lanes_key = :"__neverblock_pg_lanes_#{object_id}"

@@ -1,1 +1,367 @@
 # frozen_string_literal: true
+
+module NeverBlock
+  class Server
+    # The master of a preforked {Server}: it binds the listening sockets once,
+    # forks the workers (each inherits the sockets and serves them with its
+    # own NeverBlock loop, {Server#serve_here}), respawns a worker that dies
+    # and handles signals:
+    #
+    # - `TERM`, `INT` :: graceful stop: every worker stops accepting, finishes
+    #   its requests for up to `shutdown_timeout` and exits; then the master
+    #   closes the sockets and {Server#run} returns. A worker still alive
+    #   `KILL_GRACE` seconds after that is killed.
+    # - `USR2` :: rolling restart: workers are replaced one at a time, each
+    #   new worker ready (booted and accepting) before its predecessor is
+    #   asked to stop. The listening sockets stay open in the master the
+    #   whole time, so no connection is refused.
+    # - `TTIN`, `TTOU` :: one worker more, one fewer.
+    #
+    # A worker that dies is replaced at once; one that dies before it ever
+    # got ready (its app failed to boot) is retried with a growing delay, and
+    # after {MAX_BOOT_FAILURES} such deaths in a row the master gives up and
+    # {Server#run} raises {BootError}.
+    #
+    # The master runs no NeverBlock loop and no app code (unless the app was
+    # loaded before {Server#run}: that is `--preload`, copy-on-write shared).
+    # Workers notice a master that died (its pipe closes) and stop.
+    class Cluster
+      # Seconds after `shutdown_timeout` before a worker that has not exited is killed.
+      KILL_GRACE = 5
+
+      # Boot failures in a row after which the master gives up.
+      MAX_BOOT_FAILURES = 5
+
+      # Longest delay between boot retries (seconds).
+      MAX_BOOT_DELAY = 10
+
+      SIGNALS = %w[TERM INT USR2 TTIN TTOU CHLD].freeze
+      private_constant :SIGNALS
+
+      # One forked worker process, as the master sees it.
+      Child = Struct.new(:index, :pid, :generation, :started_at, :ready, :status_reader, :stopping, keyword_init: true)
+
+      # @param server [Server]
+      # @param count [Integer] workers to keep running.
+      # @param listeners [Array<Listener>]
+      def initialize(server, count, listeners)
+        @server = server
+        @count = count
+        @listeners = listeners
+        @workers = {} # pid => Worker
+        @generation = 0
+        @signals = Thread::Queue.new
+        @boot_failures = 0
+        @next_boot_at = 0.0
+        @restart_queue = []
+        @stopping = false
+      end
+
+      # Runs the master until a stop signal (or {Server#stop}) and every
+      # worker has exited.
+      # @return [void]
+      # @raise [Error] inside a running NeverBlock loop (the master blocks).
+      # @raise [BootError] when workers keep dying before they are ready.
+      def run
+        raise Error, "a Server with workers forks and blocks: call #run outside NeverBlock.run, or pass workers: 0" if Fiber.scheduler
+
+        @listeners.each(&:listen)
+        @wake_reader, @wake_writer = IO.pipe
+        @alive_reader, @alive_writer = IO.pipe # workers see EOF when the master is gone
+        previous = trap_signals
+        @server.cluster = self
+        @server.hooks[:before_fork]&.call
+        @count.times { |index| spawn_worker(index) }
+        supervise
+      ensure
+        stop_all
+        restore_signals(previous) if previous
+        [@wake_reader, @wake_writer, @alive_reader, @alive_writer].each { |io| io.close if io && !io.closed? }
+        @workers.each_value { |worker| worker.status_reader.close unless worker.status_reader.closed? }
+      end
+
+      # Asks the master to stop gracefully (as TERM does). Safe from any
+      # thread and from a signal handler.
+      # @return [void]
+      def stop
+        signal("TERM")
+      end
+
+      # Asks the master for a rolling restart (as USR2 does).
+      # @return [void]
+      def restart
+        signal("USR2")
+      end
+
+      # @return [Hash] `{workers: [{index:, pid:, generation:, ready:, started_at:}], ...}`
+      def stats
+        workers = @workers.values.sort_by(&:index).map do |worker|
+          { index: worker.index, pid: worker.pid, generation: worker.generation, ready: worker.ready,
+            started_at: worker.started_at }
+        end
+        { master_pid: Process.pid, workers: workers, generation: @generation, stopping: @stopping }
+      end
+
+      private
+
+      def signal(name)
+        @signals << name
+        @wake_writer&.write_nonblock(".", exception: false)
+      rescue IOError
+        nil
+      end
+
+      def trap_signals
+        SIGNALS.to_h { |name| [name, trap(name) { signal(name) }] }
+      end
+
+      def restore_signals(previous)
+        previous.each { |name, handler| trap(name, handler || "DEFAULT") }
+      end
+
+      # The master's loop: waits for a signal, a worker's readiness or
+      # death, or the next boot retry, and acts on it.
+      def supervise
+        until @stopping && @workers.empty?
+          wait_for_events
+          reap
+          handle_signals
+          raise_boot_failure if @boot_failures >= MAX_BOOT_FAILURES
+          next if @stopping
+
+          replace_missing
+          continue_restart
+        end
+      end
+
+      def wait_for_events
+        readers = [@wake_reader] + @workers.each_value.map(&:status_reader).reject(&:closed?)
+        ready, = IO.select(readers, nil, nil, select_timeout)
+        ready&.each do |io|
+          if io == @wake_reader
+            io.read_nonblock(1024, exception: false)
+          else
+            read_status(io)
+          end
+        end
+      end
+
+      def select_timeout
+        return 0.5 if @stopping
+
+        [[@next_boot_at - now, 0.05].max, 1.0].min
+      end
+
+      # A worker writes "ready" once it accepts connections; EOF means it exited.
+      def read_status(io)
+        data = io.read_nonblock(64, exception: false)
+        worker = @workers.each_value.find { |w| w.status_reader.equal?(io) }
+        if data.nil?
+          io.close
+        elsif data.is_a?(String) && data.include?("ready") && worker && !worker.ready
+          worker.ready = true
+          @boot_failures = 0
+        end
+      end
+
+      def reap
+        loop do
+          pid, status = Process.wait2(-1, Process::WNOHANG)
+          break unless pid
+
+          worker = @workers.delete(pid)
+          next unless worker
+
+          worker.status_reader.close unless worker.status_reader.closed?
+          worker_exited(worker, status)
+        end
+      rescue Errno::ECHILD
+        nil
+      end
+
+      def worker_exited(worker, status)
+        return if worker.stopping
+
+        if worker.ready
+          NeverBlock.logger.warn("NeverBlock::Server") { "worker #{worker.index} (pid #{worker.pid}) died (#{describe(status)}); starting a new one" }
+        else
+          @boot_failures += 1
+          delay = [0.5 * (2**(@boot_failures - 1)), MAX_BOOT_DELAY].min
+          @next_boot_at = now + delay
+          NeverBlock.logger.error("NeverBlock::Server") do
+            "worker #{worker.index} (pid #{worker.pid}) exited before it was ready (#{describe(status)}); " \
+              "#{@boot_failures} boot failure(s) in a row, retrying in #{delay} s"
+          end
+        end
+      end
+
+      def describe(status)
+        status.signaled? ? "signal #{Signal.signame(status.termsig)}" : "exit #{status.exitstatus}"
+      end
+
+      def handle_signals
+        until @signals.empty?
+          case @signals.pop
+          when "TERM", "INT" then begin_stop
+          when "USR2" then begin_restart
+          when "TTIN" then @count += 1
+          when "TTOU" then @count = [@count - 1, 1].max
+          end
+        end
+        retire_surplus unless @stopping
+      end
+
+      def begin_stop
+        return if @stopping
+
+        @stopping = true
+        @stop_deadline = now + @server.limits.shutdown_timeout + KILL_GRACE
+        @workers.each_value { |worker| terminate(worker) }
+      end
+
+      def begin_restart
+        return if @stopping
+
+        @generation += 1
+        @restart_queue = (0...@count).to_a
+      end
+
+      # Rolling restart, one index at a time: start the new worker, wait
+      # until it is ready, then stop the old one.
+      def continue_restart
+        index = @restart_queue.first or return
+        current = @workers.each_value.select { |worker| worker.index == index && !worker.stopping }
+        fresh = current.find { |worker| worker.generation == @generation }
+        if fresh.nil?
+          spawn_worker(index) if now >= @next_boot_at
+        elsif fresh.ready
+          current.each { |worker| terminate(worker) unless worker.equal?(fresh) }
+          @restart_queue.shift
+        end
+      end
+
+      def replace_missing
+        return if now < @next_boot_at
+
+        (0...@count).each do |index|
+          next if @restart_queue.first == index # the restart starts that one itself
+          next if @workers.each_value.any? { |worker| worker.index == index && !worker.stopping }
+
+          spawn_worker(index)
+        end
+      end
+
+      def retire_surplus
+        @workers.each_value do |worker|
+          terminate(worker) if worker.index >= @count && !worker.stopping
+        end
+        @restart_queue.reject! { |index| index >= @count }
+      end
+
+      def terminate(worker)
+        worker.stopping = true
+        Process.kill("TERM", worker.pid)
+      rescue Errno::ESRCH
+        nil
+      end
+
+      def stop_all
+        return if @workers.empty?
+
+        begin_stop unless @stopping
+        until @workers.empty?
+          if now > @stop_deadline
+            @workers.each_value { |worker| kill(worker) }
+            @workers.each_key { |pid| wait_quietly(pid) }
+            @workers.clear
+            break
+          end
+          IO.select([@wake_reader], nil, nil, 0.1) unless @wake_reader.closed?
+          reap
+        end
+      end
+
+      def kill(worker)
+        NeverBlock.logger.warn("NeverBlock::Server") { "worker #{worker.index} (pid #{worker.pid}) did not stop in time; killing it" }
+        Process.kill("KILL", worker.pid)
+      rescue Errno::ESRCH
+        nil
+      end
+
+      def wait_quietly(pid)
+        Process.wait(pid)
+      rescue Errno::ECHILD
+        nil
+      end
+
+      def raise_boot_failure
+        begin_stop
+        stop_all
+        raise BootError, "workers exited #{@boot_failures} times in a row before they were ready; " \
+                         "see the log above for why (giving up)"
+      end
+
+      def spawn_worker(index)
+        status_reader, status_writer = IO.pipe
+        generation = @generation
+        pid = fork do
+          status_reader.close
+          Worker.run(@server, index, status_writer, @alive_reader, [@wake_reader, @wake_writer, @alive_writer])
+        end
+        status_writer.close
+        @workers[pid] = Child.new(index: index, pid: pid, generation: generation, started_at: Time.now,
+                                   ready: false, status_reader: status_reader, stopping: false)
+      end
+
+      def now
+        Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      end
+
+      # What runs in a forked worker process.
+      class Worker
+        # @api private
+        # Serves until told to stop (TERM/INT, or the master's pipe closing),
+        # then exits the process: 0 after a clean stop, 1 if the app failed
+        # to boot or serving raised.
+        # @return [void] never returns.
+        def self.run(server, index, status_writer, alive_reader, master_only)
+          master_only.each(&:close)
+          server.cluster = nil # this process serves; Server#stop stops it
+          SIGNALS.each { |name| trap(name, "DEFAULT") }
+          trap("TERM") { server.stop }
+          trap("INT") { server.stop }
+          server.worker_index = index
+          status = 1
+          begin
+            server.hooks[:on_worker_boot]&.call(index)
+            watch_master(server, alive_reader)
+            server.on_ready = -> { status_writer.write("ready\n") }
+            server.serve_here
+            status = 0
+          rescue Exception => e # rubocop:disable Lint/RescueException -- a worker reports every death
+            NeverBlock.logger.error("NeverBlock::Server") do
+              "worker #{index} (pid #{Process.pid}) failed: #{e.class}: #{e.message}\n#{(e.backtrace || []).join("\n")}"
+            end
+          ensure
+            status_writer.close unless status_writer.closed?
+            $stdout.flush
+            $stderr.flush
+            exit!(status)
+          end
+        end
+
+        # A thread that stops the server when the master's end of the pipe
+        # closes (the master died, even by SIGKILL).
+        def self.watch_master(server, alive_reader)
+          Thread.new do
+            alive_reader.read(1)
+          rescue IOError
+            nil
+          ensure
+            server.stop
+          end
+        end
+      end
+    end
+  end
+end

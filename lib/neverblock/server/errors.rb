@@ -15,5 +15,9 @@ module NeverBlock
         super(message)
       end
     end
+
+    # Raised by {Server#run} in a preforking master when workers keep
+    # exiting before they are ready (the app fails to boot in them).
+    class BootError < Error; end
   end
 end

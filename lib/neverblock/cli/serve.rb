@@ -1,0 +1,150 @@
+# frozen_string_literal: true
+
+require "optparse"
+require "etc"
+
+module NeverBlock
+  class CLI
+    # `neverblock serve [config.ru] [options]`: runs a Rack app on
+    # {NeverBlock::Server}. See {USAGE} or `neverblock serve --help`.
+    class Serve
+      USAGE = <<~TEXT
+        Usage: neverblock serve [CONFIG_RU] [options]
+
+        Serves the Rack app in CONFIG_RU (default ./config.ru) with NeverBlock::Server:
+        every request in a fiber, one forked worker per CPU core by default.
+
+      TEXT
+
+      # The app of a config.ru, loaded on first need: in the master with
+      # --preload (copy-on-write shared by the workers), else in each worker.
+      class AppLoader
+        # @param path [String] the config.ru.
+        def initialize(path)
+          @path = path
+          @app = nil
+        end
+
+        # Loads the app now (once).
+        # @return [#call]
+        def load
+          @app ||= begin
+            require "rack"
+            require "rack/builder"
+            app = Rack::Builder.parse_file(@path)
+            app.is_a?(Array) ? app.first : app # rack 2 returned [app, options]
+          end
+        end
+
+        # @param env [Hash]
+        # @return [Array] the app's response.
+        def call(env)
+          (@app || load).call(env)
+        end
+      end
+
+      # @param out [IO]
+      # @param err [IO]
+      def initialize(out:, err:)
+        @out = out
+        @err = err
+        @options = { bind: [], workers: Etc.nprocessors, preload: false, access_log: false,
+                     shutdown_timeout: nil, fiber_pool: 1000, status_path: nil, environment: nil }
+      end
+
+      # @param argv [Array<String>]
+      # @return [Integer] the exit status.
+      def call(argv)
+        rest = parser.parse(argv)
+        return usage_error("one CONFIG_RU at most, got #{rest.join(' ')}") if rest.size > 1
+
+        path = rest.first || "config.ru"
+        return usage_error("no such file: #{path}") unless File.file?(path)
+
+        serve(File.expand_path(path))
+      rescue OptionParser::ParseError, ArgumentError => e
+        usage_error(e.message)
+      rescue LoadError => e
+        @err.puts("neverblock serve: #{e.message}")
+        1
+      end
+
+      private
+
+      def parser
+        options = @options
+        OptionParser.new do |o|
+          o.banner = USAGE
+          o.on("-b", "--bind URL", "tcp://HOST:PORT or unix://PATH; repeatable (default tcp://0.0.0.0:9292)") do |url|
+            options[:bind] << url
+          end
+          o.on("-w", "--workers N", Integer, "worker processes; 0 = serve in this process (default #{Etc.nprocessors})") do |n|
+            options[:workers] = n
+          end
+          o.on("--preload", "load the app once in the master, before forking (copy-on-write)") { options[:preload] = true }
+          o.on("--access-log", "log one line per request to stdout") { options[:access_log] = true }
+          o.on("--shutdown-timeout S", Float, "seconds in-flight requests get on TERM/INT (default 30)") do |s|
+            options[:shutdown_timeout] = s
+          end
+          o.on("--fiber-pool N", Integer, "requests served at once per worker (default 1000)") { |n| options[:fiber_pool] = n }
+          o.on("--status PATH", "answer GET PATH with the server's stats as JSON") { |path| options[:status_path] = path }
+          o.on("-E", "--env ENV", "RACK_ENV (and RAILS_ENV) for the app") { |env| options[:environment] = env }
+          o.on("-h", "--help", "this help") do
+            @out.puts(o)
+            throw :done, 0
+          end
+        end
+      end
+
+      def serve(path)
+        catch(:done) { return start(path) }
+      end
+
+      def start(path)
+        opts = @options
+        if opts[:environment]
+          ENV["RACK_ENV"] = opts[:environment]
+          ENV["RAILS_ENV"] ||= opts[:environment]
+        end
+        Dir.chdir(File.dirname(path))
+        require_relative "../server"
+        loader = AppLoader.new(path)
+        loader.load if opts[:preload] || opts[:workers].zero?
+        server = NeverBlock::Server.new(loader, **server_options(loader))
+        addresses = server.bound_addresses
+        @out.puts("NeverBlock #{VERSION} serving #{path} on #{addresses.join(', ')} " \
+                  "(#{opts[:workers].zero? ? 'no workers' : "#{opts[:workers]} workers"}, pid #{Process.pid})")
+        @out.flush
+        run(server)
+        0
+      end
+
+      def server_options(loader)
+        opts = @options
+        options = { bind: opts[:bind].empty? ? ["tcp://0.0.0.0:9292"] : opts[:bind], workers: opts[:workers],
+                    fiber_pool: opts[:fiber_pool], status_path: opts[:status_path] }
+        options[:access_log] = $stdout if opts[:access_log]
+        options[:shutdown_timeout] = opts[:shutdown_timeout] if opts[:shutdown_timeout]
+        options[:on_worker_boot] = ->(_index) { loader.load } unless opts[:preload]
+        options
+      end
+
+      # With workers the server (its master) traps the signals itself.
+      def run(server)
+        return server.run unless server.workers.zero?
+
+        previous = %w[TERM INT].to_h { |name| [name, trap(name) { server.stop }] }
+        begin
+          server.run
+        ensure
+          previous.each { |name, handler| trap(name, handler || "DEFAULT") }
+        end
+      end
+
+      def usage_error(message)
+        @err.puts("neverblock serve: #{message}\n\n#{parser}")
+        64
+      end
+    end
+  end
+end
