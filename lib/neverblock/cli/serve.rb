@@ -55,21 +55,25 @@ module NeverBlock
       # @param argv [Array<String>]
       # @return [Integer] the exit status.
       def call(argv)
+        catch(:done) { parse_and_serve(argv) }
+      end
+
+      private
+
+      def parse_and_serve(argv)
         rest = parser.parse(argv)
         return usage_error("one CONFIG_RU at most, got #{rest.join(' ')}") if rest.size > 1
 
         path = rest.first || "config.ru"
         return usage_error("no such file: #{path}") unless File.file?(path)
 
-        serve(File.expand_path(path))
+        start(File.expand_path(path))
       rescue OptionParser::ParseError, ArgumentError => e
         usage_error(e.message)
       rescue LoadError => e
         @err.puts("neverblock serve: #{e.message}")
         1
       end
-
-      private
 
       def parser
         options = @options
@@ -94,10 +98,6 @@ module NeverBlock
             throw :done, 0
           end
         end
-      end
-
-      def serve(path)
-        catch(:done) { return start(path) }
       end
 
       def start(path)

@@ -186,7 +186,7 @@ module NeverBlock
           NeverBlock.logger.warn("NeverBlock::Server") { "worker #{worker.index} (pid #{worker.pid}) died (#{describe(status)}); starting a new one" }
         else
           @boot_failures += 1
-          delay = [0.5 * (2**(@boot_failures - 1)), MAX_BOOT_DELAY].min
+          delay = [0.2 * (2**(@boot_failures - 1)), MAX_BOOT_DELAY].min
           @next_boot_at = now + delay
           NeverBlock.logger.error("NeverBlock::Server") do
             "worker #{worker.index} (pid #{worker.pid}) exited before it was ready (#{describe(status)}); " \

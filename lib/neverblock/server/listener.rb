@@ -37,6 +37,7 @@ module NeverBlock
 
         @server = @path ? listen_unix : TCPServer.new(@host, @port)
         @server.listen(BACKLOG)
+        @owner = Process.pid
         self
       end
 
@@ -71,13 +72,30 @@ module NeverBlock
         end
       end
 
-      # Closes the socket (and removes a unix socket's file).
+      # Accepts a connection the kernel has already queued, without waiting.
+      # @return [Socket, nil] nil when none is queued.
+      def accept_now
+        socket = @server.accept_nonblock(exception: false)
+        socket unless socket == :wait_readable
+      end
+
+      # Waits until a connection is queued (only the calling fiber, inside
+      # NeverBlock); {#accept_now} may still find none when another fiber
+      # took it first.
+      # @return [void]
+      def wait_readable
+        @server.wait_readable
+      end
+
+      # Closes the socket (and, in the process that bound it, removes a unix
+      # socket's file: a forked worker closing its inherited copy leaves the
+      # file to the master, which still listens on it).
       # @return [void]
       def close
         return unless @server
 
         @server.close unless @server.closed?
-        File.unlink(@path) if @path && File.socket?(@path)
+        File.unlink(@path) if @path && @owner == Process.pid && File.socket?(@path)
       rescue SystemCallError
         nil
       ensure

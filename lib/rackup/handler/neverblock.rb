@@ -1,0 +1,70 @@
+# frozen_string_literal: true
+
+require "rackup/handler"
+require "neverblock/server"
+
+module Rackup
+  module Handler
+    # `rackup -s neverblock` and `rails server -u neverblock`: serves the app
+    # with {NeverBlock::Server}. By default in this one process (`Workers=0`:
+    # rackup and `rails server` are development tools); `-O Workers=N` forks
+    # N workers.
+    #
+    #   rackup -s neverblock -o 127.0.0.1 -p 9292 config.ru
+    #   rackup -s neverblock -O Workers=2 -O Status=/_status
+    #   bin/rails server -u neverblock
+    module NeverBlock
+      class << self
+        # @param app [#call] the Rack app.
+        # @param options [Hash] rackup's options: `:Host`, `:Port`, and the
+        #   handler's own (see {valid_options}) as Strings.
+        # @yieldparam server [::NeverBlock::Server] before it runs.
+        # @return [void] once the server has stopped (INT/TERM or {shutdown}).
+        def run(app, **options)
+          server = ::NeverBlock::Server.new(app, **server_options(options))
+          @server = server
+          yield server if block_given?
+          previous = %w[INT TERM].to_h { |name| [name, trap(name) { server.stop }] } if server.workers.zero?
+          server.run
+        ensure
+          previous&.each { |name, handler| trap(name, handler || "DEFAULT") }
+          @server = nil
+        end
+
+        # Stops the server started by {run} (rackup calls this on shutdown).
+        # @return [void]
+        def shutdown
+          @server&.stop
+        end
+
+        # @return [Hash{String => String}] what `rackup -s neverblock -h` lists.
+        def valid_options
+          {
+            "Host=HOST" => "hostname to listen on (default: localhost)",
+            "Port=PORT" => "port to listen on (default: 9292)",
+            "Bind=URL" => "tcp://HOST:PORT or unix://PATH instead of Host/Port",
+            "Workers=N" => "worker processes to fork (default: 0, serve in this process)",
+            "FiberPool=N" => "requests served at once per process (default: 1000)",
+            "Status=PATH" => "answer GET PATH with the server's stats as JSON",
+            "AccessLog=BOOL" => "log one line per request to stdout (default: false)"
+          }
+        end
+
+        private
+
+        def server_options(options)
+          host = options[:Host] || "localhost"
+          host = "[#{host}]" if host.include?(":") && !host.start_with?("[")
+          bind = options[:Bind] || "tcp://#{host == 'localhost' ? '127.0.0.1' : host}:#{Integer(options[:Port] || 9292)}"
+          result = { bind: [bind], workers: Integer(options[:Workers] || 0),
+                     fiber_pool: Integer(options[:FiberPool] || 1000) }
+          result[:status_path] = options[:Status] if options[:Status]
+          result[:access_log] = $stdout if %w[true yes 1].include?(options[:AccessLog].to_s)
+          result
+        end
+      end
+    end
+
+    register :neverblock, NeverBlock
+  end
+end

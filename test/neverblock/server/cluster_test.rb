@@ -1,0 +1,278 @@
+# frozen_string_literal: true
+
+require_relative "../../test_helper"
+require "json"
+require "net/http"
+require "timeout"
+require "open3"
+
+# Runs `neverblock serve` in child processes and talks to them over HTTP.
+module ServeProcesses
+  EXE = File.expand_path("../../../exe/neverblock", __dir__)
+  FIXTURES = File.expand_path("../../fixtures/server", __dir__)
+
+  def teardown
+    @servers&.each do |server|
+      Process.kill("KILL", server[:pid])
+    rescue Errno::ESRCH
+      nil
+    ensure
+      kill_group(server[:pid])
+      begin
+        Process.wait(server[:pid])
+      rescue Errno::ECHILD
+        nil
+      end
+      server[:out].close unless server[:out].closed?
+    end
+    super
+  end
+
+  # Starts `neverblock serve FIXTURE ARGS` in its own process group; returns
+  # once it printed where it listens.
+  def serve(fixture, *args, env: {})
+    reader, writer = IO.pipe
+    pid = Process.spawn(env, RbConfig.ruby, EXE, "serve", File.join(FIXTURES, fixture), "-b", "tcp://127.0.0.1:0", *args,
+                        out: writer, err: writer, pgroup: true)
+    writer.close
+    server = { pid: pid, out: reader, lines: [] }
+    (@servers ||= []) << server
+    line = wait_for_line(server, /serving .* on (tcp:\S+)/)
+    server[:port] = Integer(line[/tcp:\/\/127\.0\.0\.1:(\d+)/, 1])
+    server
+  end
+
+  def wait_for_line(server, pattern, timeout: 20)
+    Timeout.timeout(timeout) do
+      loop do
+        found = server[:lines].find { |l| l.match?(pattern) }
+        return found if found
+
+        line = server[:out].gets or raise "server exited; output:\n#{server[:lines].join}"
+        server[:lines] << line
+      end
+    end
+  rescue Timeout::Error
+    flunk "no line matching #{pattern} within #{timeout} s; output:\n#{server[:lines].join}"
+  end
+
+  def get(server, path = "/")
+    Net::HTTP.start("127.0.0.1", server[:port], open_timeout: 5, read_timeout: 30) { |http| http.get(path) }
+  end
+
+  # [answering pid, pid that loaded the app]
+  def pids(server, path = "/")
+    response = get(server, path)
+    assert_equal "200", response.code, response.body
+    response.body.split.map { |pid| Integer(pid) }
+  end
+
+  def worker_pids(master)
+    Dir.children("/proc").filter_map do |entry|
+      next unless entry.match?(/\A\d+\z/)
+
+      stat = File.read("/proc/#{entry}/stat") rescue next # rubocop:disable Style/RescueModifier -- it may have exited
+      Integer(entry) if Integer(stat[/\) \S (\d+)/, 1]) == master
+    end.sort
+  end
+
+  def eventually(timeout: 15)
+    deadline = now + timeout
+    until (value = yield)
+      flunk "condition not met within #{timeout} s" if now > deadline
+      sleep 0.05
+    end
+    value
+  end
+
+  def wait_exit(server, timeout: 30)
+    Timeout.timeout(timeout) { Process.wait2(server[:pid])[1] }
+  end
+
+  def kill_group(pid)
+    Process.kill("KILL", -pid)
+  rescue Errno::ESRCH, Errno::EPERM
+    nil
+  end
+
+  def alive?(pid)
+    Process.kill(0, pid)
+    true
+  rescue Errno::ESRCH
+    false
+  end
+end
+
+# `neverblock serve` and the preforking master (NeverBlock::Server::Cluster),
+# run as real processes: workers, respawn, signals, rolling restart,
+# --preload, boot failures, the status endpoint.
+class ServerClusterTest < PlainTest
+  include ServeProcesses
+
+  def test_two_workers_answer_and_the_app_loads_in_each_worker_without_preload
+    server = serve("pids.ru", "-w", "2")
+    workers = eventually { (w = worker_pids(server[:pid])).size == 2 && w }
+    answered = Array.new(40) { pids(server) }
+    answered.each { |by, loaded_in| assert_equal by, loaded_in, "loaded in the worker itself" }
+    assert_empty answered.map(&:first).uniq - workers
+    refute_includes answered.map(&:first), server[:pid]
+  end
+
+  def test_preload_loads_the_app_once_in_the_master
+    server = serve("pids.ru", "-w", "2", "--preload")
+    by, loaded_in = pids(server)
+    assert_equal server[:pid], loaded_in
+    refute_equal server[:pid], by
+    assert_equal 1, server[:lines].count { |line| line.start_with?("loaded in") }
+  end
+
+  def test_a_worker_that_dies_is_replaced
+    server = serve("pids.ru", "-w", "2")
+    before = eventually { (w = worker_pids(server[:pid])).size == 2 && w }
+    Process.kill("KILL", before.first)
+    after = eventually { (w = worker_pids(server[:pid])).size == 2 && !w.include?(before.first) && w }
+    assert_includes after, before.last
+    20.times { pids(server) }
+    assert(server[:lines].none? { |line| line.include?("BootError") })
+  end
+
+  def test_term_lets_in_flight_requests_finish_then_exits
+    server = serve("pids.ru", "-w", "2", "--shutdown-timeout", "10")
+    slow = Thread.new { get(server, "/slow?1.5") }
+    sleep 0.5 # the request is in a worker's app now
+    Process.kill("TERM", server[:pid])
+    response = slow.value
+    assert_equal "200", response.code
+    status = wait_exit(server)
+    assert status.success?, "master exit status #{status.inspect}"
+    assert_raises(Errno::ECONNREFUSED) { TCPSocket.new("127.0.0.1", server[:port]) }
+  end
+
+  def test_the_shutdown_timeout_cancels_requests_that_run_too_long
+    server = serve("pids.ru", "-w", "1", "--shutdown-timeout", "1")
+    slow = Thread.new do
+      get(server, "/slow?60")
+    rescue StandardError => e
+      e
+    end
+    sleep 0.5
+    Process.kill("INT", server[:pid])
+    took = elapsed { assert wait_exit(server, timeout: 20).success? }
+    assert_operator took, :<, 10, "the 60 s request was not cut off by --shutdown-timeout 1"
+    slow.join(5)
+  end
+
+  def test_usr2_replaces_every_worker_without_refusing_a_connection
+    server = serve("pids.ru", "-w", "2")
+    before = eventually { (w = worker_pids(server[:pid])).size == 2 && w }
+    failures = []
+    answered_by = Hash.new(0)
+    stop = false
+    clients = Array.new(4) do
+      Thread.new do
+        until stop
+          begin
+            answered_by[pids(server).first] += 1
+          rescue StandardError, Minitest::Assertion => e
+            failures << e
+          end
+        end
+      end
+    end
+    sleep 0.3
+    Process.kill("USR2", server[:pid])
+    after = eventually(timeout: 30) { (w = worker_pids(server[:pid])).size == 2 && (w & before).empty? && w }
+    sleep 0.3
+    stop = true
+    clients.each(&:join)
+    assert_empty failures, "requests failed during the rolling restart: #{failures.first(3).map(&:inspect)}"
+    assert (answered_by.keys & after).any?, "the new workers answered: #{answered_by.inspect} #{after.inspect}"
+    assert (answered_by.keys & before).any?, "the old workers answered before: #{answered_by.inspect} #{before.inspect}"
+  end
+
+  def test_ttin_and_ttou_change_the_worker_count
+    server = serve("pids.ru", "-w", "1")
+    eventually { worker_pids(server[:pid]).size == 1 }
+    Process.kill("TTIN", server[:pid])
+    eventually { worker_pids(server[:pid]).size == 2 }
+    Process.kill("TTOU", server[:pid])
+    eventually { worker_pids(server[:pid]).size == 1 }
+  end
+
+  def test_workers_stop_when_the_master_is_killed
+    server = serve("pids.ru", "-w", "2")
+    workers = eventually { (w = worker_pids(server[:pid])).size == 2 && w }
+    Process.kill("KILL", server[:pid])
+    Process.wait(server[:pid])
+    eventually { workers.none? { |pid| alive?(pid) && !File.read("/proc/#{pid}/stat").include?(") Z ") } }
+  end
+
+  def test_an_app_that_cannot_boot_makes_the_master_give_up
+    server = serve("broken.ru", "-w", "2")
+    status = wait_exit(server, timeout: 60)
+    output = server[:lines].join + server[:out].read
+    refute status.success?
+    assert_match(/broken on purpose/, output)
+    assert_match(/BootError/, output)
+  end
+
+  def test_preload_surfaces_a_broken_app_before_forking
+    reader, writer = IO.pipe
+    pid = Process.spawn(RbConfig.ruby, EXE, "serve", File.join(FIXTURES, "broken.ru"), "-b", "tcp://127.0.0.1:0",
+                        "-w", "2", "--preload", out: writer, err: writer)
+    writer.close
+    status = Timeout.timeout(30) { Process.wait2(pid)[1] }
+    output = reader.read
+    refute status.success?
+    assert_match(/broken on purpose/, output)
+    refute_match(/serving/, output)
+  ensure
+    reader&.close
+  end
+
+  def test_status_endpoint_reports_the_worker
+    server = serve("pids.ru", "-w", "1", "--status", "/_nb")
+    stats = JSON.parse(get(server, "/_nb").body)
+    worker = worker_pids(server[:pid]).first
+    assert_equal worker, stats["pid"]
+    assert_equal 0, stats["worker"]
+    assert_equal 1, stats["requests_in_flight"]
+    assert_kind_of Hash, stats["fiber_pool"]
+    assert_equal "405", Net::HTTP.start("127.0.0.1", server[:port]) { |h| h.post("/_nb", "", "content-type" => "text/plain") }.code
+  end
+
+  def test_single_process_mode_serves_and_stops_on_term
+    server = serve("pids.ru", "-w", "0")
+    by, loaded_in = pids(server)
+    assert_equal server[:pid], by
+    assert_equal server[:pid], loaded_in
+    Process.kill("TERM", server[:pid])
+    assert wait_exit(server).success?
+  end
+
+  def test_usage_errors
+    out, status = Open3.capture2e(RbConfig.ruby, EXE, "serve", "/nonexistent.ru")
+    assert_equal 64, status.exitstatus
+    assert_match(/no such file/, out)
+    out, status = Open3.capture2e(RbConfig.ruby, EXE, "serve", File.join(FIXTURES, "pids.ru"), "-w", "many")
+    assert_equal 64, status.exitstatus
+    assert_match(/invalid argument/, out)
+    out, status = Open3.capture2e(RbConfig.ruby, EXE, "serve", "--help")
+    assert status.success?
+    assert_match(/--preload/, out)
+  end
+end
+
+# Database pools created before fork (--preload) are rebuilt in each worker.
+class ServerClusterDatabaseTest < PlainTest
+  include ServeProcesses
+  include NeverBlockTest::Databases
+
+  def test_preloaded_database_pools_get_new_connections_in_each_worker
+    server = serve("postgres.ru", "-w", "2", "--preload", env: { "NB_TEST_PG" => JSON.generate(pg_conninfo) })
+    master_backend = Integer(server[:lines].join[/master backend (\d+)/, 1])
+    backends = Array.new(30) { Integer(get(server, "/").body) }
+    refute_includes backends, master_backend, "a worker used the master's connection"
+    assert_operator backends.uniq.size, :>=, 2
+  end
+end

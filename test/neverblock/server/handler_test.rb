@@ -1,0 +1,104 @@
+# frozen_string_literal: true
+
+require_relative "../../test_helper"
+require "net/http"
+require "timeout"
+require "tmpdir"
+require "fileutils"
+
+# `rackup -s neverblock` and `bin/rails server -u neverblock`, as real
+# processes (lib/rackup/handler/neverblock.rb).
+class ServerHandlerTest < PlainTest
+  FIXTURES = File.expand_path("../../fixtures/server", __dir__)
+
+  def teardown
+    if @pid
+      begin
+        Process.kill("KILL", -@pid)
+      rescue Errno::ESRCH
+        nil
+      end
+      Process.wait(@pid) rescue nil # rubocop:disable Style/RescueModifier -- already reaped
+    end
+    @out&.close
+    FileUtils.rm_rf(@dir) if @dir
+    super
+  end
+
+  def free_port
+    server = TCPServer.new("127.0.0.1", 0)
+    server.addr[1]
+  ensure
+    server&.close
+  end
+
+  def start(*command, chdir: Dir.pwd)
+    @out, writer = IO.pipe
+    @pid = Process.spawn(*command, chdir: chdir, out: writer, err: writer, pgroup: true)
+    writer.close
+    @output = +""
+    @reader = Thread.new do
+      while (chunk = @out.readpartial(4096))
+        @output << chunk
+      end
+    rescue EOFError, IOError
+      nil
+    end
+  end
+
+  def wait_for_answer(port, timeout: 60)
+    deadline = now + timeout
+    begin
+      Net::HTTP.start("127.0.0.1", port, open_timeout: 2, read_timeout: 10) { |http| http.get("/") }
+    rescue SystemCallError, Net::OpenTimeout, EOFError
+      flunk "no answer on port #{port} within #{timeout} s; output:\n#{@output}" if now > deadline
+      sleep 0.2
+      retry
+    end
+  end
+
+  def stop_and_wait(signal = "INT")
+    Process.kill(signal, @pid)
+    status = Timeout.timeout(30) { Process.wait2(@pid)[1] }
+    @pid = nil
+    @reader.join(5)
+    status
+  end
+
+  def test_rackup_s_neverblock
+    port = free_port
+    start(RbConfig.ruby, Gem.bin_path("rackup", "rackup"), "-s", "neverblock", "-o", "127.0.0.1", "-p", port.to_s,
+          "-E", "development", File.join(FIXTURES, "hello.ru"))
+    response = wait_for_answer(port)
+    assert_equal "200", response.code
+    # Served inside NeverBlock, and rackup's development stack (Rack::Lint
+    # among it) found nothing wrong with the env or the response.
+    assert_equal "hello from NeverBlock::Scheduler\n", response.body
+    status = stop_and_wait
+    assert status.success? || status.signaled?, status.inspect
+    refute_match(/Rack::Lint::LintError|Error/, @output)
+  end
+
+  def test_rackup_with_workers_forks
+    port = free_port
+    start(RbConfig.ruby, Gem.bin_path("rackup", "rackup"), "-s", "neverblock", "-o", "127.0.0.1", "-p", port.to_s,
+          "-O", "Workers=2", "-O", "Status=/_nb", "-E", "none", File.join(FIXTURES, "hello.ru"))
+    wait_for_answer(port)
+    stats = Net::HTTP.get(URI("http://127.0.0.1:#{port}/_nb"))
+    refute_equal @pid, Integer(stats[/"pid":(\d+)/, 1]), "answered by a worker, not the master"
+    assert stop_and_wait("TERM").success?
+  end
+
+  def test_rails_server_u_neverblock
+    @dir = Dir.mktmpdir("nb-rails")
+    FileUtils.cp_r(File.join(FIXTURES, "rails_app", "."), @dir)
+    port = free_port
+    start(RbConfig.ruby, "bin/rails", "server", "-u", "neverblock", "-b", "127.0.0.1", "-p", port.to_s,
+          "-P", File.join(@dir, "server.pid"), chdir: @dir)
+    response = wait_for_answer(port, timeout: 90)
+    assert_equal "200", response.code
+    assert_match(/\Arails \d+ NeverBlock::Scheduler\n\z/, response.body)
+    stop_and_wait
+    assert_match(/Booting NeverBlock/, @output)
+  end
+end
