@@ -126,8 +126,11 @@ module NeverBlock
           wait_for_events
           reap
           handle_signals
-          raise_boot_failure if @boot_failures >= MAX_BOOT_FAILURES
-          next if @stopping
+          give_up_booting if @boot_failures >= MAX_BOOT_FAILURES
+          if @stopping
+            kill_stragglers if now > @stop_deadline
+            next
+          end
 
           replace_missing
           continue_restart
@@ -265,20 +268,26 @@ module NeverBlock
         nil
       end
 
+      # Stops every worker and waits for them (killing those still there
+      # after the deadline); for when {#supervise} did not get to the end.
       def stop_all
         return if @workers.empty?
 
         begin_stop unless @stopping
         until @workers.empty?
           if now > @stop_deadline
-            @workers.each_value { |worker| kill(worker) }
-            @workers.each_key { |pid| wait_quietly(pid) }
-            @workers.clear
+            kill_stragglers
             break
           end
           IO.select([@wake_reader], nil, nil, 0.1) unless @wake_reader.closed?
           reap
         end
+      end
+
+      def kill_stragglers
+        @workers.each_value { |worker| kill(worker) }
+        @workers.each_key { |pid| wait_quietly(pid) }
+        @workers.clear
       end
 
       def kill(worker)
@@ -294,7 +303,22 @@ module NeverBlock
         nil
       end
 
-      def raise_boot_failure
+      # New workers keep dying before they are ready. During a rolling
+      # restart with old workers still serving, the restart is abandoned and
+      # they go on; otherwise the master stops and {Server#run} raises.
+      def give_up_booting
+        old = @workers.each_value.select { |worker| worker.ready && !worker.stopping }
+        if @restart_queue.any? && old.any?
+          NeverBlock.logger.error("NeverBlock::Server") do
+            "rolling restart abandoned: new workers exited #{@boot_failures} times in a row before they were " \
+              "ready; the #{old.size} running worker(s) keep serving"
+          end
+          @restart_queue.clear
+          @generation = old.map(&:generation).max
+          @boot_failures = 0
+          return
+        end
+
         begin_stop
         stop_all
         raise BootError, "workers exited #{@boot_failures} times in a row before they were ready; " \
@@ -306,7 +330,8 @@ module NeverBlock
         generation = @generation
         pid = fork do
           status_reader.close
-          Worker.run(@server, index, status_writer, @alive_reader, [@wake_reader, @wake_writer, @alive_writer])
+          master_only = [@wake_reader, @wake_writer, @alive_writer] + @workers.each_value.map(&:status_reader)
+          Worker.run(@server, index, status_writer, @alive_reader, master_only)
         end
         status_writer.close
         @workers[pid] = Child.new(index: index, pid: pid, generation: generation, started_at: Time.now,
@@ -325,9 +350,11 @@ module NeverBlock
         # to boot or serving raised.
         # @return [void] never returns.
         def self.run(server, index, status_writer, alive_reader, master_only)
-          master_only.each(&:close)
+          master_only.each { |io| io.close unless io.closed? }
           server.cluster = nil # this process serves; Server#stop stops it
           SIGNALS.each { |name| trap(name, "DEFAULT") }
+          # Meant for the master; a signal sent to the whole process group must not end a worker.
+          %w[USR2 TTIN TTOU].each { |name| trap(name, "IGNORE") }
           trap("TERM") { server.stop }
           trap("INT") { server.stop }
           server.worker_index = index

@@ -5,6 +5,7 @@ require "json"
 require "net/http"
 require "timeout"
 require "open3"
+require "tmpdir"
 
 # Runs `neverblock serve` in child processes and talks to them over HTTP.
 module ServeProcesses
@@ -188,6 +189,23 @@ class ServerClusterTest < PlainTest
     assert_empty failures, "requests failed during the rolling restart: #{failures.first(3).map(&:inspect)}"
     assert (answered_by.keys & after).any?, "the new workers answered: #{answered_by.inspect} #{after.inspect}"
     assert (answered_by.keys & before).any?, "the old workers answered before: #{answered_by.inspect} #{before.inspect}"
+  end
+
+  def test_a_rolling_restart_into_a_broken_app_is_abandoned_and_the_old_workers_keep_serving
+    marker = File.join(Dir.tmpdir, "nb-break-#{Process.pid}-#{rand(1 << 30)}")
+    server = serve("flip.ru", "-w", "1", env: { "NB_TEST_BREAK" => marker })
+    old = eventually { (w = worker_pids(server[:pid])).size == 1 && w }
+    File.write(marker, "")
+    Process.kill("USR2", server[:pid])
+    wait_for_line(server, /rolling restart abandoned/, timeout: 30)
+    assert_equal old, worker_pids(server[:pid])
+    assert_equal old.first, pids(server).first
+    File.delete(marker)
+    Process.kill("USR2", server[:pid]) # a fixed deploy restarts fine
+    fresh = eventually { (w = worker_pids(server[:pid])).size == 1 && w != old && w }
+    eventually { pids(server).first == fresh.first }
+  ensure
+    File.delete(marker) if marker && File.exist?(marker)
   end
 
   def test_ttin_and_ttou_change_the_worker_count
