@@ -23,4 +23,6 @@ Gem::Specification.new do |spec|
   spec.require_paths = ["lib"]
 
   spec.add_dependency "io-event", "~> 1.11"
+  # The HTTP parser of NeverBlock::Server (llhttp's C parser; no dependencies of its own).
+  spec.add_dependency "llhttp", "~> 0.6.2"
 end
