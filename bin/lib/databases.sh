@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Throwaway PostgreSQL 15 and MariaDB 10.11 servers for the tests and benchmarks (sourced,
+# Throwaway PostgreSQL 15, MariaDB 10.11 and Redis servers for the tests and benchmarks (sourced,
 # not executed). Requires common.sh to be sourced first. Root only: the servers run as the
 # postgres and mysql users, which the Debian packages create.
 #
@@ -19,9 +19,11 @@
 #   NEVERBLOCK_MYSQL_HOST NEVERBLOCK_MYSQL_PORT NEVERBLOCK_MYSQL_USER NEVERBLOCK_MYSQL_PASSWORD
 #   NEVERBLOCK_MYSQL_DATABASE     user neverblock (ALL PRIVILEGES on *.*, so it may KILL),
 #                                 database neverblock_test
+#   NEVERBLOCK_REDIS_URL          redis://127.0.0.1:PORT/0 (no password, nothing saved to disk)
 #
 # NEVERBLOCK_DATABASES=external: start nothing and use the servers that the NEVERBLOCK_PG_* and
-# NEVERBLOCK_MYSQL_* variables, already exported, describe (e.g. a development server).
+# NEVERBLOCK_MYSQL_* variables and NEVERBLOCK_REDIS_URL, already exported, describe (e.g. a
+# development server).
 #
 # The servers are fast and unsafe (fsync off), 300 connections each (benchmarks open many).
 # PostgreSQL asks for a password over TCP (scram-sha-256; the tests check that a wrong one is
@@ -34,11 +36,12 @@
 # Layout of the directory (mktemp -d, "neverblock-db.*" under $TMPDIR or /tmp):
 #   pg/data  pg/postgres.log  pg/.s.PGSQL.<port>      owned by postgres
 #   mysql/data  mysql/mysqld.log  mysql/mysqld.sock   owned by mysql
+#   redis/redis.log  redis/redis.pid                   owned by redis
 #   stop                                              present = supervisors stop restarting
 
 NB_PG_BIN=/usr/lib/postgresql/15/bin
 NB_DATABASE_PACKAGES=(postgresql-15 postgresql-contrib mariadb-server mariadb-client
-                      libpq-dev libmariadb-dev)
+                      libpq-dev libmariadb-dev redis-server)
 NB_DB_PASSWORD="${NB_DB_PASSWORD:-neverblock}"   # of the neverblock user on both servers
 NB_DB_START_TIMEOUT=30                          # seconds for a server to accept connections
 NB_DB_STOP_TIMEOUT=20                           # seconds for a clean shutdown before SIGKILL
@@ -58,20 +61,23 @@ nb_databases_start() {
   [[ -z "$NB_DB_DIR" ]] || nb_die "the test databases are already running in $NB_DB_DIR"
   [[ -x "$NB_PG_BIN/postgres" ]] || nb_die "no PostgreSQL 15 in $NB_PG_BIN; run bin/setup"
   command -v mariadbd >/dev/null || nb_die "no mariadbd; run bin/setup"
+  command -v redis-server >/dev/null || nb_die "no redis-server; run bin/setup"
 
   NB_DB_DIR="$(mktemp -d "${TMPDIR:-/tmp}/neverblock-db.XXXXXX")"
   chmod 755 "$NB_DB_DIR"                # let postgres and mysql reach their subdirectories
-  mkdir "$NB_DB_DIR/pg" "$NB_DB_DIR/mysql"
+  mkdir "$NB_DB_DIR/pg" "$NB_DB_DIR/mysql" "$NB_DB_DIR/redis"
   chown postgres:postgres "$NB_DB_DIR/pg"
   chown mysql:mysql "$NB_DB_DIR/mysql"
+  chown redis:redis "$NB_DB_DIR/redis"
   chmod 700 "$NB_DB_DIR/pg"
   _nb_db_watchdog
 
-  local pg_port mysql_port
-  read -r pg_port mysql_port < <(_nb_db_free_ports) || true
-  [[ "$mysql_port" =~ ^[0-9]+$ ]] || nb_die "found no free TCP ports on 127.0.0.1"
+  local pg_port mysql_port redis_port
+  read -r pg_port mysql_port redis_port < <(_nb_db_free_ports) || true
+  [[ "$redis_port" =~ ^[0-9]+$ ]] || nb_die "found no free TCP ports on 127.0.0.1"
   _nb_pg_start "$pg_port"
   _nb_mysql_start "$mysql_port"
+  _nb_redis_start "$redis_port"
 }
 
 nb_databases_stop() {
@@ -92,6 +98,7 @@ nb_databases_stop() {
     if (( tick++ % 10 == 0 )); then
       _nb_db_signal INT "$dir/pg/data/postmaster.pid"
       _nb_db_signal TERM "$dir/mysql/mysqld.pid"
+      _nb_db_signal TERM "$dir/redis/redis.pid"
     fi
     sleep 0.1
   done
@@ -114,18 +121,19 @@ _nb_db_check_external() {
       [[ -n "$(printenv "NEVERBLOCK_${server}_$name")" ]] || missing+=("NEVERBLOCK_${server}_$name")
     done
   done
+  [[ -n "${NEVERBLOCK_REDIS_URL:-}" ]] || missing+=(NEVERBLOCK_REDIS_URL)
   (( ${#missing[@]} == 0 )) ||
     nb_die "NEVERBLOCK_DATABASES=external, but these are not exported: ${missing[*]}"
   nb_log "using external databases: PostgreSQL on $NEVERBLOCK_PG_HOST:$NEVERBLOCK_PG_PORT," \
-         "MariaDB/MySQL on $NEVERBLOCK_MYSQL_HOST:$NEVERBLOCK_MYSQL_PORT"
+         "MariaDB/MySQL on $NEVERBLOCK_MYSQL_HOST:$NEVERBLOCK_MYSQL_PORT, Redis at $NEVERBLOCK_REDIS_URL"
 }
 
-# Prints two free TCP ports on 127.0.0.1, held open together so that they differ. (Perl,
+# Prints three free TCP ports on 127.0.0.1, held open together so that they differ. (Perl,
 # because Debian always has it; the kernel picks the ports.)
 _nb_db_free_ports() {
   perl -MIO::Socket::INET -e '
     my @s = map { IO::Socket::INET->new(Listen => 1, LocalAddr => "127.0.0.1", LocalPort => 0)
-                  or die "cannot bind 127.0.0.1: $!\n" } 1 .. 2;
+                  or die "cannot bind 127.0.0.1: $!\n" } 1 .. 3;
     print join(" ", map { $_->sockport } @s), "\n";'
 }
 
@@ -296,4 +304,21 @@ _nb_mysql_start() {
   [[ "${datadir%/}" == "$dir/data" ]] ||
     nb_die "MariaDB: neverblock@127.0.0.1:$port does not reach the server just started (log: $log)"
   nb_log "MariaDB $version on 127.0.0.1:$port"
+}
+
+_nb_redis_start() {
+  local port="$1" dir="$NB_DB_DIR/redis"
+  local log="$dir/redis.log"
+  # Debian's redis-server, as the redis user, in the foreground under the supervisor; no
+  # persistence (nothing to save between test runs).
+  _nb_db_supervise "$dir/redis.out" \
+    setpriv --reuid=redis --regid=redis --init-groups -- \
+    redis-server --port "$port" --bind 127.0.0.1 --dir "$dir" --pidfile "$dir/redis.pid" \
+      --logfile "$log" --save "" --appendonly no --daemonize no --maxclients 1000
+  _nb_db_wait_ready Redis "$log" redis-cli -h 127.0.0.1 -p "$port" ping
+
+  export NEVERBLOCK_REDIS_URL="redis://127.0.0.1:$port/0"
+  local version
+  version="$(redis-cli -h 127.0.0.1 -p "$port" info server | sed -n 's/^redis_version:\([^[:space:]]*\).*/\1/p')"
+  nb_log "Redis $version on 127.0.0.1:$port"
 }

@@ -3,6 +3,7 @@
 require "test_helper"
 require "pg"
 require "mysql2"
+require "uri"
 
 # The servers bin/test starts (bin/lib/databases.sh), as the database tests
 # rely on them: reachable over TCP with a password, and PostgreSQL back after
@@ -35,6 +36,15 @@ class DatabasesTest < PlainTest
       with_mysql { |killer| killer.query("KILL #{victim.thread_id}") }
       assert_raises(Mysql2::Error) { victim.query("SELECT 1") }
     end
+  end
+
+  def test_redis_answers
+    uri = URI(redis_url)
+    socket = TCPSocket.new(uri.host, uri.port)
+    socket.write("*1\r\n$4\r\nPING\r\n")
+    assert_equal "+PONG\r\n", socket.gets
+  ensure
+    socket&.close
   end
 
   def test_pg_restart_starts_a_new_postmaster_and_old_connections_break

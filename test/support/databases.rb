@@ -2,8 +2,8 @@
 
 require "erb"
 
-# How the tests reach PostgreSQL and MariaDB. bin/test starts throwaway servers
-# (bin/lib/databases.sh) and exports NEVERBLOCK_PG_* and NEVERBLOCK_MYSQL_*;
+# How the tests reach PostgreSQL, MariaDB and Redis. bin/test starts throwaway servers
+# (bin/lib/databases.sh) and exports NEVERBLOCK_PG_*, NEVERBLOCK_MYSQL_* and NEVERBLOCK_REDIS_URL;
 # these helpers read them. A test that needs a server and finds the variables
 # missing fails with a message that says how to start it: database tests never
 # skip silently.
@@ -50,6 +50,14 @@ module NeverBlockTest::Databases
   def mysql_config
     require_mysql!
     read_variables(MYSQL_VARIABLES)
+  end
+
+  # The Redis server bin/test starts (NEVERBLOCK_REDIS_URL).
+  # @return [String] redis://127.0.0.1:PORT/0
+  # @raise [Unavailable] if NEVERBLOCK_REDIS_URL is not set
+  def redis_url
+    require_variables!("Redis", { url: "NEVERBLOCK_REDIS_URL" })
+    ENV.fetch("NEVERBLOCK_REDIS_URL")
   end
 
   # @raise [Unavailable] unless every NEVERBLOCK_PG_* variable is set
