@@ -7,6 +7,7 @@ module NeverBlock
   # The `neverblock` command. Subcommands:
   #
   #   neverblock serve [config.ru]    serve a Rack app (see CLI::Serve)
+  #   neverblock debounce --upstream URL   a coalescing reverse proxy (see CLI::Debounce)
   #   neverblock run FILE [ARGS...]   run a Ruby script inside NeverBlock.run
   #   neverblock -e CODE              run Ruby code inside NeverBlock.run
   #   neverblock version              print the version
@@ -20,6 +21,9 @@ module NeverBlock
       Commands:
         serve [CONFIG_RU] [options]
                              serve a Rack app with NeverBlock::Server (see `neverblock serve --help`)
+        debounce --upstream URL [options]
+                             a reverse proxy that coalesces identical concurrent requests
+                             (see `neverblock debounce --help`)
         run FILE [ARGS...]   run a Ruby script inside NeverBlock.run (blocking calls in it
                              suspend only their fiber; use NeverBlock.spawn for concurrency)
         -e CODE              run Ruby code inside NeverBlock.run
@@ -48,6 +52,9 @@ module NeverBlock
       when "serve"
         require_relative "cli/serve"
         Serve.new(out: @out, err: @err).call(argv)
+      when "debounce"
+        require_relative "cli/debounce"
+        Debounce.new(out: @out, err: @err).call(argv)
       when "run" then run_file(argv)
       when "-e" then run_code(argv)
       when "version", "--version", "-v" then @out.puts("neverblock #{VERSION}") || 0

@@ -1,0 +1,150 @@
+# frozen_string_literal: true
+
+require_relative "../test_helper"
+require "neverblock/server"
+require "timeout"
+require "net/http"
+require "open3"
+
+# `neverblock debounce` as real processes in front of a real upstream: a herd
+# of identical requests costs one upstream request, in one proxy process and
+# across two that share Redis; every client gets the same answer.
+class DebounceProxyTest < PlainTest
+  include NeverBlockTest::Databases
+
+  EXE = File.expand_path("../../exe/neverblock", __dir__)
+  HERD = 500
+
+  def setup
+    @calls = Queue.new
+    @release = Queue.new
+    calls = @calls
+    release = @release
+    app = lambda do |env|
+      calls << env["PATH_INFO"]
+      release.pop if env["PATH_INFO"] == "/config" # held until the whole herd is waiting
+      body = "config v42\n"
+      [200, { "content-type" => "text/plain", "x-upstream" => "yes", "cache-control" => "no-store",
+              "content-length" => body.bytesize.to_s }, [body]]
+    end
+    @upstream = NeverBlock::Server.new(app, bind: ["tcp://127.0.0.1:0"], workers: 0, fiber_pool: 2000)
+    @upstream_url = @upstream.bound_addresses.first.sub("tcp://", "http://")
+    @upstream_thread = Thread.new { @upstream.run }
+    @proxies = []
+  end
+
+  def teardown
+    @release << true while @release.num_waiting.positive?
+    @proxies.each do |proxy|
+      Process.kill("TERM", proxy[:pid])
+      Timeout.timeout(20) { Process.wait(proxy[:pid]) }
+    rescue Errno::ESRCH, Errno::ECHILD
+      nil
+    rescue Timeout::Error
+      Process.kill("KILL", proxy[:pid])
+      Process.wait(proxy[:pid])
+    ensure
+      proxy[:out].close
+    end
+    @upstream.stop
+    @upstream_thread.join(20)
+    super
+  end
+
+  def start_proxy(*args)
+    reader, writer = IO.pipe
+    pid = Process.spawn(RbConfig.ruby, EXE, "debounce", "--upstream", @upstream_url, "--listen", "tcp://127.0.0.1:0",
+                        "-w", "0", *args, out: writer, err: writer)
+    writer.close
+    proxy = { pid: pid, out: reader }
+    @proxies << proxy
+    line = Timeout.timeout(30) { reader.gets } or flunk("the proxy exited")
+    proxy[:port] = Integer(line[%r{on tcp://127\.0\.0\.1:(\d+)}, 1] || flunk("unexpected first line: #{line}"))
+    proxy
+  end
+
+  # Sends HERD identical GETs at once, spread over the ports; returns the
+  # raw responses once the upstream was released.
+  def herd(ports)
+    responses = nil
+    NeverBlock.run do
+      tasks = Array.new(HERD) do |i|
+        NeverBlock.spawn do
+          socket = TCPSocket.new("127.0.0.1", ports[i % ports.size])
+          socket.write("GET /config HTTP/1.1\r\nHost: config.internal\r\nConnection: close\r\n\r\n")
+          socket.read
+        ensure
+          socket&.close
+        end
+      end
+      # Release the upstream once every client is waiting on a proxy.
+      NeverBlock.spawn do
+        NeverBlock.sleep(0.05) until @calls.size >= 1
+        NeverBlock.sleep(1.5)
+        @release << true
+      end
+      responses = NeverBlock.wait_all(tasks)
+    end
+    responses
+  end
+
+  def normalize(response)
+    head, body = response.split("\r\n\r\n", 2)
+    lines = head.split("\r\n")
+    headers = lines[1..].reject { |line| line.match?(/\A(date|x-debounce):/i) }.sort
+    [lines.first, headers, body]
+  end
+
+  def assert_one_answer(responses)
+    assert_equal HERD, responses.size
+    shapes = responses.map { |response| normalize(response) }.uniq
+    assert_equal 1, shapes.size, "every client gets the same status, headers and body: #{shapes.first(2).inspect}"
+    status, headers, body = shapes.first
+    assert_equal "HTTP/1.1 200 OK", status
+    assert_includes headers, "x-upstream: yes"
+    assert_equal "config v42\n", body
+    roles = responses.map { |response| response[/^x-debounce: (\w+)/i, 1] }.tally
+    assert_equal HERD, roles.values.sum
+    roles
+  end
+
+  def test_one_proxy_process_sends_one_upstream_request_for_a_herd
+    proxy = start_proxy
+    roles = assert_one_answer(herd([proxy[:port]]))
+    assert_equal 1, @calls.size, "upstream requests"
+    assert_equal({ "leader" => 1, "follower" => HERD - 1 }, roles)
+  end
+
+  def test_two_proxy_processes_sharing_redis_send_one_upstream_request
+    first = start_proxy("--redis", redis_url)
+    second = start_proxy("--redis", redis_url)
+    roles = assert_one_answer(herd([first[:port], second[:port]]))
+    assert_equal 1, @calls.size, "upstream requests across both processes"
+    assert_equal 1, roles["leader"]
+  end
+
+  def test_requests_that_are_not_coalesced_pass_through
+    proxy = start_proxy
+    response = Net::HTTP.start("127.0.0.1", proxy[:port]) { |http| http.post("/submit", "x=1", "content-type" => "text/plain") }
+    assert_equal "200", response.code
+    assert_nil response["x-debounce"]
+    assert_equal ["/submit"], Array.new(@calls.size) { @calls.pop }
+  end
+
+  def test_upstream_down_is_a_502
+    port = TCPServer.new("127.0.0.1", 0).then { |server| server.addr[1].tap { server.close } }
+    @upstream_url = "http://127.0.0.1:#{port}"
+    proxy = start_proxy
+    response = Net::HTTP.get_response(URI("http://127.0.0.1:#{proxy[:port]}/config"))
+    assert_equal "502", response.code
+  end
+
+  def test_usage_errors
+    out, status = Open3.capture2e(RbConfig.ruby, EXE, "debounce")
+    assert_equal 64, status.exitstatus
+    assert_match(/--upstream is required/, out)
+    out, status = Open3.capture2e(RbConfig.ruby, EXE, "debounce", "--upstream", "ftp://x")
+    assert_equal 64, status.exitstatus
+    assert_match(/upstream must be http/, out)
+  end
+end

@@ -1,0 +1,153 @@
+# frozen_string_literal: true
+
+require_relative "debouncer_helper"
+
+# What is shared with followers, what is stored with a ttl, and for how long.
+class DebouncerCacheTest < NeverBlockTest
+  include DebouncerHelper
+  neverblock_timeout 30
+
+  def respond_with(status = 200, **headers)
+    ->(_env, n) { [status, { "content-type" => "text/plain" }.merge(headers), ["call #{n}\n"]] }
+  end
+
+  def test_without_ttl_nothing_is_stored
+    upstream = Upstream.new
+    debouncer = NeverBlock::Debouncer.new(upstream)
+
+    2.times { request(debouncer, "/") }
+
+    assert_equal 2, upstream.calls
+    assert_equal 0, debouncer.store.size
+  end
+
+  def test_a_response_answers_identical_requests_for_ttl_seconds
+    upstream = Upstream.new
+    debouncer = NeverBlock::Debouncer.new(upstream, ttl: 0.3)
+
+    first = request(debouncer, "/?a=1&b=2")
+    hit = request(debouncer, "/?b=2&a=1")
+    sleep 0.5
+    expired = request(debouncer, "/?a=1&b=2")
+
+    assert_equal ["leader", "call 1\n"], [first[1]["x-debounce"], first[2]]
+    assert_equal ["hit", "call 1\n"], [hit[1]["x-debounce"], hit[2]]
+    assert_equal first[1].except("x-debounce"), hit[1].except("x-debounce")
+    assert_equal ["leader", "call 2\n"], [expired[1]["x-debounce"], expired[2]]
+  end
+
+  def test_cache_control_no_store_and_no_cache_are_never_stored
+    %w[no-store no-cache].each do |directive|
+      upstream = Upstream.new(&respond_with("cache-control" => directive))
+      debouncer = NeverBlock::Debouncer.new(upstream, ttl: 60)
+
+      2.times { request(debouncer, "/") }
+
+      assert_equal 2, upstream.calls, directive
+    end
+  end
+
+  def test_max_age_shortens_the_ttl
+    upstream = Upstream.new(&respond_with("cache-control" => "public, max-age=1"))
+    debouncer = NeverBlock::Debouncer.new(upstream, ttl: 60)
+
+    request(debouncer, "/")
+    assert_equal "hit", request(debouncer, "/")[1]["x-debounce"]
+    sleep 1.2
+    assert_equal "leader", request(debouncer, "/")[1]["x-debounce"]
+    assert_equal 2, upstream.calls
+  end
+
+  def test_max_age_zero_is_not_stored
+    upstream = Upstream.new(&respond_with("cache-control" => "max-age=0"))
+    debouncer = NeverBlock::Debouncer.new(upstream, ttl: 60)
+
+    2.times { request(debouncer, "/") }
+
+    assert_equal 2, upstream.calls
+  end
+
+  def test_a_response_with_set_cookie_is_never_shared_nor_stored
+    upstream = Upstream.new(delay: 0.1) { |_env, n| [200, { "set-cookie" => "session=#{n}" }, ["call #{n}\n"]] }
+    debouncer = NeverBlock::Debouncer.new(upstream, ttl: 60)
+
+    results = concurrently(5) { request(debouncer, "/") }
+    later = request(debouncer, "/")
+
+    assert_equal 6, upstream.calls
+    cookies = (results + [later]).map { |_, headers, _| headers["set-cookie"] }
+    assert_equal 6, cookies.uniq.size, "each request got its own cookie: #{cookies.inspect}"
+    assert_equal 0, debouncer.store.size
+  end
+
+  def test_cache_control_private_is_not_shared
+    upstream = Upstream.new(delay: 0.1, &respond_with("cache-control" => "private"))
+    debouncer = NeverBlock::Debouncer.new(upstream, ttl: 60)
+
+    concurrently(4) { request(debouncer, "/") }
+
+    assert_equal 4, upstream.calls
+  end
+
+  def test_a_5xx_is_shared_with_waiting_followers_but_never_stored
+    upstream = Upstream.new(delay: 0.1, &respond_with(503))
+    debouncer = NeverBlock::Debouncer.new(upstream, ttl: 60)
+
+    results = concurrently(4) { request(debouncer, "/") }
+    assert_equal [503], results.map(&:first).uniq
+    assert_equal 1, upstream.calls
+
+    request(debouncer, "/")
+    assert_equal 2, upstream.calls
+    assert_equal 0, debouncer.store.size
+  end
+
+  def test_followers_with_other_values_of_the_responses_vary_headers_do_not_get_the_leaders_response
+    store = CountingStore.new(NeverBlock::Debouncer::MemoryStore.new)
+    upstream = Upstream.new(hold: -> { store.claims >= 10 }) do |env, n|
+      [200, { "vary" => "Accept-Language" }, ["#{env['HTTP_ACCEPT_LANGUAGE']} #{n}"]]
+    end
+    debouncer = NeverBlock::Debouncer.new(upstream, ttl: 60, store: store)
+    languages = %w[en de]
+
+    results = concurrently(10) { |i| [languages[i % 2], request(debouncer, "/", headers: { "Accept-Language" => languages[i % 2] })] }
+
+    results.each { |language, (_, _, body)| assert_equal language, body.split.first }
+    assert_equal 2, upstream.calls, "the other language coalesces under its own key"
+    assert_equal "de 2", request(debouncer, "/", headers: { "Accept-Language" => "de" })[2], "stored under its own key"
+    assert_equal "en 1", request(debouncer, "/", headers: { "Accept-Language" => "en" })[2]
+    assert_equal 2, upstream.calls
+  end
+
+  def test_vary_star_is_never_shared
+    upstream = Upstream.new(delay: 0.1, &respond_with("vary" => "*"))
+    debouncer = NeverBlock::Debouncer.new(upstream, ttl: 60)
+
+    concurrently(3) { request(debouncer, "/") }
+
+    assert_equal 3, upstream.calls
+  end
+  def test_stale_while_revalidate_answers_stale_while_one_request_refreshes
+    upstream = Upstream.new(delay: 0.2)
+    debouncer = NeverBlock::Debouncer.new(upstream, ttl: 0.1, stale_while_revalidate: 30)
+    request(debouncer, "/")
+    sleep 0.2
+
+    results = concurrently(5) { request(debouncer, "/") }
+    sleep 0.01 until debouncer.store.in_flight.zero?
+
+    assert_equal({ ["stale", "call 1\n"] => 1, ["hit", "call 1\n"] => 4 },
+                 results.map { |_, headers, body| [headers["x-debounce"], body] }.tally)
+    assert_equal 2, upstream.calls, "one refresh"
+    assert_equal ["hit", "call 2\n"], request(debouncer, "/").then { |_, headers, body| [headers["x-debounce"], body] }
+  end
+
+  def test_past_the_stale_window_a_request_waits_for_a_fresh_response
+    upstream = Upstream.new
+    debouncer = NeverBlock::Debouncer.new(upstream, ttl: 0.1, stale_while_revalidate: 0.1)
+    request(debouncer, "/")
+    sleep 0.3
+
+    assert_equal ["leader", "call 2\n"], request(debouncer, "/").then { |_, headers, body| [headers["x-debounce"], body] }
+  end
+end
