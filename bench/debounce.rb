@@ -1,0 +1,284 @@
+#!/usr/bin/env ruby
+# frozen_string_literal: true
+
+# The restart storm of issue 5: CLIENTS clients at once request
+# GET /config from an upstream that takes DELAY (0.2 s) to answer and counts
+# its requests. Measured, each in the same run on this machine:
+#
+# - none        the clients go straight to the upstream
+# - middleware  NeverBlock::Debouncer inside the upstream's own process
+#               (neverblock serve -w 0; the count is what got past it)
+# - proxy       neverblock debounce -w 0 in front of the upstream
+# - proxy+redis neverblock debounce -w 2 --redis: two worker processes that
+#               elect one leader per key through Redis
+# - nginx       Debian's nginx with proxy_cache_lock (1 worker): the first
+#               request goes upstream, the others wait for the cache entry
+#               (nginx polls for it every 500 ms)
+#
+# For each: the upstream requests the storm caused, and the clients' latency
+# (request sent to last byte, every connection opened beforehand; p50, p99, max), median of --runs runs; each run asks
+# for a fresh URL (/config?run=N), so nothing is served from a previous
+# run's cache. The targets: 1 upstream request instead of CLIENTS, p99 at
+# most 1.2x one upstream call, and a p99 better than nginx's.
+#
+#   bench/run debounce [--clients 500] [--delay 0.2] [--runs 3]
+#
+# bench/run starts Redis (and the databases) with bin/databases; run directly,
+# the script needs NEVERBLOCK_REDIS_URL for the proxy+redis row (else it is
+# skipped). Writes <out>/debounce.csv and <out>/debounce.svg.
+
+$LOAD_PATH.unshift(File.expand_path("../lib", __dir__))
+begin
+  require "bundler/setup"
+rescue LoadError, StandardError => e
+  warn "bundler/setup failed (#{e.message.lines.first&.strip}); using installed gems"
+end
+require "optparse"
+require "fileutils"
+require "tmpdir"
+require "neverblock"
+require_relative "support/csv_file"
+require_relative "support/machine"
+require_relative "support/server_process"
+require_relative "support/svg_chart"
+require_relative "support/table"
+
+module NeverBlockBench
+  # bench/debounce.rb
+  class DebounceBench
+    ROOT = File.expand_path("..", __dir__)
+    EXE = File.join(ROOT, "exe", "neverblock")
+    UPSTREAM = File.join(__dir__, "support", "debounce_upstream.ru")
+    VARIANTS = %w[none middleware proxy proxy+redis nginx].freeze
+
+    # One variant's runs.
+    Result = Struct.new(:variant, :upstream_requests, :p50, :p99, :max, :errors, keyword_init: true)
+
+    def initialize(argv)
+      @options = { clients: 500, delay: 0.2, runs: 3, out: File.join(ROOT, "bench", "results"), only: VARIANTS }
+      OptionParser.new do |o|
+        o.banner = "Usage: bench/run debounce [options]"
+        o.on("--clients N", Integer, "clients in the storm (default 500)") { |n| @options[:clients] = n }
+        o.on("--delay SECONDS", Float, "the upstream's answer time (default 0.2)") { |s| @options[:delay] = s }
+        o.on("--runs N", Integer, "runs per variant; the median is reported (default 3)") { |n| @options[:runs] = n }
+        o.on("--only LIST", Array, "variants (#{VARIANTS.join(',')})") { |list| @options[:only] = list }
+        o.on("--out DIR", "where debounce.csv and debounce.svg go") { |dir| @options[:out] = dir }
+      end.parse!(argv)
+      unknown = @options[:only] - VARIANTS
+      abort "unknown variants: #{unknown.join(', ')}" unless unknown.empty?
+    end
+
+    def run
+      Machine.raise_fd_limit(@options[:clients] * 4 + 256)
+      @dir = Dir.mktmpdir("nb-debounce-bench")
+      results = @options[:only].filter_map { |variant| measure(variant) }
+      report(results)
+    ensure
+      ServerProcess.stop_all
+      FileUtils.rm_rf(@dir) if @dir
+    end
+
+    private
+
+    def measure(variant)
+      if variant == "proxy+redis" && !ENV["NEVERBLOCK_REDIS_URL"]
+        warn "skipping proxy+redis: NEVERBLOCK_REDIS_URL is not set (bench/run starts Redis)"
+        return nil
+      end
+      warn "#{variant}: #{@options[:runs]} storms of #{@options[:clients]} clients"
+      servers = []
+      upstream_port = ServerProcess.free_port
+      env = { "NB_BENCH_DELAY" => @options[:delay].to_s, "NB_BENCH_DEBOUNCE" => variant == "middleware" ? "1" : nil }
+      servers << upstream = ServerProcess.start("upstream", neverblock_serve(upstream_port), port: upstream_port, env: env)
+      upstream.wait_until_ready(path: "/count")
+      front = front_server(variant, upstream_port)
+      servers << front if front
+      port = front ? front.port : upstream_port
+      runs = Array.new(@options[:runs]) do |run|
+        get(upstream_port, "/count") # reset
+        latencies, errors = storm(port, "/config?run=#{run}")
+        { upstream: Integer(get(upstream_port, "/count")), latencies: latencies.sort, errors: errors }
+      end
+      summarize(variant, runs)
+    ensure
+      servers&.reverse_each(&:stop)
+    end
+
+    def neverblock_serve(port)
+      [RbConfig.ruby, EXE, "serve", UPSTREAM, "-w", "0", "-b", "tcp://127.0.0.1:#{port}"]
+    end
+
+    def front_server(variant, upstream_port)
+      port = ServerProcess.free_port
+      upstream = "http://127.0.0.1:#{upstream_port}"
+      server =
+        case variant
+        when "none", "middleware" then return nil
+        when "proxy"
+          ServerProcess.start(variant, [RbConfig.ruby, EXE, "debounce", "--upstream", upstream, "-w", "0",
+                                        "--listen", "tcp://127.0.0.1:#{port}"], port: port)
+        when "proxy+redis"
+          ServerProcess.start(variant, [RbConfig.ruby, EXE, "debounce", "--upstream", upstream, "-w", "2",
+                                        "--redis", ENV.fetch("NEVERBLOCK_REDIS_URL"),
+                                        "--listen", "tcp://127.0.0.1:#{port}"], port: port)
+        when "nginx" then nginx(port, upstream_port)
+        end
+      server.wait_until_ready(path: "/count")
+      server
+    end
+
+    # nginx with a cache lock: concurrent misses for one key wait for the
+    # first request's response to land in the cache.
+    def nginx(port, upstream_port)
+      prefix = File.join(@dir, "nginx")
+      FileUtils.mkdir_p(prefix)
+      config = File.join(prefix, "nginx.conf")
+      File.write(config, <<~NGINX)
+        worker_processes 1;
+        daemon off;
+        master_process off;
+        pid #{prefix}/nginx.pid;
+        error_log #{prefix}/error.log warn;
+        events { worker_connections 8192; }
+        http {
+          access_log off;
+          client_body_temp_path #{prefix}/body;
+          proxy_temp_path #{prefix}/proxy;
+          fastcgi_temp_path #{prefix}/fastcgi;
+          uwsgi_temp_path #{prefix}/uwsgi;
+          scgi_temp_path #{prefix}/scgi;
+          proxy_cache_path #{prefix}/cache levels=1:2 keys_zone=storm:10m;
+          upstream app { server 127.0.0.1:#{upstream_port}; keepalive 64; }
+          server {
+            listen 127.0.0.1:#{port};
+            location /count { proxy_pass http://app; }
+            location / {
+              proxy_pass http://app;
+              proxy_http_version 1.1;
+              proxy_set_header Connection "";
+              proxy_cache storm;
+              proxy_cache_valid 200 1s;
+              proxy_cache_lock on;
+              proxy_cache_lock_timeout 10s;
+              proxy_cache_lock_age 10s;
+            }
+          }
+        }
+      NGINX
+      ServerProcess.start("nginx", ["nginx", "-p", prefix, "-c", config], port: port)
+    end
+
+    # CLIENTS connections are opened first; then every client sends its
+    # GET at once (a storm is many clients asking in the same instant, not
+    # this client's connect rate). Returns the latencies (s, request sent to
+    # last byte) of the complete 200 responses and the count of others.
+    def storm(port, path)
+      latencies = []
+      errors = 0
+      request = "GET #{path} HTTP/1.1\r\nHost: config.internal\r\nConnection: close\r\n\r\n"
+      NeverBlock.run do
+        sockets = NeverBlock.map(1..@options[:clients], concurrency: 100) { TCPSocket.new("127.0.0.1", port) }
+        go = Thread::Queue.new
+        tasks = sockets.map do |socket|
+          NeverBlock.spawn do
+            go.pop
+            started = now
+            socket.write(request)
+            response = socket.read
+            if response.start_with?("HTTP/1.1 200")
+              latencies << (now - started)
+            else
+              errors += 1
+            end
+          rescue SystemCallError, IOError
+            errors += 1
+          ensure
+            socket.close
+          end
+        end
+        NeverBlock.sleep(0.2) # every client waits on the queue; the servers accepted every connection
+        sockets.size.times { go << true }
+        NeverBlock.wait_all(tasks)
+      end
+      [latencies, errors]
+    end
+
+    def get(port, path)
+      socket = TCPSocket.new("127.0.0.1", port)
+      socket.write("GET #{path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+      socket.read.split("\r\n\r\n", 2).last.strip
+    ensure
+      socket&.close
+    end
+
+    def summarize(variant, runs)
+      median = ->(values) { values.sort[values.size / 2] }
+      percentile = ->(sorted, q) { sorted.empty? ? Float::NAN : sorted[[(sorted.size * q).ceil - 1, 0].max] }
+      Result.new(variant: variant,
+                 upstream_requests: median.call(runs.map { |run| run[:upstream] }),
+                 p50: median.call(runs.map { |run| percentile.call(run[:latencies], 0.50) }),
+                 p99: median.call(runs.map { |run| percentile.call(run[:latencies], 0.99) }),
+                 max: median.call(runs.map { |run| run[:latencies].last || Float::NAN }),
+                 errors: runs.sum { |run| run[:errors] })
+    end
+
+    def report(results)
+      delay = @options[:delay]
+      nginx = results.find { |result| result.variant == "nginx" }
+      puts "# Restart storm: #{@options[:clients]} clients at once, upstream answers in #{(delay * 1000).round} ms " \
+           "(median of #{@options[:runs]} runs)"
+      puts "# #{Machine.description} - #{Machine.ruby_description}"
+      puts "# server, proxies and clients share the machine; connections opened first, then every GET at once;"
+      puts "# latency = request sent to last byte"
+      puts
+      table = Table.new(["variant", "upstream requests", "p50 ms", "p99 ms", "max ms", "p99 / upstream call",
+                         "errors", "targets"])
+      results.each do |result|
+        table << [result.variant, result.upstream_requests, ms(result.p50), ms(result.p99), ms(result.max),
+                  result.p99.nan? ? "n/a" : format("%.2fx", result.p99 / delay), result.errors, targets(result, nginx)]
+      end
+      puts table
+      write_files(results)
+    end
+
+    def targets(result, nginx)
+      return "-" if %w[none nginx].include?(result.variant)
+
+      checks = ["1 request #{result.upstream_requests == 1 ? 'met' : 'NOT met'}",
+                "p99 <= 1.2x #{result.p99 <= 1.2 * @options[:delay] ? 'met' : 'NOT met'}"]
+      checks << "p99 < nginx #{result.p99 < nginx.p99 ? 'met' : 'NOT met'}" if nginx
+      checks.join(", ")
+    end
+
+    def ms(seconds)
+      seconds.nan? ? "n/a" : format("%.0f", seconds * 1000)
+    end
+
+    def write_files(results)
+      FileUtils.mkdir_p(@options[:out])
+      csv = File.join(@options[:out], "debounce.csv")
+      CsvFile.write(csv, %w[variant clients delay_s upstream_requests p50_s p99_s max_s errors],
+                    results.map do |r|
+                      [r.variant, @options[:clients], @options[:delay], r.upstream_requests, r.p50.round(4),
+                       r.p99.round(4), r.max.round(4), r.errors]
+                    end)
+      chart = SvgChart.new(title: "Restart storm: #{@options[:clients]} identical GETs at once",
+                           subtitle: "upstream answers in #{(@options[:delay] * 1000).round} ms; #{Machine.description}")
+      names = results.map(&:variant)
+      chart.add_panel(title: "upstream requests (log scale)", categories: ["upstream requests"],
+                      series: names.zip(results.map { |r| [[r.upstream_requests, 1].max] }).to_h, log: true)
+      chart.add_panel(title: "client p99 latency, ms", categories: ["p99"],
+                      series: names.zip(results.map { |r| [r.p99.nan? ? nil : (r.p99 * 1000).round(1)] }).to_h)
+      svg = File.join(@options[:out], "debounce.svg")
+      chart.write(svg)
+      puts
+      puts "wrote #{csv.delete_prefix("#{ROOT}/")} and #{svg.delete_prefix("#{ROOT}/")}"
+    end
+
+    def now
+      Process.clock_gettime(Process::CLOCK_MONOTONIC)
+    end
+  end
+end
+
+NeverBlockBench::DebounceBench.new(ARGV).run if $PROGRAM_NAME == __FILE__
