@@ -78,6 +78,12 @@ module NeverBlock
       { size: @size, busy: @workers - @idle.size, idle: @idle.size, queued: @queue.size, completed: @completed }
     end
 
+    # @return [Boolean] true when every fiber is busy: a block spawned now
+    #   would wait (in the queue) for one to be free.
+    def full?
+      @idle.empty? && @workers >= @size
+    end
+
     # Stops accepting blocks, waits up to `timeout` seconds for running and
     # queued blocks to finish, then cancels whatever is left and retires the
     # fibers. Called inside the loop it suspends only the calling fiber.

@@ -8,6 +8,7 @@ require_relative "server/listener"
 require_relative "server/request"
 require_relative "server/parser"
 require_relative "server/response"
+require_relative "server/access_log"
 require_relative "server/connection"
 require_relative "server/cluster"
 require_relative "server/status_endpoint"
@@ -21,19 +22,34 @@ module NeverBlock
   #   trap("TERM") { server.stop }
   #   server.run   # blocks until #stop
   #
-  # - Each connection is served by a fiber of a bounded {FiberPool}; its
-  #   requests (pipelined ones in order) run in that fiber. When all
-  #   `fiber_pool` fibers are busy, the server stops accepting, so new
-  #   connections wait in the kernel's backlog: none is dropped.
+  # - Each connection is served by a fiber of a bounded {FiberPool} (of
+  #   `max_connections` fibers); its requests (pipelined ones in order) run
+  #   in that fiber. At most `fiber_pool` requests are answered at once,
+  #   each from its first byte until its response is written; an idle
+  #   keep-alive connection holds no such slot, only its parked fiber and
+  #   a few objects (about 20 KiB with a small app: 10,000 idle
+  #   connections take 200-250 MB; an app with deep stacks leaves each
+  #   fiber with more stack pages touched). A request
+  #   that arrives while every slot is taken waits for one (FIFO; its
+  #   connection reads nothing meanwhile), and the server stops accepting;
+  #   at `max_connections` open connections too. New connections then wait
+  #   in the kernel's backlog: none is dropped.
   # - HTTP/1.1 keep-alive (and HTTP/1.0's `Connection: keep-alive`), chunked
   #   request bodies, `Expect: 100-continue`, streaming bodies (`each` and
   #   `call(stream)`, chunked when there is no Content-Length), HEAD.
   # - Parsing is llhttp's C parser (the `llhttp` gem); {Limits} bound what a
   #   client may send, and refused requests get 400/408/413/414/431/505 and
   #   a closed connection.
-  # - Not yet: `rack.hijack` (`rack.hijack?` is false; an Upgrade or CONNECT
-  #   request is answered by the app, then the connection is closed), TLS,
-  #   workers.
+  # - `rack.hijack`, full and partial: an Upgrade or CONNECT request reaches
+  #   the app, which may take the socket (a WebSocket handshake); if it does
+  #   not, the connection closes after its response. A hijacked socket is
+  #   the app's: the server neither counts nor closes it, also on {#stop}; a
+  #   task the app spawns to serve it keeps {#run} from returning until it
+  #   ends. An upgrade whose client sent more bytes right behind it (in the
+  #   same read) is refused with 400, since those bytes could not reach the
+  #   app (see {Parser}).
+  # - An access log, off by default (`access_log:`, see {AccessLog}).
+  # - Not yet: TLS.
   class Server
     # SERVER_SOFTWARE in the env.
     SOFTWARE = "NeverBlock/#{VERSION}"
@@ -54,7 +70,10 @@ module NeverBlock
     # @param workers [Integer] processes to fork and serve in; 0 serves in this
     #   process (no master). With workers, {#run} is the master: it binds,
     #   forks, respawns workers that die and handles signals (see {Cluster}).
-    # @param fiber_pool [Integer] the most connections served at once.
+    # @param fiber_pool [Integer] the most requests answered at once, each
+    #   from its first byte until its response is written; idle keep-alive
+    #   connections do not count. Open connections are bounded by
+    #   `max_connections` (see {Limits}).
     # @param before_fork [#call, nil] called in the master before the first
     #   worker is forked (close what children must not share).
     # @param on_worker_boot [#call, nil] called with the worker index in each
@@ -63,12 +82,15 @@ module NeverBlock
     # @param status_path [String, nil] a path (like `"/_neverblock/status"`)
     #   answered by the server itself with {#stats} as JSON, for GET only;
     #   nil (the default) answers nothing there.
+    # @param access_log [nil, false, true, IO, Logger] one line per request
+    #   (see {AccessLog}); true logs to `$stdout`; nil or false (the default): none.
     # @param limits [Hash] see {Limits}: `max_request_target:`, `max_header_bytes:`,
-    #   `max_headers:`, `max_body:`, `header_timeout:`, `body_timeout:`,
-    #   `idle_timeout:`, `write_timeout:`, `shutdown_timeout:`.
+    #   `max_headers:`, `max_body:`, `max_body_in_memory:`, `max_connections:`,
+    #   `header_timeout:`, `body_timeout:`, `idle_timeout:`, `write_timeout:`,
+    #   `shutdown_timeout:`.
     # @raise [ArgumentError] for an invalid bind spec or option.
     def initialize(app, bind: ["tcp://0.0.0.0:9292"], workers: Etc.nprocessors, fiber_pool: 1000,
-                   before_fork: nil, on_worker_boot: nil, status_path: nil, **limits)
+                   before_fork: nil, on_worker_boot: nil, status_path: nil, access_log: nil, **limits)
       raise ArgumentError, "app must respond to call" unless app.respond_to?(:call)
 
       @app = app
@@ -82,6 +104,7 @@ module NeverBlock
       @cluster = nil
       @worker_index = nil
       @on_ready = nil
+      @access_log = AccessLog.build(access_log)
 
       @limits = Limits.build(limits)
       @pool_size = NeverBlock.validate_size!(fiber_pool, :fiber_pool)
@@ -94,7 +117,11 @@ module NeverBlock
       @total = 0
       @pool = nil
       @scheduler = nil
-      @waiters = [] # fibers waiting for room (acceptors) or for the last connection to close (#shutdown)
+      @waiters = [] # acceptors waiting for room
+      @slots_taken = 0 # requests being answered, at most @pool_size
+      @slot_waiters = [] # connections whose next request waits for a slot, oldest first
+      @accept_failed_at = nil
+      @granted = {}.compare_by_identity # waiters handed a slot, not yet resumed
       @stopping = false
       @stop_requested = false
       @wake_reader, @wake_writer = IO.pipe
@@ -119,7 +146,14 @@ module NeverBlock
       raise Error, "this NeverBlock::Server has already run; create a new one" if @wake_reader.closed?
       return serve_here if @workers.zero?
 
-      Cluster.new(self, @workers, @listeners).run
+      begin
+        Cluster.new(self, @workers, @listeners).run
+      ensure
+        @cluster = nil
+        @listeners.each(&:close)
+        @wake_reader.close
+        @wake_writer.close
+      end
     end
 
     # @return [Integer] worker processes (0: serves in the calling process).
@@ -134,7 +168,7 @@ module NeverBlock
       @listeners.each(&:listen)
       NeverBlock.run do
         @scheduler = NeverBlock.current_scheduler!
-        @pool = FiberPool.new(size: @pool_size, queue_limit: @limits.max_connections)
+        @pool = FiberPool.new(size: @limits.max_connections, queue_limit: 0)
         @accepting = {}
         acceptors = @listeners.map { |listener| NeverBlock.spawn { accept_loop(listener) } }
         @on_ready&.call
@@ -169,14 +203,25 @@ module NeverBlock
     # In a worker (or with `workers: 0`): this process's connections,
     # requests, fiber pool and the database pools that have connections
     # ({ConnectionPool.active}). In the master of a {Cluster}: its workers.
-    # @return [Hash] `{pid:, worker:, connections:, requests_in_flight:,
-    #   requests_total:, fiber_pool:, database_pools:}`; fiber_pool is
-    #   {FiberPool#stats} (nil when not running); or {Cluster#stats} in the master.
+    # `connections` are open ones (at most `max_connections`), of which
+    # `idle_connections` wait for their next request (or for a slot for
+    # it); `requests_in_flight` are in the app or having their response
+    # written; `fiber_pool` is `{size:, busy:, queued:}`: the `fiber_pool`
+    # request slots, those taken (from a request's first byte to its
+    # response's end) and the connections waiting for one; and
+    # `connection_fibers` is {FiberPool#stats} of the connections' fibers.
+    # @return [Hash] `{pid:, worker:, connections:, idle_connections:,
+    #   requests_in_flight:, requests_total:, fiber_pool:, connection_fibers:,
+    #   database_pools:}` (connection_fibers nil when not running); or
+    #   {Cluster#stats} in the master.
     def stats
       return @cluster.stats if @cluster
 
       { pid: Process.pid, worker: @worker_index, connections: @connections.size,
-        requests_in_flight: @in_flight, requests_total: @total, fiber_pool: @pool&.stats,
+        idle_connections: @connections.each_key.count(&:idle?),
+        requests_in_flight: @in_flight, requests_total: @total,
+        fiber_pool: { size: @pool_size, busy: @slots_taken, queued: @slot_waiters.size },
+        connection_fibers: @pool&.stats,
         database_pools: ConnectionPool.active.map { |pool| { name: pool.name, **pool.stats } } }
     end
 
@@ -198,28 +243,119 @@ module NeverBlock
       @in_flight -= 1
     end
 
+    # @api private
+    # Takes a request slot if one is free and no connection waits for one.
+    # The caller gives it back with {#release_slot}.
+    # @return [Boolean] whether it took one.
+    def take_slot
+      return false if @slots_taken >= @pool_size || !@slot_waiters.empty?
+
+      @slots_taken += 1
+      true
+    end
+
+    # @api private
+    # Takes a request slot, waiting (first come, first served) until one is
+    # handed over if none is free. The caller gives it back with
+    # {#release_slot}; a cancel during the wait leaves it without one.
+    # @return [void]
+    def wait_for_slot
+      return if take_slot
+
+      fiber = Fiber.current
+      @slot_waiters << fiber
+      @scheduler.suspend until @granted.delete(fiber)
+      fiber = nil
+    ensure
+      if fiber # the wait was interrupted: pass on a slot handed over meanwhile
+        @slot_waiters.delete(fiber)
+        release_slot if @granted.delete(fiber)
+      end
+    end
+
+    # @api private
+    # Gives a request slot back: to the connection that has waited longest
+    # for one, else to the pool of free slots.
+    # @return [void]
+    def release_slot
+      if (waiter = @slot_waiters.shift)
+        @granted[waiter] = true
+        @scheduler.wake(waiter)
+      else
+        @slots_taken -= 1
+        room_freed
+      end
+    end
+
+    # @api private
+    # @return [AccessLog, nil]
+    attr_reader :access_log
+
+    # @api private
+    # The app took the connection's socket (rack.hijack): it is no longer
+    # the server's to count, and the server will not close it.
+    # @return [void]
+    def connection_hijacked(connection)
+      @connections.delete(connection)
+      room_freed
+    end
+
     private
 
-    # Takes a slot before each accept, so at most `fiber_pool` connections
-    # are served and the rest wait in the kernel backlog. Only its two waits
-    # (for a slot, for a connection) may be interrupted by {#shutdown}: a
-    # cancel inside FiberPool#spawn would lose track of a running connection.
+    # Accepts while there is room: fewer than `max_connections` open (and
+    # a free fiber for one) and a free request slot. Otherwise it stops,
+    # and new connections wait in the kernel's backlog until a request or a
+    # connection ends: none is dropped. Only its waits (for room, for a
+    # connection) may be interrupted by {#shutdown}: it never waits while
+    # it holds an accepted socket.
     def accept_loop(listener)
       until @stopping
-        slot = false
         @accepting[listener] = true
         begin
-          @slots.push(true)
-          slot = true
-          socket = listener.accept
-        rescue Exception # rubocop:disable Lint/RescueException -- give the slot back, whatever ended the wait
-          @slots.pop if slot # our own token is still queued: this does not wait
-          raise
+          wait_for_room
+          socket = accept_now(listener)
+          listener.wait_readable unless socket
         ensure
           @accepting.delete(listener)
         end
-        serve(socket, listener)
+        serve(socket, listener) if socket
       end
+    end
+
+    # Out of file descriptors or kernel memory, accept fails and the
+    # connection stays in the backlog: wait a little, then try again
+    # (logged at most once a second).
+    def accept_now(listener)
+      listener.accept_now
+    rescue Errno::EMFILE, Errno::ENFILE, Errno::ENOBUFS, Errno::ENOMEM => e
+      clock = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      if @accept_failed_at.nil? || clock - @accept_failed_at >= 1
+        @accept_failed_at = clock
+        NeverBlock.logger.warn("NeverBlock::Server: accept failed (#{e.message}) with #{@connections.size} " \
+                               "connections open; lower max_connections or raise the open-file limit (ulimit -n)")
+      end
+      NeverBlock.sleep(0.1)
+      nil
+    end
+
+    def room?
+      @slots_taken < @pool_size && @connections.size < @limits.max_connections && !@pool.full?
+    end
+
+    # A request slot or a connection was given back: acceptors waiting for
+    # room look again.
+    def room_freed
+      @waiters.each { |fiber| @scheduler.wake(fiber) } unless @waiters.empty?
+    end
+
+    def wait_for_room
+      return if room?
+
+      fiber = Fiber.current
+      @waiters << fiber
+      @scheduler.wait_until { room? }
+    ensure
+      @waiters.delete(fiber) if fiber
     end
 
     def serve(socket, listener)
@@ -231,16 +367,21 @@ module NeverBlock
         connection.run
       ensure
         @connections.delete(connection)
-        socket.close unless socket.closed?
-        @slots.pop
+        socket.close unless socket.closed? || connection.hijacked?
+        room_freed
       end
+      # Ruby could not create the fiber (the task failed and was logged).
+      discard(connection, socket) unless spawned || connection.task.alive?
     rescue StandardError
       raise if spawned
 
+      discard(connection, socket)
+      raise
+    end
+
+    def discard(connection, socket)
       @connections.delete(connection)
       socket.close unless socket.closed?
-      @slots.pop
-      raise
     end
 
     def shutdown(acceptors)

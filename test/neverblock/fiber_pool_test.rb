@@ -64,6 +64,17 @@ class FiberPoolTest < NeverBlockTest
     assert_equal({ size: 2, busy: 0, idle: 2, queued: 0, completed: 5 }, pool.stats)
   end
 
+  def test_full_while_every_fiber_is_busy
+    pool = NeverBlock::FiberPool.new(size: 2)
+    refute pool.full?
+    first = pool.spawn { sleep 0.02 }
+    refute pool.full?
+    second = pool.spawn { sleep 0.02 }
+    assert pool.full?
+    [first, second].each(&:wait)
+    refute pool.full?, "its fibers are idle again"
+  end
+
   def test_a_failing_block_does_not_kill_the_worker
     pool = NeverBlock::FiberPool.new(size: 1)
     failing = pool.spawn { raise "pooled failure" }

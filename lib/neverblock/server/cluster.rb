@@ -66,6 +66,8 @@ module NeverBlock
         raise Error, "a Server with workers forks and blocks: call #run outside NeverBlock.run, or pass workers: 0" if Fiber.scheduler
 
         @listeners.each(&:listen)
+        @master_pid = Process.pid
+        @stop_before_trap = false
         @wake_reader, @wake_writer = IO.pipe
         @alive_reader, @alive_writer = IO.pipe # workers see EOF when the master is gone
         previous = trap_signals
@@ -102,9 +104,23 @@ module NeverBlock
         { master_pid: Process.pid, workers: workers, generation: @generation, stopping: @stopping }
       end
 
+      # @api private
+      # @return [Boolean] whether this (forked) process got TERM or INT
+      #   before its worker handlers were in place.
+      def stop_before_trap?
+        @stop_before_trap
+      end
+
       private
 
+      # In a worker that has not yet installed its own handlers (just
+      # forked), the master's handler still runs: a stop signal is noted for
+      # the worker to act on ({Worker.run}), not sent to the master's pipe.
       def signal(name)
+        if Process.pid != @master_pid
+          @stop_before_trap = true if %w[TERM INT].include?(name)
+          return
+        end
         @signals << name
         @wake_writer&.write_nonblock(".", exception: false)
       rescue IOError
@@ -331,7 +347,7 @@ module NeverBlock
         pid = fork do
           status_reader.close
           master_only = [@wake_reader, @wake_writer, @alive_writer] + @workers.each_value.map(&:status_reader)
-          Worker.run(@server, index, status_writer, @alive_reader, master_only)
+          Worker.run(@server, index, status_writer, @alive_reader, master_only, self)
         end
         status_writer.close
         @workers[pid] = Child.new(index: index, pid: pid, generation: generation, started_at: Time.now,
@@ -349,14 +365,15 @@ module NeverBlock
         # then exits the process: 0 after a clean stop, 1 if the app failed
         # to boot or serving raised.
         # @return [void] never returns.
-        def self.run(server, index, status_writer, alive_reader, master_only)
-          master_only.each { |io| io.close unless io.closed? }
+        def self.run(server, index, status_writer, alive_reader, master_only, cluster)
           server.cluster = nil # this process serves; Server#stop stops it
-          SIGNALS.each { |name| trap(name, "DEFAULT") }
-          # Meant for the master; a signal sent to the whole process group must not end a worker.
-          %w[USR2 TTIN TTOU].each { |name| trap(name, "IGNORE") }
           trap("TERM") { server.stop }
           trap("INT") { server.stop }
+          server.stop if cluster.stop_before_trap? # TERM came between fork and the traps above
+          (SIGNALS - %w[TERM INT]).each { |name| trap(name, "DEFAULT") }
+          # Meant for the master; a signal sent to the whole process group must not end a worker.
+          %w[USR2 TTIN TTOU].each { |name| trap(name, "IGNORE") }
+          master_only.each { |io| io.close unless io.closed? }
           server.worker_index = index
           status = 1
           begin

@@ -6,6 +6,11 @@ module NeverBlock
     # reads, parses, calls the app for each request in order (pipelined
     # requests included) and keeps the connection open while HTTP and the
     # server allow.
+    #
+    # From the first byte of a request until the connection is idle again
+    # (its requests answered, nothing more read) it holds one of the
+    # server's `fiber_pool` request slots; waiting for its next request it
+    # holds none, and it takes one before reading that request's bytes.
     class Connection
       # Bytes read from the socket at a time.
       READ_SIZE = 16 * 1024
@@ -30,6 +35,9 @@ module NeverBlock
         @socket = socket
         @listener = listener
         @idle = false
+        @slot = false
+        @app_env = nil # the env of the request the app is handling, while it does
+        @hijacked = false
       end
 
       # Serves requests until the client or HTTP ends the connection, an
@@ -54,7 +62,12 @@ module NeverBlock
 
           while (request = requests.first)&.complete
             requests.shift
-            return unless serve(request)
+            begin
+              keep_open = serve(request)
+            ensure
+              request.close # a spooled body's file
+            end
+            return unless keep_open
           end
           return refuse(error) if error
           return if @server.stopping? && !@parser.in_message?
@@ -66,6 +79,51 @@ module NeverBlock
         end
       rescue Response::ClientGone, SystemCallError, IOError
         nil # the client went away (or reset the connection before we started)
+      ensure
+        @parser&.requests&.each(&:close) # refused or cut short: their spooled bodies
+        release_slot
+      end
+
+      # @return [Boolean] true while it waits for its next request (or for a
+      #   request slot to read it), holding no slot.
+      def idle?
+        @idle
+      end
+
+      # The Rack full hijack (`env["rack.hijack"].call`): from now on the
+      # socket is the app's. The server no longer counts the connection,
+      # ignores the app's response, and never reads, writes or closes the
+      # socket (not even when the app raises, nor on {Server#stop}).
+      #
+      # Only the request being answered may take the socket, while the app
+      # handles it, and only if the client sent nothing after it yet: bytes
+      # already read from the socket could not reach the app. An Upgrade or
+      # CONNECT request always qualifies (see {Parser}).
+      #
+      # The app may serve the socket in the request's own fiber (which holds
+      # a connection slot until it returns) or in a task it spawns (which
+      # keeps {Server#run} from returning until it ends: close such sockets
+      # when the server stops). Also sets `rack.hijack_io`.
+      # @return [Socket]
+      # @raise [Error] when called outside the app's `call`, or when the
+      #   client already pipelined more bytes after the request.
+      def hijack
+        return @socket if @hijacked
+        raise Error, "rack.hijack can only be called inside the app's call(env)" unless @app_env
+        if @parser.in_message? || !@parser.requests.empty?
+          raise Error, "rack.hijack refused: the client already sent more bytes after this request (pipelining), " \
+                       "which the app could not read from the socket; hijack Upgrade requests, or answer this one normally"
+        end
+
+        take_over
+        @app_env["rack.hijack_io"] = @socket # Rack 2's way, still read by some WebSocket libraries
+        @socket
+      end
+
+      # @return [Boolean] true once the app took the socket (full or partial
+      #   hijack): the server must not close it.
+      def hijacked?
+        @hijacked
       end
 
       # Ends the connection now if it is waiting for a next request (for
@@ -81,10 +139,9 @@ module NeverBlock
       #   should just be closed (EOF, idle timeout).
       # @raise [HTTPError] 408 when a request is too slow.
       def read_more
-        if !@parser.in_message?
-          timeout = @limits.idle_timeout
-          @idle = true
-        elsif @parser.in_body?
+        return read_next_request unless @parser.in_message?
+
+        if @parser.in_body?
           timeout = @limits.body_timeout
           slow = "no request body for #{timeout} s"
         else
@@ -96,13 +153,50 @@ module NeverBlock
           data = @socket.read_nonblock(READ_SIZE, buffer, exception: false)
           return data unless data == :wait_readable
           next if timeout.positive? && @socket.wait_readable(timeout)
-          return nil unless slow
 
           refuse(HTTPError.new(408, slow))
           return nil
         end
+      end
+
+      # Waits (idle) for the first bytes of the next request, for at most
+      # `idle_timeout` seconds, and takes a request slot before reading
+      # them; while every slot is taken it waits for one, reading nothing.
+      # @return [String, nil] the bytes, nil on EOF or idle timeout.
+      def read_next_request
+        release_slot
+        @idle = true
+        server = @server
+        buffer = server.read_buffer
+        deadline = nil
+        while true # rubocop:disable Style/InfiniteLoop -- Kernel#loop adds a C frame to every idle fiber's stack
+          if server.take_slot
+            @slot = true
+            data = @socket.read_nonblock(READ_SIZE, buffer, exception: false)
+            return data unless data == :wait_readable
+
+            release_slot
+          end
+          deadline ||= Process.clock_gettime(Process::CLOCK_MONOTONIC) + @limits.idle_timeout
+          remaining = deadline - Process.clock_gettime(Process::CLOCK_MONOTONIC)
+          return nil unless remaining.positive? && @socket.wait_readable(remaining)
+
+          server.wait_for_slot
+          @slot = true
+          data = @socket.read_nonblock(READ_SIZE, buffer, exception: false)
+          return data unless data == :wait_readable
+
+          release_slot
+        end
       ensure
         @idle = false
+      end
+
+      def release_slot
+        return unless @slot
+
+        @slot = false
+        @server.release_slot
       end
 
       # Calls the app for one request and writes its response.
@@ -110,26 +204,50 @@ module NeverBlock
       def serve(request)
         env = request.finish
         @server.request_started
+        if (access_log = @server.access_log)
+          started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+          line = access_log.request_line(env)
+        end
         begin
+          @app_env = env
           status, headers, body = @server.app.call(env)
         rescue StandardError => e
           raise if e.is_a?(Cancelled)
 
           app_failed(e, env)
+          return finished(env, nil, nil, e) && false if @hijacked # the socket is the app's, even now
+
+          status = 500
           keep_alive = request.keep_alive && !@server.stopping?
           @response.write_error(500, keep_alive: keep_alive)
           return finished(env, 500, {}, e) && keep_alive
+        ensure
+          @app_env = nil
         end
+        if @hijacked
+          close_body(body, env)
+          return finished(env, status, headers, nil) && false
+        end
+
         keep_alive = request.keep_alive && !@server.stopping? # a stop during the app closes after it
         write_response(request, env, status, headers, body, keep_alive)
       ensure
         @server.request_finished
+        if line && status
+          bytes = @hijacked ? "-" : @response.body_bytes
+          access_log.write(env["REMOTE_ADDR"], line, status, bytes, Process.clock_gettime(Process::CLOCK_MONOTONIC) - started)
+        end
       end
 
       def write_response(request, env, status, headers, body, keep_alive)
         error = nil
         begin
-          keep_alive = @response.write(request, status, headers, body, keep_alive)
+          if (hijack = headers["rack.hijack"])
+            partial_hijack(hijack, status, headers)
+            keep_alive = false
+          else
+            keep_alive = @response.write(request, status, headers, body, keep_alive)
+          end
         rescue Response::ClientGone => e
           error = e
           keep_alive = false
@@ -149,6 +267,20 @@ module NeverBlock
         keep_alive
       end
 
+      # The Rack partial hijack (a `rack.hijack` response header): the status
+      # line and headers go out as the app gave them (no framing added), then
+      # the callback gets the socket, which from then on is the app's.
+      def partial_hijack(callback, status, headers)
+        @response.write_head(status, headers)
+        take_over
+        callback.call(@socket)
+      end
+
+      def take_over
+        @hijacked = true
+        @server.connection_hijacked(self)
+      end
+
       def close_body(body, env)
         body.close if body.respond_to?(:close)
       rescue StandardError => e
@@ -165,8 +297,8 @@ module NeverBlock
         true
       end
 
-      # Answers a refused request and closes (an upgrade has no status: it
-      # is only closed, since rack.hijack is not supported yet).
+      # Answers a refused request and closes (the end of an upgrade, already
+      # served, has no status: the connection just closes).
       def refuse(error)
         return unless error.status
 
@@ -207,7 +339,8 @@ module NeverBlock
           "REMOTE_ADDR" => remote_addr,
           "rack.url_scheme" => "http",
           "rack.errors" => $stderr,
-          "rack.hijack?" => false,
+          "rack.hijack?" => true,
+          "rack.hijack" => method(:hijack),
           "rack.multithread" => false,
           "rack.multiprocess" => false,
           "rack.run_once" => false,
@@ -218,14 +351,14 @@ module NeverBlock
       def remote_addr
         return "127.0.0.1" if @listener.unix?
 
-        @socket.remote_address.ip_address
+        -@socket.remote_address.ip_address # interned: idle connections share it
       rescue SystemCallError
         ""
       end
 
       def local_host
         host = @socket.local_address.ip_address
-        host.include?(":") ? "[#{host}]" : host
+        -(host.include?(":") ? "[#{host}]" : host)
       rescue SystemCallError
         "localhost"
       end

@@ -9,6 +9,14 @@ module NeverBlock
     # - `max_header_bytes`   :: bytes of the header block, else 431 (default 64 KiB)
     # - `max_headers`        :: header lines, else 431 (default 100)
     # - `max_body`           :: bytes of a request body, else 413 (default 10 MiB)
+    # - `max_body_in_memory` :: bytes of a request body kept in a String; a larger body
+    #                           is written to an unlinked Tempfile, closed after its
+    #                           response, which becomes `rack.input` (default 64 KiB)
+    # - `max_connections`    :: open client connections; at this many the server stops
+    #                           accepting and new ones wait in the kernel's backlog
+    #                           (default 16,384, or fewer when the open-file limit,
+    #                           `ulimit -n`, is lower: that limit minus 128 descriptors
+    #                           left for the app's files and database connections)
     # - `header_timeout`     :: seconds from a request's first byte to the end of its
     #                           headers, else 408 (default 10)
     # - `body_timeout`       :: seconds the body may make no progress, else 408 (default 10)
@@ -19,13 +27,23 @@ module NeverBlock
     # - `shutdown_timeout`   :: seconds {Server#stop} lets in-flight requests run
     #                           before they are cancelled (default 30)
     Limits = Struct.new(:max_request_target, :max_header_bytes, :max_headers, :max_body,
+                        :max_body_in_memory, :max_connections,
                         :header_timeout, :body_timeout, :idle_timeout, :write_timeout,
                         :shutdown_timeout, keyword_init: true) do
       # @return [Hash{Symbol => Numeric}]
       def self.defaults
         { max_request_target: 8 * 1024, max_header_bytes: 64 * 1024, max_headers: 100,
-          max_body: 10 * 1024 * 1024, header_timeout: 10, body_timeout: 10, idle_timeout: 5,
+          max_body: 10 * 1024 * 1024, max_body_in_memory: 64 * 1024, max_connections: default_max_connections,
+          header_timeout: 10, body_timeout: 10, idle_timeout: 5,
           write_timeout: 30, shutdown_timeout: 30 }
+      end
+
+      # @return [Integer] the `max_connections` default: 16,384, or the soft
+      #   RLIMIT_NOFILE minus 128 when that is lower (at least 1), so that
+      #   accepting never fails for want of descriptors.
+      def self.default_max_connections
+        soft, = Process.getrlimit(:NOFILE)
+        (soft - 128).clamp(1, 16_384)
       end
 
       # @param options [Hash] any of the members; the rest take their defaults.

@@ -77,6 +77,8 @@ module NeverBlock
       def accept_now
         socket = @server.accept_nonblock(exception: false)
         socket unless socket == :wait_readable
+      rescue Errno::ECONNABORTED, Errno::EPROTO
+        nil # the client gave up while it waited in the backlog
       end
 
       # Waits until a connection is queued (only the calling fiber, inside

@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require "ipaddr"
+
 begin
   require "llhttp"
 rescue LoadError => e
@@ -19,17 +21,23 @@ module NeverBlock
     # requests pile up in {#requests} in order; the connection answers them
     # and reads again only when the queue is drained.
     #
-    # Errors: {#<<} raises {HTTPError} with the status to answer.
+    # Errors: {#<<} raises {HTTPError} with the status to answer; status nil
+    # after an Upgrade or CONNECT request, which ends the HTTP exchange (the
+    # connection serves it and stops reading; see #upgrade for the bytes
+    # that may follow it).
     class Parser < LLHttp::Delegate
       # llhttp error names mapped to statuses other than 400.
       STATUSES = { "HPE_PAUSED_H2_UPGRADE" => 505, "HPE_INVALID_VERSION" => 505 }.freeze
 
-      # A header name llhttp lets through with spaces before the colon
-      # (`Host : x`), which a proxy might read differently: refused.
-      SPACE = /[ \t]/
+      # Not a single regex match runs per ordinary request: a match, here
+      # inside llhttp's callbacks, takes Onigmo's ~6 KiB alloca stack and
+      # deepens every connection fiber's stack by a page, which each idle
+      # keep-alive connection then keeps (40 MB per 10,000 connections).
 
-      # RFC 3986 host with an optional port, as Rack::Lint wants HTTP_HOST.
-      HOST = /\A(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9\-._~%!$&'()*+,;=]+)(?::\d*)?\z/
+      # RFC 3986 host (a reg-name, `%` only as a `%XX` escape; or an IPv6
+      # literal, checked further by {#ipv6?}) with an optional port, as
+      # Rack::Lint wants HTTP_HOST.
+      HOST = /\A(?:\[[0-9A-Fa-f:.]+\]|(?:%\h\h|[A-Za-z0-9\-._~!$&'()*+,;=])+)(?::\d*)?\z/
 
       HTTP_KEYS = {} # rubocop:disable Style/MutableConstant -- a bounded cache
       private_constant :HTTP_KEYS
@@ -49,6 +57,7 @@ module NeverBlock
         @requests = []
         @current = nil
         @in_message = false
+        @unfinished = nil
         @llhttp = LLHttp::Parser.new(self, type: :request)
       end
 
@@ -59,14 +68,14 @@ module NeverBlock
         if @current && !@current.complete && (@raw_body += data.bytesize) > @limits.max_body + 65_536
           fail_with(413, "request body (with chunk framing) over #{@limits.max_body} bytes")
         end
+        boundary = !@in_message
         @llhttp << data
+        keep_unfinished_headers(data, boundary)
       rescue LLHttp::Error => e
         raise @error if @error
 
         name = e.message[/HPE_\w+/]
-        # CONNECT and `Connection: Upgrade` end the HTTP/1.1 exchange; without
-        # rack.hijack the request is answered and the connection then closed.
-        raise HTTPError.new(nil, "upgrade") if name == "HPE_PAUSED_UPGRADE"
+        upgrade(data, boundary) if name == "HPE_PAUSED_UPGRADE"
 
         raise HTTPError.new(STATUSES.fetch(name, 400), e.message)
       end
@@ -127,13 +136,22 @@ module NeverBlock
         0
       end
 
+      # Bodies over `max_body_in_memory` go to a Tempfile ({Request#append_body}).
       def on_body(chunk)
-        body = @current.body
-        body << chunk
-        fail_with(413, "request body over #{@limits.max_body} bytes") if body.bytesize > @limits.max_body
+        request = @current
+        if request.body_bytes + chunk.bytesize > @limits.max_body
+          fail_with(413, "request body over #{@limits.max_body} bytes")
+        end
+
+        request.append_body(chunk)
+      rescue SystemCallError, IOError => e
+        NeverBlock.logger.error("NeverBlock::Server: could not write a request body to a Tempfile " \
+                                "(#{Dir.tmpdir}): #{e.class}: #{e.message}")
+        fail_with(500, "request body not stored: #{e.message}")
       end
 
       def on_message_complete
+        @url = @headers = nil # (trailers went there) an idle connection keeps nothing of its last request
         @current.keep_alive = @llhttp.keep_alive?
         @current.expects_continue = false
         @current.complete = true
@@ -143,6 +161,57 @@ module NeverBlock
       end
 
       private
+
+      # CONNECT and `Connection: Upgrade` end the HTTP/1.1 exchange: llhttp
+      # stops after the request (the last in {#requests}) and the connection
+      # serves it, then ends, unless the app took the socket (rack.hijack).
+      #
+      # Bytes the client sent after the request in the same read (a
+      # WebSocket frame sent before the 101, say) were read from the socket
+      # but cannot be handed to the app (a hijacked socket is a plain IO), and
+      # the llhttp gem does not tell where the request ended. So the
+      # request's bytes are parsed again, without their last byte, by a
+      # throwaway parser: if that still completes the upgrade, more bytes
+      # followed it and the request is refused with 400 rather than served
+      # with some of its connection's bytes silently lost.
+      # @raise [HTTPError] always: status nil ("serve, then close") or 400.
+      def upgrade(data, boundary)
+        @requests.last.keep_alive = false
+        input = boundary ? data : @unfinished && (@unfinished + data)
+        @unfinished = nil
+        raise HTTPError.new(nil, "upgrade") unless bytes_after_upgrade?(input)
+
+        @requests.pop
+        raise HTTPError.new(400, "bytes after an Upgrade/CONNECT request, sent before its response")
+      end
+
+      # @param input [String, nil] the bytes from the last message boundary
+      #   to the end of the read that completed the upgrade; nil when unknown.
+      def bytes_after_upgrade?(input)
+        return true unless input
+
+        probe = LLHttp::Parser.new(LLHttp::Delegate.new, type: :request)
+        probe << input.byteslice(0, input.bytesize - 1)
+        false
+      rescue LLHttp::Error
+        true # the upgrade completed without the last byte (or the probe failed: assume the worst)
+      end
+
+      # Keeps the bytes of a read that ends inside a header block (from the
+      # last message boundary on, up to a bound) for {#upgrade}: only then can
+      # an upgrade request's end fall in a later read. Reads that end between
+      # messages or inside a body keep nothing.
+      def keep_unfinished_headers(data, boundary)
+        if !@in_message || @current
+          @unfinished = nil
+        elsif boundary
+          @unfinished = data.b
+        elsif @unfinished && @unfinished.bytesize <= @limits.max_header_bytes + @limits.max_request_target + 65_536
+          @unfinished << data
+        else
+          @unfinished = nil
+        end
+      end
 
       def fail_with(status, message)
         @error = HTTPError.new(status, message)
@@ -160,9 +229,11 @@ module NeverBlock
         value = @value || +""
         @field = @value = nil
         fail_with(431, "more than #{@limits.max_headers} headers") if (@header_count += 1) > @limits.max_headers
-        fail_with(400, "whitespace in header name #{field.inspect}") if field.match?(SPACE)
+        # llhttp lets `Host : x` through, which a proxy might read differently: refused.
+        fail_with(400, "whitespace in header name #{field.inspect}") if field.include?(" ") || field.include?("\t")
         key = http_key(field)
         return unless key # a name with "_" could pose as one with "-": dropped, as Puma and nginx do
+        return unless @headers # a trailer after a chunked body: counted above, not kept
 
         value.strip!
         existing = @headers[key]
@@ -197,7 +268,8 @@ module NeverBlock
         env["SERVER_PROTOCOL"] = http10 ? "HTTP/1.0" : "HTTP/1.1"
         set_target(env, method, @url || "")
         set_host(env, http10)
-        request = Request.new(env, head: method == "HEAD", http10: http10)
+        request = Request.new(env, head: method == "HEAD", http10: http10,
+                              max_body_in_memory: @limits.max_body_in_memory)
         if !http10 && (env["HTTP_TRANSFER_ENCODING"] || content_length.to_i.positive?)
           request.expects_continue = env["HTTP_EXPECT"]&.casecmp?("100-continue") || false
         end
@@ -223,6 +295,24 @@ module NeverBlock
         env["QUERY_STRING"] = query || ""
       end
 
+      def ipv6?(text)
+        IPAddr.new(text).ipv6?
+      rescue IPAddr::Error
+        false
+      end
+
+      # The common Host (`example.com`, `10.0.0.1:8080`: letters, digits, `.`
+      # and `-`, then maybe `:` and digits), checked without a regex; a
+      # subset of {HOST}, which checks the rest.
+      def plain_host?(host)
+        colon = host.index(":")
+        return !host.empty? && host.count("A-Za-z0-9.\\-") == host.bytesize unless colon
+
+        port_bytes = host.bytesize - colon - 1
+        colon.positive? && host.count("A-Za-z0-9.\\-") == host.bytesize - 1 &&
+          host.byteslice(colon + 1, port_bytes).count("0-9") == port_bytes
+      end
+
       def set_host(env, http10)
         host = env["HTTP_HOST"]
         unless host
@@ -231,7 +321,9 @@ module NeverBlock
           env["SERVER_PORT"] = @default_port
           return
         end
-        fail_with(400, "invalid Host #{host[0, 100].inspect}") unless host.match?(HOST)
+        unless plain_host?(host) || (host.match?(HOST) && (!host.start_with?("[") || ipv6?(host[1...host.index("]")])))
+          fail_with(400, "invalid Host #{host[0, 100].inspect}")
+        end
 
         name, port = host.start_with?("[") ? host.split(/(?<=\])(?::)/, 2) : host.split(":", 2)
         env["SERVER_NAME"] = name

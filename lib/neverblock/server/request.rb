@@ -1,17 +1,31 @@
 # frozen_string_literal: true
 
 require "stringio"
+require "tempfile"
 
 module NeverBlock
   class Server
     # One parsed request: its Rack env (without rack.input until {#finish}),
     # its body as it arrives, and what the connection must know to answer it.
+    #
+    # A body up to `max_body_in_memory` bytes is kept in a String; a larger
+    # one is written to a Tempfile, unlinked at once (nothing is left on
+    # disk even if the process dies) and closed by {#close} once the
+    # request is answered.
     class Request
+      # rack.input of a request without a body.
+      NO_BODY = String.new(encoding: Encoding::BINARY).freeze
+      private_constant :NO_BODY
+
       # @return [Hash] the Rack env.
       attr_reader :env
 
-      # @return [String] the (de-chunked) body read so far, binary.
+      # @return [String, nil] the (de-chunked) body read so far, binary; nil
+      #   when there is none yet or it went to a file ({#spooled?}).
       attr_reader :body
+
+      # @return [Integer] bytes of (de-chunked) body read so far.
+      attr_reader :body_bytes
 
       # @return [Boolean] true once the whole message has been read.
       attr_accessor :complete
@@ -30,9 +44,15 @@ module NeverBlock
       # @return [Boolean] true for HTTP/1.0.
       attr_reader :http10
 
-      def initialize(env, head:, http10:)
+      # @param env [Hash]
+      # @param head [Boolean], http10 [Boolean] see {#head}, {#http10}.
+      # @param max_body_in_memory [Integer] bytes of body kept in a String.
+      def initialize(env, head:, http10:, max_body_in_memory: 64 * 1024)
         @env = env
-        @body = String.new(encoding: Encoding::BINARY)
+        @body = nil
+        @body_bytes = 0
+        @file = nil
+        @max_body_in_memory = max_body_in_memory
         @head = head
         @http10 = http10
         @complete = false
@@ -40,16 +60,73 @@ module NeverBlock
         @expects_continue = false
       end
 
-      # Finishes the env: rack.input over the body, and CONTENT_LENGTH for a
-      # body that came chunked (the app sees it de-chunked).
+      # Appends (de-chunked) body bytes, moving the body to a Tempfile when
+      # it grows over `max_body_in_memory`.
+      # @param chunk [String]
+      # @return [void]
+      # @raise [SystemCallError] when the Tempfile cannot be created or written.
+      def append_body(chunk)
+        @body_bytes += chunk.bytesize
+        if @file
+          @file.write(chunk)
+        elsif @body_bytes > @max_body_in_memory
+          spool(chunk)
+        elsif @body
+          @body << chunk
+        else
+          @body = chunk.b
+        end
+      end
+
+      # @return [Boolean] true when the body went to a Tempfile.
+      def spooled?
+        !@file.nil?
+      end
+
+      # Finishes the env: rack.input over the body (a StringIO, or the
+      # rewound Tempfile), and CONTENT_LENGTH for a body that came chunked
+      # (the app sees it de-chunked).
       # @return [Hash] the env.
       def finish
         if @env.delete("HTTP_TRANSFER_ENCODING")
-          @env["CONTENT_LENGTH"] = @body.bytesize.to_s
+          @env["CONTENT_LENGTH"] = @body_bytes.to_s
         end
-        @env["rack.input"] = StringIO.new(@body)
+        if @file
+          @file.rewind
+          @env["rack.input"] = @file
+        else
+          @env["rack.input"] = StringIO.new(@body || NO_BODY)
+        end
         @env["rack.response_finished"] = []
         @env
+      end
+
+      # Closes the spooled body's file, if any (the connection calls it once
+      # the request is answered or abandoned). Safe to call twice.
+      # @return [void]
+      def close
+        file = @file
+        return unless file
+
+        @file = nil
+        file.close unless file.closed?
+      end
+
+      private
+
+      def spool(chunk)
+        file = Tempfile.create("neverblock-body")
+        begin
+          File.unlink(file.path)
+          file.binmode
+          file.write(@body) if @body
+          file.write(chunk)
+        rescue StandardError
+          file.close
+          raise
+        end
+        @file = file
+        @body = nil
       end
     end
   end

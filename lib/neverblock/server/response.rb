@@ -23,7 +23,8 @@ module NeverBlock
         405 => "Method Not Allowed", 408 => "Request Timeout", 409 => "Conflict", 410 => "Gone",
         411 => "Length Required", 412 => "Precondition Failed", 413 => "Content Too Large",
         414 => "URI Too Long", 415 => "Unsupported Media Type", 417 => "Expectation Failed",
-        422 => "Unprocessable Content", 429 => "Too Many Requests", 431 => "Request Header Fields Too Large",
+        422 => "Unprocessable Content", 426 => "Upgrade Required", 429 => "Too Many Requests",
+        431 => "Request Header Fields Too Large",
         500 => "Internal Server Error", 501 => "Not Implemented", 502 => "Bad Gateway",
         503 => "Service Unavailable", 504 => "Gateway Timeout", 505 => "HTTP Version Not Supported"
       }.freeze
@@ -60,12 +61,17 @@ module NeverBlock
       #   (an error can then no longer become a clean 500).
       attr_reader :started
 
+      # @return [Integer] body bytes of the last response (without chunk
+      #   framing), for the access log.
+      attr_reader :body_bytes
+
       # @param socket [IO]
       # @param write_timeout [Numeric] seconds
       def initialize(socket, write_timeout)
         @socket = socket
         @write_timeout = write_timeout
         @started = false
+        @body_bytes = 0
       end
 
       # Sends `HTTP/1.1 100 Continue`.
@@ -79,6 +85,7 @@ module NeverBlock
       # @return [void]
       def write_error(status, keep_alive: false)
         text = "#{REASONS.fetch(status, 'Error')}\n"
+        @body_bytes = text.bytesize
         write_all("#{STATUS_LINES[status]}content-type: text/plain\r\ncontent-length: #{text.bytesize}\r\n" \
                   "#{self.class.date_line}#{keep_alive ? '' : "connection: close\r\n"}\r\n#{text}")
       end
@@ -93,6 +100,7 @@ module NeverBlock
       # @raise [ClientGone]
       def write(request, status, headers, body, keep_alive)
         @started = false
+        @body_bytes = 0
         status = status.to_i
         no_body = request.head || status < 200 || status == 204 || status == 304
         head = +""
@@ -100,6 +108,8 @@ module NeverBlock
         length = nil
         framed_by_app = false
         headers.each do |key, value|
+          next if key.start_with?("rack.") # for the server (rack.hijack, rack.protocol), not the client
+
           case key
           when "content-length" then length = value
           when "transfer-encoding" then framed_by_app = true
@@ -140,6 +150,28 @@ module NeverBlock
           write_stream(head, body, chunked, request)
         end
         keep_alive
+      end
+
+      # Sends the status line and the app's headers (with a Date), and nothing
+      # else: no framing, no Connection header. For a partial hijack, after
+      # which the app writes to the socket itself.
+      # @return [void]
+      # @raise [ClientGone]
+      def write_head(status, headers)
+        @started = false
+        @body_bytes = 0
+        head = +""
+        head << STATUS_LINES[status.to_i]
+        headers.each { |key, value| add_header(head, key, value) unless key.start_with?("rack.") }
+        head << self.class.date_line unless headers.key?("date")
+        write_all(head << "\r\n")
+      end
+
+      # @api private
+      # Counts body bytes a {Stream} sent.
+      # @return [void]
+      def sent_body(bytes)
+        @body_bytes += bytes
       end
 
       # @api private
@@ -187,7 +219,8 @@ module NeverBlock
       end
 
       def write_parts(head, parts)
-        if parts.sum(&:bytesize) <= COALESCE
+        @body_bytes = parts.sum(&:bytesize)
+        if @body_bytes <= COALESCE
           parts.each { |part| head << part }
           write_all(head)
         else
@@ -201,6 +234,7 @@ module NeverBlock
         body.each do |chunk|
           next if chunk.empty?
 
+          @body_bytes += chunk.bytesize
           if chunked
             pending << chunk.bytesize.to_s(16) << "\r\n" << chunk << "\r\n"
           else

@@ -40,6 +40,7 @@ module NeverBlock
           out << data
         end
         @response.write_all(out)
+        @response.sent_body(data.bytesize)
         data.bytesize
       end
 

@@ -32,7 +32,7 @@ class ServerHTTPTest < PlainTest
     assert_equal({ "REQUEST_METHOD" => "GET", "SCRIPT_NAME" => "", "PATH_INFO" => "/a/b", "QUERY_STRING" => "x=1&y=2",
                    "SERVER_NAME" => "example.com", "SERVER_PORT" => "8080", "SERVER_PROTOCOL" => "HTTP/1.1",
                    "REMOTE_ADDR" => "127.0.0.1", "HTTP_HOST" => "example.com:8080", "HTTP_X_TEST" => "yes",
-                   "rack.url_scheme" => "http", "rack.hijack?" => "false", "CONTENT_LENGTH" => "(none)" }, env)
+                   "rack.url_scheme" => "http", "rack.hijack?" => "true", "CONTENT_LENGTH" => "(none)" }, env)
   end
 
   def test_repeated_headers_are_joined_and_empty_ones_kept

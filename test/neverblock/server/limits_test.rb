@@ -77,6 +77,18 @@ class ServerLimitsTest < PlainTest
     assert_equal 10 * 1024 * 1024, NeverBlock::Server::Limits.build({}).max_body
   end
 
+  def test_default_max_body_in_memory_is_64_kib
+    assert_equal 64 * 1024, NeverBlock::Server::Limits.build({}).max_body_in_memory
+  end
+
+  def test_default_max_connections_leaves_file_descriptors_to_the_app
+    soft, = Process.getrlimit(:NOFILE)
+    max = NeverBlock::Server::Limits.build({}).max_connections
+    assert_operator max, :<=, 16_384
+    assert_operator max, :<=, soft - 128 if soft > 128
+    assert_raises(ArgumentError) { NeverBlock::Server::Limits.build(max_connections: 0) }
+  end
+
   def test_slow_headers_are_408
     start_server(@app, header_timeout: 0.3)
     socket = connect
