@@ -5,6 +5,7 @@ require_relative "debouncer/key"
 require_relative "debouncer/outcome"
 require_relative "debouncer/cache_policy"
 require_relative "debouncer/memory_store"
+require_relative "debouncer/local_first"
 require_relative "debouncer/upstream_call"
 
 module NeverBlock
@@ -19,8 +20,10 @@ module NeverBlock
   #   require "neverblock/debouncer"
   #   use NeverBlock::Debouncer, ttl: 2, wait_timeout: 10
   #
-  # It works under any Rack server and coalesces the fibers and threads of
-  # one process (a shared store such as Redis would coalesce processes).
+  # It works under any Rack server. The default store coalesces the fibers
+  # and threads of one process; {RedisStore} (`require
+  # "neverblock/debouncer/redis_store"`) coalesces every process that shares
+  # a Redis. A store is a small protocol (see {MemoryStore}), so others fit.
   #
   # == Which requests are coalesced
   #
@@ -43,6 +46,8 @@ module NeverBlock
   # answer. What this means for the app:
   # - it sees the leader's env (the same Hash: changes it makes to the env
   #   are visible to the leader's outer middleware, not to the followers');
+  #   a stale-while-revalidate refresh sees a copy of the env of the request
+  #   that found the response stale, which does not wait for it;
   # - thread- and fiber-locals (`Thread.current[:x]`) set by outer
   #   middleware are not visible inside the app; Fiber storage (`Fiber[:x]`)
   #   is inherited (Ruby >= 3.2); pass per-request state through the env;
@@ -54,7 +59,9 @@ module NeverBlock
   # server's 500 handling and error reporters see it), the followers get 502
   # at once, and nothing is stored. A follower that has waited
   # `wait_timeout` seconds gets 504 (or, with `on_wait_timeout: :pass`, calls
-  # the app itself); the leader waits as long as the app takes.
+  # the app itself); the leader waits as long as the app takes. When the
+  # store itself fails (Redis unreachable), the error is logged and requests
+  # are served without coalescing.
   #
   # == What is shared, what is stored
   #
@@ -104,10 +111,13 @@ module NeverBlock
     #   `:per_credential`: they are, only with requests bearing the same
     #   credentials (a SHA-256 of them is in the key).
     # @param store [:memory, Object] `:memory`, or an object that speaks the
-    #   store protocol ({MemoryStore}).
+    #   store protocol ({MemoryStore}), like a {RedisStore}; requests of this
+    #   process coalesce in memory before one of them asks a store whose
+    #   `shared?` is true ({LocalFirst}).
     # @raise [ArgumentError] for an invalid option.
-    def initialize(app, ttl: 0, stale_while_revalidate: 0, wait_timeout: 10, on_wait_timeout: :fail, methods: %w[GET HEAD], vary: [],
-                   max_body: 8 * 1024 * 1024, max_entries: 10_000, share_credentials: false, store: :memory)
+    def initialize(app, ttl: 0, stale_while_revalidate: 0, wait_timeout: 10, on_wait_timeout: :fail,
+                   methods: %w[GET HEAD], vary: [], max_body: 8 * 1024 * 1024, max_entries: 10_000,
+                   share_credentials: false, store: :memory)
       @app = app
       @ttl = NeverBlock.validate_timeout!(ttl, :ttl)
       @stale = NeverBlock.validate_timeout!(stale_while_revalidate, :stale_while_revalidate)
@@ -120,7 +130,10 @@ module NeverBlock
       @max_body = NeverBlock.validate_size!(max_body, :max_body, minimum: 0)
       check_option(share_credentials, [false, :per_credential], :share_credentials)
       @key = Key.new(vary: vary, share_credentials: share_credentials)
-      @store = store == :memory ? MemoryStore.new(max_entries: max_entries) : store
+      @store = if store == :memory then MemoryStore.new(max_entries: max_entries)
+               elsif store.respond_to?(:shared?) && store.shared? then LocalFirst.new(store) # one request per process asks it
+               else store
+               end
     end
 
     # @param env [Hash] a Rack env.

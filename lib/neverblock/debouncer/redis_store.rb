@@ -68,7 +68,8 @@ module NeverBlock
       # @param redis_timeout [Numeric] seconds to connect, read and write, and to wait for a pooled connection.
       def initialize(url: "redis://127.0.0.1:6379", prefix: "neverblock:debouncer:", lease: 5, poll_interval: 0.5,
                      result_ttl: 60, pool_size: 16, redis_timeout: 5)
-        @config = RedisClient.config(url: url, timeout: NeverBlock.validate_timeout!(redis_timeout, :redis_timeout))
+        @redis_timeout = NeverBlock.validate_timeout!(redis_timeout, :redis_timeout)
+        @config = RedisClient.config(url: url, timeout: @redis_timeout)
         @redis = @config.new_pool(size: NeverBlock.validate_size!(pool_size, :pool_size), timeout: redis_timeout)
         @prefix = prefix
         @lease_ms = milliseconds(lease, :lease)
@@ -141,6 +142,13 @@ module NeverBlock
         end
       end
 
+      # Shared by processes: a {Debouncer} coalesces its own requests in
+      # memory first, so one request per process talks to Redis ({LocalFirst}).
+      # @return [true]
+      def shared?
+        true
+      end
+
       # @return [Integer] stored responses (a SCAN: for tests and diagnostics).
       def size
         count("value:*")
@@ -155,7 +163,12 @@ module NeverBlock
       # @return [void]
       def close
         @closed = true
-        @listener&.join
+        # The listener looks at @closed at least every poll_interval; the
+        # bounded join is a safety net, never the normal path.
+        if @listener && !@listener.join(@poll_interval + @redis_timeout)
+          NeverBlock.logger.warn("NeverBlock::Debouncer::RedisStore: the listener thread did not stop; killing it")
+          @listener.kill
+        end
         @redis.close
       end
 

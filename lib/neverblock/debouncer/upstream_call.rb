@@ -36,13 +36,19 @@ module NeverBlock
 
       # Starts the call in its own task or thread.
       # @return [self]
+      # @raise [StandardError] when no task or thread can be started (the
+      #   followers then get 502 rather than wait on a call that never ran).
       def start
         if NeverBlock.neverblocking?
-          NeverBlock.spawn { run }
+          task = NeverBlock.spawn { run }
+          task.value if task.status == :failed && !@completed # no fiber for it (raises why)
         else
           Thread.new { run }.report_on_exception = false
         end
         self
+      rescue StandardError
+        complete(Outcome::Failure.new(502, "Bad Gateway: the upstream call could not start"))
+        raise
       end
 
       # Waits (this fiber or thread only) for the leader's response.
@@ -89,7 +95,7 @@ module NeverBlock
             complete(Outcome::PASS)
             hand_over([:response, status, headers, chunks])
           else
-            share(status, headers, chunks.join, ttl)
+            share(status, headers, bytes(chunks), ttl)
           end
         else
           buffer_or_stream(status, headers, body, ttl)
@@ -115,7 +121,7 @@ module NeverBlock
             buffer << chunk
           end
         end
-        stream ? stream.close : share(status, headers, buffer.join, ttl)
+        stream ? stream.close : share(status, headers, bytes(buffer), ttl)
       rescue ClosedQueueError
         # The leader closed the body (its client went away): stop reading upstream.
       rescue StandardError => e
@@ -125,6 +131,12 @@ module NeverBlock
         stream.close
       ensure
         body.close if body.respond_to?(:close)
+      end
+
+      # Chunks of different encodings (a UTF-8 String and a binary one) cannot
+      # be joined as text; the body is bytes anyway.
+      def bytes(chunks)
+        chunks.each_with_object(String.new(encoding: Encoding::BINARY)) { |chunk, body| body << chunk.b }
       end
 
       def share(status, headers, body, ttl)

@@ -94,6 +94,17 @@ class DebouncerCoalescingTest < NeverBlockTest
     assert_equal 5, upstream.calls
   end
 
+  def test_a_body_of_mixed_encodings_is_shared_byte_for_byte
+    chunks = ["caf\u00e9 ", "\xFF\xFE".b]
+    upstream = Upstream.new(delay: 0.05) { |_env, _n| [200, {}, chunks] }
+    debouncer = NeverBlock::Debouncer.new(upstream)
+
+    results = concurrently(3) { request(debouncer, "/bytes") }
+
+    assert_equal [chunks.map(&:b).join], results.map { |_, _, body| body.b }.uniq
+    assert_equal 1, upstream.calls
+  end
+
   def test_unsafe_methods_cannot_be_configured
     error = assert_raises(ArgumentError) { NeverBlock::Debouncer.new(Upstream.new, methods: %w[GET POST]) }
     assert_match(/POST/, error.message)

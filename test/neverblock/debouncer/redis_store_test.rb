@@ -9,13 +9,19 @@ rescue LoadError => e
   REDIS_STORE_MISSING = "RedisStore not tested: #{e.message}"
 end
 
-# A redis-server of the tests' own, on a unix socket in a temp dir, started
-# on first use and stopped when the run ends.
+# The Redis that bin/test starts (NEVERBLOCK_REDIS_URL); without it (a quick
+# run of this file), a redis-server of the tests' own, on a unix socket in a
+# temp dir, started on first use and stopped when the run ends.
 module DebouncerRedisServer
   class << self
     # @return [String] the server's URL.
     def url
-      @url ||= start
+      @url ||= ENV.fetch("NEVERBLOCK_REDIS_URL") { start }
+    end
+
+    # @return [Boolean] true when there is a Redis to test against.
+    def available?
+      ENV.key?("NEVERBLOCK_REDIS_URL") || system("command -v redis-server >/dev/null")
     end
 
     private
@@ -30,11 +36,21 @@ module DebouncerRedisServer
         Process.wait(pid)
         FileUtils.rm_rf(dir)
       end
+      url = "unix://#{socket}"
       deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 10
-      sleep 0.02 until File.socket?(socket) || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
-      raise "redis-server did not start within 10 s" unless File.socket?(socket)
+      sleep 0.02 until ready?(url) || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+      raise "redis-server did not answer PING within 10 s" unless ready?(url)
 
-      "unix://#{socket}"
+      url
+    end
+
+    def ready?(url)
+      client = RedisClient.new(url: url)
+      client.call("PING") == "PONG"
+    rescue RedisClient::Error
+      false
+    ensure
+      client&.close
     end
   end
 end
@@ -47,8 +63,8 @@ class DebouncerRedisStoreTest < NeverBlockTest
 
   def setup
     skip REDIS_STORE_MISSING if defined?(REDIS_STORE_MISSING)
-    skip "RedisStore not tested: no redis-server on PATH (apt-get install redis-server)" unless
-      system("command -v redis-server >/dev/null")
+    skip "RedisStore not tested: no NEVERBLOCK_REDIS_URL and no redis-server on PATH (bin/setup installs it)" unless
+      DebouncerRedisServer.available?
 
     @prefix = "test:#{name}:"
     @stores = []
@@ -70,16 +86,24 @@ class DebouncerRedisStoreTest < NeverBlockTest
     @redis.scan("MATCH", "#{@prefix}*").to_a
   end
 
+  # Two debouncers on two stores stand for two processes. Within each, the
+  # requests coalesce in memory first ({NeverBlock::Debouncer::LocalFirst}):
+  # only one request per store asks Redis.
   def test_debouncers_on_different_stores_make_one_upstream_call
     stores = [CountingStore.new(store), CountingStore.new(store)]
-    upstream = Upstream.new(hold: -> { stores.sum(&:claims) >= 40 })
+    entered = Queue.new
+    upstream = Upstream.new(hold: -> { entered.size >= 40 && stores.sum(&:claims) >= 2 })
     first = NeverBlock::Debouncer.new(upstream, store: stores[0])
     second = NeverBlock::Debouncer.new(upstream, store: stores[1])
-    app = ->(env) { (env["PATH_INFO"] == "/report" ? first : second).call(env.merge("PATH_INFO" => "/r")) }
+    app = lambda do |env|
+      entered << true
+      (env["PATH_INFO"] == "/report" ? first : second).call(env.merge("PATH_INFO" => "/r"))
+    end
 
     results = concurrently(40) { |i| request(app, i.even? ? "/report" : "/other") }
 
     assert_equal 1, upstream.calls
+    assert_equal [1, 1], stores.map(&:claims), "one claim in Redis per store, not one per request"
     assert_equal({ "leader" => 1, "follower" => 39 }, results.map { |_, headers, _| headers["x-debounce"] }.tally)
     assert_equal [[200, "call 1\n"]], results.map { |status, _, body| [status, body] }.uniq
     assert_empty redis_keys.grep(/lock:/), "the leader released its lock"
@@ -153,10 +177,14 @@ class DebouncerRedisStoreTest < NeverBlockTest
 
   def test_an_app_exception_gives_followers_502_and_stores_nothing
     stores = [CountingStore.new(store), CountingStore.new(store)]
-    upstream = Upstream.new(hold: -> { stores.sum(&:claims) >= 6 }) { |_env, _n| raise "upstream down" }
+    entered = Queue.new
+    upstream = Upstream.new(hold: -> { entered.size >= 6 && stores.sum(&:claims) >= 2 }) { |_env, _n| raise "upstream down" }
     first = NeverBlock::Debouncer.new(upstream, ttl: 60, store: stores[0])
     second = NeverBlock::Debouncer.new(upstream, ttl: 60, store: stores[1])
-    app = ->(env) { (env["PATH_INFO"] == "/a" ? first : second).call(env.merge("PATH_INFO" => "/")) }
+    app = lambda do |env|
+      entered << true
+      (env["PATH_INFO"] == "/a" ? first : second).call(env.merge("PATH_INFO" => "/"))
+    end
 
     results = concurrently(6) do |i|
       request(app, i.even? ? "/a" : "/b").first
