@@ -1,0 +1,397 @@
+#!/usr/bin/env ruby
+# frozen_string_literal: true
+
+# NeverBlock::Server against Puma, Falcon and Thin (and nginx as the
+# hardware reference), each as one serving process on this machine in the
+# same run, driven by Debian's wrk (`wrk -t1 -cN -dXs --latency`, keep-alive).
+#
+#   bench/run server [options]           full run (bench/results/server.{txt,csv,svg})
+#   bench/run server --quick             smoke run: 3 s per cell, 1 s warm-up
+#   bench/run server --only neverblock,puma --scenarios hello
+#
+# Scenarios (bench/support/server_app.rb is the app for all servers):
+#   hello  GET / -> "Hello world\n", --connections (100) keep-alive connections;
+#          NeverBlock vs Puma, Falcon, Thin and nginx
+#   sleep  GET /sleep: `sleep 0.01` then a short body, --io-connections (256);
+#          under NeverBlock and Falcon a fiber sleeps, under Puma a thread
+#   pg     GET /pg: `select pg_sleep(0.01)` through a database pool, --io-connections
+#          (256). NeverBlock: NeverBlock::Postgres.pool(size: --db-pool); Falcon: a
+#          fair fiber-safe pool (bench/support/handoff_pool.rb) of the same size;
+#          Puma: one connection per thread (its default 5 threads, so 5 connections)
+#   Thin and nginx run only hello: Thin runs the app on EventMachine's reactor
+#   thread, so a blocking sleep or query would serialise every request; nginx has no app.
+#
+# Targets (the issue): hello >= 1.2x Puma, >= 2x Falcon, >= Thin; sleep and pg
+# >= 10x Puma, >= 1.2x Falcon. The ratio is NeverBlock's req/s over the peer's.
+#
+# The servers (versions in the header; peers from bench/gemfiles/servers.gemfile):
+#   NeverBlock  bench/support/neverblock_server.rb: NeverBlock::Server, workers: 0,
+#               fiber_pool: --fiber-pool (1000), the main bundle
+#   Puma        puma -e production (single mode, default threads 0:5)
+#   Falcon      falcon serve --count 1 (a supervisor and one forked server process)
+#   Thin        thin start -e production
+#   nginx       worker_processes 1; master_process off; return 200 "Hello world\n"
+# NeverBlock and Falcon run on the same io-event selector, --selector (epoll).
+#
+# Each server is started with setsid, polled until it answers, warmed up with
+# wrk for --warmup seconds per scenario (this also opens the database
+# connections), measured for --duration seconds, then its session is killed and
+# its port checked free. --runs N repeats everything N times (interleaved) and
+# reports the run with the median req/s.
+#
+# wrk uses one thread and the servers one process, on a 2-CPU machine where
+# other work may be running: the numbers are noisy; the header and footer
+# show the load average.
+#
+# The pg scenario needs PostgreSQL: bench/run starts one with bin/databases
+# (max_connections 300). Run directly without NEVERBLOCK_PG_*, it is skipped.
+
+$LOAD_PATH.unshift(File.expand_path("../lib", __dir__))
+begin
+  require "bundler/setup"
+rescue LoadError, StandardError => e
+  warn "bundler/setup failed (#{e.message.lines.first&.strip}); using installed gems"
+end
+require "optparse"
+require "fileutils"
+require "tmpdir"
+require_relative "support/checkout"
+require_relative "support/command_line"
+require_relative "support/csv_file"
+require_relative "support/machine"
+require_relative "support/peer_servers"
+require_relative "support/peers"
+require_relative "support/postgres_server"
+require_relative "support/samples"
+require_relative "support/server_process"
+require_relative "support/svg_chart"
+require_relative "support/table"
+require_relative "support/wrk"
+
+module NeverBlockBench
+  # Runs the server benchmark and reports it. See the file comment.
+  class ServerBench
+    DEFAULTS = {
+      duration: 10,
+      warmup: 2,
+      connections: 100,
+      io_connections: 256,
+      db_pool: 64,
+      fiber_pool: 1000,
+      runs: 1,
+      only: nil,
+      scenarios: nil,
+      out: File.expand_path("results", __dir__),
+      selector: Peers::DEFAULT_SELECTOR
+    }.freeze
+    QUICK = { duration: 3, warmup: 1 }.freeze
+
+    APP = File.expand_path("support/server_app.ru", __dir__)
+
+    # What one scenario measures; `targets` maps a peer to the ratio
+    # NeverBlock should reach over it.
+    Scenario = Struct.new(:name, :path, :title, :connections, :targets, :database, keyword_init: true)
+
+    # One server: `start` takes a port and returns a ServerProcess;
+    # `scenarios` are the names it runs.
+    Server = Struct.new(:name, :label, :start, :scenarios, keyword_init: true)
+
+    def initialize(options)
+      @options = DEFAULTS.merge(options[:quick] ? QUICK : {}).merge(options.reject { |k, _| k == :quick })
+      @quick = options[:quick]
+      @scenarios = pick(all_scenarios, @options[:scenarios], "scenario")
+      @servers = pick(all_servers, @options[:only], "server")
+    end
+
+    # Measures every server in every scenario, prints the tables, writes CSV and SVG.
+    #
+    # @return [Boolean] true when every server started and NeverBlock
+    #   answered every request (a peer's errors are reported, not fatal)
+    def call
+      Machine.raise_fd_limit(8192)
+      @selector = Peers.use_selector(@options[:selector])
+      return false unless ready?
+
+      @scratch = Dir.mktmpdir("neverblock-bench-server-")
+      puts header
+      results = measure_all
+      report(results)
+      results.all? do |result|
+        result[:failure].nil? && (result[:server].name != "neverblock" || result[:runs].all? { |run| run.errors.zero? })
+      end
+    ensure
+      ServerProcess.stop_all
+      FileUtils.rm_rf(@scratch) if @scratch
+    end
+
+    private
+
+    def all_scenarios
+      [
+        Scenario.new(name: "hello", path: "/", title: "Hello world, keep-alive", connections: @options[:connections],
+                     targets: { "puma" => 1.2, "falcon" => 2.0, "thin" => 1.0 }),
+        Scenario.new(name: "sleep", path: "/sleep", title: "IO-bound: sleep 0.01",
+                     connections: @options[:io_connections], targets: { "puma" => 10.0, "falcon" => 1.2 }),
+        Scenario.new(name: "pg", path: "/pg", title: "IO-bound: select pg_sleep(0.01) through a pool",
+                     connections: @options[:io_connections], targets: { "puma" => 10.0, "falcon" => 1.2 },
+                     database: true)
+      ]
+    end
+
+    def all_servers
+      pool = @options[:db_pool]
+      all = %w[hello sleep pg]
+      versions = PeerServers.locked_versions
+      [
+        Server.new(name: "neverblock", label: "NeverBlock #{NeverBlock::VERSION} (1 process, fiber_pool #{@options[:fiber_pool]}; " \
+                                             "pg: NeverBlock::Postgres.pool(size: #{pool}))",
+                   scenarios: all,
+                   start: lambda do |port|
+                     PeerServers.neverblock(APP, port: port, fiber_pool: @options[:fiber_pool],
+                                                 env: { "NB_BENCH_DB" => "neverblock", "NB_BENCH_DB_POOL" => pool.to_s })
+                   end),
+        Server.new(name: "puma", label: "Puma #{versions['puma']} (single mode, default threads 0:5; pg: a connection per thread)",
+                   scenarios: all,
+                   start: ->(port) { PeerServers.puma(APP, port: port, env: { "NB_BENCH_DB" => "threads" }) }),
+        Server.new(name: "falcon", label: "Falcon #{versions['falcon']} (async #{versions['async']}, --count 1; " \
+                                          "pg: fair fiber pool of #{pool})",
+                   scenarios: all,
+                   start: lambda do |port|
+                     PeerServers.falcon(APP, port: port, env: { "NB_BENCH_DB" => "fibers", "NB_BENCH_DB_POOL" => pool.to_s })
+                   end),
+        Server.new(name: "thin", label: "Thin #{versions['thin']} (eventmachine #{versions['eventmachine']})",
+                   scenarios: %w[hello], start: ->(port) { PeerServers.thin(APP, port: port) }),
+        Server.new(name: "nginx", label: "#{PeerServers.nginx_version} (1 worker, no master; return 200)",
+                   scenarios: %w[hello], start: ->(port) { PeerServers.nginx(port: port, dir: @scratch) })
+      ]
+    end
+
+    def pick(all, names, what)
+      return all unless names
+
+      unknown = names - all.map(&:name)
+      raise OptionParser::InvalidArgument, "unknown #{what}(s) #{unknown.join(', ')}" unless unknown.empty?
+
+      all.select { |item| names.include?(item.name) }
+    end
+
+    # @return [Boolean] false (after a warning) when nothing can be measured
+    def ready?
+      unless Wrk.version
+        warn "wrk is not installed; run bin/setup"
+        return false
+      end
+      peers = @servers.map(&:name) & %w[puma falcon thin]
+      if peers.any? && (problem = PeerServers.problem)
+        warn problem
+        return false
+      end
+      if @scenarios.any?(&:database) && PostgresServer.problem
+        warn "skipping the pg scenario: #{PostgresServer.problem}"
+        @scenarios = @scenarios.reject(&:database)
+      end
+      true
+    end
+
+    def header
+      versions = PeerServers.locked_versions
+      db = @scenarios.any?(&:database) ? "\nPostgreSQL: #{PostgresServer.description}; #{PostgresServer.driver_description}" : ""
+      <<~TEXT
+        NeverBlock::Server benchmark: one serving process per server, same machine, same run
+        #{Machine.ruby_description}
+        neverblock #{NeverBlock::VERSION} (#{Checkout.description}), io-event #{Machine.gem_version('io-event')}, llhttp #{Machine.gem_version('llhttp')}; peers: puma #{versions['puma']}, falcon #{versions['falcon']} (async #{versions['async']}, io-event #{versions['io-event']}), thin #{versions['thin']}, rack #{versions['rack']}; #{PeerServers.nginx_version}; #{Wrk.version}
+        #{Machine.description}; wrk and the servers on the same machine
+        io-event selector for NeverBlock and Falcon: #{@selector} (IO_EVENT_SELECTOR, NEVERBLOCK_SELECTOR)#{db}
+        wrk -t1 -c<connections> -d#{@options[:duration]}s --latency after a #{@options[:warmup]} s warm-up; #{runs_text}
+        The machine is shared and has 2 CPUs (wrk takes about one): treat differences under ~20 % as noise.
+        load average at start: #{Machine.load_average}
+      TEXT
+    end
+
+    def runs_text
+      @options[:runs] == 1 ? "one run per cell" : "the run with the median req/s of #{@options[:runs]} per cell"
+    end
+
+    # --- measuring --------------------------------------------------------------------
+
+    def measure_all
+      results = @servers.flat_map do |server|
+        @scenarios.select { |s| server.scenarios.include?(s.name) }
+                  .map { |scenario| { server: server, scenario: scenario, runs: [], failure: nil } }
+      end
+      @options[:runs].times do |run|
+        @servers.each do |server|
+          cells = results.select { |result| result[:server].equal?(server) }
+          measure_server(server, cells, run) unless cells.empty?
+        end
+      end
+      results
+    end
+
+    # Starts the server once for all its scenarios in this run.
+    def measure_server(server, cells, run)
+      port = ServerProcess.free_port
+      warn "#{server.name} (run #{run + 1}/#{@options[:runs]}) on 127.0.0.1:#{port}"
+      process = server.start.call(port)
+      begin
+        process.wait_until_ready
+        cells.each { |cell| measure_cell(cell, port, process) }
+      rescue StandardError => e
+        warn "  #{server.name} FAILED: #{e.message}"
+        cells.each { |cell| cell[:failure] ||= e.message.lines.first.strip }
+      ensure
+        process.stop
+      end
+    end
+
+    def measure_cell(cell, port, process)
+      scenario = cell[:scenario]
+      url = "http://127.0.0.1:#{port}#{scenario.path}"
+      Wrk.run(url, connections: scenario.connections, duration: @options[:warmup]) if @options[:warmup].positive?
+      result = Wrk.run(url, connections: scenario.connections, duration: @options[:duration])
+      cell[:runs] << result
+      warn format("  %-6s %9.0f req/s  p50 %s  p99 %s%s", scenario.name, result.requests_per_second, ms(result.p50),
+                  ms(result.p99), result.errors.positive? ? "  (#{result.error_text})" : "")
+      warn "  (the server logged: #{process.log_tail(3).strip})" if result.errors.positive?
+    end
+
+    # The run with the median requests/s (the upper middle one for an even count).
+    def median_run(cell)
+      runs = cell[:runs].sort_by(&:requests_per_second)
+      runs[runs.size / 2]
+    end
+
+    def rate(cell)
+      cell && !cell[:runs].empty? ? median_run(cell).requests_per_second : nil
+    end
+
+    def find(results, server, scenario)
+      results.find { |r| r[:server].name == server && r[:scenario].name == scenario }
+    end
+
+    # --- reporting --------------------------------------------------------------------
+
+    def ms(seconds)
+      seconds ? format("%.2f ms", seconds * 1000) : "-"
+    end
+
+    def report(results)
+      puts "\nload average at end: #{Machine.load_average}"
+      puts "\nServers:"
+      ran = results.map { |result| result[:server] }.uniq
+      ran.each { |server| puts "  #{server.name}: #{server.label}" }
+      @scenarios.each { |scenario| report_scenario(scenario, results) }
+      puts "\n#{targets_summary(results)}"
+      FileUtils.mkdir_p(@options[:out])
+      csv = write_csv(results)
+      svg = write_svg(results)
+      puts "\nwrote #{CommandLine.relative(csv)} and #{CommandLine.relative(svg)}"
+    end
+
+    def report_scenario(scenario, results)
+      puts "\n#{scenario.title}: GET #{scenario.path}, #{scenario.connections} connections, #{@options[:duration]} s"
+      table = Table.new(["server", "req/s", "p50", "p90", "p99", "errors", "NeverBlock / this", "target", "met"])
+      nb = rate(find(results, "neverblock", scenario.name))
+      results.select { |r| r[:scenario].equal?(scenario) }.each do |cell|
+        run = cell[:runs].empty? ? nil : median_run(cell)
+        name = cell[:server].name
+        target = scenario.targets[name]
+        ratio = nb && run && name != "neverblock" ? nb / run.requests_per_second : nil
+        table << [name, run ? format("%.0f", run.requests_per_second) : "FAILED", ms(run&.p50), ms(run&.p90), ms(run&.p99),
+                  run ? run.errors : "-", ratio ? format("%.2fx", ratio) : "",
+                  target ? format(">= %.1fx", target) : "", target ? met_text(ratio, target) : ""]
+      end
+      puts table
+      puts "runs (req/s): " + results.select { |r| r[:scenario].equal?(scenario) && r[:runs].size > 1 }
+                                      .map { |r| "#{r[:server].name} #{Samples.new(r[:runs].map(&:requests_per_second)).to_s(digits: 0)}" }
+                                      .join("; ") if @options[:runs] > 1
+      results.select { |r| r[:scenario].equal?(scenario) }.each do |r|
+        puts "#{r[:server].name} failed: #{r[:failure]}" if r[:failure]
+        r[:runs].each_with_index do |run, i|
+          puts "#{r[:server].name}, run #{i + 1}: #{run.error_text}" if run.errors.positive?
+        end
+      end
+    end
+
+    def met_text(ratio, target)
+      return "n/a" unless ratio
+
+      ratio >= target ? "yes" : "no"
+    end
+
+    def targets_summary(results)
+      lines = @scenarios.flat_map do |scenario|
+        nb = rate(find(results, "neverblock", scenario.name))
+        scenario.targets.filter_map do |peer, target|
+          peer_rate = rate(find(results, peer, scenario.name))
+          next unless nb && peer_rate
+
+          ratio = nb / peer_rate
+          "  #{scenario.name}: NeverBlock #{format('%.2fx', ratio)} #{peer} (target >= #{target}x): #{met_text(ratio, target)}"
+        end
+      end
+      (["Targets:"] + (lines.empty? ? ["  (nothing to compare)"] : lines)).join("\n")
+    end
+
+    def write_csv(results)
+      headers = %w[scenario server label path connections duration_s runs req_per_s req_per_s_runs p50_ms p90_ms p99_ms
+                   errors neverblock_ratio target met note]
+      rows = results.map do |cell|
+        run = cell[:runs].empty? ? nil : median_run(cell)
+        scenario = cell[:scenario]
+        name = cell[:server].name
+        nb = rate(find(results, "neverblock", scenario.name))
+        ratio = nb && run && name != "neverblock" ? nb / run.requests_per_second : nil
+        target = scenario.targets[name]
+        to_ms = ->(value) { value && (value * 1000).round(3) }
+        [scenario.name, name, cell[:server].label, scenario.path, scenario.connections, @options[:duration], cell[:runs].size,
+         run&.requests_per_second&.round(1), cell[:runs].map { |r| r.requests_per_second.round }.join(" "),
+         to_ms.call(run&.p50), to_ms.call(run&.p90), to_ms.call(run&.p99), run&.errors, ratio&.round(3), target,
+         target ? met_text(ratio, target) : nil, cell[:failure]]
+      end
+      CsvFile.write(File.join(@options[:out], "server.csv"), headers, rows)
+    end
+
+    def write_svg(results)
+      chart = SvgChart.new(title: "NeverBlock::Server vs Puma, Falcon, Thin, nginx: one process each",
+                           subtitle: ["ruby #{RUBY_VERSION}; #{@servers.map(&:label).map { |l| l.split(' (').first }.join(', ')}",
+                                      "#{Machine.description}; wrk -t1 on the same machine#{@quick ? '; quick run' : ''}",
+                                      "hello: #{@options[:connections]} connections; sleep and pg_sleep(0.01): " \
+                                      "#{@options[:io_connections]} connections, db pool #{@options[:db_pool]}"])
+      names = @servers.map(&:name)
+      value = ->(cell, &pick) { cell.nil? ? "n/a" : (cell[:runs].empty? ? "failed" : pick.call(median_run(cell))) }
+      chart.add_panel(title: "requests/s (higher is better)",
+                      categories: @scenarios.map { |s| "#{s.name} (#{s.connections} conn.)" },
+                      series: names.to_h { |n| [n, @scenarios.map { |s| value.call(find(results, n, s.name), &:requests_per_second) }] },
+                      log: true)
+      chart.add_panel(title: "p99 latency, ms (lower is better)",
+                      categories: @scenarios.map(&:name),
+                      series: names.to_h do |n|
+                        [n, @scenarios.map { |s| value.call(find(results, n, s.name)) { |run| run.p99 && (run.p99 * 1000).round(2) } }]
+                      end,
+                      log: true)
+      chart.write(File.join(@options[:out], "server.svg"))
+    end
+  end
+end
+
+if $PROGRAM_NAME == __FILE__
+  $stdout.sync = true
+  require "neverblock"
+  options = {}
+  parser = OptionParser.new do |opts|
+    opts.banner = "Usage: ruby bench/server.rb [options]"
+    opts.on("--duration SECONDS", Integer, "measured seconds per cell (10)") { |value| options[:duration] = value }
+    opts.on("--warmup SECONDS", Integer, "wrk warm-up seconds before each cell, 0 for none (2)") { |value| options[:warmup] = value }
+    opts.on("--connections N", Integer, "keep-alive connections for hello (100)") { |value| options[:connections] = value }
+    opts.on("--io-connections N", Integer, "connections for sleep and pg (256)") { |value| options[:io_connections] = value }
+    opts.on("--db-pool N", Integer, "database connections of NeverBlock's and Falcon's pools (64)") { |value| options[:db_pool] = value }
+    opts.on("--fiber-pool N", Integer, "NeverBlock::Server fiber_pool: requests at once (1000)") { |value| options[:fiber_pool] = value }
+    opts.on("--runs N", Integer, "runs per cell; the median one is reported (1)") { |value| options[:runs] = value }
+    opts.on("--scenarios LIST", Array, "hello,sleep,pg (all)") { |list| options[:scenarios] = list }
+    opts.on("--quick", "smoke run: --duration 3 --warmup 1") { options[:quick] = true }
+    NeverBlockBench::CommandLine.shared_options(opts, options, results: "server",
+                                                               variants: "neverblock,puma,falcon,thin,nginx")
+  end
+  NeverBlockBench::CommandLine.run(parser) { NeverBlockBench::ServerBench.new(options).call }
+end
