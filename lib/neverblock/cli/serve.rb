@@ -91,6 +91,9 @@ module NeverBlock
             options[:shutdown_timeout] = s
           end
           o.on("--fiber-pool N", Integer, "requests served at once per worker (default 1000)") { |n| options[:fiber_pool] = n }
+          o.on("--max-connections N", Integer, "open connections per worker (default 16384 or the fd limit)") do |n|
+            options[:max_connections] = n
+          end
           o.on("--status PATH", "answer GET PATH with the server's stats as JSON") { |path| options[:status_path] = path }
           o.on("-E", "--env ENV", "RACK_ENV (and RAILS_ENV) for the app") { |env| options[:environment] = env }
           o.on("-h", "--help", "this help") do
@@ -125,6 +128,7 @@ module NeverBlock
                     fiber_pool: opts[:fiber_pool], status_path: opts[:status_path] }
         options[:access_log] = $stdout if opts[:access_log]
         options[:shutdown_timeout] = opts[:shutdown_timeout] if opts[:shutdown_timeout]
+        options[:max_connections] = opts[:max_connections] if opts[:max_connections]
         options[:on_worker_boot] = ->(_index) { loader.load } unless opts[:preload]
         options
       end
