@@ -195,6 +195,7 @@ class ServerClusterTest < PlainTest
     marker = File.join(Dir.tmpdir, "nb-break-#{Process.pid}-#{rand(1 << 30)}")
     server = serve("flip.ru", "-w", "1", env: { "NB_TEST_BREAK" => marker })
     old = eventually { (w = worker_pids(server[:pid])).size == 1 && w }
+    assert_equal old.first, pids(server).first # booted (the app is loaded) before the deploy breaks
     File.write(marker, "")
     Process.kill("USR2", server[:pid])
     wait_for_line(server, /rolling restart abandoned/, timeout: 30)
