@@ -31,7 +31,9 @@ module NeverBlock
   # unless `share_credentials: :per_credential`, only requests without
   # `Authorization` and `Cookie`; every other request passes straight
   # through. The key is the method, scheme, host, path, the query with its
-  # parameters sorted, the `vary` request headers and, per credential, a
+  # parameters sorted, the `vary` request headers, the forwarding
+  # (`X-Forwarded-Host`, `Forwarded`, ...) and conditional or range
+  # (`If-None-Match`, `Range`, ...) request headers and, per credential, a
   # SHA-256 of the credential; see {Key}. When the response has a Vary
   # header, a follower whose values of those headers differ from the
   # leader's does not get the leader's response: it coalesces under its own

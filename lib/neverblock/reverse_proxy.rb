@@ -18,7 +18,7 @@ module NeverBlock
   #   (minus hop-by-hop ones: Connection and what it names, Keep-Alive,
   #   Proxy-*, TE, Trailer, Transfer-Encoding, Upgrade), body; Host is the
   #   upstream's unless `preserve_host:`; X-Forwarded-For, -Host and -Proto
-  #   are added.
+  #   are added (and this hop's element to a client's `Forwarded`).
   # - The response comes back with its status and every end-to-end header
   #   (repeated ones, like Set-Cookie, as an Array); its body streams (the
   #   connection goes back to the pool when the body has been read, or is
@@ -135,7 +135,7 @@ module NeverBlock
       drop = connection_named(env)
       env.each do |key, value|
         next unless key.start_with?("HTTP_") && !HOP_BY_HOP.include?(key) && !drop.include?(key)
-        next if key.start_with?("HTTP_X_FORWARDED_")
+        next if key.start_with?("HTTP_X_FORWARDED_") || key == "HTTP_FORWARDED"
 
         lines << header_name(key) << ": " << value.to_s << "\r\n"
       end
@@ -147,8 +147,24 @@ module NeverBlock
     def forwarded_headers(env, client_host, lines)
       forwarded_for = [env["HTTP_X_FORWARDED_FOR"], env["REMOTE_ADDR"]].compact.reject(&:empty?).join(", ")
       lines << "x-forwarded-for: #{forwarded_for}\r\n" unless forwarded_for.empty?
-      lines << "x-forwarded-host: #{env['HTTP_X_FORWARDED_HOST'] || client_host}\r\n" if client_host
-      lines << "x-forwarded-proto: #{env['HTTP_X_FORWARDED_PROTO'] || env['rack.url_scheme'] || 'http'}\r\n"
+      host = env["HTTP_X_FORWARDED_HOST"] || client_host
+      lines << "x-forwarded-host: #{host}\r\n" if client_host
+      proto = env["HTTP_X_FORWARDED_PROTO"] || env["rack.url_scheme"] || "http"
+      lines << "x-forwarded-proto: #{proto}\r\n"
+      forwarded(env, host, proto, lines) if env["HTTP_FORWARDED"]
+    end
+
+    # A client's `Forwarded` (RFC 7239) goes on with this hop's element
+    # appended, as X-Forwarded-For does: Rack reads Forwarded before the
+    # X-Forwarded-* headers, so passed on alone it would let any client
+    # name the address (`for=`), host and scheme the upstream believes.
+    def forwarded(env, host, proto, lines)
+      node = env["REMOTE_ADDR"].to_s
+      node = "\"[#{node}]\"" if node.include?(":")
+      element = +"for=#{node.empty? ? 'unknown' : node}"
+      element << ";host=\"#{host.delete('"\\')}\"" if host
+      element << ";proto=#{proto}" if proto.match?(/\A[A-Za-z][A-Za-z0-9+.-]*\z/)
+      lines << "forwarded: #{env['HTTP_FORWARDED']}, #{element}\r\n"
     end
 
     # Headers the client's Connection header names are hop-by-hop too.

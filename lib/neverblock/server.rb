@@ -233,6 +233,19 @@ module NeverBlock
     attr_writer :cluster, :worker_index, :on_ready
 
     # @api private
+    # Gives a forked worker a wake pipe of its own. The one made in
+    # #initialize is inherited by every worker: one worker's {#stop} would
+    # leave its byte there for all of them, and each one's loop in
+    # {#serve_here} would find the pipe readable forever (a busy loop).
+    # Call before the worker's stop signal handlers are installed.
+    # @return [void]
+    def own_wake_pipe
+      @wake_reader.close
+      @wake_writer.close
+      @wake_reader, @wake_writer = IO.pipe
+    end
+
+    # @api private
     def request_started
       @in_flight += 1
       @total += 1

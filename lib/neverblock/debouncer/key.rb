@@ -10,15 +10,36 @@ module NeverBlock
     # The key covers the method, scheme, host, path, the query with its
     # parameters sorted (by name; values of one name keep their order, since
     # `a[]=1&a[]=2` differs from `a[]=2&a[]=1`), and the values of the
-    # configured `vary` request headers. A request carrying `Authorization` or
-    # `Cookie` has no key (it is not coalesced) unless credentials are shared
-    # per credential; then a SHA-256 of each credential is part of the key.
+    # configured `vary` request headers, of the forwarding headers
+    # ({FORWARDING}: an upstream builds links and redirects from those, so a
+    # request that sets them, as `X-Forwarded-Host: evil.example` from any
+    # client, must neither get nor store the response for one that does not)
+    # and of the headers that make a request conditional or partial
+    # ({CONDITIONAL}: a 304 or a 206 answers only the requests that asked for
+    # it). A request carrying `Authorization` or `Cookie` has no key (it is
+    # not coalesced) unless credentials are shared per credential; then a
+    # SHA-256 of each credential is part of the key.
     #
     # Keys are SHA-256 hex digests: a store never holds a raw URL or a raw
     # credential, and every key has the same small size.
     class Key
       # The request headers (Rack env names) that carry credentials.
       CREDENTIALS = %w[HTTP_AUTHORIZATION HTTP_COOKIE].freeze
+
+      # The request headers (Rack env names) that tell the app which scheme,
+      # host, port and path prefix the client used (Rack::Request and Rails
+      # read them).
+      FORWARDING = %w[HTTP_FORWARDED HTTP_X_FORWARDED_HOST HTTP_X_FORWARDED_PROTO HTTP_X_FORWARDED_SCHEME
+                      HTTP_X_FORWARDED_SSL HTTP_X_FORWARDED_PORT HTTP_X_FORWARDED_PREFIX].freeze
+
+      # The request headers (Rack env names) that make a request conditional
+      # (304, 412) or partial (206).
+      CONDITIONAL = %w[HTTP_IF_NONE_MATCH HTTP_IF_MODIFIED_SINCE HTTP_IF_MATCH HTTP_IF_UNMODIFIED_SINCE
+                       HTTP_RANGE HTTP_IF_RANGE].freeze
+
+      # Request headers in every key when present.
+      KEYED = (FORWARDING + CONDITIONAL).freeze
+      private_constant :KEYED
 
       # @param vary [Array<String>] request header names always part of the key.
       # @param share_credentials [false, :per_credential] see {Debouncer#initialize}.
@@ -37,7 +58,8 @@ module NeverBlock
         Key.digest([
           env["REQUEST_METHOD"], env["rack.url_scheme"], host(env),
           "#{env['SCRIPT_NAME']}#{env['PATH_INFO']}", Key.sorted_query(env["QUERY_STRING"]),
-          *@vary.map { |name| "#{name}=#{env[name]}" }, *credentials
+          *@vary.map { |name| "#{name}=#{env[name]}" },
+          *KEYED.filter_map { |name| "#{name}=#{env[name]}" if env[name] }, *credentials
         ])
       end
 

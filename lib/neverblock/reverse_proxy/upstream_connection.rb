@@ -108,6 +108,11 @@ module NeverBlock
       # llhttp callbacks -----------------------------------------------------
 
       # @api private
+      # (Defined so that llhttp calls back on a message's start; the work is
+      # in internal_on_message_begin, whose result llhttp uses.)
+      def on_message_begin; end
+
+      # @api private
       def on_status(text)
         @status_text << text
       end
@@ -162,6 +167,20 @@ module NeverBlock
 
       private
 
+      # A message that begins after the response is complete is bytes the
+      # upstream sent beyond the response's framing (a wrong Content-Length,
+      # say), read together with it. They belong to no request: parsing stops
+      # there (-1), before they can add headers or body to the response, and
+      # the connection, whose next bytes can no longer be trusted, is closed
+      # instead of reused.
+      def internal_on_message_begin
+        return 0 unless @complete
+
+        @stray = true
+        @keep_alive = false
+        -1
+      end
+
       # The status and headers are known: a 1xx (not 101) is skipped; for a
       # HEAD request, returning 1 tells llhttp that no body follows.
       def internal_on_headers_complete
@@ -190,6 +209,7 @@ module NeverBlock
         @complete = false
         @interim = false
         @keep_alive = false
+        @stray = false
       end
 
       def write_request(head, body)
@@ -245,7 +265,7 @@ module NeverBlock
         end
       rescue LLHttp::Error => e
         @keep_alive = false
-        raise BadResponse, e.message
+        raise BadResponse, e.message unless @stray # (stray bytes after a complete response: it stands)
       end
 
       def finish_at_eof

@@ -367,6 +367,7 @@ module NeverBlock
         # @return [void] never returns.
         def self.run(server, index, status_writer, alive_reader, master_only, cluster)
           server.cluster = nil # this process serves; Server#stop stops it
+          server.own_wake_pipe
           trap("TERM") { server.stop }
           trap("INT") { server.stop }
           server.stop if cluster.stop_before_trap? # TERM came between fork and the traps above

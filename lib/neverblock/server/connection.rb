@@ -219,7 +219,7 @@ module NeverBlock
 
           status = 500
           keep_alive = request.keep_alive && !@server.stopping?
-          @response.write_error(500, keep_alive: keep_alive)
+          @response.write_error(500, keep_alive: keep_alive, head: request.head)
           return finished(env, 500, {}, e) && keep_alive
         ensure
           @app_env = nil
@@ -259,7 +259,7 @@ module NeverBlock
           app_failed(e, env)
           # Before the first byte a clean 500 is still possible; after it, only
           # closing the connection tells the client the response is incomplete.
-          @response.write_error(500) unless @response.started
+          @response.write_error(500, head: request.head) unless @response.started
         ensure
           close_body(body, env)
           finished(env, status, headers, error)

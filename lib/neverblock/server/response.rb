@@ -81,13 +81,15 @@ module NeverBlock
       end
 
       # Sends one of the server's own responses (an error) and asks for the
-      # connection to be closed.
+      # connection to be closed unless `keep_alive`.
+      # @param head [Boolean] it answers a HEAD request: no body follows the
+      #   headers (one would be read as the start of the next response).
       # @return [void]
-      def write_error(status, keep_alive: false)
+      def write_error(status, keep_alive: false, head: false)
         text = "#{REASONS.fetch(status, 'Error')}\n"
-        @body_bytes = text.bytesize
+        @body_bytes = head ? 0 : text.bytesize
         write_all("#{STATUS_LINES[status]}content-type: text/plain\r\ncontent-length: #{text.bytesize}\r\n" \
-                  "#{self.class.date_line}#{keep_alive ? '' : "connection: close\r\n"}\r\n#{text}")
+                  "#{self.class.date_line}#{keep_alive ? '' : "connection: close\r\n"}\r\n#{head ? '' : text}")
       end
 
       # Sends an app's response and closes its body.

@@ -36,6 +36,41 @@ class DebouncerCacheTest < NeverBlockTest
     assert_equal ["leader", "call 2\n"], [expired[1]["x-debounce"], expired[2]]
   end
 
+  def test_a_response_to_spoofed_forwarding_headers_answers_no_one_else
+    upstream = Upstream.new { |env, n| [200, { "content-type" => "text/html" }, ["#{n}: http://#{env['HTTP_X_FORWARDED_HOST'] || env['HTTP_HOST']}/login"]] }
+    debouncer = NeverBlock::Debouncer.new(upstream, ttl: 30)
+
+    poisoned = request(debouncer, "/", headers: { "X-Forwarded-Host" => "evil.example" })
+    innocent = request(debouncer, "/")
+    spoofed_proto = request(debouncer, "/", headers: { "Forwarded" => "proto=https;host=evil.example" })
+
+    assert_equal ["leader", "1: http://evil.example/login"], [poisoned[1]["x-debounce"], poisoned[2]]
+    assert_equal ["leader", "2: http://example.test/login"], [innocent[1]["x-debounce"], innocent[2]]
+    assert_equal "leader", spoofed_proto[1]["x-debounce"]
+    assert_equal ["hit", "2: http://example.test/login"], request(debouncer, "/").then { |r| [r[1]["x-debounce"], r[2]] }
+  end
+
+  def test_a_conditional_or_partial_leader_does_not_answer_followers_that_asked_for_the_whole_response
+    release = false
+    upstream = Upstream.new(hold: -> { release }) do |env, _n|
+      if env["HTTP_IF_NONE_MATCH"] then [304, { "etag" => '"v1"' }, []]
+      elsif env["HTTP_RANGE"] then [206, { "content-range" => "bytes 0-1/10" }, ["01"]]
+      else [200, { "etag" => '"v1"' }, ["0123456789"]]
+      end
+    end
+    store = CountingStore.new(NeverBlock::Debouncer::MemoryStore.new)
+    debouncer = NeverBlock::Debouncer.new(upstream, store: store)
+    asks = [{ "If-None-Match" => '"v1"' }, { "Range" => "bytes=0-1" }, {}, {}]
+
+    results = concurrently(asks.size) do |i|
+      sleep 0.01 until store.claims >= i # the conditional and partial requests claim first
+      release = true if i == asks.size - 1
+      request(debouncer, "/", headers: asks[i])
+    end
+
+    assert_equal [[304, ""], [206, "01"], [200, "0123456789"], [200, "0123456789"]], results.map { |r| [r[0], r[2]] }
+  end
+
   def test_cache_control_no_store_and_no_cache_are_never_stored
     %w[no-store no-cache].each do |directive|
       upstream = Upstream.new(&respond_with("cache-control" => directive))

@@ -5,6 +5,7 @@ require "neverblock/server"
 require "neverblock/reverse_proxy"
 require "net/http"
 require "stringio"
+require "rack"
 
 # NeverBlock::ReverseProxy against real upstreams: a NeverBlock::Server app,
 # and raw TCP servers that misbehave on purpose.
@@ -122,6 +123,21 @@ class ReverseProxyTest < PlainTest
     end
   end
 
+  def test_a_clients_forwarded_header_gets_this_hops_element_so_it_cannot_name_the_client
+    seen = nil
+    upstream = start(lambda do |env|
+      seen = env["HTTP_FORWARDED"]
+      request = Rack::Request.new(env)
+      [200, { "content-type" => "text/plain" }, ["#{request.ip} #{request.scheme}://#{request.host}"]]
+    end)
+    proxy = NeverBlock::ReverseProxy.new(upstream)
+    env = env_for("GET", "/", headers: { "HTTP_HOST" => "site.example", "REMOTE_ADDR" => "203.0.113.9",
+                                         "HTTP_FORWARDED" => "for=6.6.6.6;proto=https;host=evil.example" })
+
+    assert_equal [200, "203.0.113.9 http://site.example"], call(proxy, env).values_at(0, 2)
+    assert_equal 'for=6.6.6.6;proto=https;host=evil.example, for=203.0.113.9;host="site.example";proto=http', seen
+  end
+
   def test_a_chunked_request_body_is_sent_chunked
     proxy = NeverBlock::ReverseProxy.new(start(ECHO))
     status, _headers, body = call(proxy, env_for("POST", "/c", body: "hello world"))
@@ -193,6 +209,22 @@ class ReverseProxyTest < PlainTest
     proxy = NeverBlock::ReverseProxy.new(upstream)
     capture_log { assert_equal 502, call(proxy, env_for("GET", "/"))[0] }
     assert_equal 0, proxy.stats[:idle], "the broken connection is not pooled"
+  end
+
+  def test_bytes_after_a_complete_response_are_not_part_of_it_and_the_connection_is_not_reused
+    upstream = raw_upstream do |socket|
+      read_request(socket)
+      # One write: a response, then another nobody asked for (an upstream app
+      # whose Content-Length was too small, reflecting its input).
+      socket.write("HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok" \
+                   "HTTP/1.1 200 OK\r\ncontent-length: 8\r\nx-injected: 1\r\n\r\nsmuggled")
+      sleep 0.5
+    end
+    proxy = NeverBlock::ReverseProxy.new(upstream)
+    status, headers, body = call(proxy, env_for("GET", "/"))
+    assert_equal [200, "2", "ok"], [status, headers["content-length"], body]
+    refute headers.key?("x-injected")
+    assert_equal 0, proxy.stats[:idle], "a connection with stray bytes is not pooled"
   end
 
   def test_a_slow_upstream_is_a_504

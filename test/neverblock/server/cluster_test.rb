@@ -6,6 +6,7 @@ require "net/http"
 require "timeout"
 require "open3"
 require "tmpdir"
+require "etc"
 
 # Runs `neverblock serve` in child processes and talks to them over HTTP.
 module ServeProcesses
@@ -94,6 +95,11 @@ module ServeProcesses
     Process.kill("KILL", -pid)
   rescue Errno::ESRCH, Errno::EPERM
     nil
+  end
+
+  # user + system CPU time of a process, seconds (Linux /proc).
+  def cpu_seconds(pid)
+    File.read("/proc/#{pid}/stat").split(") ", 2).last.split[11, 2].sum(&:to_i).fdiv(Etc.sysconf(Etc::SC_CLK_TCK))
   end
 
   def alive?(pid)
@@ -216,6 +222,18 @@ class ServerClusterTest < PlainTest
     eventually { worker_pids(server[:pid]).size == 2 }
     Process.kill("TTOU", server[:pid])
     eventually { worker_pids(server[:pid]).size == 1 }
+  end
+
+  def test_a_worker_that_stops_leaves_the_others_idle
+    server = serve("pids.ru", "-w", "2")
+    eventually { worker_pids(server[:pid]).size == 2 }
+    Process.kill("TTOU", server[:pid])
+    survivor = eventually { (w = worker_pids(server[:pid])).size == 1 && w.first }
+    get(server) # the survivor serves
+    before = cpu_seconds(survivor)
+    sleep 1
+    # Idle, it sleeps in the selector; a busy loop takes the whole second.
+    assert_operator cpu_seconds(survivor) - before, :<, 0.5, "the remaining worker spins after another one stopped"
   end
 
   def test_workers_stop_when_the_master_is_killed

@@ -21,6 +21,18 @@ class ServerLifecycleTest < PlainTest
     assert_match(/lifecycle_test\.rb:\d+/, log) # the backtrace goes to the log only
   end
 
+  def test_a_head_request_whose_app_raises_gets_a_500_without_a_body
+    capture_log do
+      start_server(->(_env) { raise "boom" })
+      socket = connect
+      socket.write("HEAD / HTTP/1.1\r\nHost: a\r\n\r\n")
+      status, headers, body = read_response(socket, head: true)
+      assert_equal [500, "22", ""], [status, headers["content-length"], body]
+      socket.write(get) # the next response follows at once: no stray body bytes
+      assert_equal [500, "Internal Server Error\n"], read_response(socket).values_at(0, 2)
+    end
+  end
+
   def test_exception_while_streaming_closes_the_connection_and_is_logged
     app = lambda do |_env|
       body = Enumerator.new do |out|
