@@ -18,7 +18,9 @@ module NeverBlock
   #   (minus hop-by-hop ones: Connection and what it names, Keep-Alive,
   #   Proxy-*, TE, Trailer, Transfer-Encoding, Upgrade), body; Host is the
   #   upstream's unless `preserve_host:`; X-Forwarded-For, -Host and -Proto
-  #   are added (and this hop's element to a client's `Forwarded`).
+  #   are set to this hop's view: a client's own (and its `Forwarded`) are
+  #   dropped, unless `trust_forwarded: true` (behind a front proxy), which
+  #   passes them on with this hop appended.
   # - The response comes back with its status and every end-to-end header
   #   (repeated ones, like Set-Cookie, as an Array); its body streams (the
   #   connection goes back to the pool when the body has been read, or is
@@ -55,8 +57,14 @@ module NeverBlock
     # @param timeout [Numeric] seconds any one read or write may wait.
     # @param pool_timeout [Numeric] seconds a request may wait for a pooled connection.
     # @param preserve_host [Boolean] send the client's Host instead of the upstream's.
+    # @param trust_forwarded [Boolean] false (the default): a client's
+    #   Forwarded and X-Forwarded-* headers are replaced by this hop's
+    #   (X-Forwarded-For: the client's address; -Host: its Host; -Proto: the
+    #   scheme it used); true (behind a front proxy that sets them): they are
+    #   passed on with this hop appended.
     # @raise [ArgumentError] for a URL that is not http://HOST[:PORT][/PREFIX].
-    def initialize(upstream, pool_size: 64, connect_timeout: 5, timeout: 30, pool_timeout: 10, preserve_host: false)
+    def initialize(upstream, pool_size: 64, connect_timeout: 5, timeout: 30, pool_timeout: 10, preserve_host: false,
+                   trust_forwarded: false)
       @upstream = URI(upstream.to_s)
       unless @upstream.is_a?(URI::HTTP) && !@upstream.is_a?(URI::HTTPS) && @upstream.host && !@upstream.host.empty?
         raise ArgumentError, "upstream must be http://HOST[:PORT][/PREFIX], got #{upstream.to_s.inspect}"
@@ -69,6 +77,7 @@ module NeverBlock
       @connect_timeout = NeverBlock.validate_timeout!(connect_timeout, :connect_timeout)
       @timeout = NeverBlock.validate_timeout!(timeout, :timeout)
       @preserve_host = preserve_host
+      @trust_forwarded = trust_forwarded ? true : false
       @pool = ConnectionPool.new(size: pool_size, timeout: pool_timeout, name: "upstream #{@host_header}",
                                  healthy: ->(connection) { connection.healthy? }) do
         UpstreamConnection.open(@host, @port, @connect_timeout, @timeout)
@@ -144,14 +153,18 @@ module NeverBlock
       lines
     end
 
+    # Untrusted (the default), what the client says about earlier hops is
+    # dropped: the upstream learns this hop's view only. Trusted (behind a
+    # front proxy that sets them), they go on with this hop appended.
     def forwarded_headers(env, client_host, lines)
-      forwarded_for = [env["HTTP_X_FORWARDED_FOR"], env["REMOTE_ADDR"]].compact.reject(&:empty?).join(", ")
+      trusted = @trust_forwarded
+      forwarded_for = [(env["HTTP_X_FORWARDED_FOR"] if trusted), env["REMOTE_ADDR"]].compact.reject(&:empty?).join(", ")
       lines << "x-forwarded-for: #{forwarded_for}\r\n" unless forwarded_for.empty?
-      host = env["HTTP_X_FORWARDED_HOST"] || client_host
-      lines << "x-forwarded-host: #{host}\r\n" if client_host
-      proto = env["HTTP_X_FORWARDED_PROTO"] || env["rack.url_scheme"] || "http"
+      host = (env["HTTP_X_FORWARDED_HOST"] if trusted) || client_host
+      lines << "x-forwarded-host: #{host}\r\n" if host
+      proto = (env["HTTP_X_FORWARDED_PROTO"] if trusted) || env["rack.url_scheme"] || "http"
       lines << "x-forwarded-proto: #{proto}\r\n"
-      forwarded(env, host, proto, lines) if env["HTTP_FORWARDED"]
+      forwarded(env, host, proto, lines) if trusted && env["HTTP_FORWARDED"]
     end
 
     # A client's `Forwarded` (RFC 7239) goes on with this hop's element

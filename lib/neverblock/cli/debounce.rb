@@ -25,7 +25,7 @@ module NeverBlock
         @err = err
         @options = { listen: [], upstream: nil, ttl: 0.0, wait_timeout: 10.0, workers: Etc.nprocessors,
                      redis: nil, pool_size: 64, upstream_timeout: 30.0, access_log: false, status_path: nil,
-                     share_credentials: false, max_body: 8 * 1024 * 1024 }
+                     share_credentials: false, max_body: 8 * 1024 * 1024, trust_forwarded: false }
       end
 
       # @param argv [Array<String>]
@@ -76,6 +76,9 @@ module NeverBlock
           o.on("--share-credentials", "coalesce requests with Authorization/Cookie per credential (hashed)") do
             options[:share_credentials] = :per_credential
           end
+          o.on("--trust-forwarded", "pass clients' Forwarded/X-Forwarded-* on (behind a front proxy that sets them)") do
+            options[:trust_forwarded] = true
+          end
           o.on("--pool-size N", Integer, "upstream connections per worker (default 64)") { |n| options[:pool_size] = n }
           o.on("--upstream-timeout SECONDS", Float, "longest wait for each upstream read or write (default 30)") do |s|
             options[:upstream_timeout] = s
@@ -111,7 +114,8 @@ module NeverBlock
       # Redis connections are the worker's own.
       def build_app
         opts = @options
-        proxy = NeverBlock::ReverseProxy.new(opts[:upstream], pool_size: opts[:pool_size], timeout: opts[:upstream_timeout])
+        proxy = NeverBlock::ReverseProxy.new(opts[:upstream], pool_size: opts[:pool_size], timeout: opts[:upstream_timeout],
+                                                              trust_forwarded: opts[:trust_forwarded])
         store = :memory
         if opts[:redis]
           require_relative "../debouncer/redis_store"

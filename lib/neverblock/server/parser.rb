@@ -69,7 +69,11 @@ module NeverBlock
           fail_with(413, "request body (with chunk framing) over #{@limits.max_body} bytes")
         end
         boundary = !@in_message
-        @llhttp << data
+        begin
+          @llhttp << data
+        ensure
+          flush_bodies # spooled bodies are written here, not inside llhttp's callbacks
+        end
         keep_unfinished_headers(data, boundary)
       rescue LLHttp::Error => e
         raise @error if @error
@@ -79,6 +83,13 @@ module NeverBlock
 
         raise HTTPError.new(STATUSES.fetch(name, 400), e.message)
       end
+
+      # @return [void]
+      def flush_bodies
+        @requests.each(&:flush_body)
+        @current&.flush_body
+      end
+      private :flush_bodies
 
       # @return [Float] when the current message's first byte arrived (monotonic seconds).
       attr_reader :started_at

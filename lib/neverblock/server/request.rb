@@ -65,17 +65,32 @@ module NeverBlock
       # @param chunk [String]
       # @return [void]
       # @raise [SystemCallError] when the Tempfile cannot be created or written.
+      #
+      # Called inside llhttp's parse of the connection's read buffer, which
+      # the server shares between connections: nothing here may wait (a
+      # file write can, with the io_uring selector). Chunks bound for the
+      # Tempfile are kept and written by {#flush_body} once the parse is over.
       def append_body(chunk)
         @body_bytes += chunk.bytesize
-        if @file
-          @file.write(chunk)
-        elsif @body_bytes > @max_body_in_memory
-          spool(chunk)
+        if @file || @body_bytes > @max_body_in_memory
+          (@unwritten ||= []) << chunk
         elsif @body
           @body << chunk
         else
           @body = chunk.b
         end
+      end
+
+      # @api private
+      # Writes the body chunks parsed since the last call to the Tempfile
+      # (opening it when the body just outgrew memory). Called by the
+      # {Parser} after each parse, outside llhttp's callbacks.
+      # @return [void]
+      def flush_body
+        chunks = @unwritten or return
+        @unwritten = nil
+        spool unless @file
+        chunks.each { |chunk| @file.write(chunk) }
       end
 
       # @return [Boolean] true when the body went to a Tempfile.
@@ -114,13 +129,12 @@ module NeverBlock
 
       private
 
-      def spool(chunk)
+      def spool
         file = Tempfile.create("neverblock-body")
         begin
           File.unlink(file.path)
           file.binmode
           file.write(@body) if @body
-          file.write(chunk)
         rescue StandardError
           file.close
           raise

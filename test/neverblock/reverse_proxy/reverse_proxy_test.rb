@@ -123,19 +123,41 @@ class ReverseProxyTest < PlainTest
     end
   end
 
-  def test_a_clients_forwarded_header_gets_this_hops_element_so_it_cannot_name_the_client
-    seen = nil
-    upstream = start(lambda do |env|
-      seen = env["HTTP_FORWARDED"]
+  SPOOFED = { "HTTP_HOST" => "site.example", "REMOTE_ADDR" => "203.0.113.9",
+              "HTTP_FORWARDED" => "for=6.6.6.6;proto=https;host=evil.example",
+              "HTTP_X_FORWARDED_FOR" => "6.6.6.6", "HTTP_X_FORWARDED_HOST" => "evil.example",
+              "HTTP_X_FORWARDED_PROTO" => "https" }.freeze
+
+  # The upstream's view through Rack::Request (which reads Forwarded first),
+  # and the forwarding headers it got.
+  def forwarding_upstream
+    seen = {}
+    url = start(lambda do |env|
+      seen.replace(env.slice("HTTP_FORWARDED", "HTTP_X_FORWARDED_FOR", "HTTP_X_FORWARDED_HOST", "HTTP_X_FORWARDED_PROTO"))
       request = Rack::Request.new(env)
       [200, { "content-type" => "text/plain" }, ["#{request.ip} #{request.scheme}://#{request.host}"]]
     end)
-    proxy = NeverBlock::ReverseProxy.new(upstream)
-    env = env_for("GET", "/", headers: { "HTTP_HOST" => "site.example", "REMOTE_ADDR" => "203.0.113.9",
-                                         "HTTP_FORWARDED" => "for=6.6.6.6;proto=https;host=evil.example" })
+    [url, seen]
+  end
 
-    assert_equal [200, "203.0.113.9 http://site.example"], call(proxy, env).values_at(0, 2)
-    assert_equal 'for=6.6.6.6;proto=https;host=evil.example, for=203.0.113.9;host="site.example";proto=http', seen
+  def test_a_client_cannot_name_its_address_host_or_scheme_through_forwarding_headers
+    upstream, seen = forwarding_upstream
+    proxy = NeverBlock::ReverseProxy.new(upstream)
+
+    assert_equal [200, "203.0.113.9 http://site.example"], call(proxy, env_for("GET", "/", headers: SPOOFED)).values_at(0, 2)
+    assert_equal({ "HTTP_X_FORWARDED_FOR" => "203.0.113.9", "HTTP_X_FORWARDED_HOST" => "site.example",
+                   "HTTP_X_FORWARDED_PROTO" => "http" }, seen)
+  end
+
+  def test_behind_a_trusted_proxy_forwarding_headers_go_on_with_this_hop_appended
+    upstream, seen = forwarding_upstream
+    proxy = NeverBlock::ReverseProxy.new(upstream, trust_forwarded: true)
+
+    assert_equal 200, call(proxy, env_for("GET", "/", headers: SPOOFED))[0]
+    assert_equal "6.6.6.6, 203.0.113.9", seen["HTTP_X_FORWARDED_FOR"]
+    assert_equal "evil.example", seen["HTTP_X_FORWARDED_HOST"]
+    assert_equal 'for=6.6.6.6;proto=https;host=evil.example, for=203.0.113.9;host="evil.example";proto=https',
+                 seen["HTTP_FORWARDED"]
   end
 
   def test_a_chunked_request_body_is_sent_chunked
