@@ -40,6 +40,23 @@ module NeverBlock
     RESUME = :resume
     private_constant :START, :RESUME
 
+    # io-event records a fiber waiting in a selector as a node on that fiber's
+    # own stack, linked into the selector's list for the descriptor; only the
+    # fiber's return from the wait unlinks it. A selector the GC frees with a
+    # node still linked writes into that node; but the fiber may have been
+    # freed first and its stack reused by a fiber waiting in another selector,
+    # whose list then loops on itself: the next GC mark spins forever. So a
+    # selector closed while fibers still wait in it (a loop that failed, a
+    # forked child's copy) is kept, with those fibers, until the process exits.
+    @stranded = []
+
+    # @api private
+    # Keeps `selector` from ever being freed (see above).
+    # @return [void]
+    def self.strand(selector)
+      @stranded << selector
+    end
+
     # @return [Thread] the thread whose event loop this is.
     attr_reader :thread
 
@@ -109,8 +126,10 @@ module NeverBlock
       @failures = []
       @failures_since = nil
 
-      # Before any task runs: Scheduler#run and Fiber.schedule start their
-      # first fiber at once.
+      # Created now, while a fiber stack can surely be had; it waits on the
+      # signal pipe only while the loop runs (#run_loop).
+      @watching = false
+      @loop_depth = 0 # #run_loop calls in progress (a blocking fiber may run the loop again)
       watch_signals
     end
 
@@ -478,6 +497,8 @@ module NeverBlock
         run_ready # lets fibers retired by the hooks finish
         @stall_detector&.stop
         @thread_pool.shutdown
+        @signal_watcher.transfer if @signal_watcher.alive? # ends it: @closed
+        Scheduler.strand(@selector) if @io_waiting.positive?
         @selector.close
         @signal_reader.close
         @signal_writer.close
@@ -499,6 +520,9 @@ module NeverBlock
     def forked_close
       @closed = true
       @forked = true
+      # The parent's fibers, the signal watcher among them, stay parked in
+      # this copy of the selector: nothing in the child may resume them.
+      Scheduler.strand(@selector)
       @selector.close
       @signal_reader.close
       @signal_writer.close
@@ -567,7 +591,14 @@ module NeverBlock
 
     def run_loop
       @stall_detector&.start
-      run_once until @tasks.empty?
+      @loop_depth += 1
+      switch_signal_watcher(true) if @loop_depth == 1
+      begin
+        run_once until @tasks.empty?
+      ensure
+        @loop_depth -= 1
+        switch_signal_watcher(false) if @loop_depth.zero?
+      end
     end
 
     # In a forked child the fiber that forked has finished: leaving it would
@@ -702,18 +733,36 @@ module NeverBlock
     end
 
     # The internal fiber that keeps the signal pipe registered with the
-    # selector. It is not a task and not counted in @io_waiting, so it neither
-    # keeps the loop alive nor stops #park.
+    # selector while the loop runs. It is not a task and not counted in
+    # @io_waiting, so it neither keeps the loop alive nor stops #park.
+    # Between loops it waits outside the selector (see Scheduler.strand:
+    # a scheduler dropped without #close must hold no fiber in its selector),
+    # and it ends when the scheduler closes.
     def watch_signals
       @signal_watcher = Fiber.new(blocking: false) do
         watcher = Fiber.current
-        loop do
-          @selector.io_wait(watcher, @signal_reader, IO::READABLE)
-          @signal_pending = false
-          @signal_reader.read_nonblock(4096, exception: false)
+        until @closed
+          if @watching
+            @selector.io_wait(watcher, @signal_reader, IO::READABLE)
+            next unless @watching # switched off: a byte left in the pipe waits for the next loop
+
+            @signal_pending = false
+            @signal_reader.read_nonblock(4096, exception: false)
+          else
+            @loop.transfer
+          end
         end
       end
       @signal_watcher.transfer
+    end
+
+    # Moves the signal watcher into the selector (`on`) or out of it. Called
+    # from the loop fiber, where the watcher is always parked in one place
+    # or the other: resumed, its wait returns (which unlinks it from the
+    # selector) and it parks in the other place, handing control back.
+    def switch_signal_watcher(on)
+      @watching = on
+      @signal_watcher.transfer if @signal_watcher.alive?
     end
 
     def drain_inbox
