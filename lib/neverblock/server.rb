@@ -12,6 +12,7 @@ require_relative "server/access_log"
 require_relative "server/connection"
 require_relative "server/cluster"
 require_relative "server/status_endpoint"
+require_relative "server/lazy_app"
 
 module NeverBlock
   # A fiber-per-connection Rack 3 server on the NeverBlock loop: one process
@@ -139,11 +140,14 @@ module NeverBlock
     # returns once the listeners are closed and in-flight requests have
     # finished or been cancelled after `shutdown_timeout`. With workers it is
     # the master of a {Cluster} and returns when every worker has exited.
+    # @param handle_signals [Boolean] with `workers: 0`, stop gracefully on
+    #   TERM and INT while running (a master always does).
     # @return [void]
     # @raise [Error] when the server already ran (a Server runs once), or
     #   when workers are asked for inside a running NeverBlock loop.
-    def run
+    def run(handle_signals: false)
       raise Error, "this NeverBlock::Server has already run; create a new one" if @wake_reader.closed?
+      return serve_here_handling_signals if @workers.zero? && handle_signals
       return serve_here if @workers.zero?
 
       begin
@@ -158,6 +162,20 @@ module NeverBlock
 
     # @return [Integer] worker processes (0: serves in the calling process).
     attr_reader :workers
+
+    # A master always handles its signals ({Cluster}); in one process, with
+    # `handle_signals: true`, TERM and INT stop the server gracefully while
+    # it runs (what a command-line server wants), and the previous handlers
+    # come back afterwards.
+    def serve_here_handling_signals
+      previous = %w[TERM INT].to_h { |name| [name, trap(name) { stop }] }
+      begin
+        serve_here
+      ensure
+        previous.each { |name, handler| trap(name, handler || "DEFAULT") }
+      end
+    end
+    private :serve_here_handling_signals
 
     # @api private
     # Serves in this process until {#stop} (a worker's whole life).

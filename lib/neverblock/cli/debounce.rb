@@ -94,8 +94,7 @@ module NeverBlock
 
       def start
         opts = @options
-        builder = method(:build_app)
-        app = LazyApp.new(builder)
+        app = NeverBlock::Server::LazyApp.new { build_app }
         app.build if opts[:workers].zero?
         server_options = { bind: opts[:listen].empty? ? ["tcp://0.0.0.0:9393"] : opts[:listen], workers: opts[:workers],
                            status_path: opts[:status_path], on_worker_boot: ->(_index) { app.build } }
@@ -106,7 +105,7 @@ module NeverBlock
                   "(#{opts[:workers].zero? ? 'no workers' : "#{opts[:workers]} workers"}, " \
                   "#{opts[:redis] ? "shared through #{opts[:redis]}" : 'per process'}, pid #{Process.pid})")
         @out.flush
-        run(server)
+        server.run(handle_signals: true)
         0
       end
 
@@ -125,40 +124,9 @@ module NeverBlock
                                          share_credentials: opts[:share_credentials], max_body: opts[:max_body])
       end
 
-      def run(server)
-        return server.run unless server.workers.zero?
-
-        previous = %w[TERM INT].to_h { |name| [name, trap(name) { server.stop }] }
-        begin
-          server.run
-        ensure
-          previous.each { |name, handler| trap(name, handler || "DEFAULT") }
-        end
-      end
-
       def usage_error(message)
         @err.puts("neverblock debounce: #{message}\n\n#{parser}")
         64
-      end
-
-      # Calls the app built by the block (once, on first use or {#build}).
-      class LazyApp
-        # @param builder [#call] returns the app.
-        def initialize(builder)
-          @builder = builder
-          @app = nil
-        end
-
-        # @return [#call] the app, built now if it was not.
-        def build
-          @app ||= @builder.call
-        end
-
-        # @param env [Hash]
-        # @return [Array]
-        def call(env)
-          (@app || build).call(env)
-        end
       end
     end
   end

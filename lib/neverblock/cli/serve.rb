@@ -16,33 +16,6 @@ module NeverBlock
 
       TEXT
 
-      # The app of a config.ru, loaded on first need: in the master with
-      # --preload (copy-on-write shared by the workers), else in each worker.
-      class AppLoader
-        # @param path [String] the config.ru.
-        def initialize(path)
-          @path = path
-          @app = nil
-        end
-
-        # Loads the app now (once).
-        # @return [#call]
-        def load
-          @app ||= begin
-            require "rack"
-            require "rack/builder"
-            app = Rack::Builder.parse_file(@path)
-            app.is_a?(Array) ? app.first : app # rack 2 returned [app, options]
-          end
-        end
-
-        # @param env [Hash]
-        # @return [Array] the app's response.
-        def call(env)
-          (@app || load).call(env)
-        end
-      end
-
       # @param out [IO]
       # @param err [IO]
       def initialize(out:, err:)
@@ -111,15 +84,23 @@ module NeverBlock
         end
         Dir.chdir(File.dirname(path))
         require_relative "../server"
-        loader = AppLoader.new(path)
-        loader.load if opts[:preload] || opts[:workers].zero?
+        loader = NeverBlock::Server::LazyApp.new { load_config(path) }
+        loader.build if opts[:preload] || opts[:workers].zero?
         server = NeverBlock::Server.new(loader, **server_options(loader))
         addresses = server.bound_addresses
         @out.puts("NeverBlock #{VERSION} serving #{path} on #{addresses.join(', ')} " \
                   "(#{opts[:workers].zero? ? 'no workers' : "#{opts[:workers]} workers"}, pid #{Process.pid})")
         @out.flush
-        run(server)
+        server.run(handle_signals: true)
         0
+      end
+
+      # The app of a config.ru (rack 2's parse_file returned [app, options]).
+      def load_config(path)
+        require "rack"
+        require "rack/builder"
+        app = Rack::Builder.parse_file(path)
+        app.is_a?(Array) ? app.first : app
       end
 
       def server_options(loader)
@@ -129,20 +110,8 @@ module NeverBlock
         options[:access_log] = $stdout if opts[:access_log]
         options[:shutdown_timeout] = opts[:shutdown_timeout] if opts[:shutdown_timeout]
         options[:max_connections] = opts[:max_connections] if opts[:max_connections]
-        options[:on_worker_boot] = ->(_index) { loader.load } unless opts[:preload]
+        options[:on_worker_boot] = ->(_index) { loader.build } unless opts[:preload]
         options
-      end
-
-      # With workers the server (its master) traps the signals itself.
-      def run(server)
-        return server.run unless server.workers.zero?
-
-        previous = %w[TERM INT].to_h { |name| [name, trap(name) { server.stop }] }
-        begin
-          server.run
-        ensure
-          previous.each { |name, handler| trap(name, handler || "DEFAULT") }
-        end
       end
 
       def usage_error(message)

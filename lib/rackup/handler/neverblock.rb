@@ -24,10 +24,8 @@ module Rackup
           server = ::NeverBlock::Server.new(app, **server_options(options))
           @server = server
           yield server if block_given?
-          previous = %w[INT TERM].to_h { |name| [name, trap(name) { server.stop }] } if server.workers.zero?
-          server.run
+          server.run(handle_signals: true)
         ensure
-          previous&.each { |name, handler| trap(name, handler || "DEFAULT") }
           @server = nil
         end
 
