@@ -103,6 +103,7 @@ module NeverBlock
       def write(request, status, headers, body, keep_alive)
         @started = false
         @body_bytes = 0
+        @overflow = false
         status = status.to_i
         no_body = request.head || status < 200 || status == 204 || status == 304
         head = +""
@@ -144,14 +145,17 @@ module NeverBlock
         end
         head << connection_header(keep_alive, request) << "\r\n"
 
+        declared = declared_length(length) unless framed_by_app
         if parts
           write_parts(head, parts)
         elsif body.respond_to?(:each)
-          write_each(head, body, chunked)
+          write_each(head, body, chunked, declared)
         else
           write_stream(head, body, chunked, request)
         end
-        keep_alive
+        # A body that does not match its Content-Length would put the client
+        # out of step with the next response: this connection ends here.
+        keep_alive && (declared.nil? || (declared == @body_bytes && !@overflow))
       end
 
       # Sends the status line and the app's headers (with a Date), and nothing
@@ -231,11 +235,21 @@ module NeverBlock
         end
       end
 
-      def write_each(head, body, chunked)
+      # With a declared length, bytes past it are not sent (the connection
+      # is then closed, see {#write}).
+      def write_each(head, body, chunked, declared = nil)
         pending = head
+        sent = 0
         body.each do |chunk|
           next if chunk.empty?
 
+          if declared && sent + chunk.bytesize > declared
+            @overflow = true
+            next if sent >= declared
+
+            chunk = chunk.byteslice(0, declared - sent)
+          end
+          sent += chunk.bytesize
           @body_bytes += chunk.bytesize
           if chunked
             pending << chunk.bytesize.to_s(16) << "\r\n" << chunk << "\r\n"
@@ -247,6 +261,14 @@ module NeverBlock
         end
         pending << "0\r\n\r\n" if chunked
         write_all(pending)
+      end
+
+      # @return [Integer, nil] the app's Content-Length, nil when it has none
+      #   or one that is not a plain number.
+      def declared_length(value)
+        value && Integer(value.to_s, 10)
+      rescue ArgumentError
+        nil
       end
 
       def write_stream(head, body, chunked, request)

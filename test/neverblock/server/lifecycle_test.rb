@@ -33,6 +33,24 @@ class ServerLifecycleTest < PlainTest
     end
   end
 
+  # Not Rack-valid (Lint would refuse it), but apps do it: the client must
+  # not read the surplus as the next response, nor wait for missing bytes.
+  def test_a_body_longer_than_its_content_length_is_cut_and_the_connection_closed
+    start_server(->(_env) { [200, { "content-length" => "2" }, ["hel", "lo"]] }, lint: false)
+    socket = connect
+    socket.write(get + get)
+    assert_equal "he", read_response(socket)[2]
+    assert_equal "", read_all(socket), "nothing more: no surplus bytes, no second response on this connection"
+  end
+
+  def test_a_body_shorter_than_its_content_length_closes_the_connection
+    start_server(->(_env) { [200, { "content-length" => "10" }, ["hello"]] }, lint: false, idle_timeout: 60)
+    socket = connect
+    socket.write(get)
+    head = read_all(socket, timeout: 5) # closed by the server now, not by the idle timeout
+    assert_match(/\r\n\r\nhello\z/, head, "the five bytes, then the close tells the client the body is short")
+  end
+
   def test_exception_while_streaming_closes_the_connection_and_is_logged
     app = lambda do |_env|
       body = Enumerator.new do |out|
