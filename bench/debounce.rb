@@ -39,6 +39,7 @@ require "tmpdir"
 require "neverblock"
 require_relative "support/csv_file"
 require_relative "support/machine"
+require_relative "support/peer_servers"
 require_relative "support/server_process"
 require_relative "support/svg_chart"
 require_relative "support/table"
@@ -130,42 +131,22 @@ module NeverBlockBench
     # nginx with a cache lock: concurrent misses for one key wait for the
     # first request's response to land in the cache.
     def nginx(port, upstream_port)
-      prefix = File.join(@dir, "nginx")
-      FileUtils.mkdir_p(prefix)
-      config = File.join(prefix, "nginx.conf")
-      File.write(config, <<~NGINX)
-        worker_processes 1;
-        daemon off;
-        master_process off;
-        pid #{prefix}/nginx.pid;
-        error_log #{prefix}/error.log warn;
-        events { worker_connections 8192; }
-        http {
-          access_log off;
-          client_body_temp_path #{prefix}/body;
-          proxy_temp_path #{prefix}/proxy;
-          fastcgi_temp_path #{prefix}/fastcgi;
-          uwsgi_temp_path #{prefix}/uwsgi;
-          scgi_temp_path #{prefix}/scgi;
-          proxy_cache_path #{prefix}/cache levels=1:2 keys_zone=storm:10m;
-          upstream app { server 127.0.0.1:#{upstream_port}; keepalive 64; }
-          server {
-            listen 127.0.0.1:#{port};
-            location /count { proxy_pass http://app; }
-            location / {
-              proxy_pass http://app;
-              proxy_http_version 1.1;
-              proxy_set_header Connection "";
-              proxy_cache storm;
-              proxy_cache_valid 200 1s;
-              proxy_cache_lock on;
-              proxy_cache_lock_timeout 10s;
-              proxy_cache_lock_age 10s;
-            }
-          }
+      PeerServers.nginx(port: port, dir: @dir, http: <<~HTTP, locations: <<~LOCATIONS)
+        proxy_cache_path %{prefix}/cache levels=1:2 keys_zone=storm:10m;
+        upstream app { server 127.0.0.1:#{upstream_port}; keepalive 64; }
+      HTTP
+        location /count { proxy_pass http://app; }
+        location / {
+          proxy_pass http://app;
+          proxy_http_version 1.1;
+          proxy_set_header Connection "";
+          proxy_cache storm;
+          proxy_cache_valid 200 1s;
+          proxy_cache_lock on;
+          proxy_cache_lock_timeout 10s;
+          proxy_cache_lock_age 10s;
         }
-      NGINX
-      ServerProcess.start("nginx", ["nginx", "-p", prefix, "-c", config], port: port)
+      LOCATIONS
     end
 
     # CLIENTS connections are opened first; then every client sends its

@@ -120,11 +120,21 @@ module NeverBlockBench
                         "--rackup", rackup, "--environment", "production", "--quiet"], port, env)
     end
 
-    # nginx answering every request with 200 "Hello world\n" from one
-    # process (no master, one worker's loop), logs and temp files in `dir`.
+    # What nginx answers by default: 200 "Hello world\n" to every request.
+    HELLO_LOCATIONS = <<~NGINX
+      location / {
+        default_type text/plain;
+        return 200 "Hello world\\n";
+      }
+    NGINX
+
+    # nginx from one process (no master, one worker's loop), logs, temp and
+    # cache files in `dir`, answering as `locations` say (hello world by
+    # default); `http` adds directives to the http block (an upstream, a
+    # proxy_cache_path: `%{prefix}` in it is the server's own directory).
     # @param dir [String] a scratch directory (removed by the caller)
     # @return [ServerProcess]
-    def nginx(port:, dir:, name: "nginx")
+    def nginx(port:, dir:, name: "nginx", locations: HELLO_LOCATIONS, http: "")
       prefix = File.join(dir, "nginx-#{port}")
       FileUtils.mkdir_p(prefix)
       config = File.join(prefix, "nginx.conf")
@@ -134,7 +144,7 @@ module NeverBlockBench
         master_process off;
         pid #{prefix}/nginx.pid;
         error_log #{prefix}/error.log warn;
-        events { worker_connections 4096; }
+        events { worker_connections 8192; }
         http {
           access_log off;
           client_body_temp_path #{prefix}/body;
@@ -143,12 +153,10 @@ module NeverBlockBench
           uwsgi_temp_path #{prefix}/uwsgi;
           scgi_temp_path #{prefix}/scgi;
           keepalive_requests 1000000;
+        #{format(http, prefix: prefix).gsub(/^/, '  ')}
           server {
             listen 127.0.0.1:#{port};
-            location / {
-              default_type text/plain;
-              return 200 "Hello world\\n";
-            }
+        #{locations.gsub(/^/, '    ')}
           }
         }
       NGINX
