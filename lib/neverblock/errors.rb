@@ -3,23 +3,41 @@
 require "timeout"
 
 module NeverBlock
-  # The root of NeverBlock's errors: `rescue NeverBlock::Error` catches every
-  # error this library raises, including {TimeoutError}.
-  class Error < StandardError
-    # {TimeoutError} has to be a `Timeout::Error` so that code written for the
-    # standard library rescues it; Ruby has single inheritance, so {Error}
-    # matches it explicitly. Only `Error` itself does this, not its subclasses.
-    #
-    # @param other [Object]
-    # @return [Boolean]
-    def self.===(other)
-      super || (equal?(Error) && other.is_a?(TimeoutError))
+  # Every error this library raises is a `NeverBlock::Error`: `rescue
+  # NeverBlock::Error` catches them all, and `error.is_a?(NeverBlock::Error)`
+  # is true for each, {TimeoutError} included.
+  #
+  # It is a module, not a class, because {TimeoutError} must also be a
+  # `Timeout::Error` (so code written for the standard library rescues it)
+  # and Ruby has single inheritance. The other errors descend from
+  # {BaseError}, a StandardError that includes this module. Define your own
+  # subclasses from {BaseError} (or from a more specific error).
+  #
+  # `raise NeverBlock::Error, "message"` still works: it raises a {BaseError}.
+  module Error
+    # Lets `raise NeverBlock::Error, "message"` raise a {BaseError}.
+    # @param message [String, nil]
+    # @return [BaseError]
+    def self.exception(message = nil)
+      BaseError.new(message)
     end
+
+    # @param message [String, nil]
+    # @return [BaseError]
+    def self.new(message = nil)
+      BaseError.new(message)
+    end
+  end
+
+  # The class behind every NeverBlock error except {TimeoutError}; a
+  # {NeverBlock::Error}.
+  class BaseError < StandardError
+    include Error
   end
 
   # Raised by APIs that need a running event loop when there is none on this
   # thread, e.g. {NeverBlock.spawn} called outside {NeverBlock.run}.
-  class NoReactorError < Error
+  class NoReactorError < BaseError
     def initialize(message = "no NeverBlock event loop is running on this thread; " \
                              "wrap the code in NeverBlock.run { ... }")
       super
@@ -28,7 +46,7 @@ module NeverBlock
 
   # Raised inside a task, at its current or next wait, when {Task#cancel} is
   # called; re-raised by {Task#value} to whoever waits on a cancelled task.
-  class Cancelled < Error
+  class Cancelled < BaseError
     def initialize(message = "task was cancelled")
       super
     end
@@ -37,30 +55,31 @@ module NeverBlock
   # Raised by {NeverBlock.timeout} when its block runs longer than allowed.
   # A `Timeout::Error`, so `rescue Timeout::Error` catches it too.
   class TimeoutError < Timeout::Error
+    include Error
   end
 
   # Raised by {FiberPool#spawn} when the pool's queue is at its `queue_limit`:
   # backpressure instead of unbounded memory growth.
-  class PoolFull < Error
+  class PoolFull < BaseError
   end
 
   # Raised by {ConnectionPool#checkout} (and #with) when no connection is
   # free within the pool's timeout; the message has the pool's stats.
-  class PoolTimeout < Error
+  class PoolTimeout < BaseError
   end
 
   # Raised by {FiberPool#spawn} after {FiberPool#shutdown}.
-  class PoolClosed < Error
+  class PoolClosed < BaseError
   end
 
   # Raised when a database connection cannot be opened: after bounded
   # retries with backoff for a server that is down or starting up, at once
   # for a refusal that retrying cannot fix (wrong password, unknown
   # database). The driver's error is the `cause`.
-  class ConnectError < Error
+  class ConnectError < BaseError
   end
 
   # Raised when a scheduler is used after {Scheduler#close}.
-  class ClosedError < Error
+  class ClosedError < BaseError
   end
 end

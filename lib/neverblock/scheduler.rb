@@ -74,11 +74,8 @@ module NeverBlock
                    thread_pool_size: NeverBlock.thread_pool_size)
       NeverBlock.validate_size!(thread_pool_size, :thread_pool_size)
       NeverBlock.validate_timeout!(stall_threshold, :stall_threshold) if stall_threshold
-      @loop = Fiber.current
-      @thread = Thread.current
       @pid = Process.pid
       @selector_class = Selector.resolve(selector)
-      @selector = @selector_class.new(@loop)
       @timers = Timers.new
       # Shared timer callbacks: a sleep or a lock timeout allocates no closure.
       @wake_callback = method(:wake)
@@ -116,6 +113,7 @@ module NeverBlock
       @running = nil # the non-loop fiber that holds the loop right now
       @switches = 0 # bumped each time a fiber is (re)entered; read by the stall detector
       @closed = false
+      @managed = false # true once #run got a block (NeverBlock.run): raw fibers fail like tasks
       @aborted = false
       @collected_at = nil # when start last ran the GC to free fiber stacks
       @close_watch = nil # the timer looking for IOs closed under a waiting fiber
@@ -126,11 +124,10 @@ module NeverBlock
       @failures = []
       @failures_since = nil
 
-      # Created now, while a fiber stack can surely be had; it waits on the
-      # signal pipe only while the loop runs (#run_loop).
       @watching = false
       @loop_depth = 0 # #run_loop calls in progress (a blocking fiber may run the loop again)
-      watch_signals
+      @raw_failure = nil # the first failure of a raw Fiber.schedule fiber, to raise from the loop
+      bind_thread
     end
 
     # @api private
@@ -150,13 +147,22 @@ module NeverBlock
     # Runs `block` as the first task and the loop until every task has
     # finished. The scheduler must already be the thread's fiber scheduler.
     #
-    # @return [Object] the block's value.
-    # @raise [Exception] whatever the block raised.
+    # Without a block, runs the loop until no work is left (every fiber
+    # started with `Fiber.schedule` has finished), as Ruby's own reference
+    # scheduler does; {#close} does the same when the thread ends.
+    #
+    # @return [Object] the block's value; nil without a block.
+    # @raise [Exception] whatever the block raised; without a block, the
+    #   first exception that escaped a `Fiber.schedule` fiber.
     def run(&block)
+      claim_thread
       # The watchdog starts with the loop, not with the scheduler: a thread
       # sleeping with a timeout would hide a deadlock from Ruby (say, the
       # thread's root fiber blocking on a Mutex before the loop runs).
       @stall_detector&.start
+      return run_loop unless block
+
+      @managed = true
       task = spawn(observed: true, &block)
       begin
         run_loop
@@ -178,6 +184,8 @@ module NeverBlock
     def spawn(observed: false, &block)
       raise ArgumentError, "spawn needs a block" unless block
       raise ClosedError, "this NeverBlock scheduler is closed" if @closed
+
+      claim_thread
 
       task = Task.new(self, block, observed: observed)
       @tasks[task] = true
@@ -454,10 +462,35 @@ module NeverBlock
     IPV6_LITERAL = /\A[\h:]*:[\h:.]*\z/.freeze
     private_constant :IPV4_LITERAL, :IPV6_LITERAL
 
-    # Fiber::Scheduler hook (Ruby 3.4+): a C extension's blocking call
-    # (e.g. a GVL-releasing function) runs on the thread pool.
+    # Fiber::Scheduler hook (Ruby 3.4+): a blocking call that releases the
+    # GVL (Ruby marks the safe ones: zlib, for example) runs on the thread
+    # pool and only the calling fiber waits.
+    #
+    # Unlike {#defer}, the fiber waits for the operation to end even if it is
+    # cancelled or times out meanwhile: the operation works on memory owned
+    # by the caller's C frame, which must outlive it. The interruption is
+    # raised once the operation has ended.
+    # @return [void]
     def blocking_operation_wait(work)
-      defer { work.call }
+      job = ThreadPool::Job.new(work, self, Fiber.current)
+      @thread_pool.submit(job)
+      interruption = nil
+      begin
+        suspend until job.done?
+      rescue Exception => e # rubocop:disable Lint/RescueException -- held until the operation ends
+        interruption ||= e
+        retry
+      end
+      raise interruption if interruption
+
+      job.result
+    end
+
+    # Fiber::Scheduler hook (Ruby 4.0+): lets the other ready fibers run,
+    # then resumes this one on the next turn of the loop.
+    # @return [void]
+    def yield
+      queued { @selector.yield }
     end
 
     # Fiber::Scheduler hook: `Fiber.schedule`. Unlike {#spawn}, the fiber
@@ -466,7 +499,8 @@ module NeverBlock
     def fiber(&block)
       raise ClosedError, "this NeverBlock scheduler is closed" if @closed
 
-      task = Task.new(self, block)
+      claim_thread
+      task = Task.new(self, block, raw: true)
       @tasks[task] = true
       fiber = new_task_fiber(task)
       start(fiber)
@@ -484,7 +518,9 @@ module NeverBlock
     def close
       return if @closed
       return forked_close if @forked || Process.pid != @pid
-      raise Error, "close the scheduler from its own thread" unless loop_thread?
+
+      claim_thread
+      raise Error, "close the scheduler from its own thread (#{@thread.inspect})" unless loop_thread?
       raise Error, "close cannot be called from inside a task" unless Fiber.current.equal?(@loop)
 
       begin
@@ -550,7 +586,12 @@ module NeverBlock
     # @api private
     def task_finished(task, report)
       @tasks.delete(task)
-      if report
+      if report && task.raw? && !@managed
+        # Raw Fiber.schedule use, as with Ruby's reference scheduler: the
+        # exception leaves the loop (#run or #close), and so reaches
+        # Thread#join. Under NeverBlock.run it is logged like a task's.
+        @raw_failure ||= task.error
+      elsif report
         @failures_since ||= @timers.now
         @failures << task
       end
@@ -589,12 +630,45 @@ module NeverBlock
 
     private
 
+    # The thread a scheduler serves is the one it was set on with
+    # Fiber.set_scheduler, which need not be the one that created it. A
+    # scheduler not used yet moves to the thread that first uses it.
+    def claim_thread
+      return if Thread.current.equal?(@thread)
+      unless @tasks.empty? && @loop_depth.zero? && @io_waiting.zero? && Fiber.scheduler.equal?(self)
+        raise Error, "this NeverBlock scheduler runs on #{@thread.inspect}; create one scheduler per thread"
+      end
+
+      @selector.close
+      bind_thread
+    end
+
+    # Ties the scheduler to the current thread: its loop fiber, a selector
+    # for it, and the signal watcher fiber (created now, while a fiber stack
+    # can surely be had; it waits on the signal pipe only while the loop
+    # runs, see #run_loop).
+    def bind_thread
+      @thread = Thread.current
+      @loop = Fiber.current
+      @selector = @selector_class.new(@loop)
+      watch_signals
+    end
+
+    def raise_raw_failure
+      error = @raw_failure
+      @raw_failure = nil
+      raise error
+    end
+
     def run_loop
       @stall_detector&.start
       @loop_depth += 1
       switch_signal_watcher(true) if @loop_depth == 1
       begin
-        run_once until @tasks.empty?
+        until @tasks.empty?
+          run_once
+          raise_raw_failure if @raw_failure
+        end
       ensure
         @loop_depth -= 1
         switch_signal_watcher(false) if @loop_depth.zero?
@@ -617,7 +691,7 @@ module NeverBlock
     def run_once
       drain_inbox unless @inbox.empty?
       run_ready
-      return if @tasks.empty?
+      return if @tasks.empty? || @raw_failure
 
       interval = @ready.empty? && @inbox.empty? && !@selector.ready? ? @timers.wait_interval : 0
       interval = 0 if interval&.negative?

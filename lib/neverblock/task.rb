@@ -27,11 +27,12 @@ module NeverBlock
     # @param block [Proc] the work to run.
     # @param observed [Boolean] true when the creator promises to collect the
     #   result, so a failure is not logged (e.g. {NeverBlock.map}).
-    def initialize(scheduler, block, observed: false)
+    def initialize(scheduler, block, observed: false, raw: false)
       @scheduler = scheduler
       @block = block
       @status = :pending
       @observed = observed
+      @raw = raw if raw
       # Set when needed (nil until then): @result, @fiber, @waiters,
       # @cancel_requested, @location, @owner, @storage. Spawning is a hot
       # path, and each assignment here is paid by every task.
@@ -125,6 +126,12 @@ module NeverBlock
       "#<#{self.class.name}:0x#{object_id.to_s(16)} #{@status}#{" (#{location.join(':')})" if location}>"
     end
     alias to_s inspect
+
+    # @api private
+    # @return [Boolean] true for a fiber started by `Fiber.schedule`.
+    def raw?
+      @raw == true
+    end
 
     # @api private
     # The pool or queue holding a pending task, told when it is cancelled.

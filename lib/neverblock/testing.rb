@@ -12,7 +12,7 @@ module NeverBlock
 
     # A test broke one of the rules above; its message says which and shows
     # the backtraces of the fibers involved.
-    class Failure < NeverBlock::Error
+    class Failure < NeverBlock::BaseError
     end
 
     # The test ran out of time.

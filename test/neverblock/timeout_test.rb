@@ -18,7 +18,28 @@ class TimeoutTest < NeverBlockTest
       e
     end
     assert_kind_of NeverBlock::TimeoutError, rescued
-    refute NeverBlock::PoolFull === rescued, "only NeverBlock::Error itself matches TimeoutError"
+    refute NeverBlock::PoolFull === rescued, "a TimeoutError is not a PoolFull"
+  end
+
+  def test_timeout_error_is_a_neverblock_error_and_a_timeout_error_for_is_a
+    error = NeverBlock::TimeoutError.new("late")
+    assert error.is_a?(NeverBlock::Error)
+    assert error.is_a?(Timeout::Error)
+    assert_includes NeverBlock::TimeoutError.ancestors, NeverBlock::Error
+  end
+
+  def test_every_neverblock_error_class_is_a_neverblock_error
+    classes = NeverBlock.constants.map { |name| NeverBlock.const_get(name) }
+                        .select { |constant| constant.is_a?(Class) && constant < Exception }
+    refute_empty classes
+    classes.each { |klass| assert klass < NeverBlock::Error, "#{klass} is not a NeverBlock::Error" }
+  end
+
+  def test_raise_neverblock_error_with_a_message_raises_a_base_error
+    error = assert_raises(NeverBlock::Error) { raise NeverBlock::Error, "told what to do" }
+    assert_instance_of NeverBlock::BaseError, error
+    assert_equal "told what to do", error.message
+    assert_kind_of StandardError, error
   end
 
   def test_timeout_returns_the_block_value_in_time

@@ -5,7 +5,7 @@ module NeverBlock
     # Raised by {Client#transaction} when the block finished but the
     # transaction had failed inside it (an SQL error the block rescued):
     # PostgreSQL rolled it back instead of committing.
-    class TransactionRolledBack < NeverBlock::Error
+    class TransactionRolledBack < NeverBlock::BaseError
     end
 
     # A pool of PostgreSQL connections with a query interface; made by

@@ -4,7 +4,7 @@ module NeverBlock
   class Server
     # A request the server refuses with an HTTP error status (400, 408, 413,
     # 414, 431, 505) before the app sees it; the connection is then closed.
-    class HTTPError < Error
+    class HTTPError < BaseError
       # @return [Integer] the response status.
       attr_reader :status
 
@@ -18,6 +18,6 @@ module NeverBlock
 
     # Raised by {Server#run} in a preforking master when workers keep
     # exiting before they are ready (the app fails to boot in them).
-    class BootError < Error; end
+    class BootError < BaseError; end
   end
 end

@@ -40,7 +40,7 @@ module NeverBlock
       COALESCE = 64 * 1024
 
       # The client went away (or stopped reading) during a write.
-      class ClientGone < Error
+      class ClientGone < BaseError
       end
 
       @date = nil

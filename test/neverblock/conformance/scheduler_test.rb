@@ -86,24 +86,115 @@ class ConformanceSchedulerTest < ConformanceTest
     end
   end
 
-  def test_an_exception_in_one_fiber_does_not_stop_the_others
+  # As with Ruby's reference scheduler (test/fiber's test_broken_unblock):
+  # raw Fiber.schedule use has nobody to report to but the thread.
+  def test_an_exception_escaping_a_raw_fiber_reaches_thread_join
     finished = []
-    log = capture_log do
+    error = assert_raises(ArgumentError) do
       on_scheduler_thread do
         Fiber.schedule do
           sleep 0.01
           raise ArgumentError, "one fiber failed"
         end
-        3.times do |index|
-          schedule do
-            sleep 0.05
-            finished << index
-          end
+        schedule do
+          sleep 5
+          finished << :slow
         end
+      end
+    end
+    assert_equal "one fiber failed", error.message
+    assert_empty finished, "the loop stopped at the failure"
+  end
+
+  def test_run_without_a_block_raises_what_escaped_a_fiber_and_close_finishes_the_rest
+    finished = []
+    escaped = on_scheduler_thread do
+      scheduler = Fiber.scheduler
+      Fiber.schedule { raise ArgumentError, "escaped" }
+      schedule { sleep 0.02; finished << :other }
+      begin
+        scheduler.run
+      rescue ArgumentError => e
+        e.message
+      end
+    end
+    assert_equal "escaped", escaped
+    assert_equal [:other], finished, "closing at thread exit ran the remaining fiber"
+  end
+
+  def test_an_exception_in_a_fiber_scheduled_under_neverblock_run_is_logged_and_the_others_go_on
+    finished = []
+    log = capture_log do
+      NeverBlock.run do
+        Fiber.schedule do
+          sleep 0.01
+          raise ArgumentError, "one fiber failed"
+        end
+        3.times { |index| Fiber.schedule { sleep 0.05; finished << index } }
       end
     end
     assert_equal [0, 1, 2], finished.sort
     assert_match(/ArgumentError.*one fiber failed/, log)
+  end
+
+  def test_a_scheduler_created_on_one_thread_serves_the_thread_it_is_set_on
+    scheduler = NeverBlock::Scheduler.new
+    slept = nil
+    thread = Thread.new do
+      Fiber.set_scheduler(scheduler)
+      Fiber.schedule { slept = sleep(0.01) }
+    end
+    thread.join(HANG_LIMIT) or flunk "hung"
+    assert_equal 0, slept
+    assert_predicate scheduler, :closed?, "closed when its thread ended"
+    assert_same thread, scheduler.thread
+  end
+
+  def test_a_scheduler_created_on_one_thread_is_closed_there_when_set_to_nil
+    scheduler = NeverBlock::Scheduler.new
+    closed = Thread.new do
+      Fiber.set_scheduler(scheduler)
+      Fiber.set_scheduler(nil)
+      scheduler.closed?
+    end.value
+    assert closed
+  end
+
+  def test_a_scheduler_in_use_refuses_a_second_thread
+    scheduler = NeverBlock::Scheduler.new
+    reader, writer = IO.pipe
+    first = Thread.new do
+      Fiber.set_scheduler(scheduler)
+      Fiber.schedule { reader.read(1) } # keeps the scheduler busy on this thread
+      :first_done
+    end
+    Thread.pass until scheduler.tasks.any? || !first.alive?
+    error = assert_raises(NeverBlock::Error) do
+      Thread.new do
+        Thread.current.report_on_exception = false
+        Fiber.set_scheduler(scheduler)
+        Fiber.schedule { :never }
+      ensure
+        Fiber.set_scheduler(nil) rescue nil # rubocop:disable Style/RescueModifier -- it refuses to close here too
+      end.join
+    end
+    assert_match(/create one scheduler per thread/, error.message)
+    writer.write("x")
+    assert_equal :first_done, first.value
+  ensure
+    reader&.close
+    writer&.close unless writer&.closed?
+  end
+
+  def test_run_without_a_block_runs_until_every_scheduled_fiber_finished
+    order = on_scheduler_thread do
+      order = []
+      Fiber.schedule { sleep 0.02; order << :slow }
+      Fiber.schedule { sleep 0.01; order << :fast }
+      Fiber.scheduler.run
+      order << :after_run
+    end
+    assert_equal %i[fast slow after_run], order
   end
 
   def test_an_exception_in_one_task_does_not_stop_the_others
