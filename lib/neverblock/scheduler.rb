@@ -80,6 +80,7 @@ module NeverBlock
       # Shared timer callbacks: a sleep or a lock timeout allocates no closure.
       @wake_callback = method(:wake)
       @expire_callback = ->(fiber) { wake(fiber, false) }
+      @close_sweep = method(:interrupt_closed_waits)
       @io_expire_callback = ->(fiber) { fiber.transfer(false) }
 
       @ready = [] # flat triples: fiber (or task), token, value
@@ -371,6 +372,60 @@ module NeverBlock
           @timers.cancel(timer)
         end
       end
+    end
+
+    if IO.const_defined?(:Buffer)
+      # Fiber::Scheduler hook: `IO#pread` (and IO::Buffer#pread), reading
+      # at least `length` bytes at file position `from` into `buffer` at
+      # `offset`. With the io_uring selector the read is asynchronous; with
+      # epoll (which cannot wait on regular files) it is the same pread(2)
+      # Ruby would make, waiting on the descriptor only when it would block.
+      # @return [Integer] bytes read, or a negated errno.
+      def io_pread(io, buffer, from, length, offset)
+        fiber = Fiber.current
+        if @selector.respond_to?(:io_pread)
+          return in_selector(fiber, io) { @selector.io_pread(fiber, io, buffer, from, length, offset) }
+        end
+
+        positioned_io(io, length, buffer.size - offset, IO::READABLE) do |done, chunk|
+          data = io.pread(chunk, from + done)
+          buffer.set_string(data, offset + done)
+          data.bytesize
+        end
+      end
+
+      # Fiber::Scheduler hook: `IO#pwrite` (and IO::Buffer#pwrite), writing
+      # at least `length` bytes of `buffer` from `offset` at file position
+      # `from`. See {#io_pread}.
+      # @return [Integer] bytes written, or a negated errno.
+      def io_pwrite(io, buffer, from, length, offset)
+        fiber = Fiber.current
+        if @selector.respond_to?(:io_pwrite)
+          return in_selector(fiber, io) { @selector.io_pwrite(fiber, io, buffer, from, length, offset) }
+        end
+
+        positioned_io(io, length, buffer.size - offset, IO::WRITABLE) do |done, chunk|
+          io.pwrite(buffer.get_string(offset + done, chunk), from + done)
+        end
+      end
+    end
+
+    # Fiber::Scheduler hook (Ruby 3.3+): `fd` is being closed by this thread.
+    # Fibers of this loop still waiting on it get IOError ("stream closed in
+    # another thread") on the loop's next turn, as a thread would, instead of
+    # waiting on a descriptor epoll has silently dropped. Ruby then closes
+    # the descriptor itself (a falsy return says so).
+    # @return [nil]
+    def io_close(_fd)
+      post(@close_sweep) if @io_waiting.positive? && !@closed
+      nil
+    end
+
+    # Fiber::Scheduler hook (Ruby 4.0+): called instead of #close when the
+    # thread ends or `Fiber.set_scheduler` replaces this scheduler.
+    # @return [void]
+    def scheduler_close
+      close
     end
 
     if Fiber.respond_to?(:blocking)
@@ -907,11 +962,49 @@ module NeverBlock
     def arm_close_watch
       @close_watch = @timers.after(CLOSE_WATCH) do
         @close_watch = nil
-        closed = @waits.select { |_fiber, waited| waited.is_a?(IO) && waited.closed? }
-        closed.each do |fiber, io|
-          interrupt_fiber(fiber, IOError.new("stream closed in another thread")) { @waits[fiber].equal?(io) }
-        end
+        interrupt_closed_waits
         arm_close_watch if @io_waiting.positive?
+      end
+    end
+
+    # Raises IOError in every fiber waiting in the selector on an IO that
+    # has been closed meanwhile.
+    def interrupt_closed_waits
+      closed = @waits.select { |_fiber, waited| waited.is_a?(IO) && waited.closed? }
+      closed.each do |fiber, io|
+        interrupt_fiber(fiber, IOError.new("stream closed in another thread")) { @waits[fiber].equal?(io) }
+      end
+    end
+
+    if Fiber.respond_to?(:blocking)
+      # Runs the block in a blocking state: IO in it calls no hook of ours.
+      def without_hooks(&block)
+        Fiber.blocking(&block)
+      end
+    else
+      def without_hooks(&block)
+        Fiber.new(blocking: true, &block).resume
+      end
+    end
+
+    # Runs a positioned read or write (`yield done, chunk` -> bytes moved)
+    # until `length` bytes (at least one attempt when 0) or end of file,
+    # without calling back into this scheduler; waits on the descriptor when
+    # it would block. Errors become negated errnos, as the hooks return them.
+    def positioned_io(io, length, room, events)
+      done = 0
+      loop do
+        moved = without_hooks { yield(done, room - done) }
+        return done if moved.zero?
+
+        done += moved
+        return done if done >= length || done >= room
+      rescue IO::WaitReadable, IO::WaitWritable
+        io_wait(io, events)
+      rescue EOFError
+        return done
+      rescue SystemCallError => e
+        return done.positive? ? done : -e.errno
       end
     end
 
