@@ -558,7 +558,11 @@ module NeverBlock
       task = Task.new(self, block, raw: true)
       @tasks[task] = true
       fiber = new_task_fiber(task)
-      start(fiber)
+      if Fiber.current.equal?(@loop)
+        start_resumed(task, fiber)
+      else
+        start(fiber)
+      end
       fiber
     rescue FiberError => e
       task&.fail_to_start(e)
@@ -720,6 +724,7 @@ module NeverBlock
       @loop_depth += 1
       switch_signal_watcher(true) if @loop_depth == 1
       begin
+        raise_raw_failure if @raw_failure # e.g. a fiber that failed as it started
         until @tasks.empty?
           run_once
           raise_raw_failure if @raw_failure
@@ -828,6 +833,20 @@ module NeverBlock
       raise unless target.is_a?(Task)
 
       target.fail_to_start(e)
+    end
+
+    # Starts a raw fiber scheduled from the loop's own fiber (the thread's
+    # root fiber, in raw use) so that, as with Ruby's reference scheduler,
+    # a `Fiber.yield` in it returns to the code that called Fiber.schedule.
+    # The root fiber cannot resume it itself (the fiber's waits transfer
+    # back to the root, which Ruby forbids while the root is resuming it),
+    # so a short-lived launcher fiber resumes it; when the fiber waits, the
+    # launcher stays suspended in #resume until the fiber ends, then ends
+    # too. A fiber that called Fiber.yield now belongs to whoever resumes it:
+    # the loop stops counting it.
+    def start_resumed(task, fiber)
+      Fiber.new(blocking: true) { fiber.resume }.transfer
+      @tasks.delete(task) if fiber.alive? && !@waits.key?(fiber)
     end
 
     def start_deferred(target)

@@ -41,6 +41,41 @@ class ConformanceHTTPTest < ConformanceTest
     tcp&.close
   end
 
+  # excon waits with IO.select, which reaches a scheduler (io_select) only
+  # from Ruby 3.2; on 3.1 each request would hold the loop.
+  def test_excon_requests_run_concurrently_through_io_select
+    requires_ruby "3.2", "IO.select calls the scheduler's io_select from 3.2"
+    require "excon"
+    tcp = TCPServer.new("127.0.0.1", 0)
+    port = tcp.local_address.ip_port
+    server = Thread.new do # a plain threaded server: the loop under test only runs clients
+      loop do
+        connection = tcp.accept
+        Thread.new(connection) do |client|
+          path = client.gets[%r{\AGET (\S+)}, 1]
+          nil until client.gets == "\r\n"
+          Kernel.sleep 0.5
+          client.write("HTTP/1.1 200 OK\r\nContent-Length: #{path.bytesize}\r\nConnection: close\r\n\r\n#{path}")
+        ensure
+          client.close
+        end
+      end
+    rescue IOError
+      nil # the listening socket was closed: the test is over
+    end
+    bodies = []
+    duration = elapsed do
+      on_scheduler_thread do
+        10.times { |index| schedule { bodies << Excon.get("http://127.0.0.1:#{port}/#{index}", read_timeout: 10).body } }
+      end
+    end
+    assert_equal 10.times.map { |index| "/#{index}" }.sort, bodies.sort
+    assert_operator duration, :<, 2.5, "ten 0.5 s excon requests took #{duration.round(2)} s: one after the other?"
+  ensure
+    tcp&.close
+    server&.join(2)
+  end
+
   def test_gets_over_tls_with_a_self_signed_certificate
     tcp = TCPServer.new("127.0.0.1", 0)
     port = tcp.local_address.ip_port

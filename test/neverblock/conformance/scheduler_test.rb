@@ -197,6 +197,26 @@ class ConformanceSchedulerTest < ConformanceTest
     assert_equal %i[fast slow after_run], order
   end
 
+  # As Ruby's reference scheduler (test_mutex_deadlock): a fiber scheduled
+  # from the thread's root fiber is resumed, so Fiber.yield returns to the
+  # caller of Fiber.schedule; the loop no longer waits for that fiber.
+  def test_fiber_yield_in_a_fiber_scheduled_from_the_root_returns_to_the_caller
+    events = on_scheduler_thread do
+      events = []
+      yielded = Fiber.schedule do
+        events << :before_yield
+        events << Fiber.yield(:handed_back)
+      end
+      events << :caller_resumed
+      Fiber.schedule { sleep 0.01; events << :other_fiber }
+      Fiber.scheduler.run
+      events << yielded.alive?
+      yielded.resume(:resumed_by_the_caller)
+      events << yielded.alive?
+    end
+    assert_equal [:before_yield, :caller_resumed, :other_fiber, true, :resumed_by_the_caller, false], events
+  end
+
   def test_an_exception_in_one_task_does_not_stop_the_others
     finished = []
     log = capture_log do
