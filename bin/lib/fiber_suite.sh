@@ -1,0 +1,116 @@
+# shellcheck shell=bash
+# Ruby's own test/fiber suite, run against NeverBlock::Scheduler (sourced, not executed).
+# Requires common.sh and ruby33.sh to be sourced first.
+#
+# Defines:
+#   fiber_suite_run RUBY MIN [RUNNER_OPTION...]
+#       fetches the Ruby source that Debian packages for RUBY (3.1 on the host, 3.3 in its
+#       chroot), rewrites its test/fiber/scheduler.rb so that the reference `Scheduler`
+#       becomes `class Scheduler < NeverBlock::Scheduler` (the file's helper subclasses,
+#       IOBufferScheduler, BrokenUnblockScheduler, ..., then subclass NeverBlock's), runs
+#       the suite with Ruby's own runner (tool/test/runner.rb), prints the score and the
+#       failing tests, and fails when fewer than MIN tests pass (MIN empty: all but one,
+#       the reference-specific test that reads the reference's `waiting` attribute).
+#
+# Nothing of Ruby's is committed: the source tarball comes from Debian's mirror at run time
+# into tmp/fiber-suite/ (ignored by git, and visible in the chroots as /src/tmp/...).
+
+FIBER_SUITE_MIRROR="${NEVERBLOCK_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+FIBER_SUITE_DIR="$NB_REPO/tmp/fiber-suite"
+
+# The Debian version of package rubyX.Y for RUBY, read from the dpkg database of the host
+# or of the chroot that runs that Ruby.
+_fiber_suite_debian_version() {
+  local ruby="$1" admindir=/var/lib/dpkg
+  case "$ruby" in
+    3.1) ;;
+    3.3) admindir="$RUBY33_ROOT/var/lib/dpkg" ;;
+    *)   nb_die "fiber suite: unsupported Ruby $ruby" ;;
+  esac
+  dpkg-query --admindir="$admindir" -W -f='${Version}' "ruby$ruby" 2>/dev/null ||
+    nb_die "fiber suite: package ruby$ruby is not installed (run bin/setup --ruby $ruby)"
+}
+
+# Downloads and unpacks test/fiber and the test runner (tool/) of Debian's upstream
+# tarball for RUBY into $FIBER_SUITE_DIR/<upstream version>/ruby; prints that directory.
+_fiber_suite_fetch() {
+  local ruby="$1" version upstream dir tarball url ext
+  version="$(_fiber_suite_debian_version "$ruby")"
+  upstream="${version#*:}"          # no epoch
+  upstream="${upstream%-*}"         # no Debian revision
+  dir="$FIBER_SUITE_DIR/$upstream"
+  if [[ ! -f "$dir/ruby/tool/test/runner.rb" ]]; then
+    mkdir -p "$dir"
+    for ext in xz gz bz2; do
+      tarball="$dir/ruby${ruby}_${upstream}.orig.tar.$ext"
+      url="$FIBER_SUITE_MIRROR/pool/main/r/ruby$ruby/ruby${ruby}_${upstream}.orig.tar.$ext"
+      curl -sSfL -o "$tarball.partial" "$url" 2>/dev/null && mv "$tarball.partial" "$tarball" && break
+      rm -f "$tarball.partial"
+    done
+    [[ -f "$tarball" ]] || nb_die "fiber suite: cannot download Ruby $upstream's source from $FIBER_SUITE_MIRROR/pool/main/r/ruby$ruby/"
+    rm -rf "$dir/ruby" && mkdir -p "$dir/ruby"
+    tar -xf "$tarball" -C "$dir/ruby" --strip-components=1 --wildcards \
+      '*/test/fiber/*' '*/tool/lib/*' '*/tool/test/*' ||
+      nb_die "fiber suite: $tarball has no test/fiber or tool/test"
+    rm -f "$tarball"
+  fi
+  printf '%s\n' "$dir/ruby"
+}
+
+# Copies test/fiber to DEST with the reference Scheduler replaced by NeverBlock's.
+_fiber_suite_prepare() {
+  local src="$1" dest="$2"
+  rm -rf "$dest"
+  cp -r "$src/test/fiber" "$dest"
+  local file="$dest/scheduler.rb"
+  [[ "$(grep -c '^class Scheduler[[:space:]]*$' "$file")" == 1 ]] ||
+    nb_die "fiber suite: $src/test/fiber/scheduler.rb no longer defines 'class Scheduler' on a line of its own"
+  # The reference class stays loadable under another name; `Scheduler` is ours.
+  sed -i 's/^class Scheduler[[:space:]]*$/class ReferenceScheduler/' "$file"
+  sed -i '1a require "neverblock"\nclass Scheduler < NeverBlock::Scheduler; end' "$file"
+}
+
+fiber_suite_run() {
+  local ruby="$1" min="$2"; shift 2
+  local src suite log status=0
+  src="$(_fiber_suite_fetch "$ruby")"
+  suite="$(dirname "$src")/fiber-neverblock"
+  _fiber_suite_prepare "$src" "$suite"
+  log="$(dirname "$src")/last-run.log"
+
+  # Paths as the Ruby under test sees them: the repository is /src inside a chroot.
+  local root="$NB_REPO"
+  [[ "$ruby" == 3.1 ]] || root=/src
+  local rel_src="${src#"$NB_REPO"/}" rel_suite="${suite#"$NB_REPO"/}"
+  local command=(bundle exec ruby -I "$root/lib" -I "$root/$rel_src/tool/lib"
+                 "$root/$rel_src/tool/test/runner.rb" "$@" "$root/$rel_suite")
+  nb_log "Ruby's own test/fiber suite ($(basename "$(dirname "$src")")) on Ruby $ruby with NeverBlock::Scheduler"
+  set +e
+  case "$ruby" in
+    3.1) ( cd "$NB_REPO" && nb_host_bundle_env && "${command[@]}" ) >"$log" 2>&1 ;;
+    3.3) ruby33_exec "${command[@]}" >"$log" 2>&1 ;;
+  esac
+  status=$?
+  set -e
+
+  # Ruby's runner ends with "N tests, A assertions, F failures, E errors, S skips".
+  local summary total failures errors skips passed
+  summary="$(grep -E '^[0-9]+ tests, [0-9]+ assertions, [0-9]+ failures, [0-9]+ errors, [0-9]+ skips' "$log" | tail -n 1)"
+  if [[ -z "$summary" ]]; then
+    tail -n 40 "$log" >&2
+    nb_warn "fiber suite on Ruby $ruby did not finish (exit $status; full log: $log)"
+    return 1
+  fi
+  [[ "$summary" =~ ^([0-9]+)\ tests,\ [0-9]+\ assertions,\ ([0-9]+)\ failures,\ ([0-9]+)\ errors,\ ([0-9]+)\ skips ]]
+  total="${BASH_REMATCH[1]}" failures="${BASH_REMATCH[2]}" errors="${BASH_REMATCH[3]}" skips="${BASH_REMATCH[4]}"
+  passed=$(( total - failures - errors - skips ))
+  [[ -n "$min" ]] || min=$(( total - 1 ))
+  # Each failure is reported as "  N) Failure:" or "  N) Error:" followed by "Class#test ...".
+  awk '/^ +[0-9]+\) (Failure|Error):/ { getline name; sub(/ \[.*/, "", name); sub(/:$/, "", name); print "    " $2 " " name }' "$log" >&2
+  if (( passed >= min )); then
+    nb_log "Ruby $ruby: Ruby's test/fiber suite: $passed/$total passed (at least $min required)"
+  else
+    nb_warn "Ruby $ruby: Ruby's test/fiber suite: $passed/$total passed, fewer than the $min required (log: $log)"
+    return 1
+  fi
+}
