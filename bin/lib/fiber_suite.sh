@@ -1,11 +1,11 @@
 # shellcheck shell=bash
 # Ruby's own test/fiber suite, run against NeverBlock::Scheduler (sourced, not executed).
-# Requires common.sh and ruby33.sh to be sourced first.
+# Requires common.sh and chroot_ruby.sh to be sourced first.
 #
 # Defines:
 #   fiber_suite_run RUBY MIN [RUNNER_OPTION...]
-#       fetches the Ruby source that Debian packages for RUBY (3.1 on the host, 3.3 in its
-#       chroot), rewrites its test/fiber/scheduler.rb so that the reference `Scheduler`
+#       fetches the Ruby source that Debian packages for RUBY (3.1 on the host, 3.3 and 3.4
+#       in their chroots), rewrites its test/fiber/scheduler.rb so that the reference `Scheduler`
 #       becomes `class Scheduler < NeverBlock::Scheduler` (the file's helper subclasses,
 #       IOBufferScheduler, BrokenUnblockScheduler, ..., then subclass NeverBlock's), runs
 #       the suite with Ruby's own runner (tool/test/runner.rb), prints the score and the
@@ -24,36 +24,68 @@ _fiber_suite_debian_version() {
   local ruby="$1" admindir=/var/lib/dpkg
   case "$ruby" in
     3.1) ;;
-    3.3) admindir="$RUBY33_ROOT/var/lib/dpkg" ;;
-    *)   nb_die "fiber suite: unsupported Ruby $ruby" ;;
+    3.3|3.4) chroot_ruby_use "$ruby"; admindir="$CR_ROOT/var/lib/dpkg" ;;
+    *)   nb_warn "fiber suite: unsupported Ruby $ruby"; return 1 ;;
   esac
   dpkg-query --admindir="$admindir" -W -f='${Version}' "ruby$ruby" 2>/dev/null ||
-    nb_die "fiber suite: package ruby$ruby is not installed (run bin/setup --ruby $ruby)"
+    { nb_warn "fiber suite: package ruby$ruby is not installed (run bin/setup --ruby $ruby)"; return 1; }
+}
+
+# The upstream versions of rubyX.Y whose source Debian lists (unstable, experimental),
+# newest first.
+_fiber_suite_listed_versions() {
+  local ruby="$1" suite
+  for suite in sid experimental; do
+    curl -sSfL "$FIBER_SUITE_MIRROR/dists/$suite/main/source/Sources.xz" 2>/dev/null | xz -dc 2>/dev/null |
+      awk -v pkg="ruby$ruby" '/^Package: / { p = ($2 == pkg) } p && /^Version: / { print $2 }'
+  done | sed -e 's/^[0-9]*://' -e 's/-[^-]*$//' | sort -Vru
+}
+
+# Downloads Debian's upstream tarball of Ruby UPSTREAM (package rubyX.Y) to FILE.
+_fiber_suite_download() {
+  local ruby="$1" upstream="$2" file="$3" ext
+  for ext in xz gz bz2; do
+    if curl -sSfL -o "$file.partial" \
+         "$FIBER_SUITE_MIRROR/pool/main/r/ruby$ruby/ruby${ruby}_${upstream}.orig.tar.$ext" 2>/dev/null; then
+      mv "$file.partial" "$file"
+      return 0
+    fi
+  done
+  rm -f "$file.partial"
+  return 1
 }
 
 # Downloads and unpacks test/fiber and the test runner (tool/) of Debian's upstream
 # tarball for RUBY into $FIBER_SUITE_DIR/<upstream version>/ruby; prints that directory.
+# When the mirror lacks the installed version's source (seen for 3.4.11, packaged in
+# experimental), the newest release of the same series whose source it has is used, and
+# the run says so.
 _fiber_suite_fetch() {
-  local ruby="$1" version upstream dir tarball url ext
-  version="$(_fiber_suite_debian_version "$ruby")"
+  local ruby="$1" version upstream dir tarball candidate
+  version="$(_fiber_suite_debian_version "$ruby")" || return 1
   upstream="${version#*:}"          # no epoch
   upstream="${upstream%-*}"         # no Debian revision
-  dir="$FIBER_SUITE_DIR/$upstream"
-  if [[ ! -f "$dir/ruby/tool/test/runner.rb" ]]; then
+  for candidate in "$upstream" $(_fiber_suite_listed_versions "$ruby"); do
+    dir="$FIBER_SUITE_DIR/$candidate"
+    [[ -f "$dir/ruby/tool/test/runner.rb" ]] && break
     mkdir -p "$dir"
-    for ext in xz gz bz2; do
-      tarball="$dir/ruby${ruby}_${upstream}.orig.tar.$ext"
-      url="$FIBER_SUITE_MIRROR/pool/main/r/ruby$ruby/ruby${ruby}_${upstream}.orig.tar.$ext"
-      curl -sSfL -o "$tarball.partial" "$url" 2>/dev/null && mv "$tarball.partial" "$tarball" && break
-      rm -f "$tarball.partial"
-    done
-    [[ -f "$tarball" ]] || nb_die "fiber suite: cannot download Ruby $upstream's source from $FIBER_SUITE_MIRROR/pool/main/r/ruby$ruby/"
-    rm -rf "$dir/ruby" && mkdir -p "$dir/ruby"
-    tar -xf "$tarball" -C "$dir/ruby" --strip-components=1 --wildcards \
-      '*/test/fiber/*' '*/tool/lib/*' '*/tool/test/*' ||
-      nb_die "fiber suite: $tarball has no test/fiber or tool/test"
-    rm -f "$tarball"
+    tarball="$dir/ruby.orig.tar"
+    if _fiber_suite_download "$ruby" "$candidate" "$tarball"; then
+      rm -rf "$dir/ruby" && mkdir -p "$dir/ruby"
+      tar -xf "$tarball" -C "$dir/ruby" --strip-components=1 --wildcards \
+        '*/test/fiber/*' '*/tool/lib/*' '*/tool/test/*' ||
+        { nb_warn "fiber suite: $tarball has no test/fiber or tool/test"; return 1; }
+      rm -f "$tarball"
+      break
+    fi
+    rmdir "$dir" 2>/dev/null || true
+  done
+  if [[ ! -f "$dir/ruby/tool/test/runner.rb" ]]; then
+    nb_warn "fiber suite: cannot download the source of Ruby $upstream (or another $ruby release) from $FIBER_SUITE_MIRROR"
+    return 1
   fi
+  [[ "$candidate" == "$upstream" ]] ||
+    nb_warn "fiber suite: the mirror has no source of Ruby $upstream; running Ruby $candidate's test/fiber on it"
   printf '%s\n' "$dir/ruby"
 }
 
@@ -63,8 +95,10 @@ _fiber_suite_prepare() {
   rm -rf "$dest"
   cp -r "$src/test/fiber" "$dest"
   local file="$dest/scheduler.rb"
-  [[ "$(grep -c '^class Scheduler[[:space:]]*$' "$file")" == 1 ]] ||
-    nb_die "fiber suite: $src/test/fiber/scheduler.rb no longer defines 'class Scheduler' on a line of its own"
+  if [[ "$(grep -c '^class Scheduler[[:space:]]*$' "$file")" != 1 ]]; then
+    nb_warn "fiber suite: $src/test/fiber/scheduler.rb no longer defines 'class Scheduler' on a line of its own"
+    return 1
+  fi
   # The reference class stays loadable under another name; `Scheduler` is ours.
   sed -i 's/^class Scheduler[[:space:]]*$/class ReferenceScheduler/' "$file"
   sed -i '1a require "neverblock"\nclass Scheduler < NeverBlock::Scheduler; end' "$file"
@@ -73,9 +107,9 @@ _fiber_suite_prepare() {
 fiber_suite_run() {
   local ruby="$1" min="$2"; shift 2
   local src suite log status=0
-  src="$(_fiber_suite_fetch "$ruby")"
+  src="$(_fiber_suite_fetch "$ruby")" || return 1
   suite="$(dirname "$src")/fiber-neverblock"
-  _fiber_suite_prepare "$src" "$suite"
+  _fiber_suite_prepare "$src" "$suite" || return 1
   log="$(dirname "$src")/last-run.log"
 
   # Paths as the Ruby under test sees them: the repository is /src inside a chroot.
@@ -88,7 +122,7 @@ fiber_suite_run() {
   set +e
   case "$ruby" in
     3.1) ( cd "$NB_REPO" && nb_host_bundle_env && "${command[@]}" ) >"$log" 2>&1 ;;
-    3.3) ruby33_exec "${command[@]}" >"$log" 2>&1 ;;
+    *)   chroot_ruby_use "$ruby"; chroot_ruby_exec "${command[@]}" >"$log" 2>&1 ;;
   esac
   status=$?
   set -e

@@ -388,29 +388,30 @@ module NeverBlock
         end
 
         positioned_io(io, length, buffer.size - offset, IO::READABLE) do |done, chunk|
-          data = io.pread(chunk, from + done)
-          buffer.set_string(data, offset + done)
-          data.bytesize
+          if BUFFER_POSITIONED_IO
+            buffer.pread(io, from + done, chunk, offset + done)
+          else
+            data = io.pread(chunk, from + done)
+            buffer.set_string(data, offset + done)
+            data.bytesize
+          end
         end
       end
 
-      # Fiber::Scheduler hook: `IO#pwrite` (and IO::Buffer#pwrite), writing
-      # at least `length` bytes of `buffer` from `offset` at file position
-      # `from`. See {#io_pread}.
-      # @return [Integer] bytes written, or a negated errno.
-      def io_pwrite(io, buffer, from, length, offset)
-        fiber = Fiber.current
-        if @selector.respond_to?(:io_pwrite)
-          return in_selector(fiber, io) { @selector.io_pwrite(fiber, io, buffer, from, length, offset) }
-        end
-
-        positioned_io(io, length, buffer.size - offset, IO::WRITABLE) do |done, chunk|
-          io.pwrite(buffer.get_string(offset + done, chunk), from + done)
-        end
-      end
+      # IO::Buffer#pread(io, from, length, offset), Ruby 3.3+: straight into
+      # the hook's buffer, no copy.
+      #
+      # There is deliberately no io_pwrite hook: with any scheduler that
+      # defines it, Ruby's own reference scheduler included, a thread that
+      # called IO#pwrite through it spins forever when it exits (Ruby 3.3.8
+      # and 3.4.11). Without the hook, IO#pwrite makes the same pwrite(2)
+      # itself.
+      BUFFER_POSITIONED_IO = RUBY_VERSION >= "3.3"
+      private_constant :BUFFER_POSITIONED_IO
     end
 
-    # Fiber::Scheduler hook (Ruby 3.3+): `fd` is being closed by this thread.
+    # Fiber::Scheduler hook (Ruby 4.0+; 3.3 and 3.4 have the call disabled):
+    # `fd` is being closed by this thread.
     # Fibers of this loop still waiting on it get IOError ("stream closed in
     # another thread") on the loop's next turn, as a thread would, instead of
     # waiting on a descriptor epoll has silently dropped. Ruby then closes
@@ -534,11 +535,23 @@ module NeverBlock
         suspend until job.done?
       rescue Exception => e # rubocop:disable Lint/RescueException -- held until the operation ends
         interruption ||= e
+        $stderr.puts [:dbg, e.class, e.message].inspect if ENV['DBG']
         retry
       end
       raise interruption if interruption
 
       job.result
+    end
+
+    # Switches from the current fiber to the event loop without arranging
+    # for it to be resumed, as Ruby's reference scheduler's (and async's)
+    # #transfer does. A task of a running loop is resumed on the loop's next
+    # turn; a fiber scheduled from the thread's root fiber goes back to the
+    # code that called Fiber.schedule, and then belongs to whoever resumes it.
+    # @return [Object] what the fiber is resumed with.
+    def transfer
+      @running = nil
+      @loop.transfer
     end
 
     # Fiber::Scheduler hook (Ruby 4.0+): lets the other ready fibers run,
@@ -1015,6 +1028,11 @@ module NeverBlock
       loop do
         moved = without_hooks { yield(done, room - done) }
         return done if moved.zero?
+        if moved.negative? # IO::Buffer reports an errno this way
+          raise IO::EAGAINWaitReadable if -moved == Errno::EAGAIN::Errno
+
+          return done.positive? ? done : moved
+        end
 
         done += moved
         return done if done >= length || done >= room

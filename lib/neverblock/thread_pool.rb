@@ -27,8 +27,12 @@ module NeverBlock
       rescue Exception => e # rubocop:disable Lint/RescueException -- handed to the waiting fiber
         @error = e
       ensure
-        @done = true
-        @scheduler.post(self) unless @abandoned
+        @done = true # before the post: the woken fiber must find it done
+        begin
+          @scheduler.post(self) unless @abandoned
+        rescue ClosedError
+          nil # the waiting fiber saw @done and went on, and its loop has closed since
+        end
       end
 
       # Runs on the loop thread, via Scheduler#post.
