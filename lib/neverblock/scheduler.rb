@@ -90,6 +90,7 @@ module NeverBlock
       # these was displaced by user code (Fiber#raise) and is rescheduled.
       @waits = {}.compare_by_identity
       @unblockable = {}.compare_by_identity # fibers in #block or #kernel_sleep
+      @released = {}.compare_by_identity # fibers that left with #transfer
       @token = 0
       @tasks = {}.compare_by_identity # live tasks => true
       @io_waiting = 0 # fibers waiting in the selector
@@ -544,14 +545,19 @@ module NeverBlock
     end
 
     # Switches from the current fiber to the event loop without arranging
-    # for it to be resumed, as Ruby's reference scheduler's (and async's)
-    # #transfer does. A task of a running loop is resumed on the loop's next
-    # turn; a fiber scheduled from the thread's root fiber goes back to the
-    # code that called Fiber.schedule, and then belongs to whoever resumes it.
+    # for it to be resumed, as Ruby's reference scheduler's #transfer does:
+    # the fiber leaves the loop's care (the loop neither resumes it nor
+    # waits for it to finish) until something resumes it with Fiber#transfer.
     # @return [Object] what the fiber is resumed with.
     def transfer
+      fiber = Fiber.current
+      task = @tasks.each_key.find { |candidate| candidate.fiber.equal?(fiber) }
+      @tasks.delete(task) if task
+      @released[fiber] = true
       @running = nil
       @loop.transfer
+    ensure
+      @released.delete(fiber)
     end
 
     # Fiber::Scheduler hook (Ruby 4.0+): lets the other ready fibers run,
@@ -688,6 +694,7 @@ module NeverBlock
         task.execute(Fiber.current)
       ensure
         @running = nil
+        @released.delete(Fiber.current) unless @released.empty?
         # In a forked child; an exception on its way out ends the child itself.
         exit_forked_child(task) if @forked && !$!
       end
@@ -858,8 +865,14 @@ module NeverBlock
     # too. A fiber that called Fiber.yield now belongs to whoever resumes it:
     # the loop stops counting it.
     def start_resumed(task, fiber)
-      Fiber.new(blocking: true) { fiber.resume }.transfer
-      @tasks.delete(task) if fiber.alive? && !@waits.key?(fiber)
+      Fiber.new(blocking: true) do
+        fiber.resume # returns when the fiber ends or calls Fiber.yield, now or later
+        if fiber.alive? # it yielded: whoever resumes it owns it now
+          @tasks.delete(task)
+          @released[fiber] = true
+        end
+      end.transfer
+      reschedule_if_displaced(fiber) # it may have moved on with Fiber#transfer or #raise
     end
 
     def start_deferred(target)
@@ -1074,7 +1087,7 @@ module NeverBlock
     # Fiber#raise or #transfer. Nothing would ever resume it, so the loop
     # does, on its next turn.
     def reschedule_if_displaced(fiber)
-      @ready.push(fiber, RESUME, nil) if fiber.alive? && !@waits.key?(fiber)
+      @ready.push(fiber, RESUME, nil) if fiber.alive? && !@waits.key?(fiber) && !@released.key?(fiber)
     end
 
     def resume_displaced(fiber)
