@@ -11,6 +11,13 @@ require_relative "fixtures/child_ruby"
 # NeverBlock::Minitest runs each test inside NeverBlock.run with a timeout
 # and fails tests that leak tasks or file descriptors.
 module TestSupport
+  # A pattern for a backtrace frame of method `name`: "in `sleep'" before
+  # Ruby 3.4, "in 'Kernel#sleep'" from 3.4 on.
+  # @return [String] regexp source
+  def self.frame(name)
+    "in [`'](?:[\\w:]+[#.])?#{Regexp.escape(name)}'"
+  end
+
   include ChildRuby
 
   # Seconds on the monotonic clock.

@@ -529,6 +529,12 @@ module NeverBlock
     # raised once the operation has ended.
     # @return [void]
     def blocking_operation_wait(work)
+      # No loop to wait in (a forked child detaching from its parent's loop
+      # closes the loop's pipe through here on Ruby 3.4): run it in place,
+      # as Ruby would without a scheduler. Returning without running it
+      # would report a result that never happened.
+      return without_hooks { work.call } if @forked || @closed || Process.pid != @pid
+
       job = ThreadPool::Job.new(work, self, Fiber.current)
       @thread_pool.submit(job)
       interruption = nil
@@ -995,13 +1001,13 @@ module NeverBlock
       @switches += 1
     end
 
-    # Before Ruby 3.4 (which calls #fiber_interrupt), nothing tells a
-    # scheduler that an IO a fiber waits on was closed by another fiber or
-    # thread, and epoll silently drops the closed descriptor: the fiber
-    # would wait forever. While fibers wait on IO, the loop looks every
-    # CLOSE_WATCH seconds for closed ones and raises IOError in their fiber,
-    # as Ruby does for a thread.
-    CLOSE_WATCH = RUBY_VERSION < "3.4" ? 0.1 : nil
+    # Before Ruby 4.0 (which calls #fiber_interrupt; 3.4.11 does not yet),
+    # nothing tells a scheduler that an IO a fiber waits on was closed by
+    # another fiber or thread, and epoll silently drops the closed
+    # descriptor: the fiber would wait forever. While fibers wait on IO, the
+    # loop looks every CLOSE_WATCH seconds for closed ones and raises
+    # IOError in their fiber, as Ruby does for a thread.
+    CLOSE_WATCH = RUBY_VERSION < "4.0" ? 0.1 : nil
     private_constant :CLOSE_WATCH
 
     def arm_close_watch

@@ -35,7 +35,7 @@ class MinitestTest < PlainTest
     # Ruby 3.1 names the frame `pop'; 3.3 implements Queue#pop in Ruby and names the block
     assert_match(/#{RELATIVE_FIXTURE}:#{helper_line}:in /, out, "the helper's backtrace")
     wait_line = fixture_line(FIXTURE, "CLASS-TIMEOUT-WAIT")
-    assert_match(/#{RELATIVE_FIXTURE}:#{wait_line}:in `test_class_timeout'/, out, "the test's backtrace")
+    assert_match(/#{RELATIVE_FIXTURE}:#{wait_line}:#{TestSupport.frame('test_class_timeout')}/, out, "the test's backtrace")
     assert_match(/^1 runs, \d+ assertions, 1 failures, 0 errors, 0 skips$/, out)
     refute_match(/NeverBlock::Cancelled/, out, "the timeout report, not the Cancelled error it caused, is the failure")
   end
@@ -44,7 +44,7 @@ class MinitestTest < PlainTest
     out, status = run_cases("ClassTimeoutCases#test_per_test_timeout")
     refute status.success?
     assert_includes out, "ClassTimeoutCases#test_per_test_timeout timed out after 0.3 s; live fibers:"
-    assert_match(/#{RELATIVE_FIXTURE}:#{fixture_line(FIXTURE, 'PER-TEST-TIMEOUT-SLEEP')}:in `sleep'/, out)
+    assert_match(/#{RELATIVE_FIXTURE}:#{fixture_line(FIXTURE, 'PER-TEST-TIMEOUT-SLEEP')}:#{TestSupport.frame('sleep')}/, out)
   end
 
   def test_default_timeout_comes_from_neverblock_test_timeout
@@ -68,7 +68,7 @@ class MinitestTest < PlainTest
     out, status = run_cases("LeakCases#test_leaks_a_task")
     refute status.success?
     assert_includes out, "LeakCases#test_leaks_a_task left 1 task(s) running; wait for or cancel them:"
-    assert_match(/#{RELATIVE_FIXTURE}:#{fixture_line(FIXTURE, 'LEAKED-TASK')}:in `sleep'/, out)
+    assert_match(/#{RELATIVE_FIXTURE}:#{fixture_line(FIXTURE, 'LEAKED-TASK')}:#{TestSupport.frame('sleep')}/, out)
     assert_match(/^1 runs, \d+ assertions, 1 failures, 0 errors, 0 skips$/, out)
   end
 

@@ -29,7 +29,7 @@ class RSpecTest < PlainTest
     out, status = run_examples("times out per example")
     refute status.success?
     assert_includes out, "timeouts times out per example timed out after 0.3 s; live fibers:"
-    assert_match(/#{RELATIVE_FIXTURE}:#{fixture_line(FIXTURE, 'PER-EXAMPLE-TIMEOUT-SLEEP')}:in `sleep'/, out)
+    assert_match(/#{RELATIVE_FIXTURE}:#{fixture_line(FIXTURE, 'PER-EXAMPLE-TIMEOUT-SLEEP')}:#{TestSupport.frame('sleep')}/, out)
     assert_includes out, "1 example, 1 failure"
   end
 
@@ -37,7 +37,7 @@ class RSpecTest < PlainTest
     out, status = run_examples("times out by default", env: { "NEVERBLOCK_TEST_TIMEOUT" => "0.4" })
     refute status.success?
     assert_includes out, "timeouts times out by default timed out after 0.4 s; live fibers:"
-    assert_match(/#{RELATIVE_FIXTURE}:#{fixture_line(FIXTURE, 'DEFAULT-TIMEOUT-SLEEP')}:in `sleep'/, out)
+    assert_match(/#{RELATIVE_FIXTURE}:#{fixture_line(FIXTURE, 'DEFAULT-TIMEOUT-SLEEP')}:#{TestSupport.frame('sleep')}/, out)
   end
 
   def test_an_example_that_leaks_a_task_fails
@@ -45,7 +45,7 @@ class RSpecTest < PlainTest
     refute status.success?
     assert_includes out, "NeverBlock::Testing::LeakedTasks"
     assert_includes out, "leaks leaks a task left 1 task(s) running; wait for or cancel them:"
-    assert_match(/#{RELATIVE_FIXTURE}:#{fixture_line(FIXTURE, 'LEAKED-TASK')}:in `sleep'/, out)
+    assert_match(/#{RELATIVE_FIXTURE}:#{fixture_line(FIXTURE, 'LEAKED-TASK')}:#{TestSupport.frame('sleep')}/, out)
     assert_includes out, "1 example, 1 failure"
   end
 
