@@ -116,7 +116,9 @@ fiber_suite_run() {
   local root="$NB_REPO"
   [[ "$ruby" == 3.1 ]] || root=/src
   local rel_src="${src#"$NB_REPO"/}" rel_suite="${suite#"$NB_REPO"/}"
-  local command=(bundle exec ruby -I "$root/lib" -I "$root/$rel_src/tool/lib"
+  # A hung suite fails after NEVERBLOCK_FIBER_SUITE_TIMEOUT seconds (default 600; it takes ~10).
+  local command=(timeout --kill-after=10 "${NEVERBLOCK_FIBER_SUITE_TIMEOUT:-600}"
+                 bundle exec ruby -I "$root/lib" -I "$root/$rel_src/tool/lib"
                  "$root/$rel_src/tool/test/runner.rb" "$@" "$root/$rel_suite")
   nb_log "Ruby's own test/fiber suite ($(basename "$(dirname "$src")")) on Ruby $ruby with NeverBlock::Scheduler"
   set +e
