@@ -2,6 +2,7 @@
 
 require_relative "debouncer_helper"
 require "tmpdir"
+require "securerandom"
 
 begin
   require "neverblock/debouncer/redis_store"
@@ -66,7 +67,9 @@ class DebouncerRedisStoreTest < NeverBlockTest
     skip "RedisStore not tested: no NEVERBLOCK_REDIS_URL and no redis-server on PATH (bin/setup installs it)" unless
       DebouncerRedisServer.available?
 
-    @prefix = "test:#{name}:"
+    # Unique per run: bin/test --all runs every Ruby against one Redis, and a
+    # value stored by the previous Ruby's run of this test would still be fresh.
+    @prefix = "test:#{name}:#{Process.pid}-#{SecureRandom.hex(4)}:"
     @stores = []
     @redis = RedisClient.new(url: DebouncerRedisServer.url)
   end
