@@ -423,7 +423,7 @@ module NeverBlock
       nil
     end
 
-    # Fiber::Scheduler hook (Ruby 4.0+): called instead of #close when the
+    # Fiber::Scheduler hook (Ruby 3.4+): called instead of #close when the
     # thread ends or `Fiber.set_scheduler` replaces this scheduler.
     # @return [void]
     def scheduler_close
@@ -542,7 +542,6 @@ module NeverBlock
         suspend until job.done?
       rescue Exception => e # rubocop:disable Lint/RescueException -- held until the operation ends
         interruption ||= e
-        $stderr.puts [:dbg, e.class, e.message].inspect if ENV['DBG']
         retry
       end
       raise interruption if interruption
@@ -566,8 +565,9 @@ module NeverBlock
       @released.delete(fiber)
     end
 
-    # Fiber::Scheduler hook (Ruby 4.0+): lets the other ready fibers run,
-    # then resumes this one on the next turn of the loop.
+    # Fiber::Scheduler hook (newer than 3.4; Ruby falls back to
+    # `kernel_sleep(0)` without it): lets the other ready fibers run, then
+    # resumes this one on the next turn of the loop.
     # @return [void]
     def yield
       queued { @selector.yield }
@@ -1038,7 +1038,7 @@ module NeverBlock
       end
     end
 
-    # Runs a positioned read or write (`yield done, chunk` -> bytes moved)
+    # Runs a positioned read (`yield done, chunk` -> bytes moved)
     # until `length` bytes (at least one attempt when 0) or end of file,
     # without calling back into this scheduler; waits on the descriptor when
     # it would block. Errors become negated errnos, as the hooks return them.
