@@ -110,7 +110,9 @@ class ServerLifecycleTest < PlainTest
       assert @server_thread.join(10)
     end
     assert_equal "", log
-    assert_equal baseline, fd_count
+    # At most the baseline: an IO of an earlier test that the GC finalizes
+    # meanwhile lowers the count without anything of this test leaking.
+    assert_operator fd_count, :<=, baseline, "file descriptors leaked"
   end
 
   def test_serves_100_slow_requests_at_once

@@ -58,7 +58,9 @@ class ServerRequestBodyTest < PlainTest
     eventually { self.class.spooled_files.zero? }
     @server.stop
     assert @server_thread.join(10)
-    assert_equal baseline, fd_count
+    # At most the baseline: an IO of an earlier test that the GC finalizes
+    # meanwhile lowers the count without anything of this test leaking.
+    assert_operator fd_count, :<=, baseline, "file descriptors leaked"
   end
 
   def test_a_large_chunked_body_goes_to_a_tempfile_and_arrives_intact
