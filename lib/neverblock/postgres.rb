@@ -48,7 +48,10 @@ module NeverBlock
       /could not connect/i, /connection refused/i, /no such file or directory/i,
       /the database system is (starting up|shutting down|in recovery mode|not yet accepting)/i,
       /too many clients/i, /remaining connection slots/i, /timeout expired/i,
-      /server closed the connection unexpectedly/i, /could not receive data/i, /network is unreachable/i
+      /server closed the connection unexpectedly/i, /could not receive data/i, /network is unreachable/i,
+      # A server starting or stopping resets connections (libpq: "could not
+      # send startup packet: Connection reset by peer").
+      /connection reset by peer/i, /could not send (?:startup|SSL negotiation) packet/i
     )
 
     class << self

@@ -182,12 +182,38 @@ class ConnectorTest < PlainTest
   def test_postgres_sorts_its_connection_errors_into_retryable_and_final
     retryable = ["connection to server at \"127.0.0.1\", port 1 failed: Connection refused",
                  "FATAL:  the database system is starting up",
-                 "FATAL:  sorry, too many clients already"]
+                 "FATAL:  sorry, too many clients already",
+                 "connection to server at \"127.0.0.1\", port 5432 failed: could not send startup packet: " \
+                 "Connection reset by peer",
+                 "could not receive data from server: Connection reset by peer"]
     final = ["FATAL:  password authentication failed for user \"nb\"",
              "FATAL:  database \"x\" does not exist",
              "FATAL:  no pg_hba.conf entry for host \"10.0.0.1\""]
     retryable.each { |message| assert NeverBlock::Postgres.retryable?(PG::ConnectionBad.new(message)), message }
     final.each { |message| refute NeverBlock::Postgres.retryable?(PG::ConnectionBad.new(message)), message }
+  end
+
+  # A real listener that resets every connection, as a server in start-up
+  # or shutdown can: retried, then reported with the attempts.
+  def test_postgres_retries_a_server_that_resets_connections
+    listener = TCPServer.new("127.0.0.1", 0)
+    resetter = Thread.new do
+      loop do
+        client = listener.accept
+        client.setsockopt(Socket::SOL_SOCKET, Socket::SO_LINGER, [1, 0].pack("ii")) # close sends RST
+        client.close
+      end
+    rescue IOError
+      nil
+    end
+    connector = NeverBlock::Postgres.connector(host: "127.0.0.1", port: listener.addr[1], user: "nb", dbname: "nb",
+                                               retries: 2, backoff: 0.01)
+    error = assert_raises(NeverBlock::ConnectError) { connector.call }
+    assert_match(/3 attempts in .* failed/, error.message)
+    refute_match(/not retried/, error.message)
+  ensure
+    listener&.close
+    resetter&.join(2)
   end
 
   private
