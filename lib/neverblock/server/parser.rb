@@ -58,6 +58,8 @@ module NeverBlock
         @current = nil
         @in_message = false
         @unfinished = nil
+        @value_fragments = 0
+        @line_ended = false
         @llhttp = LLHttp::Parser.new(self, type: :request)
       end
 
@@ -69,9 +71,11 @@ module NeverBlock
           fail_with(413, "request body (with chunk framing) over #{@limits.max_body} bytes")
         end
         boundary = !@in_message
+        @value_fragments = 0
         begin
           @llhttp << data
         ensure
+          @line_ended = data.end_with?("\n", "\r")
           flush_bodies # spooled bodies are written here, not inside llhttp's callbacks
         end
         keep_unfinished_headers(data, boundary)
@@ -128,8 +132,18 @@ module NeverBlock
         count_header_bytes(fragment)
       end
 
+      # A value arrives in one fragment per read it spans. A second fragment
+      # from the same read, or one after a read that ended at a line end,
+      # is an obs-fold continuation line (`X: a\r\n b`), which llhttp
+      # joins to the value: refused, as proxies may read it otherwise.
       def on_header_value(fragment)
-        @value ? @value << fragment : (@value = fragment)
+        if @value
+          fail_with(400, "obs-fold (a header line continued on the next line)") if @value_fragments.positive? || @line_ended
+          @value << fragment
+        else
+          @value = fragment
+        end
+        @value_fragments += 1
         count_header_bytes(fragment)
       end
 

@@ -26,6 +26,17 @@ class ServerLimitsTest < PlainTest
     response
   end
 
+  # Sends `raw` in two writes, split at byte `split`, with a pause between.
+  def exchange_in_two_reads(raw, split)
+    client = connect
+    client.write(raw.byteslice(0, split))
+    sleep 0.02
+    client.write(raw.byteslice(split..))
+    read_all(client)
+  ensure
+    client&.close
+  end
+
   def test_request_target_over_the_limit_is_414
     start_server(@app)
     assert_refused 414, "GET /#{'a' * 9000} HTTP/1.1\r\nHost: a\r\n\r\n"
@@ -173,6 +184,26 @@ class ServerLimitsTest < PlainTest
   def test_bare_lf_line_endings_in_headers_are_400
     start_server(@app)
     assert_refused 400, "GET / HTTP/1.1\r\nHost: a\nX-A: b\n\n"
+  end
+
+  def test_obs_fold_continuation_lines_are_400
+    start_server(@app)
+    assert_refused 400, "GET / HTTP/1.1\r\nHost: a\r\nX-A: b\r\n c\r\n\r\n"
+    assert_refused 400, "GET / HTTP/1.1\r\nHost: a\r\nX-A: b\r\n\tc\r\n\r\n"
+    assert_refused 400, "GET / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n chunked\r\n\r\n0\r\n\r\n"
+  end
+
+  # The fold must be told apart from a value split across reads, at every split point.
+  def test_obs_fold_is_400_and_a_plain_head_is_served_wherever_the_reads_split
+    start_server(@app)
+    plain = "GET / HTTP/1.1\r\nHost: a\r\nX-A: hello world\r\nConnection: close\r\n\r\n"
+    folded = "GET / HTTP/1.1\r\nHost: a\r\nX-A: hello\r\n world\r\nConnection: close\r\n\r\n"
+    (20...plain.size).step(3) do |split|
+      assert_match(%r{\AHTTP/1\.1 200 }, exchange_in_two_reads(plain, split), "split at #{split}")
+    end
+    (20...folded.size).step(3) do |split|
+      assert_match(%r{\AHTTP/1\.1 400 }, exchange_in_two_reads(folded, split), "split at #{split}")
+    end
   end
 
   def test_nul_in_the_target_is_400
