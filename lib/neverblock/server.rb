@@ -26,13 +26,15 @@ module NeverBlock
   # - Each connection is served by a fiber of a bounded {FiberPool} (of
   #   `max_connections` fibers); its requests (pipelined ones in order) run
   #   in that fiber. At most `fiber_pool` requests are answered at once,
-  #   each from its first byte until its response is written; an idle
-  #   keep-alive connection holds no such slot, only its parked fiber and
+  #   each from the end of its head until its response is written; an idle
+  #   keep-alive connection, or one still sending a request head, holds no
+  #   such slot (so clients trickling partial heads, slowloris, do not
+  #   starve complete requests), only its parked fiber and
   #   a few objects (about 20 KiB with a small app: 10,000 idle
   #   connections take 200-250 MB; an app with deep stacks leaves each
   #   fiber with more stack pages touched). A request
-  #   that arrives while every slot is taken waits for one (FIFO; its
-  #   connection reads nothing meanwhile), and the server stops accepting;
+  #   whose head arrives while every slot is taken waits for one (FIFO; its
+  #   connection reads nothing more meanwhile), and the server stops accepting;
   #   at `max_connections` open connections too. New connections then wait
   #   in the kernel's backlog: none is dropped.
   # - HTTP/1.1 keep-alive (and HTTP/1.0's `Connection: keep-alive`), chunked
@@ -72,8 +74,9 @@ module NeverBlock
     #   process (no master). With workers, {#run} is the master: it binds,
     #   forks, respawns workers that die and handles signals (see {Cluster}).
     # @param fiber_pool [Integer] the most requests answered at once, each
-    #   from its first byte until its response is written; idle keep-alive
-    #   connections do not count. Open connections are bounded by
+    #   from the end of its head until its response is written; idle
+    #   keep-alive connections, and connections still sending a head, do
+    #   not count. Open connections are bounded by
     #   `max_connections` (see {Limits}).
     # @param before_fork [#call, nil] called in the master before the first
     #   worker is forked (close what children must not share).
@@ -222,11 +225,11 @@ module NeverBlock
     # requests, fiber pool and the database pools that have connections
     # ({ConnectionPool.active}). In the master of a {Cluster}: its workers.
     # `connections` are open ones (at most `max_connections`), of which
-    # `idle_connections` wait for their next request (or for a slot for
-    # it); `requests_in_flight` are in the app or having their response
+    # `idle_connections` wait for their next request's first bytes;
+    # `requests_in_flight` are in the app or having their response
     # written; `fiber_pool` is `{size:, busy:, queued:}`: the `fiber_pool`
-    # request slots, those taken (from a request's first byte to its
-    # response's end) and the connections waiting for one; and
+    # request slots, those taken (from the end of a request's head to its
+    # response's end) and the complete heads waiting for one; and
     # `connection_fibers` is {FiberPool#stats} of the connections' fibers.
     # @return [Hash] `{pid:, worker:, connections:, idle_connections:,
     #   requests_in_flight:, requests_total:, fiber_pool:, connection_fibers:,

@@ -7,10 +7,14 @@ module NeverBlock
     # requests included) and keeps the connection open while HTTP and the
     # server allow.
     #
-    # From the first byte of a request until the connection is idle again
+    # From the end of a request's head until the connection is idle again
     # (its requests answered, nothing more read) it holds one of the
-    # server's `fiber_pool` request slots; waiting for its next request it
-    # holds none, and it takes one before reading that request's bytes.
+    # server's `fiber_pool` request slots. Waiting for its next request, and
+    # reading that request's head (bounded by `max_header_bytes` and
+    # `header_timeout`), it holds none: clients that trickle partial heads
+    # (slowloris) take no request slot from complete requests, and do not
+    # stop the server accepting. A complete head waits for a slot before its
+    # body is read and the app is called.
     class Connection
       # Bytes read from the socket at a time.
       READ_SIZE = 16 * 1024
@@ -59,6 +63,7 @@ module NeverBlock
           rescue HTTPError => e
             error = e
           end
+          take_slot unless @slot || requests.empty?
 
           while (request = requests.first)&.complete
             requests.shift
@@ -84,8 +89,8 @@ module NeverBlock
         release_slot
       end
 
-      # @return [Boolean] true while it waits for its next request (or for a
-      #   request slot to read it), holding no slot.
+      # @return [Boolean] true while it waits for the first bytes of its next
+      #   request, holding no slot.
       def idle?
         @idle
       end
@@ -160,36 +165,32 @@ module NeverBlock
       end
 
       # Waits (idle) for the first bytes of the next request, for at most
-      # `idle_timeout` seconds, and takes a request slot before reading
-      # them; while every slot is taken it waits for one, reading nothing.
+      # `idle_timeout` seconds, holding no request slot.
       # @return [String, nil] the bytes, nil on EOF or idle timeout.
       def read_next_request
         release_slot
         @idle = true
-        server = @server
-        buffer = server.read_buffer
-        deadline = nil
-        while true # rubocop:disable Style/InfiniteLoop -- Kernel#loop adds a C frame to every idle fiber's stack
-          if server.take_slot
-            @slot = true
-            data = @socket.read_nonblock(READ_SIZE, buffer, exception: false)
-            return data unless data == :wait_readable
+        buffer = @server.read_buffer
+        data = @socket.read_nonblock(READ_SIZE, buffer, exception: false)
+        return data unless data == :wait_readable
 
-            release_slot
-          end
-          deadline ||= Process.clock_gettime(Process::CLOCK_MONOTONIC) + @limits.idle_timeout
+        deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + @limits.idle_timeout
+        while true # rubocop:disable Style/InfiniteLoop -- Kernel#loop adds a C frame to every idle fiber's stack
           remaining = deadline - Process.clock_gettime(Process::CLOCK_MONOTONIC)
           return nil unless remaining.positive? && @socket.wait_readable(remaining)
 
-          server.wait_for_slot
-          @slot = true
           data = @socket.read_nonblock(READ_SIZE, buffer, exception: false)
           return data unless data == :wait_readable
-
-          release_slot
         end
       ensure
         @idle = false
+      end
+
+      # A request's head is complete: takes a request slot, waiting (FIFO,
+      # reading nothing more meanwhile) while every one is taken.
+      def take_slot
+        @server.wait_for_slot
+        @slot = true
       end
 
       def release_slot

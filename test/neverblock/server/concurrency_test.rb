@@ -38,6 +38,25 @@ class ServerConcurrencyTest < PlainTest
     assert_equal [200, 200], blocked.map { |socket| read_response(socket)[0] }
   end
 
+  # Slowloris: clients that send part of a head and then trickle (or
+  # nothing) take no request slot, so complete requests are answered at
+  # once instead of after header_timeout, and the server keeps accepting.
+  def test_connections_sending_partial_heads_do_not_hold_request_slots
+    start_server(fiber_pool: 2, header_timeout: 20)
+    loris = Array.new(50) { connect.tap { |socket| socket.write("GET / HTTP/1.1\r\nHost: a\r\nX-Slow: ") } }
+    eventually { @server.stats[:connections] == 50 }
+    assert_equal 0, @server.stats[:fiber_pool][:busy]
+    seconds = elapsed do
+      clients = Array.new(10) { connect.tap { |socket| socket.write(get) } }
+      assert_equal [200] * 10, clients.map { |socket| read_response(socket, timeout: 15)[0] }
+    end
+    assert_operator seconds, :<, 5, "complete requests waited behind partial heads"
+    loris.first.write("x\r\n\r\n") # a slow head that completes is served too
+    assert_equal 200, read_response(loris.first)[0]
+  ensure
+    loris&.each(&:close)
+  end
+
   def test_an_idle_keep_alive_connection_holds_no_request_fiber
     start_server(fiber_pool: 1, idle_timeout: 60)
     idle = connect
