@@ -57,6 +57,10 @@ module NeverBlock
     # SERVER_SOFTWARE in the env.
     SOFTWARE = "NeverBlock/#{VERSION}"
 
+    # Seconds a stopping server keeps idle keep-alive connections open for a
+    # request already on its way (see {#stop}).
+    STOP_IDLE_GRACE = 1.0
+
     # @return [#call] the Rack app.
     attr_reader :app
 
@@ -203,7 +207,9 @@ module NeverBlock
     end
 
     # Stops the server: no new connections; idle keep-alive connections are
-    # closed; requests in flight finish (their connections then close) for
+    # closed after up to {STOP_IDLE_GRACE} seconds in which a request that
+    # was already on its way is still answered (with `connection: close`);
+    # requests in flight finish (their connections then close) for
     # up to `shutdown_timeout` seconds and are cancelled after that.
     # {#run} then returns. Safe from any thread and from a signal handler.
     # @return [void]
@@ -423,8 +429,22 @@ module NeverBlock
       @listeners.zip(acceptors) { |listener, acceptor| acceptor.cancel if @accepting[listener] }
       acceptors.each(&:wait)
       @listeners.each(&:close)
+      drain_idle_connections
       @connections.each_key(&:close_if_idle)
       @pool.shutdown(@limits.shutdown_timeout)
+    end
+
+    # A keep-alive client may have sent its next request just as the stop
+    # came: closing its idle connection now would lose that request (the
+    # client sees EOF or a reset, and must not retry a POST). So idle
+    # connections get up to STOP_IDLE_GRACE seconds (at most `idle_timeout`)
+    # for a request already on its way, which is answered with
+    # `connection: close`; those still idle after that are closed.
+    def drain_idle_connections
+      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + [STOP_IDLE_GRACE, @limits.idle_timeout].min
+      while @connections.each_key.any?(&:idle?) && Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
+        NeverBlock.sleep(0.02)
+      end
     end
   end
 end

@@ -197,6 +197,54 @@ class ServerClusterTest < PlainTest
     assert (answered_by.keys & before).any?, "the old workers answered before: #{answered_by.inspect} #{before.inspect}"
   end
 
+  # Keep-alive clients (raw sockets: Net::HTTP would retry a GET the server
+  # dropped and hide the loss) see no failed request while every worker is
+  # replaced: an old worker answers the requests already on their way with
+  # `connection: close` before it exits, instead of closing idle
+  # connections under them.
+  def test_usr2_under_keep_alive_load_fails_no_request
+    server = serve("pids.ru", "-w", "2")
+    before = eventually { (w = worker_pids(server[:pid])).size == 2 && w }
+    stop = false
+    results = Array.new(8) do
+      Thread.new do
+        counts = { ok: 0, failed: [] }
+        socket = nil
+        until stop
+          begin
+            socket ||= TCPSocket.new("127.0.0.1", server[:port])
+            socket.write("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            head = socket.readline("\r\n\r\n")
+            socket.read(Integer(head[/content-length: (\d+)/i, 1]))
+            counts[:ok] += 1
+            if head.match?(/^connection: close/i)
+              socket.close
+              socket = nil
+            end
+          rescue StandardError => e
+            counts[:failed] << e
+            socket&.close
+            socket = nil
+          end
+        end
+        socket&.close
+        counts
+      end
+    end
+    sleep 0.3
+    2.times do |round|
+      Process.kill("USR2", server[:pid])
+      before = eventually(timeout: 30) { (w = worker_pids(server[:pid])).size == 2 && (w & before).empty? && w }
+      sleep 0.3 if round.zero?
+    end
+    sleep 0.3
+    stop = true
+    counts = results.map(&:value)
+    failed = counts.flat_map { |c| c[:failed] }
+    assert_operator counts.sum { |c| c[:ok] }, :>, 100
+    assert_empty failed, "#{failed.size} requests failed during the rolling restarts: #{failed.first(3).map(&:inspect)}"
+  end
+
   def test_a_rolling_restart_into_a_broken_app_is_abandoned_and_the_old_workers_keep_serving
     marker = File.join(Dir.tmpdir, "nb-break-#{Process.pid}-#{rand(1 << 30)}")
     server = serve("flip.ru", "-w", "1", env: { "NB_TEST_BREAK" => marker })
