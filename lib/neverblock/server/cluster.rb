@@ -17,9 +17,12 @@ module NeverBlock
     #   whole time, so no connection is refused.
     # - `TTIN`, `TTOU` :: one worker more, one fewer.
     #
-    # A worker that dies is replaced at once; one that dies before it ever
-    # got ready (its app failed to boot) is retried with a growing delay, and
-    # after {MAX_BOOT_FAILURES} such deaths in a row the master gives up and
+    # A worker that dies is replaced at once, however often: an app whose
+    # requests crash their worker never takes the master down. Only a
+    # worker that dies before its app finished booting (`on_worker_boot`,
+    # which loads the app when it is not preloaded) counts as a boot
+    # failure: it is retried with a growing delay, and after
+    # {MAX_BOOT_FAILURES} such deaths in a row the master gives up and
     # {Server#run} raises {BootError}.
     #
     # The master runs no NeverBlock loop and no app code (unless the app was
@@ -39,7 +42,11 @@ module NeverBlock
       private_constant :SIGNALS
 
       # One forked worker process, as the master sees it.
-      Child = Struct.new(:index, :pid, :generation, :started_at, :ready, :status_reader, :stopping, keyword_init: true)
+      # `booted`: its app is loaded (deaths after that are not boot
+      # failures); `ready`: it accepts connections (a rolling restart waits
+      # for that before stopping its predecessor).
+      Child = Struct.new(:index, :pid, :generation, :started_at, :booted, :ready, :status_reader, :stopping,
+                         keyword_init: true)
 
       # @param server [Server]
       # @param count [Integer] workers to keep running.
@@ -61,7 +68,7 @@ module NeverBlock
       # worker has exited.
       # @return [void]
       # @raise [Error] inside a running NeverBlock loop (the master blocks).
-      # @raise [BootError] when workers keep dying before they are ready.
+      # @raise [BootError] when workers keep dying before their app booted.
       def run
         raise Error, "a Server with workers forks and blocks: call #run outside NeverBlock.run, or pass workers: 0" if Fiber.scheduler
 
@@ -171,16 +178,37 @@ module NeverBlock
         [[@next_boot_at - now, 0.05].max, 1.0].min
       end
 
-      # A worker writes "ready" once it accepts connections; EOF means it exited.
+      # A worker writes "booted" once its app is loaded and "ready" once it
+      # accepts connections; EOF means it exited.
       def read_status(io)
         data = io.read_nonblock(64, exception: false)
         worker = @workers.each_value.find { |w| w.status_reader.equal?(io) }
         if data.nil?
           io.close
-        elsif data.is_a?(String) && data.include?("ready") && worker && !worker.ready
-          worker.ready = true
+        elsif data.is_a?(String) && worker
+          note_status(worker, data)
+        end
+      end
+
+      def note_status(worker, data)
+        if data.include?("booted") && !worker.booted
+          worker.booted = true
           @boot_failures = 0
         end
+        worker.ready = true if data.include?("ready")
+      end
+
+      # What a dead worker wrote that the master had not read yet (it may
+      # have booted just before it died).
+      def drain_status(worker)
+        io = worker.status_reader
+        until io.closed?
+          data = io.read_nonblock(64, exception: false)
+          break unless data.is_a?(String)
+
+          note_status(worker, data)
+        end
+        io.close unless io.closed?
       end
 
       def reap
@@ -191,7 +219,7 @@ module NeverBlock
           worker = @workers.delete(pid)
           next unless worker
 
-          worker.status_reader.close unless worker.status_reader.closed?
+          drain_status(worker)
           worker_exited(worker, status)
         end
       rescue Errno::ECHILD
@@ -201,14 +229,14 @@ module NeverBlock
       def worker_exited(worker, status)
         return if worker.stopping
 
-        if worker.ready
+        if worker.booted
           NeverBlock.logger.warn("NeverBlock::Server") { "worker #{worker.index} (pid #{worker.pid}) died (#{describe(status)}); starting a new one" }
         else
           @boot_failures += 1
           delay = [0.2 * (2**(@boot_failures - 1)), MAX_BOOT_DELAY].min
           @next_boot_at = now + delay
           NeverBlock.logger.error("NeverBlock::Server") do
-            "worker #{worker.index} (pid #{worker.pid}) exited before it was ready (#{describe(status)}); " \
+            "worker #{worker.index} (pid #{worker.pid}) exited before its app booted (#{describe(status)}); " \
               "#{@boot_failures} boot failure(s) in a row, retrying in #{delay} s"
           end
         end
@@ -319,15 +347,15 @@ module NeverBlock
         nil
       end
 
-      # New workers keep dying before they are ready. During a rolling
+      # New workers keep dying before their app booted. During a rolling
       # restart with old workers still serving, the restart is abandoned and
       # they go on; otherwise the master stops and {Server#run} raises.
       def give_up_booting
         old = @workers.each_value.select { |worker| worker.ready && !worker.stopping }
         if @restart_queue.any? && old.any?
           NeverBlock.logger.error("NeverBlock::Server") do
-            "rolling restart abandoned: new workers exited #{@boot_failures} times in a row before they were " \
-              "ready; the #{old.size} running worker(s) keep serving"
+            "rolling restart abandoned: new workers exited #{@boot_failures} times in a row before their app " \
+              "booted; the #{old.size} running worker(s) keep serving"
           end
           @restart_queue.clear
           @generation = old.map(&:generation).max
@@ -337,7 +365,7 @@ module NeverBlock
 
         begin_stop
         stop_all
-        raise BootError, "workers exited #{@boot_failures} times in a row before they were ready; " \
+        raise BootError, "workers exited #{@boot_failures} times in a row before their app booted; " \
                          "see the log above for why (giving up)"
       end
 
@@ -351,7 +379,7 @@ module NeverBlock
         end
         status_writer.close
         @workers[pid] = Child.new(index: index, pid: pid, generation: generation, started_at: Time.now,
-                                   ready: false, status_reader: status_reader, stopping: false)
+                                   booted: false, ready: false, status_reader: status_reader, stopping: false)
       end
 
       def now
@@ -379,6 +407,7 @@ module NeverBlock
           status = 1
           begin
             server.hooks[:on_worker_boot]&.call(index)
+            status_writer.write("booted\n")
             watch_master(server, alive_reader)
             server.on_ready = -> { status_writer.write("ready\n") }
             server.serve_here

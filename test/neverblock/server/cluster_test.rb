@@ -58,6 +58,16 @@ module ServeProcesses
     flunk "no line matching #{pattern} within #{timeout} s; output:\n#{server[:lines].join}"
   end
 
+  # Everything the server printed so far (server[:lines] plus what is
+  # waiting in the pipe), as lines.
+  def output_lines(server)
+    pending = +""
+    while (chunk = server[:out].read_nonblock(65_536, exception: false)).is_a?(String)
+      pending << chunk
+    end
+    server[:lines].concat(pending.lines)
+  end
+
   def get(server, path = "/")
     Net::HTTP.start("127.0.0.1", server[:port], open_timeout: 5, read_timeout: 30) { |http| http.get(path) }
   end
@@ -141,6 +151,36 @@ class ServerClusterTest < PlainTest
     assert_includes after, before.last
     20.times { pids(server) }
     assert(server[:lines].none? { |line| line.include?("BootError") })
+  end
+
+  # Requests that kill their worker, many a second, right as new workers
+  # start accepting: those deaths are not boot failures, and the master
+  # keeps replacing workers and serving.
+  def test_an_app_whose_requests_crash_their_workers_never_takes_the_master_down
+    server = serve("pids.ru", "-w", "2")
+    eventually { worker_pids(server[:pid]).size == 2 }
+    stop = false
+    killers = Array.new(6) do
+      Thread.new do
+        until stop
+          begin
+            get(server, "/die")
+          rescue StandardError
+            nil # the worker died under this request, as asked
+          end
+        end
+      end
+    end
+    sleep 4
+    stop = true
+    killers.each(&:join)
+    lines = output_lines(server)
+    assert alive?(server[:pid]), "the master exited:\n#{lines.join}"
+    respawned = lines.count { |line| line.include?("died (signal KILL)") }
+    assert_operator respawned, :>=, 5, lines.join
+    assert(lines.none? { |line| line.match?(/boot failure|giving up|BootError/) }, lines.join)
+    eventually { worker_pids(server[:pid]).size == 2 }
+    20.times { pids(server) }
   end
 
   def test_term_lets_in_flight_requests_finish_then_exits
