@@ -69,7 +69,11 @@ module NeverBlock
       def initialize(url: "redis://127.0.0.1:6379", prefix: "neverblock:debouncer:", lease: 5, poll_interval: 0.5,
                      result_ttl: 60, pool_size: 16, redis_timeout: 5)
         @redis_timeout = NeverBlock.validate_timeout!(redis_timeout, :redis_timeout)
-        @config = RedisClient.config(url: url, timeout: @redis_timeout)
+        # One retry on a connection error: after Redis restarts, every pooled
+        # connection is dead and would otherwise fail one request each (served
+        # uncoalesced). Every command here is safe to repeat (MGET, SET NX with
+        # a random token, the token-checked scripts, SETs of the same value).
+        @config = RedisClient.config(url: url, timeout: @redis_timeout, reconnect_attempts: 1)
         @redis = @config.new_pool(size: NeverBlock.validate_size!(pool_size, :pool_size), timeout: redis_timeout)
         @prefix = prefix
         @lease_ms = milliseconds(lease, :lease)
@@ -194,26 +198,72 @@ module NeverBlock
         @mutex.synchronize do
           return if @listener
 
-          pubsub = @config.new_client.pubsub
-          pubsub.call("PSUBSCRIBE", "#{@prefix}done:*")
-          pubsub.next_event(5) # the subscription's confirmation
+          pubsub = subscribe
           @listener = Thread.new { listen_loop(pubsub) }
           @listener.report_on_exception = false
         end
       end
 
+      # @return [RedisClient::PubSub] subscribed to this store's announcements.
+      def subscribe
+        pubsub = @config.new_client.pubsub
+        pubsub.call("PSUBSCRIBE", "#{@prefix}done:*")
+        pubsub.next_event(@redis_timeout) # the subscription's confirmation
+        pubsub
+      rescue StandardError
+        pubsub&.close
+        raise
+      end
+
+      # The listener thread's life: announcements wake local followers, and
+      # the leases this process holds are extended every lease / 3 seconds,
+      # whatever happens to the subscription. A lost subscription (Redis
+      # restarted, the network dropped) is logged once, and re-made every
+      # tick until Redis answers again; followers are woken meanwhile, as
+      # announcements may have been missed (they look for themselves).
       def listen_loop(pubsub)
+        tick = [@poll_interval, @lease_ms / 3000.0].min
         extended_at = now
         until @closed
-          event = pubsub.next_event([@poll_interval, @lease_ms / 3000.0].min)
-          announce(event[2].delete_prefix("#{@prefix}done:")) if event && event[0] == "pmessage"
+          pubsub = listen_once(pubsub, tick)
           next if now - extended_at < @lease_ms / 3000.0
 
           extended_at = now
           extend_leases
         end
       ensure
-        pubsub.close
+        pubsub&.close
+      end
+
+      # @return [RedisClient::PubSub, nil] the subscription, nil while lost.
+      def listen_once(pubsub, tick)
+        unless pubsub
+          sleep(tick)
+          return nil if @closed
+
+          pubsub = subscribe
+          NeverBlock.logger.warn("NeverBlock::Debouncer::RedisStore: subscribed again to #{@prefix}done:*")
+        end
+        event = pubsub.next_event(tick)
+        announce(event[2].delete_prefix("#{@prefix}done:")) if event && event[0] == "pmessage"
+        pubsub
+      rescue RedisClient::Error, SystemCallError, IOError => e
+        if pubsub
+          NeverBlock.logger.warn("NeverBlock::Debouncer::RedisStore lost its subscription (#{e.class}: #{e.message}); " \
+                                 "re-subscribing every #{tick} s, leases are still extended")
+          pubsub.close
+          announce_all
+        end
+        nil
+      end
+
+      def announce_all
+        @mutex.synchronize do
+          @waiting.each_value do |waiting|
+            waiting.version += 1
+            waiting.condition.broadcast
+          end
+        end
       end
 
       def announce(key)

@@ -178,6 +178,44 @@ class DebouncerRedisStoreTest < NeverBlockTest
     assert_equal [200], results.map(&:first).uniq
   end
 
+  # Redis killed and restarted under a store that already listens: the
+  # listener subscribes again and keeps extending leases, so a herd
+  # against an upstream slower than the lease still makes one call.
+  def test_after_redis_restarts_the_listener_resubscribes_and_leases_are_still_extended
+    skip "needs redis-server on PATH" unless system("command -v redis-server >/dev/null")
+    dir = Dir.mktmpdir("neverblock-redis-restart")
+    socket = File.join(dir, "redis.sock")
+    pid = start_redis(dir, socket)
+    url = "unix://#{socket}"
+    redis_store = NeverBlock::Debouncer::RedisStore.new(url: url, prefix: @prefix, lease: 0.5, poll_interval: 0.05,
+                                                        redis_timeout: 1).tap { |s| @stores << s }
+    upstream = Upstream.new(delay: 0.1)
+    debouncer = NeverBlock::Debouncer.new(upstream, store: redis_store)
+    assert_equal 200, request(debouncer, "/warm").first # the listener runs now
+    assert_equal 1, pubsub_patterns(url)
+
+    Process.kill(:KILL, pid)
+    Process.wait(pid)
+    pid = nil
+    capture_log do
+      NeverBlock.sleep(0.5) # the listener notices
+      pid = start_redis(dir, socket)
+      wait_until(10) { pubsub_patterns(url) == 1 }
+    end
+
+    slow = Upstream.new(delay: 2.0)
+    herd = NeverBlock::Debouncer.new(slow, wait_timeout: 10, store: redis_store)
+    results = concurrently(5) { request(herd, "/slow").first }
+    assert_equal [200] * 5, results
+    assert_equal 1, slow.calls, "a lease was not extended after Redis came back: a second leader called upstream"
+  ensure
+    if pid
+      Process.kill(:KILL, pid)
+      Process.wait(pid)
+    end
+    FileUtils.rm_rf(dir) if dir
+  end
+
   def test_an_app_exception_gives_followers_502_and_stores_nothing
     stores = [CountingStore.new(store), CountingStore.new(store)]
     entered = Queue.new
@@ -207,6 +245,33 @@ class DebouncerRedisStoreTest < NeverBlockTest
 
     assert_match(/store failed/, log)
     assert_equal 1, upstream.calls
+  end
+
+  def wait_until(seconds)
+    deadline = now + seconds
+    until (value = yield)
+      flunk "condition not met within #{seconds} s" if now > deadline
+      NeverBlock.sleep(0.05)
+    end
+    value
+  end
+
+  def start_redis(dir, socket)
+    pid = Process.spawn("redis-server", "--port", "0", "--unixsocket", socket, "--save", "", "--appendonly", "no",
+                        "--dir", dir, out: File::NULL, err: File::NULL)
+    wait_until(10) { pubsub_patterns("unix://#{socket}") }
+    pid
+  end
+
+  # PUBSUB NUMPAT: pattern subscriptions (a live listener holds one); nil
+  # while Redis does not answer.
+  def pubsub_patterns(url)
+    client = RedisClient.new(url: url)
+    client.call("PUBSUB", "NUMPAT")
+  rescue RedisClient::Error
+    nil
+  ensure
+    client&.close
   end
 
   def store_at_nowhere
