@@ -407,9 +407,9 @@ module NeverBlock
           status = 1
           begin
             server.hooks[:on_worker_boot]&.call(index)
-            status_writer.write("booted\n")
+            report(status_writer, "booted")
             watch_master(server, alive_reader)
-            server.on_ready = -> { status_writer.write("ready\n") }
+            server.on_ready = -> { report(status_writer, "ready") }
             server.serve_here
             status = 0
           rescue Exception => e # rubocop:disable Lint/RescueException -- a worker reports every death
@@ -422,6 +422,14 @@ module NeverBlock
             $stderr.flush
             exit!(status)
           end
+        end
+
+        # Tells the master how far the worker got; a master already gone
+        # (the pipe broken) is noticed by {.watch_master}.
+        def self.report(status_writer, status)
+          status_writer.write("#{status}\n")
+        rescue Errno::EPIPE, IOError
+          nil
         end
 
         # A thread that stops the server when the master's end of the pipe
