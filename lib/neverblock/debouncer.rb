@@ -71,7 +71,9 @@ module NeverBlock
   # has Set-Cookie, `Cache-Control: private` or `Vary: *` (then each
   # follower calls the app itself), or its body is larger than `max_body`
   # (it streams to the leader only, and the followers call the app
-  # themselves). With `ttl` > 0 a shared response also answers identical
+  # themselves; a response whose Content-Length is over `max_body` streams
+  # from its first byte, one without a Content-Length is buffered until it
+  # passes `max_body`). With `ttl` > 0 a shared response also answers identical
   # requests for `ttl` seconds — at most its `max-age`/`s-maxage`, never
   # with `no-store` or `no-cache`, never for a 5xx or other status outside
   # {CachePolicy::STORABLE}. The store keeps at most `max_entries`

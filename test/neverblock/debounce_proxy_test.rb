@@ -5,6 +5,7 @@ require "neverblock/server"
 require "timeout"
 require "net/http"
 require "open3"
+require "digest"
 
 # `neverblock debounce` as real processes in front of a real upstream: a herd
 # of identical requests costs one upstream request, in one proxy process and
@@ -22,12 +23,16 @@ class DebounceProxyTest < PlainTest
     release = @release
     app = lambda do |env|
       calls << env["PATH_INFO"]
+      return upload(env) if env["PATH_INFO"] == "/upload"
+      return download if env["PATH_INFO"].start_with?("/download/")
+
       release.pop if env["PATH_INFO"] == "/config" # held until the whole herd is waiting
       body = "config v42\n"
       [200, { "content-type" => "text/plain", "x-upstream" => "yes", "cache-control" => "no-store",
               "content-length" => body.bytesize.to_s }, [body]]
     end
-    @upstream = NeverBlock::Server.new(app, bind: ["tcp://127.0.0.1:0"], workers: 0, fiber_pool: 2000)
+    @upstream = NeverBlock::Server.new(app, bind: ["tcp://127.0.0.1:0"], workers: 0, fiber_pool: 2000,
+                                                max_body: 64 * 1024 * 1024)
     @upstream_url = @upstream.bound_addresses.first.sub("tcp://", "http://")
     @upstream_thread = Thread.new { @upstream.run }
     @proxies = []
@@ -49,6 +54,26 @@ class DebounceProxyTest < PlainTest
     @upstream.stop
     @upstream_thread.join(20)
     super
+  end
+
+  # Reads the whole request body; answers its size and a checksum.
+  def upload(env)
+    digest = Digest::SHA256.new
+    size = 0
+    while (chunk = env["rack.input"].read(65_536))
+      digest << chunk
+      size += chunk.bytesize
+    end
+    body = "#{size} #{digest.hexdigest}"
+    [200, { "content-length" => body.bytesize.to_s }, [body]]
+  end
+
+  DOWNLOAD_CHUNK = ("x" * 65_536).freeze
+  DOWNLOAD_CHUNKS = 320 # 20 MiB
+
+  def download
+    body = Enumerator.new { |y| DOWNLOAD_CHUNKS.times { y << DOWNLOAD_CHUNK } }
+    [200, { "content-length" => (DOWNLOAD_CHUNK.bytesize * DOWNLOAD_CHUNKS).to_s, "cache-control" => "no-store" }, body]
   end
 
   def start_proxy(*args)
@@ -129,6 +154,50 @@ class DebounceProxyTest < PlainTest
     assert_equal "200", response.code
     assert_nil response["x-debounce"]
     assert_equal ["/submit"], Array.new(@calls.size) { @calls.pop }
+  end
+
+  # Request bodies are not coalesced and pass through whole, past the
+  # server's 10 MiB default; --max-body bounds them.
+  def test_uploads_over_ten_mib_pass_through_and_max_body_bounds_them
+    proxy = start_proxy
+    data = Random.new(42).bytes(12 * 1024 * 1024)
+    response = Net::HTTP.start("127.0.0.1", proxy[:port], read_timeout: 60) do |http|
+      http.post("/upload", data, "content-type" => "application/octet-stream")
+    end
+    assert_equal "200", response.code, response.body
+    assert_equal "#{data.bytesize} #{Digest::SHA256.hexdigest(data)}", response.body
+
+    small = start_proxy("--max-body", "1000")
+    response = Net::HTTP.start("127.0.0.1", small[:port]) { |http| http.post("/upload", "x" * 1001) }
+    assert_equal "413", response.code
+  end
+
+  # 50 concurrent 20 MiB downloads (50 leaders), each announced with a Content-Length
+  # over the shared-body limit: they stream from the first byte, so the
+  # proxy holds none of them in memory.
+  def test_large_downloads_stream_without_growing_the_proxy
+    proxy = start_proxy
+    clients = Array.new(50) do |i|
+      Thread.new do
+        socket = TCPSocket.new("127.0.0.1", proxy[:port])
+        socket.write("GET /download/#{i} HTTP/1.1\r\nHost: files.internal\r\nConnection: close\r\n\r\n")
+        received = 0
+        buffer = String.new
+        received += buffer.bytesize while socket.read(65_536, buffer)
+        received
+      ensure
+        socket&.close
+      end
+    end
+    peak = 0
+    peak = [peak, rss_mb(proxy[:pid])].max while clients.any?(&:alive?) && sleep(0.05)
+    sizes = clients.map(&:value)
+    assert(sizes.all? { |size| size > DOWNLOAD_CHUNK.bytesize * DOWNLOAD_CHUNKS }, sizes.inspect)
+    assert_operator peak, :<, 150, "the proxy's RSS peaked at #{peak} MB"
+  end
+
+  def rss_mb(pid)
+    File.read("/proc/#{pid}/status")[/VmRSS:\s+(\d+)/, 1].to_i / 1024
   end
 
   def test_upstream_down_is_a_502

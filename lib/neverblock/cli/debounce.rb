@@ -25,7 +25,8 @@ module NeverBlock
         @err = err
         @options = { listen: [], upstream: nil, ttl: 0.0, wait_timeout: 10.0, workers: Etc.nprocessors,
                      redis: nil, pool_size: 64, upstream_timeout: 30.0, access_log: false, status_path: nil,
-                     share_credentials: false, max_body: 8 * 1024 * 1024, trust_forwarded: false }
+                     share_credentials: false, max_shared_body: 8 * 1024 * 1024, max_body: 1024**3,
+                     trust_forwarded: false }
       end
 
       # @param argv [Array<String>]
@@ -79,6 +80,12 @@ module NeverBlock
           o.on("--trust-forwarded", "pass clients' Forwarded/X-Forwarded-* on (behind a front proxy that sets them)") do
             options[:trust_forwarded] = true
           end
+          o.on("--max-body BYTES", Integer, "largest request body passed through; spooled to a temp file past " \
+                                            "64 KiB (default 1 GiB, then 413)") { |n| options[:max_body] = n }
+          o.on("--max-shared-body BYTES", Integer, "largest response shared with followers; larger ones stream " \
+                                                   "to their own client (default 8 MiB)") do |n|
+            options[:max_shared_body] = n
+          end
           o.on("--pool-size N", Integer, "upstream connections per worker (default 64)") { |n| options[:pool_size] = n }
           o.on("--upstream-timeout SECONDS", Float, "longest wait for each upstream read or write (default 30)") do |s|
             options[:upstream_timeout] = s
@@ -97,7 +104,8 @@ module NeverBlock
         app = NeverBlock::Server::LazyApp.new { build_app }
         app.build if opts[:workers].zero?
         server_options = { bind: opts[:listen].empty? ? ["tcp://0.0.0.0:9393"] : opts[:listen], workers: opts[:workers],
-                           status_path: opts[:status_path], on_worker_boot: ->(_index) { app.build } }
+                           status_path: opts[:status_path], max_body: opts[:max_body],
+                           on_worker_boot: ->(_index) { app.build } }
         server_options[:access_log] = $stdout if opts[:access_log]
         server = NeverBlock::Server.new(app, **server_options)
         addresses = server.bound_addresses
@@ -121,7 +129,7 @@ module NeverBlock
           store = NeverBlock::Debouncer::RedisStore.new(url: opts[:redis])
         end
         NeverBlock::Debouncer.new(proxy, ttl: opts[:ttl], wait_timeout: opts[:wait_timeout], store: store,
-                                         share_credentials: opts[:share_credentials], max_body: opts[:max_body])
+                                         share_credentials: opts[:share_credentials], max_body: opts[:max_shared_body])
       end
 
       def usage_error(message)

@@ -67,6 +67,8 @@ module NeverBlock
           o.on("--max-connections N", Integer, "open connections per worker (default 16384 or the fd limit)") do |n|
             options[:max_connections] = n
           end
+          o.on("--max-body BYTES", Integer, "largest request body, else 413; spooled to a temp file past 64 KiB " \
+                                            "(default 10 MiB)") { |n| options[:max_body] = n }
           o.on("--status PATH", "answer GET PATH with the server's stats as JSON") { |path| options[:status_path] = path }
           o.on("-E", "--env ENV", "RACK_ENV (and RAILS_ENV) for the app") { |env| options[:environment] = env }
           o.on("-h", "--help", "this help") do
@@ -110,6 +112,7 @@ module NeverBlock
         options[:access_log] = $stdout if opts[:access_log]
         options[:shutdown_timeout] = opts[:shutdown_timeout] if opts[:shutdown_timeout]
         options[:max_connections] = opts[:max_connections] if opts[:max_connections]
+        options[:max_body] = opts[:max_body] if opts[:max_body]
         options[:on_worker_boot] = ->(_index) { loader.build } unless opts[:preload]
         options
       end

@@ -89,6 +89,10 @@ module NeverBlock
           # Only the leader may see it, or it is a streaming body (call(stream)) that cannot be buffered.
           complete(Outcome::PASS)
           hand_over([:response, status, headers, body])
+        elsif too_long?(headers)
+          # Announced larger than can be shared: streams to the leader from its first byte, buffered nowhere.
+          complete(Outcome::PASS)
+          hand_over([:response, status, headers, body])
         elsif body.respond_to?(:to_ary)
           chunks = body.to_ary # closes the body (Rack SPEC)
           if chunks.sum(&:bytesize) > @max_body
@@ -100,6 +104,12 @@ module NeverBlock
         else
           buffer_or_stream(status, headers, body, ttl)
         end
+      end
+
+      # @return [Boolean] whether the response's Content-Length is over max_body.
+      def too_long?(headers)
+        length = headers["content-length"] || headers["Content-Length"]
+        !length.nil? && length.to_s.to_i > @max_body
       end
 
       # Buffers an `each` body up to max_body and shares it; past max_body the

@@ -183,6 +183,14 @@ class ServerClusterTest < PlainTest
     20.times { pids(server) }
   end
 
+  def test_max_body_bounds_request_bodies
+    server = serve("pids.ru", "-w", "0", "--max-body", "100")
+    ok = Net::HTTP.start("127.0.0.1", server[:port]) { |http| http.post("/", "x" * 100) }
+    assert_equal "200", ok.code
+    refused = Net::HTTP.start("127.0.0.1", server[:port]) { |http| http.post("/", "x" * 101) }
+    assert_equal "413", refused.code
+  end
+
   def test_term_lets_in_flight_requests_finish_then_exits
     server = serve("pids.ru", "-w", "2", "--shutdown-timeout", "10")
     slow = Thread.new { get(server, "/slow?1.5") }
