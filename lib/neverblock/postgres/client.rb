@@ -8,6 +8,18 @@ module NeverBlock
     class TransactionRolledBack < NeverBlock::BaseError
     end
 
+    # A pipelined statement was sent, and its connection was lost before its
+    # result came back (the server restarted, the backend was terminated):
+    # whether it ran, and outside a transaction committed, is unknown. Every
+    # statement in flight on the lost connection gets this one error class,
+    # whatever libpq said (its message is in the text and in `cause`). A
+    # `PG::ConnectionBad`, so code that handles lost connections handles it,
+    # and a {NeverBlock::Error}. Do not blindly retry a statement that is
+    # not idempotent.
+    class OutcomeUnknown < PG::ConnectionBad
+      include NeverBlock::Error
+    end
+
     # A pool of PostgreSQL connections with a query interface; made by
     # {Postgres.pool}. Thread- and fiber-safe: share one per process.
     #

@@ -25,7 +25,10 @@ module NeverBlock
       # Whether pg lets the lane turn off its flush after every send (a
       # private setter of pg >= 1.3; without it each statement is one write).
       BATCHED = QUEUED_SYNC && PG::Connection.private_method_defined?(:flush_data=)
-      private_constant :QUEUED_SYNC, :BATCHED
+      # Server errors that end the backend (FATAL): the statement that gets
+      # one may or may not have committed, and nothing after it is answered.
+      CONNECTION_ENDING = [PG::AdminShutdown, PG::CrashShutdown, PG::CannotConnectNow].freeze
+      private_constant :QUEUED_SYNC, :BATCHED, :CONNECTION_ENDING
 
       # @param pool [ConnectionPool]
       # @param on_release [#call] called with the lane when it stops taking
@@ -78,12 +81,18 @@ module NeverBlock
       # @param params [Array, nil]
       # @param result_format [Integer] 0 text, 1 binary.
       # @return [PG::Result]
-      # @raise [PG::Error] the statement's error, or the connection's.
+      # @raise [PG::Error] the statement's error; the connection's when it
+      #   could not be sent; {OutcomeUnknown} when the connection was lost
+      #   after it was sent.
       def exec(sql, params, result_format)
         request = Request.new(sql, params || [], result_format, Thread::Queue.new, false)
         enqueue(request)
         begin
-          BATCHED ? flush_burst : flush
+          begin
+            BATCHED ? flush_burst : flush
+          rescue PG::Error, IOError, SystemCallError
+            nil # #fail gave every statement in flight, this one too, its OutcomeUnknown
+          end
           outcome = request.outcome.pop
         rescue Exception # rubocop:disable Lint/RescueException -- re-raised
           abandon(request)
@@ -224,16 +233,30 @@ module NeverBlock
           result.check
         rescue PG::ServerError => e
           result.clear
+          raise e if CONNECTION_ENDING.any? { |kind| e.is_a?(kind) } # the backend is going: fails the lane
+
           return e
         end
         result
       end
 
-      # The connection is unusable: every statement in flight gets the error.
+      # The connection is unusable: every statement in flight gets
+      # {OutcomeUnknown}, with what broke it as its cause.
       def fail(error)
         @failed = true
-        @pending.slice!(0..).each { |request| request.outcome.push(error) }
+        pending = @pending.slice!(0..)
+        unless pending.empty?
+          unknown = outcome_unknown(error)
+          pending.each { |request| request.outcome.push(unknown) }
+        end
         close
+      end
+
+      def outcome_unknown(error)
+        raise OutcomeUnknown, "the connection was lost with this statement in flight, so whether it ran is " \
+                              "unknown (#{error.class}: #{error.message.strip})"
+      rescue OutcomeUnknown => e
+        e # raised inside the rescue of `error`, so its cause is set
       end
 
       def release
