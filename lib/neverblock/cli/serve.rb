@@ -40,6 +40,7 @@ module NeverBlock
         path = rest.first || "config.ru"
         return usage_error("no such file: #{path}") unless File.file?(path)
 
+        restart_with_fiber_stack(@options[:fiber_stack_size], argv) if @options[:fiber_stack_size]
         start(File.expand_path(path))
       rescue OptionParser::ParseError, ArgumentError => e
         usage_error(e.message)
@@ -71,11 +72,43 @@ module NeverBlock
                                             "(default 10 MiB)") { |n| options[:max_body] = n }
           o.on("--status PATH", "answer GET PATH with the server's stats as JSON") { |path| options[:status_path] = path }
           o.on("-E", "--env ENV", "RACK_ENV (and RAILS_ENV) for the app") { |env| options[:environment] = env }
+          o.on("--fiber-stack-size BYTES", "stack of each request's fiber, like 4M (default: Ruby's, 128K of " \
+                                           "Ruby frames); restarts the command with RUBY_FIBER_*_STACK_SIZE") do |size|
+            options[:fiber_stack_size] = parse_size(size, "--fiber-stack-size")
+          end
           o.on("-h", "--help", "this help") do
             @out.puts(o)
             throw :done, 0
           end
         end
+      end
+
+      # @return [Integer] bytes, from `4194304`, `4096K`, `4M` (binary units).
+      def parse_size(text, option)
+        match = /\A(\d+)([KMG]?)\z/i.match(text.to_s.strip) or
+          raise OptionParser::InvalidArgument, "#{option} #{text} (bytes, or a number with K, M or G)"
+        Integer(match[1], 10) * { "" => 1, "K" => 1024, "M" => 1024**2, "G" => 1024**3 }.fetch(match[2].upcase)
+      end
+
+      # Ruby sizes fiber stacks once, at boot, from RUBY_FIBER_VM_STACK_SIZE
+      # (Ruby frames) and RUBY_FIBER_MACHINE_STACK_SIZE (C frames): a running
+      # process cannot change them. So the command starts again (exec, same
+      # pid) with both set, unless they already are.
+      def restart_with_fiber_stack(bytes, argv)
+        return if RubyVM::DEFAULT_PARAMS[:fiber_vm_stack_size] >= bytes &&
+                  RubyVM::DEFAULT_PARAMS[:fiber_machine_stack_size] >= bytes
+
+        if ENV["NEVERBLOCK_FIBER_STACK_RESTARTED"]
+          @err.puts("neverblock serve: this Ruby did not take the fiber stack size #{bytes} " \
+                    "(#{RubyVM::DEFAULT_PARAMS.inspect}); serving with its own")
+          return
+        end
+
+        env = { "RUBY_FIBER_VM_STACK_SIZE" => bytes.to_s, "RUBY_FIBER_MACHINE_STACK_SIZE" => bytes.to_s,
+                "NEVERBLOCK_FIBER_STACK_RESTARTED" => "1" }
+        @out.flush
+        @err.flush
+        exec(env, RbConfig.ruby, File.expand_path($PROGRAM_NAME), "serve", *argv)
       end
 
       def start(path)

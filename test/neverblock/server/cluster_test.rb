@@ -191,6 +191,19 @@ class ServerClusterTest < PlainTest
     assert_equal "413", refused.code
   end
 
+  # Request fibers get Ruby's small fiber stacks by default; the option
+  # restarts the command with bigger ones (the same pid keeps serving).
+  def test_fiber_stack_size_lets_requests_recurse_deeper
+    default = serve("deep.ru", "-w", "0")
+    assert_match(/\ASystemStackError /, get(default, "/?20000").body)
+
+    server = serve("deep.ru", "-w", "0", "--fiber-stack-size", "8M")
+    assert_equal "depth 20000 #{8 * 1024 * 1024}\n", get(server, "/?20000").body
+    out, status = Open3.capture2e(RbConfig.ruby, EXE, "serve", File.join(FIXTURES, "deep.ru"), "--fiber-stack-size", "lots")
+    assert_equal 64, status.exitstatus
+    assert_match(/--fiber-stack-size lots/, out)
+  end
+
   def test_term_lets_in_flight_requests_finish_then_exits
     server = serve("pids.ru", "-w", "2", "--shutdown-timeout", "10")
     slow = Thread.new { get(server, "/slow?1.5") }
