@@ -11,11 +11,22 @@ Gem::Specification.new do |spec|
     NeverBlock runs ordinary blocking-style Ruby (Net::HTTP, sockets, DNS, sleep,
     Timeout, subprocesses, database drivers) concurrently in fibers on Ruby's
     Fiber::Scheduler interface, with tasks, a reusable fiber pool, timeouts,
-    a stall detector and test helpers.
+    a stall detector and test helpers; fibered PostgreSQL and MySQL pools and
+    ActiveRecord adapters; a preforking fiber-per-request Rack server with the
+    `neverblock` command; and a request debouncer. The 2.0 line, a rewrite of
+    the 2009 NeverBlock (0.1.x, EventMachine) on Fiber::Scheduler.
   DESC
   spec.homepage = "https://github.com/neverblock/neverblock"
   spec.license = "MIT"
   spec.required_ruby_version = ">= 3.1"
+  spec.metadata = {
+    "homepage_uri" => spec.homepage,
+    "source_code_uri" => spec.homepage,
+    "changelog_uri" => "#{spec.homepage}/blob/main/CHANGELOG.md",
+    "bug_tracker_uri" => "#{spec.homepage}/issues",
+    "documentation_uri" => "#{spec.homepage}#readme",
+    "rubygems_mfa_required" => "true"
+  }
 
   spec.files = Dir["lib/**/*.rb", "exe/*", "README.md", "CHANGELOG.md", "LICENSE"]
   spec.bindir = "exe"
@@ -25,4 +36,6 @@ Gem::Specification.new do |spec|
   spec.add_dependency "io-event", "~> 1.11"
   # The HTTP parser of NeverBlock::Server (llhttp's C parser; no dependencies of its own).
   spec.add_dependency "llhttp", "~> 0.6.2"
+  # `neverblock serve` loads config.ru with Rack::Builder; the server speaks Rack 3 (and 2.2).
+  spec.add_dependency "rack", ">= 2.2.4", "< 4"
 end

@@ -2,5 +2,5 @@
 
 module NeverBlock
   # The gem's version, following semantic versioning.
-  VERSION = "0.1.0"
+  VERSION = "2.0.0.pre"
 end

@@ -2,6 +2,8 @@
 
 require "optparse"
 require "etc"
+require_relative "../../neverblock"
+require_relative "../server/errors"
 
 module NeverBlock
   class CLI
@@ -50,6 +52,9 @@ module NeverBlock
       rescue OptionParser::ParseError, ArgumentError => e
         usage_error(e.message)
       rescue LoadError => e
+        @err.puts("neverblock debounce: #{e.message}")
+        1
+      rescue NeverBlock::Server::BootError, Errno::EADDRINUSE, Errno::EACCES, Errno::EADDRNOTAVAIL => e
         @err.puts("neverblock debounce: #{e.message}")
         1
       end

@@ -39,14 +39,16 @@ module NeverBlock
       MAX_BOOT_DELAY = 10
 
       SIGNALS = %w[TERM INT USR2 TTIN TTOU CHLD].freeze
-      private_constant :SIGNALS
+      # A worker's status lines are shorter (one write each, atomic on a pipe).
+      STATUS_READ = 4096
+      private_constant :SIGNALS, :STATUS_READ
 
       # One forked worker process, as the master sees it.
       # `booted`: its app is loaded (deaths after that are not boot
       # failures); `ready`: it accepts connections (a rolling restart waits
       # for that before stopping its predecessor).
       Child = Struct.new(:index, :pid, :generation, :started_at, :booted, :ready, :status_reader, :stopping,
-                         keyword_init: true)
+                         :failure, keyword_init: true)
 
       # @param server [Server]
       # @param count [Integer] workers to keep running.
@@ -181,7 +183,7 @@ module NeverBlock
       # A worker writes "booted" once its app is loaded and "ready" once it
       # accepts connections; EOF means it exited.
       def read_status(io)
-        data = io.read_nonblock(64, exception: false)
+        data = io.read_nonblock(STATUS_READ, exception: false)
         worker = @workers.each_value.find { |w| w.status_reader.equal?(io) }
         if data.nil?
           io.close
@@ -191,7 +193,9 @@ module NeverBlock
       end
 
       def note_status(worker, data)
-        if data.include?("booted") && !worker.booted
+        if (failure = data[/^boot-failed (.*)$/, 1])
+          worker.failure = failure
+        elsif data.include?("booted") && !worker.booted
           worker.booted = true
           @boot_failures = 0
         end
@@ -203,7 +207,7 @@ module NeverBlock
       def drain_status(worker)
         io = worker.status_reader
         until io.closed?
-          data = io.read_nonblock(64, exception: false)
+          data = io.read_nonblock(STATUS_READ, exception: false)
           break unless data.is_a?(String)
 
           note_status(worker, data)
@@ -233,6 +237,7 @@ module NeverBlock
           NeverBlock.logger.warn("NeverBlock::Server") { "worker #{worker.index} (pid #{worker.pid}) died (#{describe(status)}); starting a new one" }
         else
           @boot_failures += 1
+          @last_boot_failure = worker.failure if worker.failure
           delay = [0.2 * (2**(@boot_failures - 1)), MAX_BOOT_DELAY].min
           @next_boot_at = now + delay
           NeverBlock.logger.error("NeverBlock::Server") do
@@ -365,8 +370,8 @@ module NeverBlock
 
         begin_stop
         stop_all
-        raise BootError, "workers exited #{@boot_failures} times in a row before their app booted; " \
-                         "see the log above for why (giving up)"
+        raise BootError, "the app failed to boot #{@boot_failures} times in a row" \
+                         "#{@last_boot_failure ? " (#{@last_boot_failure})" : ''}; giving up (details in the log above)"
       end
 
       def spawn_worker(index)
@@ -375,7 +380,8 @@ module NeverBlock
         pid = fork do
           status_reader.close
           master_only = [@wake_reader, @wake_writer, @alive_writer] + @workers.each_value.map(&:status_reader)
-          Worker.run(@server, index, status_writer, @alive_reader, master_only, self)
+          Worker.run(@server, index, status_writer, @alive_reader, master_only, self,
+                     explain_failure: @boot_failures.zero? && index.zero?)
         end
         status_writer.close
         @workers[pid] = Child.new(index: index, pid: pid, generation: generation, started_at: Time.now,
@@ -393,7 +399,10 @@ module NeverBlock
         # then exits the process: 0 after a clean stop, 1 if the app failed
         # to boot or serving raised.
         # @return [void] never returns.
-        def self.run(server, index, status_writer, alive_reader, master_only, cluster)
+        # A boot failure is logged with its backtrace when `explain_failure`
+        # (the first worker of a boot round), else in one line: the master
+        # retries, and every retry usually fails the same way.
+        def self.run(server, index, status_writer, alive_reader, master_only, cluster, explain_failure: true)
           server.cluster = nil # this process serves; Server#stop stops it
           server.own_wake_pipe
           trap("TERM") { server.stop }
@@ -405,16 +414,21 @@ module NeverBlock
           master_only.each { |io| io.close unless io.closed? }
           server.worker_index = index
           status = 1
+          booted = false
           begin
             server.hooks[:on_worker_boot]&.call(index)
+            booted = true
             report(status_writer, "booted")
             watch_master(server, alive_reader)
             server.on_ready = -> { report(status_writer, "ready") }
             server.serve_here
             status = 0
           rescue Exception => e # rubocop:disable Lint/RescueException -- a worker reports every death
-            NeverBlock.logger.error("NeverBlock::Server") do
-              "worker #{index} (pid #{Process.pid}) failed: #{e.class}: #{e.message}\n#{(e.backtrace || []).join("\n")}"
+            if booted
+              log_failure(index, "failed", e, backtrace: true)
+            else
+              report(status_writer, "boot-failed #{summary(e)}")
+              log_failure(index, "could not boot the app", e, backtrace: explain_failure)
             end
           ensure
             status_writer.close unless status_writer.closed?
@@ -422,6 +436,21 @@ module NeverBlock
             $stderr.flush
             exit!(status)
           end
+        end
+
+        def self.log_failure(index, what, error, backtrace:)
+          NeverBlock.logger.error("NeverBlock::Server") do
+            detail = backtrace ? "#{error.class}: #{error.message}\n#{(error.backtrace || []).join("\n")}" : summary(error)
+            "worker #{index} (pid #{Process.pid}) #{what}: #{detail}"
+          end
+        end
+
+        # @return [String] one line: the error, its message's first line, and
+        #   where it came from (the first frame outside NeverBlock and Rack).
+        def self.summary(error)
+          frame = (error.backtrace || []).find { |line| !line.include?("/lib/neverblock/") && !line.include?("/rack") }
+          message = error.message.to_s.lines.first.to_s.strip
+          "#{error.class}: #{message[0, 500]}#{" (#{frame[/\A[^:]+:\d+/]})" if frame}"
         end
 
         # Tells the master how far the worker got; a master already gone

@@ -32,10 +32,16 @@ module NeverBlock
 
       # Opens the listening socket (once).
       # @return [self]
+      # @raise [SystemCallError] (`Errno::EADDRINUSE`, `EACCES`, ...) whose
+      #   message names the bind spec.
       def listen
         return self if @server
 
-        @server = @path ? listen_unix : TCPServer.new(@host, @port)
+        begin
+          @server = @path ? listen_unix : TCPServer.new(@host, @port)
+        rescue SystemCallError => e
+          raise e.class, "cannot listen on #{@spec}"
+        end
         @server.listen(BACKLOG)
         @owner = Process.pid
         self

@@ -209,6 +209,7 @@ class DebouncerRedisStoreTest < NeverBlockTest
     assert_equal [200] * 5, results
     assert_equal 1, slow.calls, "a lease was not extended after Redis came back: a second leader called upstream"
   ensure
+    redis_store&.close # before its Redis goes away, or the listener logs the loss again
     if pid
       Process.kill(:KILL, pid)
       Process.wait(pid)

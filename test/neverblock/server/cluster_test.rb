@@ -353,13 +353,29 @@ class ServerClusterTest < PlainTest
     eventually { workers.none? { |pid| alive?(pid) && !File.read("/proc/#{pid}/stat").include?(") Z ") } }
   end
 
-  def test_an_app_that_cannot_boot_makes_the_master_give_up
+  # The first failure comes with its backtrace, the retries in one line
+  # each, and the command ends with one line saying why.
+  def test_an_app_that_cannot_boot_makes_the_master_give_up_in_one_clear_line
     server = serve("broken.ru", "-w", "2")
     status = wait_exit(server, timeout: 60)
     output = server[:lines].join + server[:out].read
     refute status.success?
     assert_match(/broken on purpose/, output)
-    assert_match(/BootError/, output)
+    assert_match(/\Aneverblock serve: the app failed to boot \d+ times in a row \(RuntimeError: this app is broken on purpose \(\S*broken\.ru:4\)\); giving up/,
+                 output.lines.last)
+    backtraces = output.lines.count { |line| line.include?("parse_file") }
+    assert_equal 1, backtraces, "the backtrace was logged more than once:\n#{output}"
+    assert_operator output.lines.size, :<, 40, output
+  end
+
+  def test_an_address_in_use_is_one_clear_line
+    taken = TCPServer.new("127.0.0.1", 0)
+    out, status = Open3.capture2e(RbConfig.ruby, EXE, "serve", File.join(FIXTURES, "hello.ru"),
+                                  "-b", "tcp://127.0.0.1:#{taken.addr[1]}", "-w", "0")
+    assert_equal 1, status.exitstatus
+    assert_equal "neverblock serve: Address already in use - cannot listen on tcp://127.0.0.1:#{taken.addr[1]}\n", out
+  ensure
+    taken&.close
   end
 
   def test_preload_surfaces_a_broken_app_before_forking
