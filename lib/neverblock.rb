@@ -233,3 +233,12 @@ require_relative "neverblock/scheduler"
 require_relative "neverblock/mapper"
 require_relative "neverblock/fiber_pool"
 require_relative "neverblock/connection_pool"
+
+# In a Rails app (Bundler.require runs after Rails is loaded): fiber
+# isolation, and the ActiveRecord adapters registered (see NeverBlock::Railtie).
+# Elsewhere, once ActiveRecord loads, its adapters are registered too.
+if defined?(::Rails::Railtie)
+  require_relative "neverblock/railtie"
+elsif defined?(::ActiveSupport.on_load)
+  ActiveSupport.on_load(:active_record) { require "neverblock/active_record" }
+end

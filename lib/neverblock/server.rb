@@ -191,6 +191,7 @@ module NeverBlock
       raise Error, "this NeverBlock::Server has already run; create a new one" if @wake_reader.closed?
 
       @listeners.each(&:listen)
+      isolate_active_support_per_fiber
       NeverBlock.run do
         @scheduler = NeverBlock.current_scheduler!
         @pool = FiberPool.new(size: @limits.max_connections, queue_limit: 0)
@@ -341,6 +342,23 @@ module NeverBlock
     end
 
     private
+
+    # Requests are fibers of one thread: Active Support's per-request state
+    # (ActiveRecord's connection and transaction, CurrentAttributes) must be
+    # per fiber, or concurrent requests share one database connection. An
+    # app that loaded Active Support with the `:thread` level gets `:fiber`,
+    # with a warning (a Rails app with the neverblock gem already has it).
+    def isolate_active_support_per_fiber
+      return unless defined?(::ActiveSupport::IsolatedExecutionState)
+
+      state = ::ActiveSupport::IsolatedExecutionState
+      return if state.isolation_level == :fiber
+
+      NeverBlock.logger.warn("NeverBlock::Server: Active Support's isolation level was #{state.isolation_level.inspect}; " \
+                             "set to :fiber, since every request is a fiber (in Rails: " \
+                             "config.active_support.isolation_level = :fiber)")
+      state.isolation_level = :fiber
+    end
 
     # Accepts while there is room: fewer than `max_connections` open (and
     # a free fiber for one) and a free request slot. Otherwise it stops,

@@ -32,6 +32,27 @@ class ActiveRecordRailtieTest < PlainTest
     assert_equal "NeverBlock::ActiveRecord::PostgreSQLAdapter", adapter
   end
 
+  # `gem "neverblock"` with no `require:`: Bundler.require loads
+  # "neverblock" after Rails, and that is enough for database.yml's
+  # `adapter: neverblock_postgresql`.
+  def test_the_gem_alone_gives_fiber_isolation_and_registers_the_adapters
+    level, adapter = boot(requires: "require 'rails'\nrequire 'active_record/railtie'\nrequire 'neverblock'")
+    assert_equal "fiber", level
+    assert_equal "NeverBlock::ActiveRecord::PostgreSQLAdapter", adapter
+  end
+
+  def test_without_rails_the_adapters_register_when_active_record_loads
+    out, err, status = run_ruby(<<~RUBY, timeout: 60)
+      require "active_support"
+      require "neverblock"
+      require "active_record"
+      ActiveRecord::Base # loads, running the on_load hooks
+      puts ActiveRecord::ConnectionAdapters.resolve("neverblock_trilogy").name
+    RUBY
+    assert status.success?, err
+    assert_equal "NeverBlock::ActiveRecord::TrilogyAdapter\n", out
+  end
+
   def test_requiring_neverblock_before_rails_still_gives_fiber_isolation
     level, = boot(requires: "require 'neverblock/active_record'\nrequire 'rails'\nrequire 'active_record/railtie'")
     assert_equal "fiber", level

@@ -183,6 +183,30 @@ class ServerLifecycleTest < PlainTest
     read_response(socket)
   end
 
+  # An app that loaded Active Support at the :thread level (concurrent
+  # request fibers would share one ActiveRecord connection) is served at
+  # the :fiber level, with a warning.
+  def test_active_support_state_is_per_fiber_when_served
+    out, err, status = run_ruby(<<~'RUBY', timeout: 30)
+      require "active_support"
+      require "active_support/isolated_execution_state"
+      require "neverblock/server"
+      require "net/http"
+      ActiveSupport::IsolatedExecutionState.isolation_level = :thread
+      app = ->(_env) { [200, {}, [ActiveSupport::IsolatedExecutionState.isolation_level.to_s]] }
+      server = NeverBlock::Server.new(app, bind: "tcp://127.0.0.1:0", workers: 0)
+      port = server.bound_addresses.first[/\d+\z/]
+      thread = Thread.new { server.run }
+      sleep 0.05 until (body = (Net::HTTP.get(URI("http://127.0.0.1:#{port}/")) rescue nil))
+      puts body
+      server.stop
+      thread.join
+    RUBY
+    assert status.success?, err
+    assert_equal "fiber\n", out
+    assert_match(/isolation level was :thread; set to :fiber/, err)
+  end
+
   def test_stop_lets_in_flight_requests_finish
     app = lambda do |_env|
       sleep 0.3
@@ -242,7 +266,7 @@ class ServerLifecycleTest < PlainTest
       port = server.bound_addresses.first[/\\d+\\z/]
       trap("TERM") { server.stop }
       Thread.new do
-        puts Net::HTTP.get(URI("http://127.0.0.1:\#{port}/"))
+        puts Net::HTTP.get(URI("http://127.0.0.1:#{port}/"))
         Process.kill("TERM", Process.pid)
       end
       server.run

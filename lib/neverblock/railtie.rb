@@ -1,0 +1,25 @@
+# frozen_string_literal: true
+
+require "rails/railtie"
+
+module NeverBlock
+  # What `gem "neverblock"` does in a Rails app (Bundler.require loads the
+  # gem after Rails, so this Railtie is in place before the app boots):
+  #
+  # - Active Support's isolation level is `:fiber` (unless the app sets
+  #   `config.active_support.isolation_level` itself), so every request
+  #   fiber has its own ActiveRecord connection and transaction;
+  # - once ActiveRecord loads, `neverblock/active_record` is required, which
+  #   registers the `neverblock_postgresql`, `neverblock_mysql2` and
+  #   `neverblock_trilogy` adapters: one word in database.yml is enough.
+  class Railtie < ::Rails::Railtie
+    config.active_support.isolation_level = :fiber
+
+    # Registered while the app initializes (before any connection is
+    # made), or when ActiveRecord loads later than that.
+    initializer "neverblock.active_record_adapters", before: :load_config_initializers do
+      require "neverblock/active_record" if defined?(::ActiveRecord::ConnectionAdapters)
+    end
+    ActiveSupport.on_load(:active_record) { require "neverblock/active_record" }
+  end
+end
