@@ -61,6 +61,33 @@ class ActiveRecordPostgreSQLAdapterTest < NeverBlockTest
     assert_operator took, :<, 3, "10 x pg_sleep(1) over 10 connections took #{took.round(2)} s"
   end
 
+  class StockRecord < ActiveRecord::Base
+    self.abstract_class = true
+  end
+
+  # The stock adapter too, at the fiber isolation level (what NeverBlock's
+  # Railtie and server set): each fiber has its own connection, and pg's
+  # waits suspend only their fiber. (Without the cancel on timeouts that
+  # the neverblock adapter adds.)
+  def test_the_stock_postgresql_adapter_gives_each_fiber_its_own_connection_and_runs_concurrently
+    info = pg_conninfo
+    StockRecord.establish_connection(adapter: "postgresql", host: info[:host], port: info[:port], username: info[:user],
+                                     password: info[:password], database: info[:dbname], pool: 10, checkout_timeout: 5)
+    pids = nil
+    took = elapsed do
+      pids = 10.times.map do
+        NeverBlock.spawn do
+          StockRecord.connection_pool.with_connection { |c| c.select_value("SELECT pg_backend_pid() FROM pg_sleep(1)") }
+        end
+      end.map(&:value)
+    end
+    assert_equal 10, pids.uniq.size
+    assert_operator took, :<, 3, "10 x pg_sleep(1) on the stock adapter took #{took.round(2)} s"
+  ensure
+    StockRecord.connection_pool.disconnect!
+    StockRecord.remove_connection
+  end
+
   def test_two_fibers_in_two_transactions_never_see_each_others_uncommitted_rows
     inserted = Thread::Queue.new
     checked = Thread::Queue.new
