@@ -266,7 +266,7 @@ class ServerLifecycleTest < PlainTest
       port = server.bound_addresses.first[/\\d+\\z/]
       trap("TERM") { server.stop }
       Thread.new do
-        puts Net::HTTP.get(URI("http://127.0.0.1:#{port}/"))
+        puts Net::HTTP.get(URI("http://127.0.0.1:\#{port}/"))
         Process.kill("TERM", Process.pid)
       end
       server.run

@@ -1,0 +1,259 @@
+#!/usr/bin/env ruby
+# frozen_string_literal: true
+
+# NeverBlock::Server under faults, beside Puma on the same checks: each a
+# two-worker cluster on this machine, serving bench/support/fault_app.ru,
+# driven by Debian's wrk.
+#
+#   bench/run faults                 all scenarios (bench/results/faults.{txt,csv,svg})
+#   bench/run faults --quick         shorter cells, 3 restarts instead of 10
+#   bench/run faults --scenarios slowloris --only neverblock
+#
+# Scenarios:
+#   slowloris  --loris (2000) connections each send a partial request head and
+#              then one more header line every 2 s (reconnecting when the server
+#              closes them), while wrk -c 20 measures ordinary requests. Target:
+#              NeverBlock's p99 under 100 ms.
+#   restart    wrk -c 50 keep-alive for 8 s; 2 s in, a rolling restart (NeverBlock:
+#              USR2; Puma: USR1, its phased restart). --restarts (10) runs; target:
+#              0 failed requests (wrk's socket errors + non-2xx) in every run.
+#   crash      wrk -c 20 for --duration (10 s), every 50th request GET /die, which
+#              kills its worker. Reported: requests answered, errors, whether the
+#              master is still up at the end (target: yes, and more answered than
+#              the 4.4-6.2k before the fix).
+#
+# The servers:
+#   NeverBlock  exe/neverblock serve fault_app.ru -w 2 -E production (this checkout)
+#   Puma        puma -w 2 -e production (bench/gemfiles/servers.gemfile), default threads
+
+$LOAD_PATH.unshift(File.expand_path("../lib", __dir__))
+begin
+  require "bundler/setup"
+rescue LoadError, StandardError => e
+  warn "bundler/setup failed (#{e.message.lines.first&.strip}); using installed gems"
+end
+require "optparse"
+require "socket"
+require "fileutils"
+require_relative "support/checkout"
+require_relative "support/command_line"
+require_relative "support/csv_file"
+require_relative "support/machine"
+require_relative "support/peer_servers"
+require_relative "support/server_process"
+require_relative "support/svg_chart"
+require_relative "support/table"
+require_relative "support/wrk"
+
+module NeverBlockBench
+  # Runs the fault scenarios and reports them. See the file comment.
+  class FaultsBench
+    APP = File.expand_path("support/fault_app.ru", __dir__)
+    CRASH_SCRIPT = File.expand_path("support/one_in_50_dies.lua", __dir__)
+    DEFAULTS = { duration: 10, loris: 2000, restarts: 10, scenarios: %w[slowloris restart crash],
+                 only: %w[neverblock puma], out: File.expand_path("results", __dir__) }.freeze
+    RESTART_SIGNAL = { "neverblock" => "USR2", "puma" => "USR1" }.freeze
+
+    def initialize(options)
+      @options = DEFAULTS.merge(options)
+      @options.merge!(duration: 5, restarts: 3) if @options[:quick]
+      @rows = []
+    end
+
+    # @return [Boolean] true when every cell ran
+    def call
+      Machine.raise_fd_limit(@options[:loris] + 4096)
+      problem = PeerServers.problem
+      abort problem if problem && @options[:only].include?("puma")
+      puts header
+      @options[:scenarios].each { |scenario| send("run_#{scenario}") }
+      report
+      true
+    ensure
+      ServerProcess.stop_all
+    end
+
+    private
+
+    def header
+      versions = PeerServers.locked_versions
+      <<~TEXT
+        NeverBlock::Server under faults, beside Puma: two workers each
+        #{Machine.ruby_description}
+        neverblock #{NeverBlock::VERSION} (#{Checkout.description}); puma #{versions['puma']}; #{Wrk.version}
+        #{Machine.description}; wrk, the attackers and the servers on the same machine
+        load average at start: #{Machine.load_average}
+      TEXT
+    end
+
+    def start(name)
+      port = ServerProcess.free_port
+      server =
+        if name == "neverblock"
+          ServerProcess.start("neverblock", [RbConfig.ruby, File.join(PeerServers::REPO, "exe/neverblock"), "serve", APP,
+                                             "-w", "2", "-b", "tcp://127.0.0.1:#{port}", "-E", "production"], port: port)
+        else
+          PeerServers.puma(APP, port: port, workers: 2)
+        end
+      server.wait_until_ready
+      sleep 1 # both workers up
+      server
+    end
+
+    def each_server
+      @options[:only].each do |name|
+        server = start(name)
+        begin
+          yield name, server
+        ensure
+          server.stop
+        end
+      end
+    end
+
+    # --- slowloris ------------------------------------------------------------
+
+    def run_slowloris
+      puts "\n## slowloris: #{@options[:loris]} partial heads, wrk -c 20 ordinary requests"
+      each_server do |name, server|
+        loris = Loris.new(server.port, @options[:loris])
+        loris.start
+        result = Wrk.run("http://127.0.0.1:#{server.port}/", connections: 20, duration: @options[:duration])
+        held = loris.stop
+        @rows << ["slowloris", name, "p99 ms", (result.p99 * 1000).round(1), "p50 #{(result.p50 * 1000).round(1)} ms, " \
+                  "#{result.requests_per_second.round} req/s, errors #{result.errors}, partial heads open #{held}"]
+        puts format("%-10s p50 %7.1f ms  p99 %7.1f ms  %8.0f req/s  errors %d  (%d partial heads open at the end)",
+                    name, result.p50 * 1000, result.p99 * 1000, result.requests_per_second, result.errors, held)
+      end
+    end
+
+    # Clients that each hold a connection with an unfinished request head,
+    # adding a header line every 2 s, reconnecting when the server closes it.
+    class Loris
+      def initialize(port, count)
+        @port = port
+        @count = count
+        @sockets = []
+        @stop = false
+      end
+
+      def start
+        @sockets = Array.new(@count) { open }
+        @thread = Thread.new { trickle until @stop }
+      end
+
+      # @return [Integer] connections still open when it stopped
+      def stop
+        @stop = true
+        @thread.join
+        open_now = @sockets.count { |socket| socket && !socket.closed? }
+        @sockets.each { |socket| socket&.close unless socket&.closed? }
+        open_now
+      end
+
+      private
+
+      def open
+        socket = Socket.tcp("127.0.0.1", @port, connect_timeout: 5)
+        socket.write("GET / HTTP/1.1\r\nHost: victim\r\n")
+        socket
+      rescue SystemCallError, IOError
+        nil
+      end
+
+      def trickle
+        deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 2
+        @sockets.map!.with_index do |socket, i|
+          break @sockets if @stop
+
+          begin
+            socket ||= open
+            socket&.write_nonblock("X-Loris-#{i}: #{rand(1000)}\r\n")
+            socket
+          rescue SystemCallError, IOError
+            socket&.close
+            open
+          end
+        end
+        remaining = deadline - Process.clock_gettime(Process::CLOCK_MONOTONIC)
+        sleep(remaining) if remaining.positive? && !@stop
+      end
+    end
+
+    # --- rolling restart --------------------------------------------------------
+
+    def run_restart
+      puts "\n## rolling restart under wrk -c 50 keep-alive (#{@options[:restarts]} runs each)"
+      each_server do |name, server|
+        failures = Array.new(@options[:restarts]) do
+          wrk = Thread.new { Wrk.run("http://127.0.0.1:#{server.port}/", connections: 50, duration: 8) }
+          sleep 2
+          Process.kill(RESTART_SIGNAL.fetch(name), server.pid)
+          result = wrk.value
+          sleep 2 # the restart finished
+          result.errors
+        end
+        @rows << ["restart", name, "failed requests (max of runs)", failures.max, "per run: #{failures.join(' ')}"]
+        puts format("%-10s failed requests per run: %s", name, failures.join(" "))
+      end
+    end
+
+    # --- crash loop ---------------------------------------------------------------
+
+    def run_crash
+      puts "\n## crash loop: every 50th request kills its worker, wrk -c 20 for #{@options[:duration]} s"
+      each_server do |name, server|
+        command = ["wrk", "-t1", "-c20", "-d#{@options[:duration]}s", "--timeout", "5s", "--latency", "-s", CRASH_SCRIPT,
+                   "http://127.0.0.1:#{server.port}/"]
+        output, = Wrk.capture(command)
+        result = Wrk.parse(output)
+        alive = server_alive?(server)
+        answered = result.requests - result.errors
+        @rows << ["crash", name, "answered requests", answered, "errors #{result.errors}, master up at the end: #{alive}"]
+        puts format("%-10s answered %7d  errors %5d  master up at the end: %s", name, answered, result.errors, alive)
+      end
+    end
+
+    def server_alive?(server)
+      Process.kill(0, server.pid)
+      true
+    rescue Errno::ESRCH
+      false
+    end
+
+    # --- report -------------------------------------------------------------------
+
+    def report
+      puts "\nload average at end: #{Machine.load_average}"
+      table = Table.new(["scenario", "server", "measure", "value", "details"], align: %i[left left left right left])
+      @rows.each { |row| table << row }
+      puts "\n#{table}"
+      FileUtils.mkdir_p(@options[:out])
+      csv = CsvFile.write(File.join(@options[:out], "faults.csv"), %w[scenario server measure value details], @rows)
+      chart = SvgChart.new(title: "NeverBlock::Server vs Puma under faults (two workers each)",
+                           subtitle: [Machine.ruby_description, Machine.description])
+      @rows.group_by(&:first).each do |scenario, rows|
+        chart.add_panel(title: "#{scenario}: #{rows.first[2]}", categories: [scenario],
+                        series: rows.to_h { |row| [row[1], [row[3]]] })
+      end
+      svg = chart.write(File.join(@options[:out], "faults.svg"))
+      puts "\nwrote #{CommandLine.relative(csv)} and #{CommandLine.relative(svg)}"
+    end
+  end
+end
+
+if $PROGRAM_NAME == __FILE__
+  require "neverblock"
+  options = {}
+  parser = OptionParser.new do |opts|
+    opts.banner = "Usage: ruby bench/faults.rb [options]"
+    opts.on("--duration SECONDS", Integer, "seconds of the slowloris and crash cells (10)") { |v| options[:duration] = v }
+    opts.on("--loris N", Integer, "partial-head connections (2000)") { |v| options[:loris] = v }
+    opts.on("--restarts N", Integer, "rolling restarts per server (10)") { |v| options[:restarts] = v }
+    opts.on("--scenarios LIST", Array, "slowloris,restart,crash (all)") { |list| options[:scenarios] = list }
+    opts.on("--quick", "smoke run: 5 s cells, 3 restarts") { options[:quick] = true }
+    opts.on("--only LIST", Array, "servers: neverblock,puma") { |list| options[:only] = list }
+    opts.on("--out DIR", "where faults.csv and faults.svg go (bench/results)") { |dir| options[:out] = dir }
+  end
+  NeverBlockBench::CommandLine.run(parser) { NeverBlockBench::FaultsBench.new(options).call }
+end
