@@ -9,9 +9,13 @@ module NeverBlock
     # interrupt propagates. Without this the query keeps running on the
     # server, and the connection's next query first waits for it to finish.
     #
-    # The connection stays in the transaction state it was in (an open
-    # transaction is now failed): rolling back is its owner's business, e.g.
-    # {Client#with} or ActiveRecord's transaction handling. If the server
+    # The connection stays in the transaction state it was in before the
+    # interrupted query (an open transaction is now failed): rolling back is
+    # its owner's business, e.g. {Client#with} or ActiveRecord's transaction
+    # handling. But a query that opened a transaction where there was none
+    # (a `BEGIN` the server ran while the caller was interrupted) is undone
+    # with a ROLLBACK: the caller saw it fail, and a transaction it does not
+    # know about would swallow the next owner's autocommit writes. If the server
     # does not answer the cancel within {Recovery::RECOVERY_TIMEOUT} seconds,
     # the connection is closed, so its owner sees `PG::ConnectionBad` next.
     #
@@ -28,10 +32,13 @@ module NeverBlock
 
       QUERY_METHODS.each do |name|
         define_method(name) do |*args, &block|
-          super(*args, &block)
-        rescue Exception => e # rubocop:disable Lint/RescueException -- re-raised
-          Recovery.cancel_interrupted(self) unless e.is_a?(PG::Error)
-          raise
+          before = transaction_status
+          begin
+            super(*args, &block)
+          rescue Exception => e # rubocop:disable Lint/RescueException -- re-raised
+            Recovery.cancel_interrupted(self, before) unless e.is_a?(PG::Error)
+            raise
+          end
         end
       end
     end

@@ -40,17 +40,26 @@ module NeverBlock
       end
 
       # After an interrupt (not an SQL error) escaped a query method: cancels
-      # the query still running and drops its results, leaving any
-      # transaction as it is; closes the connection if that fails.
+      # the query still running and drops its results, leaving a transaction
+      # that was open before the query as it is, but rolling back one the
+      # query opened (the caller saw the query fail); closes the connection
+      # if that fails.
       # @param conn [PG::Connection]
+      # @param before [Integer] its transaction status before the query
+      #   (PG::PQTRANS_*); nil when unknown.
       # @return [void]
-      def cancel_interrupted(conn)
+      def cancel_interrupted(conn, before = nil)
         return if conn.finished? || conn.status != PG::CONNECTION_OK
-        return unless conn.transaction_status == PG::PQTRANS_ACTIVE
         return if conn.pipeline_status != PG::PQ_PIPELINE_OFF
 
-        conn.cancel
-        conn.finish unless drain(conn, now + RECOVERY_TIMEOUT)
+        deadline = now + RECOVERY_TIMEOUT
+        if conn.transaction_status == PG::PQTRANS_ACTIVE
+          conn.cancel
+          return conn.finish unless drain(conn, deadline)
+        end
+        return unless before == PG::PQTRANS_IDLE && conn.transaction_status != PG::PQTRANS_IDLE
+
+        conn.finish unless roll_back(conn, deadline)
       rescue PG::Error, IOError, SystemCallError
         conn.finish unless conn.finished?
       end

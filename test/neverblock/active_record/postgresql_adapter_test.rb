@@ -164,6 +164,133 @@ class ActiveRecordPostgreSQLAdapterTest < NeverBlockTest
     assert_equal ["after"], Item.pluck(:name)
   end
 
+  # A TCP proxy whose answers from the server arrive `delay` seconds late,
+  # on threads of its own (no scheduler): a way to interrupt a client
+  # while a statement it sent has already run on the server.
+  class SlowReplies
+    attr_reader :port
+
+    def initialize(host, port, delay)
+      @server = TCPServer.new("127.0.0.1", 0)
+      @port = @server.addr[1]
+      @threads = []
+      @acceptor = Thread.new do
+        loop do
+          client = @server.accept
+          upstream = TCPSocket.new(host, port)
+          @threads << pump(client, upstream, 0) << pump(upstream, client, delay)
+        end
+      rescue IOError, SystemCallError
+        nil
+      end
+    end
+
+    def close
+      @server.close
+      @acceptor.join
+      @threads.each(&:kill).each(&:join)
+    end
+
+    private
+
+    def pump(from, to, delay)
+      Thread.new do
+        while (data = from.readpartial(65_536))
+          sleep(delay) if delay.positive?
+          to.write(data)
+        end
+      rescue IOError, SystemCallError
+        to.close unless to.closed?
+      end
+    end
+  end
+
+  # The server ran the BEGIN, its answer was on the way when the timeout
+  # fired: the connection must not go back with that transaction open, or
+  # the next autocommit INSERT on it joins the transaction and is lost
+  # with it.
+  def test_a_timeout_during_begin_leaves_no_transaction_open_on_the_connection
+    info = pg_conninfo
+    proxy = SlowReplies.new(info[:host], info[:port], 0.05)
+    Record.establish_connection(adapter: "neverblock_postgresql", host: "127.0.0.1", port: proxy.port,
+                                username: info[:user], password: info[:password], database: info[:dbname], pool: 1)
+    Item.first # connected, the schema loaded
+    assert_raises(NeverBlock::TimeoutError) do
+      NeverBlock.timeout(0.02) { Item.transaction { Item.create!(name: "never") } }
+    end
+    # An autocommit write (no transaction of ActiveRecord's), on the same (only) connection.
+    Item.connection.execute("INSERT INTO nb_ar_items (name) VALUES ('acknowledged')")
+    Record.connection_pool.disconnect! # closing rolls back whatever is still open
+    Record.establish_connection(adapter: "neverblock_postgresql", host: info[:host], port: info[:port],
+                                username: info[:user], password: info[:password], database: info[:dbname], pool: 2)
+    assert_equal ["acknowledged"], Item.pluck(:name)
+  ensure
+    Record.connection_pool.disconnect!
+    proxy&.close
+  end
+
+  class Account < Record
+    self.table_name = "nb_ar_accounts"
+  end
+
+  # Transfers under random timeouts, some firing during BEGIN or COMMIT,
+  # between acknowledged autocommit writes on the same connections. A
+  # timed-out BEGIN that the server ran must not leave the connection in a
+  # transaction ActiveRecord does not know about (the next owner's
+  # acknowledged INSERT would be rolled back with it), and every timeout
+  # surfaces as the timeout error.
+  def test_transfers_under_random_timeouts_keep_the_balance_and_lose_no_acknowledged_write
+    Record.connection_pool.with_connection do |c|
+      c.execute("DROP TABLE IF EXISTS nb_ar_accounts")
+      c.execute("CREATE TABLE nb_ar_accounts (id int PRIMARY KEY, balance int NOT NULL)")
+      c.execute("INSERT INTO nb_ar_accounts SELECT id, 100 FROM generate_series(1, 20) AS id")
+    end
+    Account.first # the schema, loaded once
+    # Ten connections open and configured first (a new one loads the type map, ~50 ms).
+    10.times.map do
+      NeverBlock.spawn { Record.connection_pool.with_connection { |c| c.execute("SELECT pg_sleep(0.05)") } }
+    end.each(&:value)
+    random = Random.new(Integer(ENV.fetch("NEVERBLOCK_FUZZ_SEED", rand(1 << 30))))
+    acknowledged = []
+    outcomes = Hash.new(0)
+    workers = 10.times.map do |worker|
+      NeverBlock.spawn do
+        20.times do |i|
+          amount = random.rand(1..50)
+          from, to = (1..20).to_a.sample(2, random: random)
+          begin
+            NeverBlock.timeout(random.rand(0.0005..0.03)) do
+              Account.transaction do # rows locked in id order: no deadlocks
+                [[from, -amount], [to, amount]].sort.each_with_index do |(id, change), step|
+                  Account.connection.execute("SELECT pg_sleep(0.001)") if step == 1 && random.rand < 0.3
+                  Account.where(id: id).update_all(["balance = balance + ?", change])
+                end
+              end
+            end
+            outcomes[:committed] += 1
+          rescue NeverBlock::TimeoutError
+            outcomes[:timed_out] += 1
+          end
+          name = "ack-#{worker}-#{i}"
+          # Autocommit (no transaction of ActiveRecord's), no timeout: acknowledged once it returns.
+          Item.connection.execute("INSERT INTO nb_ar_items (name) VALUES ('#{name}')")
+          acknowledged << name
+        ensure
+          Record.connection_pool.release_connection
+        end
+      end
+    end
+    workers.each(&:value)
+    Record.connection_pool.disconnect! # a transaction left open on the server is rolled back now
+    assert_equal 2000, Account.sum(:balance), "the transfers' invariant broke: #{outcomes.inspect}"
+    assert_equal acknowledged.sort, Item.pluck(:name).sort, "acknowledged writes were lost: #{outcomes.inspect}"
+    # Timeouts hit every phase, and did not leave locks behind that fail every later transfer.
+    assert_operator outcomes[:timed_out], :>, 20, outcomes.inspect
+    assert_operator outcomes[:committed], :>, 20, outcomes.inspect
+  ensure
+    Record.connection_pool.with_connection { |c| c.execute("DROP TABLE IF EXISTS nb_ar_accounts") }
+  end
+
   def test_an_sql_error_raises_in_its_fiber_only_and_the_transaction_is_rolled_back
     failing = NeverBlock.spawn do
       Item.transaction do
