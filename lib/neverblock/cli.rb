@@ -35,6 +35,17 @@ module NeverBlock
         NEVERBLOCK_STALL_THRESHOLD=SECONDS|off   warn when a fiber holds the loop this long (0.1)
     TEXT
 
+    # The file name of `neverblock -e CODE` in backtraces.
+    EVAL_FILE = "(neverblock -e)"
+
+    # Usage of each subcommand that takes no options of its own.
+    SUBCOMMAND_USAGE = {
+      "run" => "Usage: neverblock run FILE [ARGS...]\n\nRuns the Ruby script FILE inside NeverBlock.run, " \
+               "with ARGV set to ARGS and $0 to FILE's full path.",
+      "-e" => "Usage: neverblock -e CODE [ARGS...]\n\nRuns CODE inside NeverBlock.run, with ARGV set to ARGS.",
+      "version" => "Usage: neverblock version\n\nPrints the NeverBlock version."
+    }.freeze
+
     # @param out [IO] where output goes.
     # @param err [IO] where errors go.
     def initialize(out: $stdout, err: $stderr)
@@ -48,6 +59,10 @@ module NeverBlock
     def call(argv)
       argv = argv.dup
       command = argv.shift
+      if SUBCOMMAND_USAGE.key?(command) && %w[-h --help].include?(argv.first)
+        @out.puts(SUBCOMMAND_USAGE.fetch(command))
+        return 0
+      end
       case command
       when "serve"
         require_relative "cli/serve"
@@ -73,8 +88,9 @@ module NeverBlock
       return usage_error("no such file: #{file}") unless File.file?(file)
 
       ARGV.replace(argv)
-      $PROGRAM_NAME = file
-      NeverBlock.run { load(File.expand_path(file)) }
+      path = File.expand_path(file)
+      $PROGRAM_NAME = path # so that the script's `if __FILE__ == $0` holds
+      NeverBlock.run { load(path) }
       0
     end
 
@@ -83,7 +99,9 @@ module NeverBlock
       return usage_error("-e needs CODE") unless code
 
       ARGV.replace(argv)
-      NeverBlock.run { TOPLEVEL_BINDING.eval(code, "-e") }
+      # Not "-e": error_highlight would take Ruby's own -e script for it (on
+      # Ruby 3.1 the exception's message is then lost).
+      NeverBlock.run { TOPLEVEL_BINDING.eval(code, EVAL_FILE) }
       0
     end
 

@@ -240,7 +240,9 @@ module NeverBlock
     # `connection_fibers` is {FiberPool#stats} of the connections' fibers.
     # @return [Hash] `{pid:, worker:, connections:, idle_connections:,
     #   requests_in_flight:, requests_total:, fiber_pool:, connection_fibers:,
-    #   database_pools:}` (connection_fibers nil when not running); or
+    #   database_pools:, active_record_pools:}` (connection_fibers nil when
+    #   not running; active_record_pools: ActiveRecord's pools that have
+    #   connections, when the app uses ActiveRecord); or
     #   {Cluster#stats} in the master.
     def stats
       return @cluster.stats if @cluster
@@ -250,8 +252,26 @@ module NeverBlock
         requests_in_flight: @in_flight, requests_total: @total,
         fiber_pool: { size: @pool_size, busy: @slots_taken, queued: @slot_waiters.size },
         connection_fibers: @pool&.stats,
-        database_pools: ConnectionPool.active.map { |pool| { name: pool.name, **pool.stats } } }
+        database_pools: ConnectionPool.active.map { |pool| { name: pool.name, **pool.stats } },
+        active_record_pools: active_record_pools }
     end
+
+    # ActiveRecord's connection pools that have connections (when the app
+    # uses ActiveRecord): `[{name:, adapter:, size:, connections:, busy:,
+    # dead:, idle:, waiting:, checkout_timeout:}]`.
+    def active_record_pools
+      return [] unless defined?(::ActiveRecord::Base) && ::ActiveRecord::Base.respond_to?(:connection_handler)
+
+      ::ActiveRecord::Base.connection_handler.connection_pool_list(:all).filter_map do |pool|
+        stat = pool.stat
+        next if stat[:connections].zero?
+
+        { name: pool.db_config.name, adapter: pool.db_config.adapter, **stat }
+      end
+    rescue StandardError => e
+      [{ error: "#{e.class}: #{e.message}" }]
+    end
+    private :active_record_pools
 
     # @api private
     # @return [Hash{Symbol => #call, nil}] `before_fork`, `on_worker_boot`.

@@ -57,6 +57,32 @@ class CLITest < PlainTest
     assert_equal "true\n", out
   end
 
+  # `if __FILE__ == $0` (the script-or-library idiom) holds under `neverblock run`, given a relative path.
+  def test_run_keeps_the_file_equals_program_name_idiom
+    Dir.mktmpdir do |dir|
+      File.write(File.join(dir, "main.rb"), "puts(__FILE__ == $0 ? 'main' : 'library')\n")
+      out, err, status = Open3.capture3(RbConfig.ruby, EXE, "run", "main.rb", chdir: dir)
+      assert status.success?, err
+      assert_equal "main\n", out
+    end
+  end
+
+  # Ruby 3.1's error_highlight lost the message of an exception from code
+  # evaluated under the file name "-e".
+  def test_dash_e_keeps_the_exception_message
+    _out, err, status = neverblock("-e", "nil.frobnicate")
+    refute status.success?
+    assert_match(/undefined method [`']frobnicate' for nil/, err)
+  end
+
+  def test_every_subcommand_has_help
+    [%w[run --help], %w[-e --help], %w[version -h], %w[serve --help], %w[debounce --help]].each do |args|
+      out, err, status = neverblock(*args)
+      assert status.success?, "#{args.join(' ')}: #{err}"
+      assert_match(/\AUsage: neverblock #{Regexp.escape(args.first)}/, out)
+    end
+  end
+
   def test_an_exception_in_the_script_fails_the_command
     _out, err, status = neverblock("-e", "raise 'script failed'")
     refute status.success?

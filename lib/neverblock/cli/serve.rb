@@ -24,7 +24,8 @@ module NeverBlock
         @out = out
         @err = err
         @options = { bind: [], workers: Etc.nprocessors, preload: false, access_log: false,
-                     shutdown_timeout: nil, fiber_pool: 1000, status_path: nil, environment: nil }
+                     shutdown_timeout: nil, fiber_pool: 1000, status_path: nil, environment: nil, limits: {} }
+        @given = [] # options set on the command line, which win over a config file
       end
 
       # @param argv [Array<String>]
@@ -42,6 +43,7 @@ module NeverBlock
         path = rest.first || "config.ru"
         return usage_error("no such file: #{path}") unless File.file?(path)
 
+        apply_config_file(@options[:config]) if @options[:config]
         restart_with_fiber_stack(@options[:fiber_stack_size], argv) if @options[:fiber_stack_size]
         start(File.expand_path(path))
       rescue OptionParser::ParseError, ArgumentError => e
@@ -54,38 +56,74 @@ module NeverBlock
         1
       end
 
+      # Records an option given on the command line.
+      def set(key, value)
+        @given << key
+        @options[key] = value
+      end
+
       def parser
         options = @options
         OptionParser.new do |o|
           o.banner = USAGE
+          o.require_exact = true if o.respond_to?(:require_exact=) # `-p` is --port, never an abbreviation
           o.on("-b", "--bind URL", "tcp://HOST:PORT or unix://PATH; repeatable (default tcp://0.0.0.0:9292)") do |url|
             options[:bind] << url
           end
+          o.on("-p", "--port PORT", Integer, "the same as --bind tcp://0.0.0.0:PORT") do |port|
+            options[:bind] << "tcp://0.0.0.0:#{port}"
+          end
+          o.on("-C", "--config FILE", "settings in Ruby (bind, workers, preload, limits, hooks...; " \
+                                      "see NeverBlock::CLI::ConfigFile); the command line wins") do |file|
+            options[:config] = File.expand_path(file)
+          end
           o.on("-w", "--workers N", Integer, "worker processes; 0 = serve in this process (default #{Etc.nprocessors})") do |n|
-            options[:workers] = n
+            set(:workers, n)
           end
-          o.on("--preload", "load the app once in the master, before forking (copy-on-write)") { options[:preload] = true }
-          o.on("--access-log", "log one line per request to stdout") { options[:access_log] = true }
-          o.on("--shutdown-timeout S", Float, "seconds in-flight requests get on TERM/INT (default 30)") do |s|
-            options[:shutdown_timeout] = s
+          o.on("--preload", "load the app once in the master, before forking (copy-on-write)") { set(:preload, true) }
+          o.on("--access-log", "log one line per request to stdout") { set(:access_log, true) }
+          o.on("--shutdown-timeout S", Float, "seconds in-flight requests get on TERM/INT (default 30)") do |seconds|
+            set(:shutdown_timeout, seconds)
           end
-          o.on("--fiber-pool N", Integer, "requests served at once per worker (default 1000)") { |n| options[:fiber_pool] = n }
+          o.on("--fiber-pool N", Integer, "requests served at once per worker (default 1000)") { |n| set(:fiber_pool, n) }
           o.on("--max-connections N", Integer, "open connections per worker (default 16384 or the fd limit)") do |n|
-            options[:max_connections] = n
+            set(:max_connections, n)
           end
           o.on("--max-body BYTES", Integer, "largest request body, else 413; spooled to a temp file past 64 KiB " \
-                                            "(default 10 MiB)") { |n| options[:max_body] = n }
-          o.on("--status PATH", "answer GET PATH with the server's stats as JSON") { |path| options[:status_path] = path }
-          o.on("-E", "--env ENV", "RACK_ENV (and RAILS_ENV) for the app") { |env| options[:environment] = env }
+                                            "(default 10 MiB)") { |n| set(:max_body, n) }
+          o.on("--status PATH", "answer GET PATH with the server's stats as JSON") { |path| set(:status_path, path) }
+          o.on("-E", "--env ENV", "RACK_ENV (and RAILS_ENV) for the app") { |env| set(:environment, env) }
+          o.on("--pidfile FILE", "write the master's pid there (removed on exit)") do |file|
+            set(:pidfile, File.expand_path(file))
+          end
+          o.on("--log FILE", "append stdout and stderr (logs, access log) to FILE, line by line") do |file|
+            set(:log, File.expand_path(file))
+          end
           o.on("--fiber-stack-size BYTES", "stack of each request's fiber, like 4M (default: Ruby's, 128K of " \
                                            "Ruby frames); restarts the command with RUBY_FIBER_*_STACK_SIZE") do |size|
-            options[:fiber_stack_size] = parse_size(size, "--fiber-stack-size")
+            set(:fiber_stack_size, parse_size(size, "--fiber-stack-size"))
           end
           o.on("-h", "--help", "this help") do
             @out.puts(o)
             throw :done, 0
           end
         end
+      end
+
+      # Takes what the file sets, except what the command line gave.
+      def apply_config_file(file)
+        raise ArgumentError, "no such config file: #{file}" unless File.file?(file)
+
+        require_relative "config_file"
+        config = ConfigFile.load(file)
+        binds = config.delete(:bind)
+        @options[:bind] = binds if binds && @options[:bind].empty?
+        @options[:limits] = config.delete(:limits).merge(@options[:limits]) if config.key?(:limits)
+        %i[pidfile log].each { |key| config[key] &&= File.expand_path(config[key], File.dirname(file)) }
+        if config[:fiber_stack_size].is_a?(String)
+          config[:fiber_stack_size] = parse_size(config[:fiber_stack_size], "fiber_stack_size")
+        end
+        config.each { |key, value| @options[key] = value unless @given.include?(key) }
       end
 
       # @return [Integer] bytes, from `4194304`, `4096K`, `4M` (binary units).
@@ -118,6 +156,7 @@ module NeverBlock
 
       def start(path)
         opts = @options
+        redirect_output(opts[:log]) if opts[:log]
         if opts[:environment]
           ENV["RACK_ENV"] = opts[:environment]
           ENV["RAILS_ENV"] ||= opts[:environment]
@@ -132,11 +171,38 @@ module NeverBlock
         loader.build if opts[:preload] || opts[:workers].zero?
         server = NeverBlock::Server.new(loader, **server_options(loader))
         addresses = server.bound_addresses
+        write_pidfile(opts[:pidfile]) if opts[:pidfile]
         @out.puts("NeverBlock #{VERSION} serving #{path} on #{addresses.join(', ')} " \
                   "(#{opts[:workers].zero? ? 'no workers' : "#{opts[:workers]} workers"}, pid #{Process.pid})")
         @out.flush
         server.run(handle_signals: true)
         0
+      ensure
+        remove_pidfile(opts[:pidfile]) if opts && opts[:pidfile]
+      end
+
+      # stdout and stderr (the banner, NeverBlock's log, the access log)
+      # appended to `file`, each line written as it comes.
+      def redirect_output(file)
+        $stdout.reopen(file, "a")
+        $stderr.reopen($stdout)
+        $stdout.sync = true
+        $stderr.sync = true
+      end
+
+      def write_pidfile(file)
+        File.write(file, "#{Process.pid}\n")
+        @pidfile_owner = Process.pid
+      end
+
+      # Only the master that wrote it removes it (not a worker, not a
+      # successor that wrote its own).
+      def remove_pidfile(file)
+        return unless @pidfile_owner == Process.pid && File.exist?(file) && File.read(file).to_i == Process.pid
+
+        File.delete(file)
+      rescue SystemCallError
+        nil
       end
 
       # The app of a config.ru (rack 2's parse_file returned [app, options]).
@@ -150,12 +216,18 @@ module NeverBlock
       def server_options(loader)
         opts = @options
         options = { bind: opts[:bind].empty? ? ["tcp://0.0.0.0:9292"] : opts[:bind], workers: opts[:workers],
-                    fiber_pool: opts[:fiber_pool], status_path: opts[:status_path] }
+                    fiber_pool: opts[:fiber_pool], status_path: opts[:status_path], **opts[:limits] }
         options[:access_log] = $stdout if opts[:access_log]
-        options[:shutdown_timeout] = opts[:shutdown_timeout] if opts[:shutdown_timeout]
-        options[:max_connections] = opts[:max_connections] if opts[:max_connections]
-        options[:max_body] = opts[:max_body] if opts[:max_body]
-        options[:on_worker_boot] = ->(_index) { loader.build } unless opts[:preload]
+        %i[shutdown_timeout max_connections max_body].each { |key| options[key] = opts[key] if opts[key] }
+        options[:before_fork] = opts[:before_fork] if opts[:before_fork]
+        hook = opts[:on_worker_boot]
+        build = !opts[:preload]
+        if hook || build
+          options[:on_worker_boot] = lambda do |index|
+            hook&.call(index)
+            loader.build if build
+          end
+        end
         options
       end
 

@@ -39,6 +39,10 @@ module NeverBlock
       MAX_BOOT_DELAY = 10
 
       SIGNALS = %w[TERM INT USR2 TTIN TTOU CHLD].freeze
+      # What the master logs it does on each signal.
+      SIGNAL_ACTIONS = { "TERM" => "stopping gracefully", "INT" => "stopping gracefully",
+                         "USR2" => "rolling restart", "TTIN" => "one worker more",
+                         "TTOU" => "one worker fewer" }.freeze
       # A worker's status lines are shorter (one write each, atomic on a pipe).
       STATUS_READ = 4096
       private_constant :SIGNALS, :STATUS_READ
@@ -76,6 +80,7 @@ module NeverBlock
 
         @listeners.each(&:listen)
         @master_pid = Process.pid
+        Process.setproctitle("neverblock master (#{@count} workers) #{@listeners.map(&:address).join(' ')}")
         @stop_before_trap = false
         @wake_reader, @wake_writer = IO.pipe
         @alive_reader, @alive_writer = IO.pipe # workers see EOF when the master is gone
@@ -234,14 +239,14 @@ module NeverBlock
         return if worker.stopping
 
         if worker.booted
-          NeverBlock.logger.warn("NeverBlock::Server") { "worker #{worker.index} (pid #{worker.pid}) died (#{describe(status)}); starting a new one" }
+          NeverBlock.logger.warn { "NeverBlock::Server: worker #{worker.index} (pid #{worker.pid}) died (#{describe(status)}); starting a new one" }
         else
           @boot_failures += 1
           @last_boot_failure = worker.failure if worker.failure
           delay = [0.2 * (2**(@boot_failures - 1)), MAX_BOOT_DELAY].min
           @next_boot_at = now + delay
-          NeverBlock.logger.error("NeverBlock::Server") do
-            "worker #{worker.index} (pid #{worker.pid}) exited before its app booted (#{describe(status)}); " \
+          NeverBlock.logger.error do
+            "NeverBlock::Server: worker #{worker.index} (pid #{worker.pid}) exited before its app booted (#{describe(status)}); " \
               "#{@boot_failures} boot failure(s) in a row, retrying in #{delay} s"
           end
         end
@@ -253,12 +258,15 @@ module NeverBlock
 
       def handle_signals
         until @signals.empty?
-          case @signals.pop
+          name = @signals.pop
+          case name
           when "TERM", "INT" then begin_stop
           when "USR2" then begin_restart
           when "TTIN" then @count += 1
           when "TTOU" then @count = [@count - 1, 1].max
+          else next
           end
+          NeverBlock.logger.info { "NeverBlock::Server: master got #{name}: #{SIGNAL_ACTIONS.fetch(name)} (#{@count} workers)" }
         end
         retire_surplus unless @stopping
       end
@@ -340,7 +348,7 @@ module NeverBlock
       end
 
       def kill(worker)
-        NeverBlock.logger.warn("NeverBlock::Server") { "worker #{worker.index} (pid #{worker.pid}) did not stop in time; killing it" }
+        NeverBlock.logger.warn { "NeverBlock::Server: worker #{worker.index} (pid #{worker.pid}) did not stop in time; killing it" }
         Process.kill("KILL", worker.pid)
       rescue Errno::ESRCH
         nil
@@ -358,8 +366,8 @@ module NeverBlock
       def give_up_booting
         old = @workers.each_value.select { |worker| worker.ready && !worker.stopping }
         if @restart_queue.any? && old.any?
-          NeverBlock.logger.error("NeverBlock::Server") do
-            "rolling restart abandoned: new workers exited #{@boot_failures} times in a row before their app " \
+          NeverBlock.logger.error do
+            "NeverBlock::Server: rolling restart abandoned: new workers exited #{@boot_failures} times in a row before their app " \
               "booted; the #{old.size} running worker(s) keep serving"
           end
           @restart_queue.clear
@@ -413,6 +421,7 @@ module NeverBlock
           %w[USR2 TTIN TTOU].each { |name| trap(name, "IGNORE") }
           master_only.each { |io| io.close unless io.closed? }
           server.worker_index = index
+          Process.setproctitle("neverblock worker #{index} (master #{Process.ppid})")
           status = 1
           booted = false
           begin
@@ -439,9 +448,9 @@ module NeverBlock
         end
 
         def self.log_failure(index, what, error, backtrace:)
-          NeverBlock.logger.error("NeverBlock::Server") do
+          NeverBlock.logger.error do
             detail = backtrace ? "#{error.class}: #{error.message}\n#{(error.backtrace || []).join("\n")}" : summary(error)
-            "worker #{index} (pid #{Process.pid}) #{what}: #{detail}"
+            "NeverBlock::Server: worker #{index} (pid #{Process.pid}) #{what}: #{detail}"
           end
         end
 

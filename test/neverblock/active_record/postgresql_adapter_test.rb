@@ -41,6 +41,23 @@ class ActiveRecordPostgreSQLAdapterTest < NeverBlockTest
     end
   end
 
+  # What the server's status endpoint shows (GET status_path renders stats).
+  def test_the_server_stats_list_active_record_pools_that_have_connections
+    require "neverblock/server"
+    Record.connection_pool.with_connection { |c| c.execute("SELECT 1") }
+    server = NeverBlock::Server.new(->(_env) { [200, {}, []] }, bind: "tcp://127.0.0.1:0", workers: 0)
+    serving = NeverBlock.spawn { server.run }
+    NeverBlock.sleep(0.05)
+    pools = server.stats[:active_record_pools]
+    server.stop
+    serving.wait
+    pool = pools.find { |entry| entry[:adapter] == "neverblock_postgresql" }
+    refute_nil pool, pools.inspect
+    assert_equal 10, pool[:size]
+    assert_operator pool[:connections], :>=, 1
+    assert_equal 0, pool[:busy]
+  end
+
   def test_requiring_it_sets_the_fiber_isolation_level
     assert_equal :fiber, ActiveSupport::IsolatedExecutionState.isolation_level
   end

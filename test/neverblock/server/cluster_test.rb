@@ -204,6 +204,65 @@ class ServerClusterTest < PlainTest
     assert_match(/--fiber-stack-size lots/, out)
   end
 
+  def test_a_config_file_sets_workers_limits_hooks_and_a_pidfile_and_the_command_line_wins
+    Dir.mktmpdir do |dir|
+      config = File.join(dir, "neverblock.rb")
+      File.write(config, <<~RUBY)
+        workers 1
+        limits max_body: 100
+        pidfile "neverblock.pid"
+        before_fork { $stdout.puts "before fork in \#{Process.pid}"; $stdout.flush }
+        on_worker_boot { |index| $stdout.puts "worker boot \#{index}"; $stdout.flush }
+      RUBY
+      server = serve("pids.ru", "-C", config, "-w", "2")
+      wait_for_line(server, /before fork in #{server[:pid]}/)
+      wait_for_line(server, /worker boot 0/)
+      wait_for_line(server, /worker boot 1/) # -w 2 on the command line beat the file's 1
+      eventually { worker_pids(server[:pid]).size == 2 }
+      pidfile = File.join(dir, "neverblock.pid") # relative to the config file
+      assert_equal "#{server[:pid]}\n", File.read(pidfile)
+      refused = Net::HTTP.start("127.0.0.1", server[:port]) { |http| http.post("/", "x" * 101) }
+      assert_equal "413", refused.code
+      Process.kill("TERM", server[:pid])
+      assert wait_exit(server).success?
+      refute File.exist?(pidfile), "the pidfile outlived the master"
+    end
+  end
+
+  def test_an_unknown_config_setting_is_a_usage_error_naming_the_line
+    Dir.mktmpdir do |dir|
+      config = File.join(dir, "neverblock.rb")
+      File.write(config, "workers 2\nthreads 5\n")
+      out, status = Open3.capture2e(RbConfig.ruby, EXE, "serve", File.join(FIXTURES, "hello.ru"), "-C", config)
+      assert_equal 64, status.exitstatus
+      assert_match(/neverblock\.rb:2: unknown setting threads/, out)
+    end
+  end
+
+  # -p (not an abbreviation of --preload), --log, the master's log of the
+  # signals it acts on, and the process titles.
+  def test_port_log_file_signals_and_process_titles
+    port = TCPServer.new("127.0.0.1", 0).then { |s| s.addr[1].tap { s.close } }
+    Dir.mktmpdir do |dir|
+      log = File.join(dir, "server.log")
+      pid = Process.spawn(RbConfig.ruby, EXE, "serve", File.join(FIXTURES, "pids.ru"), "-p", port.to_s, "-w", "1",
+                          "--access-log", "--log", log, pgroup: true, out: File::NULL, err: File::NULL)
+      (@servers ||= []) << { pid: pid, out: IO.pipe.first, lines: [] }
+      eventually { File.exist?(log) && File.read(log).include?("serving") }
+      assert_match(%r{on tcp://0\.0\.0\.0:#{port} }, File.read(log))
+      worker = eventually { (w = worker_pids(pid)).size == 1 && w.first }
+      eventually { File.read("/proc/#{worker}/cmdline").include?("neverblock worker 0") }
+      assert_includes File.read("/proc/#{pid}/cmdline"), "neverblock master (1 workers)"
+      assert_equal "200", Net::HTTP.get_response(URI("http://127.0.0.1:#{port}/")).code
+      eventually { File.read(log).include?('"GET / HTTP/1.1" 200') } # the access log, line by line
+      Process.kill("TTIN", pid)
+      eventually { File.read(log).include?("master got TTIN: one worker more (2 workers)") }
+      Process.kill("TERM", pid)
+      Process.wait(pid)
+      assert_includes File.read(log), "master got TERM: stopping gracefully"
+    end
+  end
+
   def test_term_lets_in_flight_requests_finish_then_exits
     server = serve("pids.ru", "-w", "2", "--shutdown-timeout", "10")
     slow = Thread.new { get(server, "/slow?1.5") }
