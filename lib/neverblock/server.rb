@@ -13,6 +13,7 @@ require_relative "server/connection"
 require_relative "server/cluster"
 require_relative "server/status_endpoint"
 require_relative "server/lazy_app"
+require_relative "rails_integration"
 
 module NeverBlock
   # A fiber-per-connection Rack 3 server on the NeverBlock loop: one process
@@ -191,6 +192,7 @@ module NeverBlock
       raise Error, "this NeverBlock::Server has already run; create a new one" if @wake_reader.closed?
 
       @listeners.each(&:listen)
+      RailsIntegration.after_load # an app built before this (rackup's) gets the ActiveRecord adapters
       isolate_active_support_per_fiber
       NeverBlock.run do
         @scheduler = NeverBlock.current_scheduler!

@@ -157,6 +157,10 @@ module NeverBlock
       def start(path)
         opts = @options
         redirect_output(opts[:log]) if opts[:log]
+        # A server's output is its log (the access log, the app's logger on
+        # $stdout): each line goes out as it is written, also into a pipe.
+        $stdout.sync = true
+        $stderr.sync = true
         if opts[:environment]
           ENV["RACK_ENV"] = opts[:environment]
           ENV["RAILS_ENV"] ||= opts[:environment]
@@ -206,10 +210,13 @@ module NeverBlock
       end
 
       # The app of a config.ru (rack 2's parse_file returned [app, options]).
+      # A Rails app gets NeverBlock's Railtie though neverblock was loaded
+      # before Rails (see RailsIntegration).
       def load_config(path)
         require "rack"
         require "rack/builder"
-        app = Rack::Builder.parse_file(path)
+        require_relative "../rails_integration"
+        app = NeverBlock::RailsIntegration.while_loading_app { Rack::Builder.parse_file(path) }
         app.is_a?(Array) ? app.first : app
       end
 

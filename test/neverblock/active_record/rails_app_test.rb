@@ -1,0 +1,101 @@
+# frozen_string_literal: true
+
+require "test_helper"
+require "net/http"
+require "open3"
+require "timeout"
+
+# A Rails app with ActiveRecord on PostgreSQL, served by `neverblock serve`
+# as a user would: the gem in the Gemfile and nothing else, the stock
+# `postgresql` adapter, Rails' generated pool of 5.
+class ActiveRecordRailsAppTest < PlainTest
+  include NeverBlockTest::Databases
+
+  EXE = File.expand_path("../../../exe/neverblock", __dir__)
+  APP = File.expand_path("../../fixtures/rails_pg/config.ru", __dir__)
+
+  def setup
+    info = pg_conninfo
+    @env = { "NEVERBLOCK_PG_HOST" => info[:host], "NEVERBLOCK_PG_PORT" => info[:port].to_s,
+             "NEVERBLOCK_PG_USER" => info[:user], "NEVERBLOCK_PG_PASSWORD" => info[:password].to_s,
+             "NEVERBLOCK_PG_DATABASE" => info[:dbname] }
+  end
+
+  def teardown
+    if @pid
+      Process.kill("TERM", @pid)
+      Timeout.timeout(30) { Process.wait(@pid) }
+    end
+  rescue Errno::ESRCH, Errno::ECHILD
+    nil
+  ensure
+    @reader&.close
+    super
+  end
+
+  def start(env = {})
+    @reader, writer = IO.pipe
+    @pid = Process.spawn(@env.merge(env), RbConfig.ruby, EXE, "serve", APP, "-b", "tcp://127.0.0.1:0", "-w", "0",
+                         "-E", "production", out: writer, err: writer)
+    writer.close
+    @lines = []
+    line = read_until(/serving .* on tcp:/)
+    @port = Integer(line[%r{tcp://127\.0\.0\.1:(\d+)}, 1])
+  end
+
+  def read_until(pattern, timeout: 60)
+    Timeout.timeout(timeout) do
+      loop do
+        found = @lines.find { |l| l.match?(pattern) }
+        return found if found
+
+        line = @reader.gets or raise "the server exited:\n#{@lines.join}"
+        @lines << line
+      end
+    end
+  end
+
+  def get(path)
+    Net::HTTP.start("127.0.0.1", @port, read_timeout: 30) { |http| http.get(path) }
+  end
+
+  # Twenty concurrent requests, each 500 ms in the database on its own
+  # leased connection: every one answered (the pool of 5 hands connections
+  # on), at the fiber isolation level, five backends, in about 2 s.
+  def test_concurrent_requests_on_the_stock_postgresql_adapter_each_get_their_own_connection
+    start
+    responses = nil
+    took = elapsed do
+      responses = Array.new(20) { Thread.new { get("/sleep") } }.map(&:value)
+    end
+    assert_equal ["200"], responses.map(&:code).uniq, responses.map(&:body).uniq.first(3).inspect
+    pids, levels = responses.map { |r| r.body.split }.transpose
+    assert_equal ["fiber"], levels.uniq
+    assert_operator pids.uniq.size, :<=, 5
+    assert_operator took, :<, 8, "20 x 0.5 s over a pool of 5 took #{took.round(2)} s"
+  end
+
+  # Rails' "Completed ... (ActiveRecord: X ms)" is per request: a fast
+  # request served while a slow one waits in the database reports its own
+  # time, not theirs added up.
+  def test_each_request_logs_its_own_active_record_time
+    start("NB_TEST_ADAPTER" => "neverblock_postgresql")
+    # The pool's five connections open first: a new connection's setup
+    # queries are charged to the request that opens it, but run before
+    # Rails starts timing the action.
+    Array.new(5) { Thread.new { get("/sleep") } }.each { |thread| assert_equal "200", thread.value.code }
+    5.times { read_until(/Completed 200/).tap { |line| @lines.delete(line) } }
+    slow = Array.new(3) { Thread.new { get("/sleep") } }
+    sleep 0.2 # the slow ones are in the database
+    fast = get("/fast")
+    assert_equal "200", fast.code, -> { "#{fast.body}\n#{@lines.join}#{@reader.read_nonblock(65_536, exception: false)}" }
+    slow.each { |thread| assert_equal "200", thread.value.code }
+    read_until(/Completed 200 .*ActiveRecord/)
+    completed = Array.new(4) { |i| i.zero? ? read_until(/Completed 200/) : @reader.gets }
+    times = completed.map { |line| [line[/in (\d+)ms/, 1].to_i, Float(line[/ActiveRecord: ([\d.]+)ms/, 1])] }
+    fast = times.min_by(&:first)
+    assert_operator fast.first, :<, 300, completed.join
+    assert_operator fast.last, :<, 100, "the fast request was charged other requests' database time:\n#{completed.join}"
+    times.each { |total, active_record| assert_operator active_record, :<=, total + 2, completed.join }
+  end
+end
