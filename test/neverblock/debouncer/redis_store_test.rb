@@ -194,10 +194,10 @@ class DebouncerRedisStoreTest < NeverBlockTest
     assert_equal 200, request(debouncer, "/warm").first # the listener runs now
     assert_equal 1, pubsub_patterns(url)
 
-    Process.kill(:KILL, pid)
-    Process.wait(pid)
-    pid = nil
     capture_log do
+      Process.kill(:KILL, pid)
+      Process.wait(pid)
+      pid = nil
       NeverBlock.sleep(0.5) # the listener notices
       pid = start_redis(dir, socket)
       wait_until(10) { pubsub_patterns(url) == 1 }
