@@ -50,6 +50,23 @@ module NeverBlock
         fiber_isolation!
       end
 
+      # ActiveRecord keys the types of `attribute :x, :jsonb` (and
+      # `array: true`, `:binary` as bytea, MySQL's `:unsigned_integer`, ...)
+      # by the adapter name in database.yml: the types the stock adapter
+      # registers for `from` are registered for `to` too, so that a
+      # neverblock adapter types attributes exactly as the stock one.
+      # @param from [Symbol] e.g. `:postgresql`
+      # @param to [Symbol] e.g. `:neverblock_postgresql`
+      # @return [void]
+      def share_types(from, to)
+        registrations = ::ActiveRecord::Type.registry.send(:registrations)
+        registrations.select { |registration| registration.instance_variable_get(:@adapter) == from }.each do |registration|
+          copy = registration.dup
+          copy.instance_variable_set(:@adapter, to)
+          registrations << copy
+        end
+      end
+
       # Makes Active Support (and with it ActiveRecord's connection pool)
       # give each fiber its own state. Rails apps get this through the
       # Railtie; call it yourself only if something reset the level.

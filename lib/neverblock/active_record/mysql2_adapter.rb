@@ -25,3 +25,5 @@ module NeverBlock
     end
   end
 end
+
+NeverBlock::ActiveRecord.share_types(:mysql2, :neverblock_mysql2)

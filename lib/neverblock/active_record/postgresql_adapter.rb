@@ -34,3 +34,5 @@ module NeverBlock
     end
   end
 end
+
+NeverBlock::ActiveRecord.share_types(:postgresql, :neverblock_postgresql)

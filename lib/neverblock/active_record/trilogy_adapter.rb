@@ -23,3 +23,5 @@ module NeverBlock
     end
   end
 end
+
+NeverBlock::ActiveRecord.share_types(:trilogy, :neverblock_trilogy)

@@ -8,6 +8,17 @@ require "neverblock/active_record"
 module ActiveRecordMySQLAdapterBehaviour
   include NeverBlockTest::Databases
 
+  # `attribute` types under the neverblock names are the stock adapter's.
+  def test_attribute_types_are_the_stock_adapters
+    stock = adapter.delete_prefix("neverblock_").to_sym
+    %i[string immutable_string unsigned_integer].each do |type|
+      assert_equal ::ActiveRecord::Type.lookup(type, adapter: stock).class,
+                   ::ActiveRecord::Type.lookup(type, adapter: adapter.to_sym).class, type
+    end
+    # MySQL's string type stores true as "1" (the generic one: "t").
+    assert_equal "1", ::ActiveRecord::Type.lookup(:string, adapter: adapter.to_sym).serialize(true)
+  end
+
   def setup
     config = mysql_config
     record.establish_connection(adapter: adapter, host: config[:host], port: config[:port],

@@ -58,6 +58,41 @@ class ActiveRecordPostgreSQLAdapterTest < NeverBlockTest
     assert_equal 0, pool[:busy]
   end
 
+  # `attribute` types are looked up by the adapter name in database.yml:
+  # under neverblock_postgresql they are the stock adapter's types.
+  def test_attribute_types_are_the_postgresql_adapters
+    Record.connection_pool.with_connection do |c|
+      c.execute("DROP TABLE IF EXISTS nb_ar_typed")
+      c.execute("CREATE TABLE nb_ar_typed (id serial PRIMARY KEY, data bytea, doc jsonb, token uuid, numbers int[], " \
+                "span interval, address inet)")
+    end
+    # Defined here: ActiveRecord resolves `attribute` types when the class is
+    # defined, from the adapter of the connection established in setup.
+    typed = self.class.const_get(:Typed) if self.class.const_defined?(:Typed, false)
+    typed ||= self.class.const_set(:Typed, Class.new(Record) do
+      self.table_name = "nb_ar_typed"
+      attribute :data, :binary
+      attribute :doc, :jsonb
+      attribute :token, :uuid
+      attribute :numbers, :integer, array: true
+      attribute :span, :interval
+      attribute :address, :inet
+    end)
+    bytes = (0..255).map(&:chr).join.b
+    record = typed.create!(data: bytes, doc: { "a" => [1, 2] }, token: "6f1b7e0a-3b8e-4a1b-9c1d-0123456789ab",
+                           numbers: [1, 2, 3], span: 90.minutes, address: "10.0.0.1")
+    loaded = typed.find(record.id)
+    assert_equal bytes, loaded.data, "bytea came back as text"
+    assert_equal({ "a" => [1, 2] }, loaded.doc)
+    assert_equal [1, 2, 3], loaded.numbers
+    assert_equal 90.minutes, loaded.span
+    assert_equal IPAddr.new("10.0.0.1"), loaded.address
+    assert_instance_of ::ActiveRecord::ConnectionAdapters::PostgreSQL::OID::Jsonb,
+                       ::ActiveRecord::Type.lookup(:jsonb, adapter: :neverblock_postgresql)
+  ensure
+    Record.connection_pool.with_connection { |c| c.execute("DROP TABLE IF EXISTS nb_ar_typed") }
+  end
+
   def test_requiring_it_sets_the_fiber_isolation_level
     assert_equal :fiber, ActiveSupport::IsolatedExecutionState.isolation_level
   end
