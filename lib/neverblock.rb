@@ -116,10 +116,17 @@ module NeverBlock
     end
 
     # Runs the block with `seconds` to finish. Inside NeverBlock, when time is
-    # up while the block waits (IO, sleep, a lock, a task), {TimeoutError} is
-    # raised at that wait; a block that computes without waiting cannot be
-    # interrupted there. Outside NeverBlock, behaves like Timeout.timeout.
-    # Zero expires immediately; nil means no limit.
+    # up while the block waits (IO, sleep, a lock, a task), the block is
+    # unwound from that wait (its `ensure` clauses run) and {TimeoutError} is
+    # raised where `timeout` was called; a block that computes without
+    # waiting cannot be interrupted there. Outside NeverBlock, the same with
+    # Timeout.timeout's thread. Zero expires immediately; nil means no limit.
+    #
+    # Code inside the block cannot rescue the expiry by mistake: it unwinds
+    # as an internal exception that is not a StandardError (so Net::HTTP,
+    # which retries a GET after a Timeout::Error, does not retry it, and a
+    # bare `rescue => e` does not swallow it). A {TimeoutError} raised inside
+    # the block by a nested `timeout` is an ordinary error.
     #
     # @param seconds [Numeric, nil]
     # @return [Object] the block's value.
@@ -131,10 +138,17 @@ module NeverBlock
 
       validate_timeout!(seconds, :seconds)
       message = "execution expired after #{seconds} s"
-      if neverblocking?
-        Fiber.scheduler.timeout_after(seconds, TimeoutError, message, &block)
-      else
-        Timeout.timeout(seconds.zero? ? Float::MIN : seconds, TimeoutError, message, &block)
+      expired = TimeoutError::Expired.new(message)
+      begin
+        if neverblocking?
+          Fiber.scheduler.timeout_after(seconds, expired, &block)
+        else
+          Timeout.timeout(seconds.zero? ? Float::MIN : seconds, expired, message, &block)
+        end
+      rescue TimeoutError::Expired => e
+        raise unless e.equal?(expired) # an enclosing timeout's: let it unwind to its own call
+
+        raise TimeoutError, message, e.backtrace, cause: nil
       end
     end
 

@@ -65,7 +65,9 @@ module NeverBlock
     # @param timeout [Numeric] seconds a checkout may wait (>= 0).
     # @param eager [Boolean] open all `size` connections now.
     # @param broken_on [Array<Class>] errors that mark a connection broken
-    #   (drivers add theirs, e.g. PG::ConnectionBad).
+    #   (drivers add theirs, e.g. PG::ConnectionBad). A list that names
+    #   Timeout::Error (or an ancestor) also covers a {NeverBlock.timeout}
+    #   expiring inside the block.
     # @param close [#call] closes a connection being discarded; default
     #   calls `close` when it responds to it.
     # @param healthy [#call, nil] called with an idle connection before it
@@ -86,7 +88,8 @@ module NeverBlock
       @size = NeverBlock.validate_size!(size, :size)
       @timeout = NeverBlock.validate_timeout!(timeout, :timeout)
       @factory = factory
-      @broken_on = broken_on
+      @broken_on = broken_on.to_a
+      @broken_on += [TimeoutError::Expired] if @broken_on.any? { |error| Timeout::Error <= error }
       @closer = close || ->(connection) { connection.close if connection.respond_to?(:close) }
       @healthy = healthy
       @forget = forget

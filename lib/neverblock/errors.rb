@@ -56,6 +56,23 @@ module NeverBlock
   # A `Timeout::Error`, so `rescue Timeout::Error` catches it too.
   class TimeoutError < Timeout::Error
     include Error
+
+    # @api private
+    # What {NeverBlock.timeout} raises inside its block when time is up. It
+    # is not a StandardError, so code under the timeout that rescues
+    # `Timeout::Error` or everything (Net::HTTP retries an idempotent request
+    # after a Timeout::Error; a bare `rescue => e` logs and carries on)
+    # cannot swallow it: it unwinds to the call of {NeverBlock.timeout} and
+    # becomes a {TimeoutError} there, as Ruby's own Timeout.timeout does with
+    # its internal exception. `ensure` clauses run on the way.
+    class Expired < Exception # rubocop:disable Lint/InheritException -- must pass `rescue StandardError`
+      # Raising an instance again (Thread#raise, the scheduler's timer)
+      # raises that same instance, so each timeout recognises its own.
+      # @return [Expired] self.
+      def exception(_message = nil)
+        self
+      end
+    end
   end
 
   # Raised by {FiberPool#spawn} when the pool's queue is at its `queue_limit`:

@@ -194,6 +194,7 @@ module NeverBlock
       @listeners.each(&:listen)
       RailsIntegration.after_load # an app built before this (rackup's) gets the ActiveRecord adapters
       isolate_active_support_per_fiber
+      warn_about_blocking_adapters
       NeverBlock.run do
         @scheduler = NeverBlock.current_scheduler!
         @pool = FiberPool.new(size: @limits.max_connections, queue_limit: 0)
@@ -380,6 +381,26 @@ module NeverBlock
                              "set to :fiber, since every request is a fiber (in Rails: " \
                              "config.active_support.isolation_level = :fiber)")
       state.isolation_level = :fiber
+    end
+
+    # The stock mysql2 adapter waits for MySQL inside C, where the fiber
+    # scheduler never hears of it: each query stops the whole process, so
+    # requests wait for each other's queries. It works, slowly; say so once
+    # at start with the fix, rather than let a benchmark find out.
+    def warn_about_blocking_adapters
+      return unless defined?(::ActiveRecord::Base) && ::ActiveRecord::Base.respond_to?(:configurations)
+
+      env = ::ActiveRecord::ConnectionHandling::DEFAULT_ENV.call.to_s
+      ::ActiveRecord::Base.configurations.configs_for(env_name: env).each do |config|
+        next unless config.adapter.to_s == "mysql2"
+
+        NeverBlock.logger.warn("NeverBlock::Server: ActiveRecord database #{config.name.inspect} (#{env}) uses the " \
+                               "stock mysql2 adapter, whose queries block the whole process (mysql2 waits inside C, " \
+                               "out of the fiber scheduler's sight): concurrent requests wait for each other's " \
+                               "queries. Use adapter: neverblock_mysql2 or neverblock_trilogy in config/database.yml")
+      end
+    rescue StandardError => e
+      NeverBlock.logger.debug("NeverBlock::Server") { "could not read ActiveRecord's configurations: #{e.class}: #{e.message}" }
     end
 
     # Accepts while there is room: fewer than `max_connections` open (and

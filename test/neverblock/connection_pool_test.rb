@@ -133,6 +133,18 @@ class ConnectionPoolTest < NeverBlockTest
     assert used.closed?, "a connection left mid-conversation must not be reused"
   end
 
+  # NeverBlock.timeout unwinds the block with an internal exception that is
+  # not a Timeout::Error; a broken_on list naming Timeout::Error covers it.
+  def test_a_custom_broken_on_naming_timeout_error_covers_a_neverblock_timeout
+    pool = NeverBlock::ConnectionPool.new(size: 1, broken_on: [Timeout::Error]) { PairConnection.new }
+    used = nil
+    assert_raises(NeverBlock::TimeoutError) { NeverBlock.timeout(0.02) { pool.with { |c| used = c; sleep 1 } } }
+    assert used.closed?
+    pool.with { |connection| refute_same used, connection }
+  ensure
+    pool&.disconnect_all
+  end
+
   def test_an_application_error_returns_the_connection_for_reuse
     first = nil
     assert_raises(KeyError) { @pool.with { |connection| first = connection; raise KeyError } }

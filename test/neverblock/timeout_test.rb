@@ -97,6 +97,77 @@ class TimeoutTest < NeverBlockTest
     assert_operator time, :<, 1
   end
 
+  # The code under a timeout rescues errors broadly: the expiry must still
+  # end the block, as Ruby's own Timeout.timeout (no class given) does.
+  def test_a_rescue_inside_the_block_cannot_swallow_the_expiry
+    swallowed = []
+    time = elapsed do
+      assert_raises(NeverBlock::TimeoutError) do
+        NeverBlock.timeout(0.05) do
+          begin
+            sleep 2
+          rescue StandardError => e # rubocop:disable Lint/SuppressedException
+            swallowed << e
+          end
+          begin
+            sleep 2
+          rescue Timeout::Error => e
+            swallowed << e
+          end
+          sleep 2
+        end
+      end
+    end
+    assert_empty swallowed
+    assert_operator time, :<, 1
+  end
+
+  # Net::HTTP retries an idempotent request after a Timeout::Error: with
+  # the error raised inside the block, a timed GET ran to its end (3 s).
+  def test_timeout_ends_a_net_http_get_that_would_retry
+    require "net/http"
+    server = TCPServer.new("127.0.0.1", 0)
+    requests = 0
+    handlers = []
+    acceptor = NeverBlock.spawn do
+      loop do
+        client = server.accept
+        requests += 1
+        handlers << NeverBlock.spawn do
+          client.readpartial(4096)
+          sleep 2
+          client.write("HTTP/1.1 200 OK\r\nContent-Length: 4\r\nConnection: close\r\n\r\nslow")
+        ensure
+          client.close
+        end
+      end
+    end
+    url = URI("http://127.0.0.1:#{server.addr[1]}/slow")
+    time = elapsed do
+      assert_raises(NeverBlock::TimeoutError) { NeverBlock.timeout(0.3) { Net::HTTP.get_response(url) } }
+    end
+    assert_operator time, :<, 1.5
+    assert_equal 1, requests, "the GET was sent once, not retried"
+  ensure
+    [acceptor, *handlers].compact.each(&:cancel)
+    server&.close
+  end
+
+  def test_an_inner_timeout_error_is_an_ordinary_error_to_the_outer_block
+    value = NeverBlock.timeout(2) do
+      NeverBlock.timeout(0.01) { sleep 1 }
+    rescue NeverBlock::TimeoutError => e
+      [:rescued, e.class]
+    end
+    assert_equal [:rescued, NeverBlock::TimeoutError], value
+  end
+
+  def test_the_timeout_error_comes_from_the_wait_and_has_no_internal_cause
+    error = assert_raises(NeverBlock::TimeoutError) { NeverBlock.timeout(0.01) { sleep 1 } }
+    assert_nil error.cause
+    assert(error.backtrace.any? { |line| line.include?(__FILE__) })
+  end
+
   def test_invalid_durations_raise_argument_error
     [-1, Float::NAN, Float::INFINITY, "1", Complex(1, 1)].each do |bad|
       assert_raises(ArgumentError, bad.inspect) { NeverBlock.timeout(bad) { :never } }
@@ -145,6 +216,21 @@ class TimeoutOutsideLoopTest < PlainTest
   def test_timeout_outside_a_loop_uses_the_stdlib
     assert_raises(NeverBlock::TimeoutError) { NeverBlock.timeout(0.05) { sleep 1 } }
     assert_equal 1, NeverBlock.timeout(1) { 1 }
+  end
+
+  def test_a_rescue_inside_the_block_cannot_swallow_the_expiry_outside_a_loop
+    swallowed = []
+    assert_raises(NeverBlock::TimeoutError) do
+      NeverBlock.timeout(0.05) do
+        begin
+          sleep 2
+        rescue Timeout::Error, StandardError => e
+          swallowed << e
+        end
+        sleep 2
+      end
+    end
+    assert_empty swallowed
   end
 
   def test_zero_outside_a_loop_expires_too

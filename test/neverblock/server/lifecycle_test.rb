@@ -207,6 +207,31 @@ class ServerLifecycleTest < PlainTest
     assert_match(/isolation level was :thread; set to :fiber/, err)
   end
 
+  def test_an_activerecord_database_on_the_stock_mysql2_adapter_gets_a_warning_with_the_fix
+    out, err, status = run_ruby(<<~'RUBY', timeout: 30, env: { "RACK_ENV" => "development", "RAILS_ENV" => nil })
+      require "active_record"
+      require "neverblock/server"
+      require "net/http"
+      ActiveRecord::Base.configurations = {
+        "development" => { "primary" => { "adapter" => "mysql2", "database" => "app" },
+                           "cache" => { "adapter" => "neverblock_mysql2", "database" => "cache" } },
+        "production" => { "adapter" => "mysql2", "database" => "other" }
+      }
+      server = NeverBlock::Server.new(->(_env) { [200, {}, []] }, bind: "tcp://127.0.0.1:0", workers: 0)
+      port = server.bound_addresses.first[/\d+\z/]
+      thread = Thread.new { server.run }
+      sleep 0.05 until (Net::HTTP.get(URI("http://127.0.0.1:#{port}/")) rescue nil)
+      server.stop
+      thread.join
+      puts "stopped"
+    RUBY
+    assert status.success?, err
+    assert_equal "stopped\n", out
+    warnings = err.lines.grep(/stock mysql2 adapter/)
+    assert_equal 1, warnings.size, err
+    assert_match(/database "primary" \(development\).*Use adapter: neverblock_mysql2/, warnings.first)
+  end
+
   def test_stop_lets_in_flight_requests_finish
     app = lambda do |_env|
       sleep 0.3
