@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require "rails/railtie"
+require_relative "rails_integration"
 
 module NeverBlock
   # What `gem "neverblock"` does in a Rails app (Bundler.require loads the
@@ -21,5 +22,12 @@ module NeverBlock
       require "neverblock/active_record" if defined?(::ActiveRecord::ConnectionAdapters)
     end
     ActiveSupport.on_load(:active_record) { require "neverblock/active_record" }
+
+    # DATABASE_URL (or a `url:` key) wins over database.yml's `adapter:` in
+    # Rails: with `postgres://...` the stock adapter is used after all. Say
+    # so at boot, with the URL scheme that keeps NeverBlock's.
+    initializer "neverblock.database_url_check", after: "active_record.initialize_database" do |app|
+      RailsIntegration.warn_about_overridden_adapters(app)
+    end
   end
 end

@@ -33,7 +33,7 @@ module NeverBlock
       #   naming the file and line.
       def self.load(path)
         config = new
-        config.instance_eval(File.read(path), path, 1)
+        EVALUATE.call(config, File.read(path), path)
         config.options
       rescue NoMethodError, ArgumentError, TypeError => e
         line = e.backtrace_locations&.find { |location| location.path == path }&.lineno
@@ -100,3 +100,9 @@ module NeverBlock
     end
   end
 end
+
+# The file is evaluated from here, outside `module NeverBlock`, so that its
+# constants resolve as at the top of any Ruby file: `ActiveRecord` in a
+# `before_fork` block is ::ActiveRecord, not NeverBlock::ActiveRecord.
+NeverBlock::CLI::ConfigFile.const_set(:EVALUATE, ->(config, code, path) { config.instance_eval(code, path, 1) })
+NeverBlock::CLI::ConfigFile.private_constant(:EVALUATE)

@@ -1,6 +1,8 @@
 # frozen_string_literal: true
 
 require "test_helper"
+require "fileutils"
+require "tmpdir"
 
 # The Railtie of neverblock/active_record, in a minimal Rails app booted in a
 # child process (Rails applications are one per process).
@@ -56,6 +58,43 @@ class ActiveRecordRailtieTest < PlainTest
   def test_requiring_neverblock_before_rails_still_gives_fiber_isolation
     level, = boot(requires: "require 'neverblock/active_record'\nrequire 'rails'\nrequire 'active_record/railtie'")
     assert_equal "fiber", level
+  end
+
+  # In Rails a URL's scheme decides the adapter: DATABASE_URL=postgres://...
+  # silently undid `adapter: neverblock_postgresql`. Warn, with the scheme
+  # that keeps it; with that scheme the neverblock adapter is used.
+  def test_database_url_overriding_the_neverblock_adapter_is_reported_with_the_fix
+    Dir.mktmpdir("nb-railtie") do |root|
+      FileUtils.mkdir_p(File.join(root, "config"))
+      File.write(File.join(root, "config", "database.yml"), <<~YAML)
+        production:
+          adapter: neverblock_postgresql
+          pool: 20
+      YAML
+      code = <<~RUBY
+        require "rails"
+        require "active_record/railtie"
+        require "neverblock"
+        class App < Rails::Application
+          config.eager_load = false
+          config.logger = Logger.new(nil)
+          config.secret_key_base = "x" * 64
+          config.root = #{root.inspect}
+        end
+        App.initialize!
+        puts ActiveRecord::Base.connection_db_config.adapter
+      RUBY
+      env = { "RAILS_ENV" => "production", "DATABASE_URL" => "postgres://app:secret@127.0.0.1:1/app" }
+      out, err, status = run_ruby(code, timeout: 60, env: env)
+      assert status.success?, err
+      assert_equal "postgresql\n", out
+      assert_match(/says adapter: neverblock_postgresql for "primary" \(production\), but its URL .* names "postgresql".*neverblock-postgresql:\/\//, err)
+
+      out, err, status = run_ruby(code, timeout: 60, env: env.merge("DATABASE_URL" => "neverblock-postgresql://app:secret@127.0.0.1:1/app"))
+      assert status.success?, err
+      assert_equal "neverblock_postgresql\n", out
+      refute_match(/URL wins/, err)
+    end
   end
 
   def test_an_app_that_configures_thread_isolation_explicitly_keeps_its_choice

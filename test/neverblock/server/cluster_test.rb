@@ -229,6 +229,35 @@ class ServerClusterTest < PlainTest
     end
   end
 
+  # The file's constants resolve as in any Ruby file: README's
+  # `before_fork { ActiveRecord::Base... }` raised NameError for
+  # NeverBlock::ActiveRecord::Base.
+  def test_a_config_file_names_constants_as_at_the_top_level
+    Dir.mktmpdir do |dir|
+      config = File.join(dir, "neverblock.rb")
+      File.write(config, "before_fork { puts ActiveRecord::Base.name }\nworkers defined?(Server) ? 2 : 1\n")
+      out, err, status = run_ruby(<<~RUBY)
+        require "active_record"
+        require "neverblock/active_record"
+        require "neverblock/server"
+        require "neverblock/cli"
+        require "neverblock/cli/config_file"
+        options = NeverBlock::CLI::ConfigFile.load(#{config.inspect})
+        options[:before_fork].call
+        puts options[:workers]
+      RUBY
+      assert status.success?, err
+      assert_equal "ActiveRecord::Base\n1\n", out
+    end
+  end
+
+  # establish_connection in config.ru, no Rails: serve loaded neverblock
+  # before ActiveRecord, so nothing registered the adapters in time.
+  def test_a_config_ru_using_active_record_without_rails_finds_the_neverblock_adapters
+    server = serve("active_record.ru", "-w", "0")
+    assert_equal "NeverBlock::ActiveRecord::PostgreSQLAdapter\n", get(server, "/").body
+  end
+
   def test_an_unknown_config_setting_is_a_usage_error_naming_the_line
     Dir.mktmpdir do |dir|
       config = File.join(dir, "neverblock.rb")

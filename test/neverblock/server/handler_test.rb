@@ -1,8 +1,6 @@
 # frozen_string_literal: true
 
 require_relative "../../test_helper"
-require "net/http"
-require "timeout"
 require "tmpdir"
 require "fileutils"
 
@@ -11,58 +9,11 @@ require "fileutils"
 class ServerHandlerTest < PlainTest
   FIXTURES = File.expand_path("../../fixtures/server", __dir__)
 
+  include ServerProcess
+
   def teardown
-    if @pid
-      begin
-        Process.kill("KILL", -@pid)
-      rescue Errno::ESRCH
-        nil
-      end
-      Process.wait(@pid) rescue nil # rubocop:disable Style/RescueModifier -- already reaped
-    end
-    @out&.close
-    FileUtils.rm_rf(@dir) if @dir
     super
-  end
-
-  def free_port
-    server = TCPServer.new("127.0.0.1", 0)
-    server.addr[1]
-  ensure
-    server&.close
-  end
-
-  def start(*command, chdir: Dir.pwd)
-    @out, writer = IO.pipe
-    @pid = Process.spawn(*command, chdir: chdir, out: writer, err: writer, pgroup: true)
-    writer.close
-    @output = +""
-    @reader = Thread.new do
-      while (chunk = @out.readpartial(4096))
-        @output << chunk
-      end
-    rescue EOFError, IOError
-      nil
-    end
-  end
-
-  def wait_for_answer(port, timeout: 60)
-    deadline = now + timeout
-    begin
-      Net::HTTP.start("127.0.0.1", port, open_timeout: 2, read_timeout: 10) { |http| http.get("/") }
-    rescue SystemCallError, Net::OpenTimeout, EOFError
-      flunk "no answer on port #{port} within #{timeout} s; output:\n#{@output}" if now > deadline
-      sleep 0.2
-      retry
-    end
-  end
-
-  def stop_and_wait(signal = "INT")
-    Process.kill(signal, @pid)
-    status = Timeout.timeout(30) { Process.wait2(@pid)[1] }
-    @pid = nil
-    @reader.join(5)
-    status
+    FileUtils.rm_rf(@dir) if @dir
   end
 
   def test_rackup_s_neverblock
