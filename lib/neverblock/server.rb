@@ -62,6 +62,10 @@ module NeverBlock
     # request already on its way (see {#stop}).
     STOP_IDLE_GRACE = 1.0
 
+    # An ActiveRecord pool smaller than this gets a warning at start (see
+    # #warn_about_a_small_pool).
+    SMALL_ACTIVE_RECORD_POOL = 10
+
     # @return [#call] the Rack app.
     attr_reader :app
 
@@ -392,6 +396,7 @@ module NeverBlock
 
       env = ::ActiveRecord::ConnectionHandling::DEFAULT_ENV.call.to_s
       ::ActiveRecord::Base.configurations.configs_for(env_name: env).each do |config|
+        warn_about_a_small_pool(config, env)
         next unless config.adapter.to_s == "mysql2"
 
         NeverBlock.logger.warn("NeverBlock::Server: ActiveRecord database #{config.name.inspect} (#{env}) uses the " \
@@ -401,6 +406,21 @@ module NeverBlock
       end
     rescue StandardError => e
       NeverBlock.logger.debug("NeverBlock::Server") { "could not read ActiveRecord's configurations: #{e.class}: #{e.message}" }
+    end
+
+    # ActiveRecord's pool is sized for threads (Rails generates 5); here a
+    # request holds a connection from its first query to its end, and the
+    # sixth request using the database at once waits `checkout_timeout`
+    # and fails. Warn with the fix when the pool is that small.
+    def warn_about_a_small_pool(config, env)
+      size = config.respond_to?(:max_connections) ? config.max_connections : config.pool
+      return if size.nil? || size >= SMALL_ACTIVE_RECORD_POOL
+
+      NeverBlock.logger.warn("NeverBlock::Server: ActiveRecord database #{config.name.inspect} (#{env}) has a pool of " \
+                             "#{size} connections, and each request holds one from its first query to its end: " \
+                             "request #{size + 1} using the database at once waits checkout_timeout, then fails with " \
+                             "ActiveRecord::ConnectionTimeoutError. Set pool: 25 or more in config/database.yml " \
+                             "(a generated one reads RAILS_MAX_THREADS)")
     end
 
     # Accepts while there is room: fewer than `max_connections` open (and

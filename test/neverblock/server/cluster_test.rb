@@ -6,6 +6,7 @@ require "net/http"
 require "timeout"
 require "open3"
 require "tmpdir"
+require "fileutils"
 require "etc"
 
 # Runs `neverblock serve` in child processes and talks to them over HTTP.
@@ -256,6 +257,36 @@ class ServerClusterTest < PlainTest
   def test_a_config_ru_using_active_record_without_rails_finds_the_neverblock_adapters
     server = serve("active_record.ru", "-w", "0")
     assert_equal "NeverBlock::ActiveRecord::PostgreSQLAdapter\n", get(server, "/").body
+  end
+
+  # A generated database.yml reads RAILS_MAX_THREADS (else 5) for the pool.
+  def test_serve_sets_rails_max_threads_when_it_is_unset_and_keeps_a_set_one
+    Dir.mktmpdir do |dir|
+      FileUtils.mkdir_p(File.join(dir, "config"))
+      File.write(File.join(dir, "config", "database.yml"), "production:\n  pool: <%= ENV.fetch('RAILS_MAX_THREADS') { 5 } %>\n")
+      File.write(File.join(dir, "config.ru"), "run ->(_env) { [200, {}, [ENV['RAILS_MAX_THREADS'].to_s]] }\n")
+      port = TCPServer.new("127.0.0.1", 0).then { |s| s.addr[1].tap { s.close } }
+      { nil => "25", "8" => "8" }.each do |given, expected|
+        env = { "RAILS_MAX_THREADS" => given }
+        out, writer = IO.pipe
+        pid = Process.spawn(env, RbConfig.ruby, EXE, "serve", File.join(dir, "config.ru"), "-p", port.to_s, "-w", "0",
+                            out: writer, err: writer)
+        writer.close
+        body = nil
+        eventually(timeout: 30) { body = (Net::HTTP.get(URI("http://127.0.0.1:#{port}/")) rescue nil) }
+        assert_equal expected, body
+        Process.kill("TERM", pid)
+        Process.wait(pid)
+        said = out.read
+        if given
+          refute_match(/RAILS_MAX_THREADS was not set/, said)
+        else
+          assert_match(/RAILS_MAX_THREADS was not set: set to 25/, said)
+        end
+      ensure
+        out&.close
+      end
+    end
   end
 
   def test_an_unknown_config_setting_is_a_usage_error_naming_the_line

@@ -232,6 +232,31 @@ class ServerLifecycleTest < PlainTest
     assert_match(/database "primary" \(development\).*Use adapter: neverblock_mysql2/, warnings.first)
   end
 
+  # Rails generates pool: 5; a 6th request using the database at once waits
+  # checkout_timeout and fails.
+  def test_a_small_activerecord_pool_gets_a_warning_with_the_fix
+    out, err, status = run_ruby(<<~'RUBY', timeout: 30, env: { "RACK_ENV" => "production", "RAILS_ENV" => nil })
+      require "active_record"
+      require "neverblock/server"
+      require "net/http"
+      ActiveRecord::Base.configurations = {
+        "production" => { "primary" => { "adapter" => "neverblock_postgresql", "pool" => 5 },
+                          "replica" => { "adapter" => "neverblock_postgresql", "pool" => 25 } }
+      }
+      server = NeverBlock::Server.new(->(_env) { [200, {}, []] }, bind: "tcp://127.0.0.1:0", workers: 0)
+      port = server.bound_addresses.first[/\d+\z/]
+      thread = Thread.new { server.run }
+      sleep 0.05 until (Net::HTTP.get(URI("http://127.0.0.1:#{port}/")) rescue nil)
+      server.stop
+      thread.join
+    RUBY
+    assert status.success?, err
+    warnings = err.lines.grep(/has a pool of/)
+    assert_equal 1, warnings.size, err
+    assert_match(/"primary" \(production\) has a pool of 5 connections.*request 6 .*Set pool: 25 or more/, warnings.first)
+    assert_empty out
+  end
+
   def test_stop_lets_in_flight_requests_finish
     app = lambda do |_env|
       sleep 0.3
