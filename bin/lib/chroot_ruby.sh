@@ -28,6 +28,10 @@ CR_MIRROR="${NEVERBLOCK_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 # Packages every chroot needs to build the bundle's native gems.
 CR_BUILD_PACKAGES=(build-essential pkg-config git ca-certificates
                    libpq-dev libmariadb-dev libyaml-dev liburing-dev)
+# Libraries that examples/ load at run time: libvips for examples/thumbnails (the ruby-vips
+# gem opens it through ffi, whose extension builds against libffi-dev). Debian 13 and sid
+# call the package libvips42t64 (the 64-bit time_t transition); Debian 12 libvips42.
+CR_EXAMPLE_PACKAGES=(libffi-dev libvips42t64)
 # Debian's Release files for sid and experimental are past their Valid-Until date on some
 # mirrors (snapshots); apt refuses them unless told not to check.
 CR_APT=(apt-get -o Acquire::Check-Valid-Until=false)
@@ -39,7 +43,7 @@ chroot_ruby_use() {
     3.3)
       CR_ROOT="${NEVERBLOCK_CR_ROOT:-/var/cache/neverblock/trixie}"
       CR_SUITE=trixie
-      CR_PACKAGES=(ruby ruby-dev bundler "${CR_BUILD_PACKAGES[@]}")
+      CR_PACKAGES=(ruby ruby-dev bundler "${CR_BUILD_PACKAGES[@]}" "${CR_EXAMPLE_PACKAGES[@]}")
       CR_RUBY=/usr/bin/ruby
       ;;
     3.4)
@@ -47,7 +51,7 @@ chroot_ruby_use() {
       CR_SUITE=sid
       # ruby3.4 itself comes from experimental (_chroot_ruby_install_experimental); sid's
       # default ruby is still 3.3.
-      CR_PACKAGES=("${CR_BUILD_PACKAGES[@]}")
+      CR_PACKAGES=("${CR_BUILD_PACKAGES[@]}" "${CR_EXAMPLE_PACKAGES[@]}")
       CR_RUBY=/usr/bin/ruby3.4      # /usr/local/bin/ruby names it (_chroot_ruby_install_experimental)
       ;;
     *) nb_die "no chroot for Ruby $CR_VERSION (use 3.3 or 3.4)" ;;
