@@ -1,0 +1,150 @@
+# frozen_string_literal: true
+
+# Compares the runs of bench/activerecord_suite test by test: prints a table
+# (runs, passes, failures, errors, skips per mode), every test whose outcome
+# differs from the baseline's (the first run), and writes the same to
+# <out>/activerecord_suite.txt and a summary to <out>/activerecord_suite.csv.
+#
+#   ruby report.rb --out DIR [--meta "KEY=VALUE"]... --run MODE=RESULTS.jsonl=SECONDS=STATUS...
+#
+# Exit status: 0 when every run finished and no outcome differs from the
+# baseline's other than for a test in ALLOWED; 1 otherwise.
+
+require "json"
+require "optparse"
+require "fileutils"
+require_relative "../table"
+require_relative "../csv_file"
+
+module ARSuiteReport
+  # Tests whose outcome may differ under a neverblock adapter because they
+  # assert the adapter's name or class, not what it does. Test name => why.
+  ALLOWED = {}.freeze
+
+  # One mode's results.
+  Run = Struct.new(:mode, :path, :seconds, :status, :results, :finished, keyword_init: true) do
+    # @return [Hash{String => Integer}] runs, and one count per outcome
+    def counts
+      tally = results.values.map { |result| result["outcome"] }.tally
+      { "runs" => results.size, "pass" => 0, "fail" => 0, "error" => 0, "skip" => 0 }.merge(tally)
+    end
+  end
+
+  module_function
+
+  # @return [Run]
+  def load(spec)
+    mode, path, seconds, status = spec.split("=", 4)
+    results = {}
+    finished = false
+    if File.exist?(path)
+      File.foreach(path) do |line|
+        record = JSON.parse(line)
+        if record["finished"]
+          finished = true
+        else
+          results[record["test"]] = record
+        end
+      end
+    end
+    Run.new(mode: mode, path: path, seconds: Integer(seconds), status: Integer(status), results: results,
+            finished: finished)
+  end
+
+  # "pass", "error: SystemStackError: ...", "not run"
+  def describe(result)
+    return "not run" unless result
+    return result["outcome"] unless result["message"] && result["outcome"] != "pass"
+
+    "#{result['outcome']}: #{result['message']}"
+  end
+
+  def location(result)
+    result && result["location"].to_s.sub(%r{\A.*?/activerecord/(?=test/)}, "")
+  end
+
+  # @return [Array<Array(String, Hash, Hash)>] test, baseline result, this run's result
+  def differences(baseline, run)
+    (baseline.results.keys | run.results.keys).sort.filter_map do |test|
+      before = baseline.results[test]
+      after = run.results[test]
+      next if before && after && before["outcome"] == after["outcome"]
+
+      [test, before, after]
+    end
+  end
+
+  def report(meta, runs, out)
+    baseline = runs.first
+    text = +""
+    text << "ActiveRecord's own PostgreSQL test suite, adapter by adapter (bench/activerecord_suite)\n\n"
+    meta.each { |key, value| text << "#{key}: #{value}\n" }
+    text << "\n"
+
+    table = NeverBlockBench::Table.new(%w[mode runs passes failures errors skips differing allowlisted seconds finished])
+    csv_rows = []
+    unexpected = 0
+    details = +""
+    runs.each_with_index do |run, index|
+      diffs = index.zero? ? [] : differences(baseline, run)
+      allowed, other = diffs.partition { |test, _, _| ALLOWED.key?(test) }
+      unexpected += other.size
+      unexpected += 1 unless run.finished
+      counts = run.counts
+      row = [run.mode, counts["runs"], counts["pass"], counts["fail"], counts["error"], counts["skip"],
+             index.zero? ? "-" : other.size, index.zero? ? "-" : allowed.size, run.seconds,
+             run.finished ? "yes" : "NO (exit #{run.status})"]
+      table << row
+      csv_rows << [meta["Ruby"], meta["ActiveRecord"], meta["seed"], *row]
+      next if index.zero?
+
+      details << "\n#{run.mode}: #{other.size} outcome#{'s' unless other.size == 1} differ from #{baseline.mode}'s" \
+                 "#{other.empty? ? '' : ':'}\n"
+      other.each do |test, before, after|
+        details << "  #{test} (#{location(before || after)})\n" \
+                   "    #{baseline.mode}: #{describe(before)}\n" \
+                   "    #{run.mode}: #{describe(after)}\n"
+      end
+      unless allowed.empty?
+        details << "  allowlisted (#{allowed.size}):\n"
+        allowed.each do |test, before, after|
+          details << "    #{test}: #{describe(before)} -> #{describe(after)} (#{ALLOWED[test]})\n"
+        end
+      end
+    end
+    text << table.to_s << details
+
+    failing = baseline.results.values.select { |result| %w[fail error].include?(result["outcome"]) }
+    text << "\nNot passing under #{baseline.mode} (#{failing.size}):\n"
+    failing.sort_by { |result| result["test"] }.each do |result|
+      text << "  #{result['test']} (#{location(result)}): #{describe(result)}\n"
+    end
+
+    FileUtils.mkdir_p(out)
+    txt = File.join(out, "activerecord_suite.txt")
+    csv = File.join(out, "activerecord_suite.csv")
+    File.write(txt, text)
+    NeverBlockBench::CsvFile.write(csv, %w[ruby activerecord seed mode runs passes failures errors skips
+                                           differing allowlisted seconds finished], csv_rows)
+    puts text
+    puts "wrote #{txt} and #{csv}"
+    unexpected.zero?
+  end
+end
+
+if $PROGRAM_NAME == __FILE__
+  out = nil
+  meta = {}
+  specs = []
+  OptionParser.new do |opts|
+    opts.on("--out DIR") { |dir| out = dir }
+    opts.on("--meta KEY=VALUE") do |pair|
+      key, value = pair.split("=", 2)
+      meta[key] = meta.key?(key) ? "#{meta[key]}; #{value}" : value
+    end
+    opts.on("--run MODE=RESULTS=SECONDS=STATUS") { |spec| specs << spec }
+  end.parse!
+  abort "report.rb: --out and at least two --run are needed" if out.nil? || specs.size < 2
+
+  exit(ARSuiteReport.report(meta, specs.map { |spec| ARSuiteReport.load(spec) }, out) ? 0 : 1)
+end

@@ -1,0 +1,201 @@
+# frozen_string_literal: true
+
+# One run of ActiveRecord's own test suite for bench/activerecord_suite: the
+# PostgreSQL adapter's test set (what `rake test:postgresql` runs in Rails'
+# activerecord/ directory) in one process, with one result per test written
+# as a JSON line. Started by bench/activerecord_suite as
+#
+#   cd <rails source>/activerecord && bundle exec ruby -w -Itest runner.rb [minitest options]
+#
+# under bench/gemfiles/activerecord_suite*.gemfile, so ActiveRecord is the
+# bundled gem, not the source's lib (unless ARSUITE_AGAINST=source).
+#
+# Environment:
+#   ARSUITE_MODE     postgresql | neverblock_postgresql, with "+fibers" to
+#                    run each test inside its own NeverBlock.run
+#   ARSUITE_RESULTS  the JSON-lines file to write (one object per test, then
+#                    one {"finished": ...})
+#   ARSUITE_FILES    comma-separated globs (relative to activerecord/); empty
+#                    means the whole PostgreSQL test set
+#   ARSUITE_AGAINST  "source": load activerecord, activemodel and
+#                    activesupport from the source tree instead of the gems
+#   NEVERBLOCK_PG_*  the server (bin/lib/databases.sh); the role must be
+#                    allowed to create databases and extensions
+#
+# Minitest options (--seed, -n, -v) pass through ARGV.
+
+require "json"
+require "yaml"
+require "fileutils"
+require "minitest"
+
+module ARSuite
+  # The databases the suite's config names (test/support/config.rb).
+  DATABASES = %w[activerecord_unittest activerecord_unittest2].freeze
+
+  module_function
+
+  def mode
+    @mode ||= ENV.fetch("ARSUITE_MODE", "postgresql")
+  end
+
+  # @return [String] the adapter name written into the suite's database.yml.
+  def adapter
+    mode.split("+").first
+  end
+
+  # @return [Boolean] whether each test runs inside its own NeverBlock.run.
+  def fibers?
+    mode.split("+").drop(1).include?("fibers")
+  end
+
+  def server
+    {
+      "host" => ENV.fetch("NEVERBLOCK_PG_HOST"),
+      "port" => Integer(ENV.fetch("NEVERBLOCK_PG_PORT")),
+      "username" => ENV.fetch("NEVERBLOCK_PG_USER"),
+      "password" => ENV.fetch("NEVERBLOCK_PG_PASSWORD")
+    }
+  end
+
+  # Fresh, empty databases for each run, as Rails' `db:postgresql:rebuild`
+  # makes them (UTF-8 from template0), so no run sees another's leftovers.
+  def recreate_databases
+    require "pg"
+    conn = PG.connect(host: server["host"], port: server["port"], user: server["username"],
+                      password: server["password"], dbname: ENV.fetch("NEVERBLOCK_PG_DATABASE"))
+    conn.exec("SET client_min_messages TO warning") # no NOTICE for a database that is not there
+    DATABASES.each do |name|
+      conn.exec("DROP DATABASE IF EXISTS #{conn.quote_ident(name)} WITH (FORCE)")
+      conn.exec("CREATE DATABASE #{conn.quote_ident(name)} ENCODING 'UTF8' TEMPLATE template0")
+    end
+  ensure
+    conn&.close
+  end
+
+  # The suite reads its connections from ARCONFIG (test/support/config.rb);
+  # the connection named like the adapter gets `adapter:` set to that name.
+  # Both entries are the same server and options, the example config's.
+  def write_config(path)
+    entry = ->(extra = {}) { server.merge("min_messages" => "warning").merge(extra) }
+    connection = {
+      "arunit" => entry.call,
+      "arunit_without_prepared_statements" => entry.call("prepared_statements" => false),
+      "arunit2" => entry.call
+    }
+    File.write(path, YAML.dump("default_connection" => adapter,
+                               "connections" => { adapter => connection }))
+    ENV["ARCONFIG"] = File.expand_path(path)
+    ENV["ARCONN"] = adapter
+    # For the tests that run psql/pg_dump or connect with libpq's defaults.
+    ENV["PGHOST"] = server["host"]
+    ENV["PGPORT"] = server["port"].to_s
+    ENV["PGUSER"] = server["username"]
+    ENV["PGPASSWORD"] = server["password"]
+  end
+
+  # The test files of `rake test:postgresql` (activerecord/Rakefile), or the
+  # ARSUITE_FILES globs.
+  def test_files
+    globs = ENV.fetch("ARSUITE_FILES", "").split(",").map(&:strip).reject(&:empty?)
+    files =
+      if globs.empty?
+        Dir["test/cases/**/*_test.rb"].reject { |f| f.include?("/adapters/") || f.include?("/encryption/performance") } +
+          Dir["test/cases/adapters/postgresql/**/*_test.rb"]
+      else
+        globs.flat_map { |glob| Dir[glob] }
+      end
+    abort "ARSUITE_FILES matched no test files: #{globs.join(', ')}" if files.empty?
+    files.sort.uniq
+  end
+
+  # Records every result as it comes, so a run that dies part way still
+  # leaves the results of the tests it finished.
+  class Recorder < Minitest::AbstractReporter
+    def initialize(path)
+      super()
+      @io = File.open(path, "w")
+      @io.sync = true
+    end
+
+    def record(result)
+      failure = result.failures.first
+      @io.puts JSON.generate(
+        "test" => "#{result.klass}##{result.name}",
+        "outcome" => outcome(result),
+        "location" => Array(result.source_location).join(":"),
+        "time" => result.time.round(4),
+        "message" => failure && message(failure)
+      )
+    end
+
+    def report
+      @io.puts JSON.generate("finished" => true)
+      @io.close
+    end
+
+    private
+
+    def outcome(result)
+      if result.skipped? then "skip"
+      elsif result.error? then "error"
+      elsif result.passed? then "pass"
+      else "fail"
+      end
+    end
+
+    # The first line of the failure (for an error: its class and message),
+    # enough to tell two runs' failures apart.
+    def message(failure)
+      error = failure.respond_to?(:error) ? failure.error : failure
+      text = failure.is_a?(Minitest::UnexpectedError) ? "#{error.class}: #{error.message}" : failure.message
+      line = text.to_s.lines.map(&:strip).reject(&:empty?).first.to_s
+      line.length > 300 ? "#{line[0, 297]}..." : line
+    end
+  end
+
+  # Each test (its instance, setup, body and teardown) inside its own
+  # NeverBlock.run: a non-blocking fiber under NeverBlock's scheduler, as a
+  # request is under NeverBlock's server. With neverblock/active_record's
+  # fiber isolation, each test's fiber leases its own connection.
+  #
+  # The suite's leak check (ActiveRecord::TestCase#check_connection_leaks)
+  # counts every connection leased to another thread or fiber as leaked, and
+  # the main fiber leases one between tests (helper.rb's QUOTED_TYPE, the
+  # `current_adapter?` in PostgreSQLTestCase.run): it is given back before
+  # each test, as a Rails executor gives back a request's connection. Under
+  # :thread isolation the main fiber and the tests share one lease, and
+  # giving it back changes nothing.
+  module InsideNeverBlock
+    def run_one_method(klass, method_name)
+      ::ActiveRecord::Base.connection_handler.each_connection_pool(&:release_connection)
+      NeverBlock.run { super }
+    end
+  end
+end
+
+if ENV["ARSUITE_AGAINST"] == "source"
+  %w[../activesupport/lib ../activemodel/lib lib].each { |dir| $LOAD_PATH.unshift(File.expand_path(dir)) }
+end
+
+ARSuite.recreate_databases
+FileUtils.mkdir_p("tmp")
+ARSuite.write_config("tmp/arsuite-#{ARSuite.adapter}.yml")
+
+require "neverblock/active_record" if ARSuite.adapter.start_with?("neverblock_")
+if ARSuite.fibers?
+  require "neverblock"
+  Minitest.singleton_class.prepend(ARSuite::InsideNeverBlock)
+end
+
+results = ENV.fetch("ARSUITE_RESULTS")
+Minitest.extensions << "ar_suite_recorder"
+Minitest.define_singleton_method(:plugin_ar_suite_recorder_init) do |_options|
+  reporter << ARSuite::Recorder.new(results)
+end
+
+warn "ar_suite: #{ARSuite.mode} (adapter #{ARSuite.adapter}#{', each test in NeverBlock.run' if ARSuite.fibers?}), " \
+     "ActiveRecord from #{ENV['ARSUITE_AGAINST'] == 'source' ? 'the source tree' : 'the bundle'}"
+ARSuite.test_files.each { |file| require File.expand_path(file) }
+require "active_record"
+warn "ar_suite: ActiveRecord #{ActiveRecord.version} (#{$LOADED_FEATURES.grep(%r{/active_record\.rb\z}).first})"
