@@ -20,6 +20,17 @@ module TestSupport
 
   include ChildRuby
 
+  # railties' minitest plugin loads Active Support into every test process
+  # (at isolation level :thread). The first NeverBlock::Server started
+  # would warn that it switches the level to :fiber, in whichever test that
+  # is: a test that expects a quiet log would fail or pass by the seed.
+  def before_setup
+    if defined?(ActiveSupport::IsolatedExecutionState) && ActiveSupport::IsolatedExecutionState.isolation_level != :fiber
+      ActiveSupport::IsolatedExecutionState.isolation_level = :fiber
+    end
+    super
+  end
+
   # Seconds on the monotonic clock.
   def now
     Process.clock_gettime(Process::CLOCK_MONOTONIC)
@@ -71,3 +82,4 @@ require_relative "support/pool_tracking"
 require_relative "support/postgres"
 require_relative "support/mysql"
 require_relative "support/server_process"
+require_relative "support/certificates"

@@ -53,7 +53,9 @@ module NeverBlock
   #   same read) is refused with 400, since those bytes could not reach the
   #   app (see {Parser}).
   # - An access log, off by default (`access_log:`, see {AccessLog}).
-  # - Not yet: TLS.
+  # - TLS on `ssl://HOST:PORT?cert=PATH&key=PATH` binds ({TLS}): each
+  #   handshake in its connection's fiber, bounded by `header_timeout`,
+  #   holding no request slot; `rack.url_scheme` is "https" there.
   class Server
     # SERVER_SOFTWARE in the env.
     SOFTWARE = "NeverBlock/#{VERSION}"

@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require "uri"
+
 module NeverBlock
   class CLI
     # The file `neverblock serve -C FILE` reads: Ruby, in the manner of
@@ -53,9 +55,16 @@ module NeverBlock
         end
       end
 
-      # @param url [String] `tcp://HOST:PORT` or `unix://PATH`.
+      # @param url [String] `tcp://HOST:PORT`, `unix://PATH` or
+      #   `ssl://HOST:PORT?cert=PATH&key=PATH` (paths relative to the file).
       def bind(url)
         (@options[:bind] ||= []) << url.to_s
+      end
+
+      # As Puma's: `ssl_bind "0.0.0.0", 443, cert: "cert.pem", key: "key.pem"`.
+      # @param options [Hash] cert:, key:, and optionally key_password:, min_version:.
+      def ssl_bind(host, number, **options)
+        bind("ssl://#{host}:#{Integer(number)}?#{URI.encode_www_form(options)}")
       end
 
       # @param number [Integer] the same as `bind "tcp://0.0.0.0:NUMBER"`.

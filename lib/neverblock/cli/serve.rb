@@ -72,8 +72,9 @@ module NeverBlock
         OptionParser.new do |o|
           o.banner = USAGE
           o.require_exact = true if o.respond_to?(:require_exact=) # `-p` is --port, never an abbreviation
-          o.on("-b", "--bind URL", "tcp://HOST:PORT or unix://PATH; repeatable (default tcp://0.0.0.0:9292)") do |url|
-            options[:bind] << url
+          o.on("-b", "--bind URL", "tcp://HOST:PORT, unix://PATH or ssl://HOST:PORT?cert=PEM&key=PEM; " \
+                                   "repeatable (default tcp://0.0.0.0:9292)") do |url|
+            options[:bind] << expand_tls_paths(url, Dir.pwd)
           end
           o.on("-p", "--port PORT", Integer, "the same as --bind tcp://0.0.0.0:PORT") do |port|
             options[:bind] << "tcp://0.0.0.0:#{port}"
@@ -121,7 +122,7 @@ module NeverBlock
 
         require_relative "config_file"
         config = ConfigFile.load(file)
-        binds = config.delete(:bind)
+        binds = config.delete(:bind)&.map { |url| expand_tls_paths(url, File.dirname(file)) }
         @options[:bind] = binds if binds && @options[:bind].empty?
         @options[:limits] = config.delete(:limits).merge(@options[:limits]) if config.key?(:limits)
         %i[pidfile log].each { |key| config[key] &&= File.expand_path(config[key], File.dirname(file)) }
@@ -129,6 +130,13 @@ module NeverBlock
           config[:fiber_stack_size] = parse_size(config[:fiber_stack_size], "fiber_stack_size")
         end
         config.each { |key, value| @options[key] = value unless @given.include?(key) }
+      end
+
+      def expand_tls_paths(url, base)
+        return url unless url.start_with?("ssl://")
+
+        require_relative "../server/tls"
+        NeverBlock::Server::TLS.expand_paths(url, base)
       end
 
       # @return [Integer] bytes, from `4194304`, `4096K`, `4M` (binary units).

@@ -52,6 +52,10 @@ module NeverBlock
         @socket.setsockopt(Socket::IPPROTO_TCP, Socket::TCP_NODELAY, 1) unless @listener.unix?
         limits = @server.limits
         @limits = limits
+        if @listener.tls # the handshake, like a request head, holds no request slot
+          @socket = @listener.secure(@socket, Process.clock_gettime(Process::CLOCK_MONOTONIC) + limits.header_timeout)
+          return unless @socket
+        end
         @parser = Parser.new(limits, base_env, @listener.unix? ? "localhost" : local_host, (@listener.port || 0).to_s)
         @response = Response.new(@socket, limits.write_timeout)
         requests = @parser.requests
@@ -113,7 +117,7 @@ module NeverBlock
       # @raise [Error] when called outside the app's `call`, or when the
       #   client already pipelined more bytes after the request.
       def hijack
-        return @socket if @hijacked
+        return app_io if @hijacked
         raise Error, "rack.hijack can only be called inside the app's call(env)" unless @app_env
         if @parser.in_message? || !@parser.requests.empty?
           raise Error, "rack.hijack refused: the client already sent more bytes after this request (pipelining), " \
@@ -121,8 +125,8 @@ module NeverBlock
         end
 
         take_over
-        @app_env["rack.hijack_io"] = @socket # Rack 2's way, still read by some WebSocket libraries
-        @socket
+        @app_env["rack.hijack_io"] = app_io # Rack 2's way, still read by some WebSocket libraries
+        app_io
       end
 
       # @return [Boolean] true once the app took the socket (full or partial
@@ -274,7 +278,7 @@ module NeverBlock
       def partial_hijack(callback, status, headers)
         @response.write_head(status, headers)
         take_over
-        callback.call(@socket)
+        callback.call(app_io)
       end
 
       def take_over
@@ -329,6 +333,12 @@ module NeverBlock
         nil
       end
 
+      # What the app gets from a hijack: the socket, or for TLS the
+      # OpenSSL::SSL::SSLSocket (an IO-like object that encrypts).
+      def app_io
+        @listener.tls ? @socket.ssl : @socket
+      end
+
       def app_failed(error, env)
         NeverBlock.logger.error("NeverBlock::Server: #{env['REQUEST_METHOD']} #{env['PATH_INFO']} failed: " \
                                 "#{error.class}: #{error.message}\n#{(error.backtrace || []).join("\n")}")
@@ -338,7 +348,7 @@ module NeverBlock
         {
           "SCRIPT_NAME" => "",
           "REMOTE_ADDR" => remote_addr,
-          "rack.url_scheme" => "http",
+          "rack.url_scheme" => @listener.tls ? "https" : "http",
           "rack.errors" => $stderr,
           "rack.hijack?" => true,
           "rack.hijack" => method(:hijack),

@@ -6,7 +6,8 @@ require "io/wait"
 module NeverBlock
   class Server
     # One listening socket, from a bind spec: `tcp://HOST:PORT` (`tcp://[::1]:9292`
-    # for IPv6; port 0 picks a free port) or `unix://PATH`.
+    # for IPv6; port 0 picks a free port), `unix://PATH`, or
+    # `ssl://HOST:PORT?cert=PATH&key=PATH` (TLS; see {TLS}).
     class Listener
       # Connections the kernel queues for us while the server is busy.
       BACKLOG = 1024
@@ -14,18 +15,30 @@ module NeverBlock
       # @return [String] the spec it was made from.
       attr_reader :spec
 
+      # @return [OpenSSL::SSL::SSLContext, nil] for an ssl:// bind.
+      attr_reader :tls
+
       # @param spec [String]
-      # @raise [ArgumentError] for a spec that is neither tcp:// nor unix://.
+      # @raise [ArgumentError] for a spec that is not tcp://, unix:// or
+      #   ssl://, or an ssl:// one whose certificate or key is missing or bad.
       def initialize(spec)
         @spec = spec
+        @tls = nil
         case spec
-        when %r{\Atcp://\[([^\]]+)\]:(\d+)\z}, %r{\Atcp://([^:/\[\]]+):(\d+)\z}
-          @host = Regexp.last_match(1)
-          @port = Integer(Regexp.last_match(2), 10)
+        when %r{\A(tcp|ssl)://\[([^\]]+)\]:(\d+)(?:\?(.*))?\z}, %r{\A(tcp|ssl)://([^:/\[\]?]+):(\d+)(?:\?(.*))?\z}
+          scheme, @host, port, query = Regexp.last_match.captures
+          @port = Integer(port, 10)
+          if scheme == "ssl"
+            require_relative "tls"
+            @tls = TLS.context(spec, query)
+          elsif query
+            raise ArgumentError, "bind #{spec.inspect}: tcp:// takes no parameters (TLS is ssl://HOST:PORT?cert=...&key=...)"
+          end
         when %r{\Aunix://(.+)\z}
           @path = Regexp.last_match(1)
         else
-          raise ArgumentError, "bind must look like tcp://HOST:PORT or unix://PATH, got #{spec.inspect}"
+          raise ArgumentError, "bind must look like tcp://HOST:PORT, unix://PATH or " \
+                               "ssl://HOST:PORT?cert=PATH&key=PATH, got #{spec.inspect}"
         end
         @server = nil
       end
@@ -53,7 +66,15 @@ module NeverBlock
 
         addr = @server.local_address
         host = addr.ipv6? ? "[#{addr.ip_address}]" : addr.ip_address
-        "tcp://#{host}:#{addr.ip_port}"
+        "#{@tls ? 'ssl' : 'tcp'}://#{host}:#{addr.ip_port}"
+      end
+
+      # The connection as its requests are read and answered: the accepted
+      # socket, or for ssl:// the TLS session after its handshake (in the
+      # calling fiber, until `deadline` on the monotonic clock).
+      # @return [Socket, TLS::Socket, nil] nil when the handshake failed.
+      def secure(socket, deadline)
+        @tls ? TLS.accept(socket, @tls, deadline) : socket
       end
 
       # @return [Boolean]

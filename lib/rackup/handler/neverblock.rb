@@ -40,7 +40,7 @@ module Rackup
           {
             "Host=HOST" => "hostname to listen on (default: localhost)",
             "Port=PORT" => "port to listen on (default: 9292)",
-            "Bind=URL" => "tcp://HOST:PORT or unix://PATH instead of Host/Port",
+            "Bind=URL" => "tcp://HOST:PORT, unix://PATH or ssl://HOST:PORT?cert=PEM&key=PEM instead of Host/Port",
             "Workers=N" => "worker processes to fork (default: 0, serve in this process)",
             "FiberPool=N" => "requests served at once per process (default: 1000)",
             "Status=PATH" => "answer GET PATH with the server's stats as JSON",

@@ -289,6 +289,29 @@ class ServerClusterTest < PlainTest
     end
   end
 
+  # ssl_bind in a config file, with paths relative to the file, served by
+  # forked workers (the TLS context is built in the master).
+  def test_a_config_file_ssl_bind_serves_https_from_the_workers
+    Dir.mktmpdir do |dir|
+      FileUtils.mkdir_p(File.join(dir, "config", "tls"))
+      TestCertificates.write_self_signed(File.join(dir, "config", "tls"))
+      port = TCPServer.new("127.0.0.1", 0).then { |s| s.addr[1].tap { s.close } }
+      File.write(File.join(dir, "config", "neverblock.rb"),
+                 "ssl_bind \"127.0.0.1\", #{port}, cert: \"tls/cert.pem\", key: \"tls/key.pem\"\nworkers 2\n")
+      pid = Process.spawn(RbConfig.ruby, EXE, "serve", File.join(FIXTURES, "pids.ru"), "-C", "config/neverblock.rb",
+                          chdir: dir, pgroup: true, out: File::NULL, err: File::NULL)
+      (@servers ||= []) << { pid: pid, out: IO.pipe.first, lines: [] }
+      http = Net::HTTP.new("127.0.0.1", port)
+      http.use_ssl = true
+      http.ca_file = File.join(dir, "config", "tls", "cert.pem")
+      body = nil
+      eventually(timeout: 30) { body = (http.start { |h| h.get("/").body } rescue nil) }
+      refute_equal pid.to_s, body[/\d+/], "answered by a worker"
+      Process.kill("TERM", pid)
+      assert Process.wait2(pid)[1].success?
+    end
+  end
+
   def test_an_unknown_config_setting_is_a_usage_error_naming_the_line
     Dir.mktmpdir do |dir|
       config = File.join(dir, "neverblock.rb")

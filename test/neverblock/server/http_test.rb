@@ -285,7 +285,7 @@ class ServerHTTPTest < PlainTest
 
   def test_invalid_bind_spec_is_refused
     error = assert_raises(ArgumentError) { NeverBlock::Server.new(ServerHelper::HELLO, bind: ["http://x:1"]) }
-    assert_match(%r{tcp://HOST:PORT or unix://PATH}, error.message)
+    assert_match(%r{tcp://HOST:PORT, unix://PATH or ssl://HOST:PORT\?cert=PATH&key=PATH}, error.message)
   end
 
   def test_a_server_runs_once
