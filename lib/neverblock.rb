@@ -122,11 +122,14 @@ module NeverBlock
     # waiting cannot be interrupted there. Outside NeverBlock, the same with
     # Timeout.timeout's thread. Zero expires immediately; nil means no limit.
     #
-    # Code inside the block cannot rescue the expiry by mistake: it unwinds
-    # as an internal exception that is not a StandardError (so Net::HTTP,
-    # which retries a GET after a Timeout::Error, does not retry it, and a
-    # bare `rescue => e` does not swallow it). A {TimeoutError} raised inside
-    # the block by a nested `timeout` is an ordinary error.
+    # Inside the block the expiry is an internal RuntimeError that is not a
+    # Timeout::Error ({TimeoutError::Expired}): code that rescues
+    # Timeout::Error for its own timeouts does not mistake it for one
+    # (Net::HTTP retried a timed-out GET after a Timeout::Error), while
+    # `rescue => e` cleanup code still runs. A library that wraps it in an
+    # error of its own (with it as the `cause`) still ends in a
+    # {TimeoutError}. A {TimeoutError} raised inside the block by a nested
+    # `timeout` is an ordinary error there.
     #
     # @param seconds [Numeric, nil]
     # @return [Object] the block's value.
@@ -145,12 +148,24 @@ module NeverBlock
         else
           Timeout.timeout(seconds.zero? ? Float::MIN : seconds, expired, message, &block)
         end
-      rescue TimeoutError::Expired => e
-        raise unless e.equal?(expired) # an enclosing timeout's: let it unwind to its own call
+      rescue Exception => e # rubocop:disable Lint/RescueException -- only this timeout's expiry is translated
+        raise unless expired?(e, expired) # an enclosing timeout's, or any other error: as it is
 
-        raise TimeoutError, message, e.backtrace, cause: nil
+        raise TimeoutError, message, expired.backtrace || e.backtrace, cause: e.equal?(expired) ? nil : e
       end
     end
+
+    # Whether `error` is this timeout's expiry, or wraps it (a library that
+    # rescued it and raised its own error, with the expiry as the cause).
+    def expired?(error, expired)
+      4.times do
+        return true if error.equal?(expired)
+
+        error = error.cause or return false
+      end
+      false
+    end
+    private :expired?
 
     # Runs the block on the loop's bounded thread pool and suspends only the
     # calling fiber until it is done: for CPU work and C extensions that

@@ -339,7 +339,7 @@ module NeverBlock
 
     def healthy?(connection)
       Thread.handle_interrupt(ALLOW) { @healthy.call(connection) }
-    rescue Cancelled, Timeout::Error
+    rescue Cancelled, Timeout::Error, TimeoutError::Expired
       raise
     rescue StandardError => e
       NeverBlock.logger.debug("NeverBlock") { "pooled connection failed its health check: #{e.class}: #{e.message}" }
@@ -490,7 +490,7 @@ module NeverBlock
     # way. A cancellation or timeout arriving meanwhile still propagates.
     def close_quietly(connection)
       Thread.handle_interrupt(ALLOW) { @closer.call(connection) }
-    rescue Cancelled, Timeout::Error
+    rescue Cancelled, Timeout::Error, TimeoutError::Expired
       raise
     rescue StandardError => e
       NeverBlock.logger.warn("NeverBlock") { "closing a pooled connection failed: #{e.class}: #{e.message}" }

@@ -58,14 +58,18 @@ module NeverBlock
     include Error
 
     # @api private
-    # What {NeverBlock.timeout} raises inside its block when time is up. It
-    # is not a StandardError, so code under the timeout that rescues
-    # `Timeout::Error` or everything (Net::HTTP retries an idempotent request
-    # after a Timeout::Error; a bare `rescue => e` logs and carries on)
-    # cannot swallow it: it unwinds to the call of {NeverBlock.timeout} and
-    # becomes a {TimeoutError} there, as Ruby's own Timeout.timeout does with
-    # its internal exception. `ensure` clauses run on the way.
-    class Expired < Exception # rubocop:disable Lint/InheritException -- must pass `rescue StandardError`
+    # What {NeverBlock.timeout} raises inside its block when time is up; it
+    # becomes a {TimeoutError} where the block is left.
+    #
+    # It is a RuntimeError but not a Timeout::Error. Code under the timeout
+    # that rescues Timeout::Error for timeouts of its own does not take it
+    # for one: Net::HTTP retries an idempotent request after a
+    # Timeout::Error, and so ran a timed-out GET to its end. Code that
+    # rescues StandardError to clean up still sees it (ActiveRecord marks
+    # the interrupted connection for verification, a driver discards its
+    # half-read reply), and code that translates errors passes a
+    # RuntimeError through (ActiveRecord wraps others in StatementInvalid).
+    class Expired < RuntimeError
       # Raising an instance again (Thread#raise, the scheduler's timer)
       # raises that same instance, so each timeout recognises its own.
       # @return [Expired] self.

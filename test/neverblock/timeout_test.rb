@@ -97,18 +97,13 @@ class TimeoutTest < NeverBlockTest
     assert_operator time, :<, 1
   end
 
-  # The code under a timeout rescues errors broadly: the expiry must still
-  # end the block, as Ruby's own Timeout.timeout (no class given) does.
-  def test_a_rescue_inside_the_block_cannot_swallow_the_expiry
+  # Code under a timeout that rescues Timeout::Error for timeouts of its
+  # own must not take the expiry for one of them.
+  def test_a_timeout_error_rescue_inside_the_block_does_not_swallow_the_expiry
     swallowed = []
     time = elapsed do
       assert_raises(NeverBlock::TimeoutError) do
         NeverBlock.timeout(0.05) do
-          begin
-            sleep 2
-          rescue StandardError => e # rubocop:disable Lint/SuppressedException
-            swallowed << e
-          end
           begin
             sleep 2
           rescue Timeout::Error => e
@@ -120,6 +115,35 @@ class TimeoutTest < NeverBlockTest
     end
     assert_empty swallowed
     assert_operator time, :<, 1
+  end
+
+  # Cleanup code that rescues StandardError and re-raises (ActiveRecord
+  # marking a connection for verification) still runs.
+  def test_cleanup_code_that_rescues_standard_error_sees_the_expiry
+    cleaned = []
+    assert_raises(NeverBlock::TimeoutError) do
+      NeverBlock.timeout(0.05) do
+        sleep 2
+      rescue StandardError => e
+        cleaned << e.class
+        raise
+      end
+    end
+    assert_equal [NeverBlock::TimeoutError::Expired], cleaned
+  end
+
+  # A library that wraps what it rescued in an error of its own: the caller
+  # still gets a TimeoutError, with the library's error as the cause.
+  def test_an_expiry_a_library_wrapped_is_still_a_timeout_error
+    library_error = Class.new(StandardError)
+    error = assert_raises(NeverBlock::TimeoutError) do
+      NeverBlock.timeout(0.05) do
+        sleep 2
+      rescue StandardError
+        raise library_error, "connection failed"
+      end
+    end
+    assert_kind_of library_error, error.cause
   end
 
   # Net::HTTP retries an idempotent request after a Timeout::Error: with
@@ -218,13 +242,13 @@ class TimeoutOutsideLoopTest < PlainTest
     assert_equal 1, NeverBlock.timeout(1) { 1 }
   end
 
-  def test_a_rescue_inside_the_block_cannot_swallow_the_expiry_outside_a_loop
+  def test_a_timeout_error_rescue_inside_the_block_does_not_swallow_the_expiry_outside_a_loop
     swallowed = []
     assert_raises(NeverBlock::TimeoutError) do
       NeverBlock.timeout(0.05) do
         begin
           sleep 2
-        rescue Timeout::Error, StandardError => e
+        rescue Timeout::Error => e
           swallowed << e
         end
         sleep 2

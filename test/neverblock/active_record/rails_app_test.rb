@@ -63,7 +63,7 @@ class ActiveRecordRailsAppTest < PlainTest
   # leased connection: every one answered (the pool of 5 hands connections
   # on), at the fiber isolation level, five backends, in about 2 s.
   def test_concurrent_requests_on_the_stock_postgresql_adapter_each_get_their_own_connection
-    start
+    start("RAILS_MAX_THREADS" => "5") # as a shell with Puma's setting would have it
     responses = nil
     took = elapsed do
       responses = Array.new(20) { Thread.new { get("/sleep") } }.map(&:value)
@@ -73,6 +73,16 @@ class ActiveRecordRailsAppTest < PlainTest
     assert_equal ["fiber"], levels.uniq
     assert_operator pids.uniq.size, :<=, 5
     assert_operator took, :<, 8, "20 x 0.5 s over a pool of 5 took #{took.round(2)} s"
+  end
+
+  # With RAILS_MAX_THREADS unset, neverblock serve sets it to 25: the
+  # generated database.yml's pool then serves the twenty at once.
+  def test_the_generated_pool_gets_25_connections_under_neverblock_serve
+    start("RAILS_MAX_THREADS" => nil)
+    responses = Array.new(20) { Thread.new { get("/sleep") } }.map(&:value)
+    assert_equal ["200"], responses.map(&:code).uniq
+    assert_operator responses.map { |r| r.body.split.first }.uniq.size, :>, 5, "more backends than a pool of 5"
+    assert(@lines.any? { |line| line.include?("RAILS_MAX_THREADS was not set: set to 25") }, @lines.join)
   end
 
   # Rails' "Completed ... (ActiveRecord: X ms)" is per request: a fast
