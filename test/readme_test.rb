@@ -2,7 +2,6 @@
 
 require_relative "test_helper"
 require "fileutils"
-require "open3"
 require "shellwords"
 require "tmpdir"
 require "yaml"
@@ -237,16 +236,7 @@ class ReadmeTest < PlainTest
   end
 
   def run_in(dir, *command, timeout: 90)
-    Open3.popen3(readme_env, *command, chdir: dir) do |stdin, stdout, stderr, waiter|
-      stdin.close
-      out = Thread.new { stdout.read }
-      err = Thread.new { stderr.read }
-      unless waiter.join(timeout)
-        Process.kill(:KILL, waiter.pid)
-        flunk "#{command.join(' ')} did not finish within #{timeout} s\n#{out.value}\n#{err.value}"
-      end
-      [out.value, err.value, waiter.value]
-    end
+    child_process(*command, env: readme_env, chdir: dir, timeout: timeout)
   end
 
   # An app directory as `neverblock serve` expects one: a config.ru that

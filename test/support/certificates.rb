@@ -16,18 +16,20 @@ module TestCertificates
     paths
   end
 
+  # @param name [String] an IP address or a host name.
   # @return [Array(OpenSSL::X509::Certificate, OpenSSL::PKey::RSA)]
-  def self_signed(ip)
+  def self_signed(name)
     key = OpenSSL::PKey::RSA.new(2048)
     cert = OpenSSL::X509::Certificate.new
     cert.version = 2
     cert.serial = 1
-    cert.subject = cert.issuer = OpenSSL::X509::Name.parse("/CN=#{ip}")
+    cert.subject = cert.issuer = OpenSSL::X509::Name.parse("/CN=#{name}")
     cert.public_key = key.public_key
     cert.not_before = Time.now - 60
     cert.not_after = Time.now + 3600
     extensions = OpenSSL::X509::ExtensionFactory.new(cert, cert)
-    cert.add_extension(extensions.create_extension("subjectAltName", "IP:#{ip}", false))
+    alt_name = name.match?(/\A[\d.]+\z|:/) ? "IP:#{name}" : "DNS:#{name}"
+    cert.add_extension(extensions.create_extension("subjectAltName", alt_name, false))
     cert.add_extension(extensions.create_extension("basicConstraints", "CA:TRUE", true))
     cert.sign(key, OpenSSL::Digest.new("SHA256"))
     [cert, key]

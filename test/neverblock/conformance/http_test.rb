@@ -101,15 +101,7 @@ class ConformanceHTTPTest < ConformanceTest
   private
 
   def tls_context
-    key = OpenSSL::PKey::RSA.new(2048)
-    certificate = OpenSSL::X509::Certificate.new
-    certificate.version = 2
-    certificate.serial = 1
-    certificate.subject = certificate.issuer = OpenSSL::X509::Name.parse("/CN=localhost")
-    certificate.public_key = key.public_key
-    certificate.not_before = Time.now - 60
-    certificate.not_after = Time.now + 3600
-    certificate.sign(key, OpenSSL::Digest.new("SHA256"))
+    certificate, key = TestCertificates.self_signed("localhost")
     context = OpenSSL::SSL::SSLContext.new
     context.cert = certificate
     context.key = key

@@ -207,26 +207,35 @@ class ServerLifecycleTest < PlainTest
     assert_match(/isolation level was :thread; set to :fiber/, err)
   end
 
-  def test_an_activerecord_database_on_the_stock_mysql2_adapter_gets_a_warning_with_the_fix
-    out, err, status = run_ruby(<<~'RUBY', timeout: 30, env: { "RACK_ENV" => "development", "RAILS_ENV" => nil })
+  # Starts a server (workers: 0) in a child Ruby whose ActiveRecord has
+  # `configurations`, answers one request, stops.
+  # @return [String] what the child wrote to stderr (NeverBlock's log).
+  def serve_once_with_active_record(configurations, env)
+    out, err, status = run_ruby(<<~RUBY, timeout: 30, env: env.merge("RAILS_ENV" => nil))
       require "active_record"
       require "neverblock/server"
       require "net/http"
-      ActiveRecord::Base.configurations = {
-        "development" => { "primary" => { "adapter" => "mysql2", "database" => "app" },
-                           "cache" => { "adapter" => "neverblock_mysql2", "database" => "cache" } },
-        "production" => { "adapter" => "mysql2", "database" => "other" }
-      }
+      ActiveRecord::Base.configurations = #{configurations.inspect}
       server = NeverBlock::Server.new(->(_env) { [200, {}, []] }, bind: "tcp://127.0.0.1:0", workers: 0)
-      port = server.bound_addresses.first[/\d+\z/]
+      port = server.bound_addresses.first[/\\d+\\z/]
       thread = Thread.new { server.run }
-      sleep 0.05 until (Net::HTTP.get(URI("http://127.0.0.1:#{port}/")) rescue nil)
+      sleep 0.05 until (Net::HTTP.get(URI("http://127.0.0.1:\#{port}/")) rescue nil)
       server.stop
       thread.join
       puts "stopped"
     RUBY
     assert status.success?, err
     assert_equal "stopped\n", out
+    err
+  end
+
+  def test_an_activerecord_database_on_the_stock_mysql2_adapter_gets_a_warning_with_the_fix
+    err = serve_once_with_active_record(
+      { "development" => { "primary" => { "adapter" => "mysql2", "database" => "app" },
+                           "cache" => { "adapter" => "neverblock_mysql2", "database" => "cache" } },
+        "production" => { "adapter" => "mysql2", "database" => "other" } },
+      { "RACK_ENV" => "development" }
+    )
     warnings = err.lines.grep(/stock mysql2 adapter/)
     assert_equal 1, warnings.size, err
     assert_match(/database "primary" \(development\).*Use adapter: neverblock_mysql2/, warnings.first)
@@ -235,26 +244,14 @@ class ServerLifecycleTest < PlainTest
   # Rails generates pool: 5; a 6th request using the database at once waits
   # checkout_timeout and fails.
   def test_a_small_activerecord_pool_gets_a_warning_with_the_fix
-    out, err, status = run_ruby(<<~'RUBY', timeout: 30, env: { "RACK_ENV" => "production", "RAILS_ENV" => nil })
-      require "active_record"
-      require "neverblock/server"
-      require "net/http"
-      ActiveRecord::Base.configurations = {
-        "production" => { "primary" => { "adapter" => "neverblock_postgresql", "pool" => 5 },
-                          "replica" => { "adapter" => "neverblock_postgresql", "pool" => 25 } }
-      }
-      server = NeverBlock::Server.new(->(_env) { [200, {}, []] }, bind: "tcp://127.0.0.1:0", workers: 0)
-      port = server.bound_addresses.first[/\d+\z/]
-      thread = Thread.new { server.run }
-      sleep 0.05 until (Net::HTTP.get(URI("http://127.0.0.1:#{port}/")) rescue nil)
-      server.stop
-      thread.join
-    RUBY
-    assert status.success?, err
+    err = serve_once_with_active_record(
+      { "production" => { "primary" => { "adapter" => "neverblock_postgresql", "pool" => 5 },
+                          "replica" => { "adapter" => "neverblock_postgresql", "pool" => 25 } } },
+      { "RACK_ENV" => "production" }
+    )
     warnings = err.lines.grep(/has a pool of/)
     assert_equal 1, warnings.size, err
     assert_match(/"primary" \(production\) has a pool of 5 connections.*request 6 .*Set pool: 25 or more/, warnings.first)
-    assert_empty out
   end
 
   def test_stop_lets_in_flight_requests_finish
