@@ -4,8 +4,9 @@
 # thumbnail server, rebuilt): GET /thumb/<width>x<height>/<key> fetches
 # <ORIGIN_URL>/<key> with Net::HTTP, resizes it with libvips off the event
 # loop, and keeps the result in memory. README.md (next to this file) has
-# the whole story; in short, from a checkout of NeverBlock:
+# the whole story; in short, from a checkout of NeverBlock after bin/setup:
 #
+#   export BUNDLE_PATH=vendor/bundle
 #   ORIGIN_URL=https://my-bucket.s3.amazonaws.com \
 #     bundle exec exe/neverblock serve examples/thumbnails/config.ru -p 9292
 #   curl -si http://127.0.0.1:9292/thumb/200x150/photos/cat.jpg
