@@ -31,6 +31,8 @@ CR_BUILD_PACKAGES=(build-essential pkg-config git ca-certificates
 # Libraries that examples/ load at run time: libvips for examples/thumbnails (the ruby-vips
 # gem opens it through ffi, whose extension builds against libffi-dev). Debian 13 and sid
 # call the package libvips42t64 (the 64-bit time_t transition); Debian 12 libvips42.
+# Installed with apt by chroot_ruby_ensure_packages rather than by debootstrap, whose
+# dependency resolution is rudimentary: libvips pulls in dozens of libraries.
 CR_EXAMPLE_PACKAGES=(libffi-dev libvips42t64)
 # Debian's Release files for sid and experimental are past their Valid-Until date on some
 # mirrors (snapshots); apt refuses them unless told not to check.
@@ -43,7 +45,7 @@ chroot_ruby_use() {
     3.3)
       CR_ROOT="${NEVERBLOCK_CR_ROOT:-/var/cache/neverblock/trixie}"
       CR_SUITE=trixie
-      CR_PACKAGES=(ruby ruby-dev bundler "${CR_BUILD_PACKAGES[@]}" "${CR_EXAMPLE_PACKAGES[@]}")
+      CR_PACKAGES=(ruby ruby-dev bundler "${CR_BUILD_PACKAGES[@]}")
       CR_RUBY=/usr/bin/ruby
       ;;
     3.4)
@@ -51,7 +53,7 @@ chroot_ruby_use() {
       CR_SUITE=sid
       # ruby3.4 itself comes from experimental (_chroot_ruby_install_experimental); sid's
       # default ruby is still 3.3.
-      CR_PACKAGES=("${CR_BUILD_PACKAGES[@]}" "${CR_EXAMPLE_PACKAGES[@]}")
+      CR_PACKAGES=("${CR_BUILD_PACKAGES[@]}")
       CR_RUBY=/usr/bin/ruby3.4      # /usr/local/bin/ruby names it (_chroot_ruby_install_experimental)
       ;;
     *) nb_die "no chroot for Ruby $CR_VERSION (use 3.3 or 3.4)" ;;
@@ -141,7 +143,7 @@ _chroot_ruby_sync_etc() {
 chroot_ruby_ensure_packages() {
   local missing
   mapfile -t missing < <(
-    for pkg in "${CR_PACKAGES[@]}"; do
+    for pkg in "${CR_PACKAGES[@]}" "${CR_EXAMPLE_PACKAGES[@]}"; do
       [[ "$(dpkg-query --admindir="$CR_ROOT/var/lib/dpkg" -W -f='${Status}' "$pkg" 2>/dev/null)" \
          == "install ok installed" ]] || echo "$pkg"
     done)
