@@ -39,9 +39,8 @@ module NotifyFeed
     # @param channel [String] the channel to LISTEN on.
     # @param queue_limit [Integer] messages a client may fall behind before it is dropped.
     def initialize(db, channel, queue_limit:)
-      # PostgreSQL's channel names end at 63 bytes; the probe channel's name
-      # (see #listen_once) adds up to 20.
-      raise ArgumentError, "channel names are at most 40 bytes here, got #{channel.inspect}" if channel.bytesize > 40
+      # PostgreSQL's identifiers (channel names) end at 63 bytes.
+      raise ArgumentError, "channel names are at most 63 bytes, got #{channel.inspect}" if channel.bytesize > 63
 
       @db = db
       @channel = channel
@@ -102,39 +101,20 @@ module NotifyFeed
       end
     end
 
-    # `DB.listen` has no callback for "LISTEN is in effect", and a client
-    # told it is ready must not miss a message NOTIFYed right after. So the
-    # listener also LISTENs on a channel of this process's own, after the
-    # feed's channel and on the same connection, and a prober NOTIFYs that
-    # one until the listener hears it: from then on the feed's channel is
-    # heard too.
+    # Clients waiting for the LISTEN are told :ready once it is in effect
+    # (`ready:`): a message NOTIFYed after that reaches them.
     def listen_once
-      probe = "#{@channel}:ready:#{Process.pid}"
-      prober = NeverBlock.spawn do
-        loop do
-          begin
-            @db.notify(probe)
-          rescue PG::Error, NeverBlock::ConnectError, NeverBlock::PoolTimeout
-            nil # the database is away: the listener hears of it too
-          end
-          sleep 0.05
-        end
+      on_listen = lambda do
+        @listening = true
+        @clients.each_key { |queue| ready(queue) unless @clients[queue] }
       end
-      @db.listen(@channel, probe) do |payload, channel|
-        if channel == probe
-          prober.cancel
-          @listening = true
-          @clients.each_key { |queue| ready(queue) unless @clients[queue] }
-        else
-          broadcast(payload || "") # pg yields nil for an empty payload
-          # The streams write what they got before the next notification: a
-          # burst (one transaction's many NOTIFYs) arrives all at once, and
-          # would otherwise fill every queue before any stream ran.
-          sleep 0
-        end
+      @db.listen(@channel, ready: on_listen) do |payload|
+        broadcast(payload)
+        # The streams write what they got before the next notification: a
+        # burst (one transaction's many NOTIFYs) arrives all at once, and
+        # would otherwise fill every queue before any stream ran.
+        sleep 0
       end
-    ensure
-      prober&.cancel
     end
 
     def ready(queue)

@@ -165,14 +165,20 @@ module NeverBlock
       # breaks or the calling task is cancelled. Inside NeverBlock only the
       # calling fiber waits.
       #
+      # A notification sent before the LISTEN took effect is not delivered:
+      # `ready:` is called once it has, e.g. to let the code that notifies
+      # go on (`ready: -> { listening << true }`).
+      #
       # @param channels [Array<String>]
       # @param timeout [Numeric, nil] return nil after this many seconds
       #   without a notification (default: wait forever).
+      # @param ready [#call, nil] called (with no argument) once every
+      #   channel is listened to, before the first wait.
       # @yieldparam payload [String]
       # @yieldparam channel [String]
       # @yieldparam pid [Integer] the notifying backend.
       # @return [Object] the value of a `break`, or nil after `timeout`.
-      def listen(*channels, timeout: nil)
+      def listen(*channels, timeout: nil, ready: nil)
         raise ArgumentError, "listen needs at least one channel" if channels.empty?
         raise ArgumentError, "listen needs a block" unless block_given?
 
@@ -180,8 +186,10 @@ module NeverBlock
         conn = @connector.call
         begin
           channels.each { |channel| conn.exec("LISTEN #{conn.quote_ident(channel.to_s)}") }
+          ready&.call
           loop do
-            got = conn.wait_for_notify(timeout) { |channel, pid, payload| yield(payload, channel, pid) }
+            # pg passes no payload for an empty one: "" as documented.
+            got = conn.wait_for_notify(timeout) { |channel, pid, payload| yield(payload || "", channel, pid) }
             return nil if got.nil? && timeout
             raise PG::ConnectionBad, "connection lost while listening" if conn.status != PG::CONNECTION_OK
           end

@@ -311,7 +311,9 @@ class ActiveRecordPostgreSQLAdapterTest < NeverBlockTest
           amount = random.rand(1..50)
           from, to = (1..20).to_a.sample(2, random: random)
           begin
-            NeverBlock.timeout(random.rand(0.0005..0.03)) do
+            # Log-uniform from 0.5 ms to 200 ms: timeouts land in every phase
+            # of a transfer however slow a loaded machine makes it.
+            NeverBlock.timeout(10**random.rand(-3.3..-0.7)) do
               Account.transaction do # rows locked in id order: no deadlocks
                 [[from, -amount], [to, amount]].sort.each_with_index do |(id, change), step|
                   Account.connection.execute("SELECT pg_sleep(0.001)") if step == 1 && random.rand < 0.3

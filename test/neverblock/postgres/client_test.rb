@@ -213,6 +213,30 @@ class PostgresClientTest < NeverBlockTest
     assert_equal [["one", channel], ["two", channel]], received
   end
 
+  # A NOTIFY sent once `ready` was called always arrives: no polling of
+  # pg_listening_channels, no sleep.
+  def test_listen_calls_ready_once_the_listen_took_effect
+    db = client
+    channel = unique_name("chan")
+    listening = Thread::Queue.new
+    listener = NeverBlock.spawn do
+      db.listen(channel, ready: -> { listening << true }) { |payload| break payload }
+    end
+    listening.pop
+    db.notify(channel, "right after ready")
+    assert_equal "right after ready", listener.value
+  end
+
+  def test_an_empty_notification_payload_is_an_empty_string
+    db = client
+    channel = unique_name("chan")
+    listening = Thread::Queue.new
+    listener = NeverBlock.spawn { db.listen(channel, ready: -> { listening << true }) { |payload| break payload } }
+    listening.pop
+    db.notify(channel)
+    assert_equal "", listener.value
+  end
+
   def test_listen_returns_nil_after_its_timeout_without_a_notification
     db = client
     assert_nil db.listen(unique_name("quiet"), timeout: 0.1) { flunk "nothing was notified" }
