@@ -30,6 +30,21 @@ module NeverBlock
 
           raise ::ActiveRecord::ConnectionNotEstablished, e.message
         end
+
+        # The types migrations write (`t.datetime` as `datetime_type` says).
+        # The stock class caches this table in an instance variable of its
+        # own, which a subclass would fill once and keep apart: the stock
+        # class's table is used instead, so that
+        # `ActiveRecord::ConnectionAdapters::PostgreSQLAdapter.datetime_type`
+        # (Rails' documented setting) and anything that rebuilds the table
+        # mean the same here. Only a `datetime_type` set on this class
+        # itself gives it a table of its own.
+        # @return [Hash{Symbol => Hash}]
+        def native_database_types
+          return superclass.native_database_types if datetime_type == superclass.datetime_type
+
+          super
+        end
       end
     end
   end

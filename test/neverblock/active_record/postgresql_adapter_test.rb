@@ -93,6 +93,37 @@ class ActiveRecordPostgreSQLAdapterTest < NeverBlockTest
     Record.connection_pool.with_connection { |c| c.execute("DROP TABLE IF EXISTS nb_ar_typed") }
   end
 
+  # Rails documents `ActiveRecord::ConnectionAdapters::PostgreSQLAdapter.datetime_type = :timestamptz`
+  # to make `t.datetime` a timestamp with time zone. The stock class keeps the
+  # type table that setting produces in a class-level cache, which Rails' own
+  # tests rebuild after changing the setting (with_datetime_type below does the
+  # same): the neverblock adapter must use that table, not a stale copy of its own.
+  def test_datetime_type_set_on_the_stock_adapter_applies_to_neverblock_connections
+    Record.connection_pool.with_connection do |c|
+      c.create_table(:nb_ar_times, force: true) { |t| t.datetime :before } # the type table is in use
+      with_datetime_type(:timestamptz) { c.add_column(:nb_ar_times, :after, :datetime) }
+      c.add_column(:nb_ar_times, :later, :datetime)
+      types = c.select_rows("SELECT column_name, data_type FROM information_schema.columns " \
+                            "WHERE table_name = 'nb_ar_times'").to_h
+      assert_equal "timestamp without time zone", types["before"]
+      assert_equal "timestamp with time zone", types["after"]
+      assert_equal "timestamp without time zone", types["later"], "the setting was restored"
+    end
+  ensure
+    Record.connection_pool.with_connection { |c| c.execute("DROP TABLE IF EXISTS nb_ar_times") }
+  end
+
+  def with_datetime_type(type)
+    stock = ::ActiveRecord::ConnectionAdapters::PostgreSQLAdapter
+    was = stock.datetime_type
+    stock.datetime_type = type
+    stock.remove_instance_variable(:@native_database_types) if stock.instance_variable_defined?(:@native_database_types)
+    yield
+  ensure
+    stock.datetime_type = was
+    stock.remove_instance_variable(:@native_database_types) if stock.instance_variable_defined?(:@native_database_types)
+  end
+
   def test_requiring_it_sets_the_fiber_isolation_level
     assert_equal :fiber, ActiveSupport::IsolatedExecutionState.isolation_level
   end
