@@ -12,7 +12,10 @@
 #
 # Environment:
 #   ARSUITE_MODE     postgresql | neverblock_postgresql, with "+fibers" to
-#                    run each test inside its own NeverBlock.run
+#                    run each test inside its own NeverBlock.run and
+#                    "+neverblock" to load neverblock/active_record (which
+#                    sets Active Support's isolation level to :fiber) with
+#                    the stock adapter
 #   ARSUITE_RESULTS  the JSON-lines file to write (one object per test, then
 #                    one {"finished": ...})
 #   ARSUITE_FILES    comma-separated globs (relative to activerecord/); empty
@@ -44,9 +47,19 @@ module ARSuite
     mode.split("+").first
   end
 
+  def flags
+    mode.split("+").drop(1)
+  end
+
   # @return [Boolean] whether each test runs inside its own NeverBlock.run.
   def fibers?
-    mode.split("+").drop(1).include?("fibers")
+    flags.include?("fibers")
+  end
+
+  # @return [Boolean] whether neverblock/active_record is loaded (always for
+  #   a neverblock adapter; "+neverblock" loads it for the stock adapter).
+  def neverblock_active_record?
+    adapter.start_with?("neverblock_") || flags.include?("neverblock")
   end
 
   def server
@@ -73,9 +86,9 @@ module ARSuite
     conn&.close
   end
 
-  # The suite reads its connections from ARCONFIG (test/support/config.rb);
-  # the connection named like the adapter gets `adapter:` set to that name.
-  # Both entries are the same server and options, the example config's.
+  # The suite reads its connections from ARCONFIG (test/support/config.rb)
+  # and uses the one named ARCONN, whose `adapter:` is set to its name: the
+  # server and options of the example config's postgresql entry.
   def write_config(path)
     entry = ->(extra = {}) { server.merge("min_messages" => "warning").merge(extra) }
     connection = {
@@ -83,8 +96,9 @@ module ARSuite
       "arunit_without_prepared_statements" => entry.call("prepared_statements" => false),
       "arunit2" => entry.call
     }
+    # Under "postgresql" too: a few tests read that entry by name.
     File.write(path, YAML.dump("default_connection" => adapter,
-                               "connections" => { adapter => connection }))
+                               "connections" => { "postgresql" => connection, adapter => connection }))
     ENV["ARCONFIG"] = File.expand_path(path)
     ENV["ARCONN"] = adapter
     # For the tests that run psql/pg_dump or connect with libpq's defaults.
@@ -116,12 +130,18 @@ module ARSuite
       super()
       @io = File.open(path, "w")
       @io.sync = true
+      @seen = Hash.new(0)
     end
 
     def record(result)
       failure = result.failures.first
+      # A few classes share a name (defined in two files): the second one's
+      # tests get " [2]", and so on, in the order they ran.
+      name = "#{result.klass}##{result.name}"
+      @seen[name] += 1
+      name = "#{name} [#{@seen[name]}]" if @seen[name] > 1
       @io.puts JSON.generate(
-        "test" => "#{result.klass}##{result.name}",
+        "test" => name,
         "outcome" => outcome(result),
         "location" => Array(result.source_location).join(":"),
         "time" => result.time.round(4),
@@ -154,6 +174,30 @@ module ARSuite
     end
   end
 
+  # Rails' leak check (ActiveRecord::TestCase#check_connection_leaks) lets a
+  # query still running on the async executor (load_async) finish by
+  # joining its connection's owner for 0.5 s when the owner is a Thread. At
+  # the :fiber isolation level the owner is the executor thread's fiber,
+  # which has no #join, so the check would report the query about to finish
+  # as a leaked connection (and then fail on Fiber#kill). This gives those
+  # queries the same 0.5 s first; a connection that is never given back is
+  # still reported.
+  module AsyncQueriesFinishFirst
+    def check_connection_leaks
+      if ::ActiveSupport::IsolatedExecutionState.isolation_level == :fiber
+        deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 0.5
+        ::ActiveRecord::Base.connection_handler.each_connection_pool do |pool|
+          executor = pool.async_executor or next
+          while executor.scheduled_task_count != executor.completed_task_count &&
+                Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
+            sleep(0.005)
+          end
+        end
+      end
+      super
+    end
+  end
+
   # Each test (its instance, setup, body and teardown) inside its own
   # NeverBlock.run: a non-blocking fiber under NeverBlock's scheduler, as a
   # request is under NeverBlock's server. With neverblock/active_record's
@@ -182,7 +226,7 @@ ARSuite.recreate_databases
 FileUtils.mkdir_p("tmp")
 ARSuite.write_config("tmp/arsuite-#{ARSuite.adapter}.yml")
 
-require "neverblock/active_record" if ARSuite.adapter.start_with?("neverblock_")
+require "neverblock/active_record" if ARSuite.neverblock_active_record?
 if ARSuite.fibers?
   require "neverblock"
   Minitest.singleton_class.prepend(ARSuite::InsideNeverBlock)
@@ -194,8 +238,15 @@ Minitest.define_singleton_method(:plugin_ar_suite_recorder_init) do |_options|
   reporter << ARSuite::Recorder.new(results)
 end
 
-warn "ar_suite: #{ARSuite.mode} (adapter #{ARSuite.adapter}#{', each test in NeverBlock.run' if ARSuite.fibers?}), " \
+warn "ar_suite: #{ARSuite.mode} (adapter #{ARSuite.adapter}#{', each test in NeverBlock.run' if ARSuite.fibers?}" \
+     "#{', isolation level :fiber' if ARSuite.neverblock_active_record?}), " \
      "ActiveRecord from #{ENV['ARSUITE_AGAINST'] == 'source' ? 'the source tree' : 'the bundle'}"
 ARSuite.test_files.each { |file| require File.expand_path(file) }
+# helper.rb sets Thread.abort_on_exception, which raises a thread's error in
+# the main thread's current fiber: under NeverBlock.run that is the event
+# loop, not the test (waiting in Thread#join to see the error), and the
+# error would end the whole run. Thread#join still raises it in the test.
+Thread.abort_on_exception = false if ARSuite.fibers?
+ActiveRecord::TestCase.prepend(ARSuite::AsyncQueriesFinishFirst)
 require "active_record"
 warn "ar_suite: ActiveRecord #{ActiveRecord.version} (#{$LOADED_FEATURES.grep(%r{/active_record\.rb\z}).first})"
