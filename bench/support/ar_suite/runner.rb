@@ -87,18 +87,25 @@ module ARSuite
   end
 
   # The suite reads its connections from ARCONFIG (test/support/config.rb)
-  # and uses the one named ARCONN, whose `adapter:` is set to its name: the
-  # server and options of the example config's postgresql entry.
+  # and uses the one named ARCONN: the server and options of the example
+  # config's postgresql entry, with `adapter:` this mode's. The entry is also
+  # written under "postgresql" (a few tests read that one by name) as a copy
+  # of its own: YAML would write one hash twice as an alias, and the suite,
+  # which fills in each entry's adapter from its name, would then give both
+  # the first name.
   def write_config(path)
-    entry = ->(extra = {}) { server.merge("min_messages" => "warning").merge(extra) }
-    connection = {
-      "arunit" => entry.call,
-      "arunit_without_prepared_statements" => entry.call("prepared_statements" => false),
-      "arunit2" => entry.call
-    }
-    # Under "postgresql" too: a few tests read that entry by name.
-    File.write(path, YAML.dump("default_connection" => adapter,
-                               "connections" => { "postgresql" => connection, adapter => connection }))
+    entry = lambda do |name, extra = {}|
+      server.merge("adapter" => name, "min_messages" => "warning").merge(extra)
+    end
+    connection = lambda do |name|
+      {
+        "arunit" => entry.call(name),
+        "arunit_without_prepared_statements" => entry.call(name, "prepared_statements" => false),
+        "arunit2" => entry.call(name)
+      }
+    end
+    connections = { "postgresql" => connection.call("postgresql"), adapter => connection.call(adapter) }
+    File.write(path, YAML.dump("default_connection" => adapter, "connections" => connections))
     ENV["ARCONFIG"] = File.expand_path(path)
     ENV["ARCONN"] = adapter
     # For the tests that run psql/pg_dump or connect with libpq's defaults.
@@ -248,5 +255,13 @@ ARSuite.test_files.each { |file| require File.expand_path(file) }
 # error would end the whole run. Thread#join still raises it in the test.
 Thread.abort_on_exception = false if ARSuite.fibers?
 ActiveRecord::TestCase.prepend(ARSuite::AsyncQueriesFinishFirst)
+
+# The suite connected while loading (ARTest.connect): make sure it is
+# through the adapter this mode is about.
+connection_class = ActiveRecord::Base.connection_pool.with_connection(&:class)
+expected_class = ARSuite.adapter == "postgresql" ? "ActiveRecord::ConnectionAdapters::PostgreSQLAdapter" :
+  "NeverBlock::ActiveRecord::PostgreSQLAdapter"
+abort "ar_suite: the suite connected with #{connection_class}, not #{expected_class}" if connection_class.name != expected_class
+warn "ar_suite: connected with #{connection_class}"
 require "active_record"
 warn "ar_suite: ActiveRecord #{ActiveRecord.version} (#{$LOADED_FEATURES.grep(%r{/active_record\.rb\z}).first})"
