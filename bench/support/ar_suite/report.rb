@@ -90,6 +90,29 @@ module ARSuiteReport
     runs.find { |other| other.mode == stock } || runs.first
   end
 
+  # For information, not counted: what running each test inside
+  # NeverBlock.run changes with the stock adapter (postgresql+fibers against
+  # postgresql), i.e. the effect of the fiber and the scheduler on the
+  # suite itself, whatever the adapter.
+  def harness_notes(runs)
+    first = runs.first
+    notes = +""
+    runs.drop(1).each do |run|
+      next if run.mode.start_with?("neverblock_") || !baseline_for(run, runs).equal?(run)
+
+      diffs = differences(first, run)
+      notes << "\n#{run.mode} against #{first.mode} (for information, not counted: the same adapter, " \
+               "so these are the harness's): #{diffs.size} outcome#{diffs.size == 1 ? '' : 's'} differ" \
+               "#{diffs.empty? ? '' : ':'}\n"
+      diffs.each do |test, before, after|
+        notes << "  #{test} (#{location(before || after)})\n" \
+                 "    #{first.mode}: #{describe(before)}\n" \
+                 "    #{run.mode}: #{describe(after)}\n"
+      end
+    end
+    notes
+  end
+
   def report(meta, runs, out)
     baseline = runs.first
     text = +""
@@ -132,6 +155,7 @@ module ARSuiteReport
       end
     end
     text << table.to_s << details
+    text << harness_notes(runs)
 
     failing = baseline.results.values.select { |result| %w[fail error].include?(result["outcome"]) }
     text << "\nNot passing under #{baseline.mode} (#{failing.size}):\n"
