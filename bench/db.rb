@@ -381,9 +381,11 @@ module NeverBlockBench
     #   (user + system, all its threads) meanwhile
     def timed_with_cpu(&block)
       before = Process.times
+      allocated = GC.stat(:total_allocated_objects)
       seconds = timed(&block)
       after = Process.times
-      { seconds: seconds, cpu: (after.utime - before.utime) + (after.stime - before.stime) }
+      { seconds: seconds, cpu: (after.utime - before.utime) + (after.stime - before.stime),
+        allocations: GC.stat(:total_allocated_objects) - allocated }
     end
 
     # A run's seconds go to row[:runs]; its CPU seconds, when measured, to row[:cpu].
@@ -393,6 +395,7 @@ module NeverBlockBench
       if outcome.is_a?(Hash)
         row[:runs] << outcome[:seconds]
         (row[:cpu] ||= []) << outcome[:cpu] if outcome[:cpu]
+        (row[:allocations] ||= []) << outcome[:allocations] if outcome[:allocations]
       else
         row[:runs] << outcome
       end
@@ -405,6 +408,12 @@ module NeverBlockBench
       text = format("%.3f s", outcome[:seconds])
       text += format(", client CPU %.1f us/query", outcome[:cpu] * 1e6 / @options[:queries]) if outcome[:cpu]
       text
+    end
+
+    # @return [Float, nil] median Ruby objects allocated per query
+    def allocations_per_query(row)
+      allocations = Samples.new(row[:allocations] || []).median
+      allocations && allocations.to_f / @options[:queries]
     end
 
     # @return [Float, nil] median client CPU per query, microseconds
@@ -482,16 +491,20 @@ module NeverBlockBench
            "pgbench: its tps without connection time."
       blocking = rows.find { |row| row[:variant].name == "blocking" }
       blocking_awake = rows.find { |row| row[:variant].name == "blocking_awake" }
-      table = Table.new(["client", "median s", "queries/s", "vs blocking", "client CPU us/query", "runs, s"])
+      table = Table.new(["client", "median s", "queries/s", "vs blocking", "client CPU us/query", "CPU vs blocking",
+                         "allocations/query", "runs, s"])
+      blocking_cpu = blocking && cpu_per_query(blocking)
       rows.each do |row|
         if row[:skipped] || row[:runs].empty?
-          table << [row[:variant].label, "n/a", "", "", "", row[:skipped] || row[:failures].first.to_s]
+          table << [row[:variant].label, "n/a", "", "", "", "", "", row[:skipped] || row[:failures].first.to_s]
           next
         end
         cpu = cpu_per_query(row)
+        allocations = allocations_per_query(row)
         table << [row[:variant].label, format("%.3f", median(row)), format("%.0f", rate(row)),
                   blocking && rate(blocking) ? format("%.2fx", rate(row) / rate(blocking)) : "",
-                  cpu ? format("%.1f", cpu) : "", Samples.new(row[:runs]).to_s(digits: 3)]
+                  cpu ? format("%.1f", cpu) : "", cpu && blocking_cpu ? format("%.2fx", cpu / blocking_cpu) : "",
+                  allocations ? format("%.1f", allocations) : "", Samples.new(row[:runs]).to_s(digits: 3)]
       end
       puts table
       puts "client CPU: user + system time of the Ruby process while it ran the queries, median; " \
@@ -534,7 +547,7 @@ module NeverBlockBench
 
     def write_csv(long_short, short)
       headers = %w[part variant label longs shorts queries runs median_s min_s max_s queries_per_s
-                   client_cpu_us_per_query advantage_pct advantage_2009_pct note]
+                   client_cpu_us_per_query allocations_per_query advantage_pct advantage_2009_pct note]
       rows = long_short.map do |row|
         samples = Samples.new(row[:runs])
         partner = long_short.find do |other|
@@ -543,7 +556,7 @@ module NeverBlockBench
         ours = row[:variant] == "neverblock" ? advantage(partner, row) : nil
         ["longshort", row[:variant], nil, row[:longs], row[:longs] * row[:ratio],
          row[:longs] * (row[:ratio] + 1), samples.to_s(digits: 4), samples.median&.round(4), samples.min&.round(4),
-         samples.max&.round(4), nil, nil, ours&.round(2),
+         samples.max&.round(4), nil, nil, nil, ours&.round(2),
          (RESULTS_2009[[row[:ratio], row[:longs]]]&.last if row[:variant] == "neverblock"),
          row[:failures].first]
       end
@@ -551,7 +564,8 @@ module NeverBlockBench
         samples = Samples.new(row[:runs])
         ["short", row[:variant].name, row[:variant].label, nil, @options[:queries], @options[:queries],
          samples.to_s(digits: 4), samples.median&.round(4), samples.min&.round(4), samples.max&.round(4),
-         rate(row)&.round(0), cpu_per_query(row)&.round(2), nil, nil, row[:skipped] || row[:failures].first]
+         rate(row)&.round(0), cpu_per_query(row)&.round(2), allocations_per_query(row)&.round(1), nil, nil,
+         row[:skipped] || row[:failures].first]
       end
       CsvFile.write(File.join(@options[:out], "db.csv"), headers, rows)
     end

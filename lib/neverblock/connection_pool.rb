@@ -130,8 +130,7 @@ module NeverBlock
     # @return [Object] the connection.
     # @raise [PoolTimeout] when none is free within `timeout` seconds.
     def checkout(owner: Fiber.current)
-      detect_fork
-      Thread.handle_interrupt(DEFER) { take(owner).connection }
+      Thread.handle_interrupt(DEFER) { checkout_deferred(owner) }
     end
 
     # Gives back a connection checked out by {#checkout}.
@@ -140,9 +139,37 @@ module NeverBlock
     # @return [void]
     # @raise [ArgumentError] if `owner` does not hold it.
     def checkin(connection, owner: Fiber.current)
+      Thread.handle_interrupt(DEFER) { checkin_deferred(connection, owner) }
+    end
+
+    # @api private
+    # {#checkout}, {#checkin} and {#discard} for a caller that has already
+    # deferred asynchronous interrupts (`Thread.handle_interrupt(DEFER)`)
+    # around the whole checkout-use-checkin, as the database clients do:
+    # each `handle_interrupt` allocates its mask, and this path runs for
+    # every query.
+    # @return [Object] the connection.
+    def checkout_deferred(owner = Fiber.current)
+      detect_fork
+      take(owner).connection
+    end
+
+    # @api private
+    # (see #checkout_deferred)
+    # @return [void]
+    def checkin_deferred(connection, owner = Fiber.current)
+      give_back(held(connection, owner)) unless parents?(connection)
+    end
+
+    # @api private
+    # (see #checkout_deferred)
+    # @return [void]
+    def discard_deferred(connection, owner = Fiber.current)
       return if parents?(connection)
 
-      Thread.handle_interrupt(DEFER) { give_back(held(connection, owner)) }
+      hold = held(connection, owner)
+      hold.broken = true
+      give_back(hold)
     end
 
     # Marks `connection` broken and gives it back: it is closed and a new
@@ -152,13 +179,7 @@ module NeverBlock
     # @return [void]
     # @raise [ArgumentError] if `owner` does not hold it.
     def discard(connection, owner: Fiber.current)
-      return if parents?(connection)
-
-      Thread.handle_interrupt(DEFER) do
-        hold = held(connection, owner)
-        hold.broken = true
-        give_back(hold)
-      end
+      Thread.handle_interrupt(DEFER) { discard_deferred(connection, owner) }
     end
 
     # @return [Hash] `{size:, in_use:, idle:, waiting:}`.

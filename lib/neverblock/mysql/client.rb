@@ -148,7 +148,7 @@ module NeverBlock
         return yield(held[1]) if held && held[0] == @pool.epoch
 
         Thread.handle_interrupt(DEFER) do
-          conn = @pool.checkout
+          conn = @pool.checkout_deferred
           Thread.current[@held_key] = [@pool.epoch, conn]
           error = nil
           begin
@@ -169,7 +169,7 @@ module NeverBlock
       ensure
         conn.transaction = false
         conn.returned!
-        clean ? @pool.checkin(conn) : @pool.discard(conn)
+        clean ? @pool.checkin_deferred(conn) : @pool.discard_deferred(conn) # (interrupts deferred by the caller)
       end
 
       # Rolls back after the block of #transaction raised; a second

@@ -149,7 +149,7 @@ module NeverBlock
         end
 
         Thread.handle_interrupt(DEFER) do
-          conn = @pool.checkout
+          conn = @pool.checkout_deferred
           Thread.current[@held_key] = [@pool.epoch, conn]
           begin
             Thread.handle_interrupt(ALLOW) { yield(conn) }
@@ -249,7 +249,7 @@ module NeverBlock
         begin
           clean = idle?(conn) || restored?(conn)
         ensure
-          clean ? @pool.checkin(conn) : @pool.discard(conn)
+          clean ? @pool.checkin_deferred(conn) : @pool.discard_deferred(conn) # (interrupts deferred by the caller)
         end
       end
 
@@ -338,6 +338,9 @@ module NeverBlock
       # close yet.
       def healthy?(conn)
         return false unless idle?(conn)
+        # Nothing arrived since the connection was last used (one peek at
+        # the socket, no allocation): no error, no close, nothing to read.
+        return true if conn.socket_io.recv_nonblock(1, Socket::MSG_PEEK, exception: false) == :wait_readable
 
         fatal = false
         previous = conn.set_notice_receiver { |result| fatal ||= result.error_field(PG::PG_DIAG_SEVERITY_NONLOCALIZED) == "FATAL" }
