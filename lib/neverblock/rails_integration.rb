@@ -10,25 +10,26 @@ module NeverBlock
     module_function
 
     # Runs the block, which loads an app: if the app loads Rails, the
-    # Railtie is defined as soon as Active Support's is (TracePoint on class
-    # ends, for the duration of the block only), before the app initializes.
+    # Railtie is defined when the app's class is (Active Support's
+    # `before_configuration` hook), before the app initializes; if it loads
+    # ActiveRecord, the adapters register as ActiveRecord::Base loads.
     # Afterwards the ActiveRecord adapters are registered if ActiveRecord
     # was loaded.
+    #
+    # Both hooks need Active Support's `on_load`, which the app loads
+    # itself: a `script_compiled` TracePoint (one event per file or string
+    # compiled) watches for it and ends as soon as it is there. Not a
+    # `:class`/`:end` TracePoint: enabling one of those rewrites every
+    # instruction sequence in the process, which in a forked worker copies
+    # every page of bytecode (measured: 530 ms per worker boot, most of a
+    # crash-looping worker's respawn time).
     # @return [Object] the block's value.
     def while_loading_app
       install_railtie if rails_loaded?
       return yield.tap { after_load } if defined?(::NeverBlock::Railtie)
+      return yield.tap { after_load } if hook_active_support
 
-      hooked = defined?(::ActiveSupport.on_load) && hook_active_record
-      trace = TracePoint.new(:end) do |event|
-        # An app that uses ActiveRecord without Rails (establish_connection
-        # in config.ru): the adapters register as ActiveRecord::Base loads.
-        hooked ||= defined?(::ActiveSupport.on_load) && hook_active_record
-        next unless defined?(::ActiveSupport::Railtie) && event.self.equal?(::ActiveSupport::Railtie)
-
-        trace.disable
-        install_railtie
-      end
+      trace = TracePoint.new(:script_compiled) { trace.disable if hook_active_support }
       trace.enable
       begin
         yield
@@ -69,9 +70,16 @@ module NeverBlock
       NeverBlock.logger.debug("NeverBlock") { "could not compare database.yml with ActiveRecord's configurations: #{e.class}: #{e.message}" }
     end
 
-    # @return [true]
-    def hook_active_record
+    # Once Active Support's load hooks exist: the adapters register when
+    # ActiveRecord::Base loads, and a Rails app's class, as it is defined,
+    # installs the Railtie (its initializers and settings apply at
+    # `initialize!`, which comes later).
+    # @return [Boolean] whether the hooks are in place.
+    def hook_active_support
+      return false unless defined?(::ActiveSupport.on_load)
+
       ::ActiveSupport.on_load(:active_record) { require "neverblock/active_record" }
+      ::ActiveSupport.on_load(:before_configuration) { ::NeverBlock::RailsIntegration.install_railtie }
       true
     end
 

@@ -179,10 +179,14 @@ module NeverBlock
         end
       end
 
+      # Signals and worker deaths wake the master through pipes; the timeout
+      # is for a boot retry that is due (a delay after a boot failure) and
+      # a once-a-second look around otherwise, not a poll.
       def select_timeout
         return 0.5 if @stopping
 
-        [[@next_boot_at - now, 0.05].max, 1.0].min
+        wait = @next_boot_at - now
+        wait.positive? ? [[wait, 0.05].max, 1.0].min : 1.0
       end
 
       # A worker writes "booted" once its app is loaded and "ready" once it

@@ -55,6 +55,43 @@ class ActiveRecordRailtieTest < PlainTest
     assert_equal "NeverBlock::ActiveRecord::TrilogyAdapter\n", out
   end
 
+  # `neverblock serve` loads neverblock before the app's config.ru loads
+  # Rails, so Bundler.require's `require "neverblock"` is a no-op there: the
+  # app is loaded inside RailsIntegration.while_loading_app, which installs
+  # the Railtie when the app's class is defined.
+  def test_an_app_loaded_as_neverblock_serve_loads_it_gets_the_railtie
+    Dir.mktmpdir("nb-railtie") do |dir|
+      app = File.join(dir, "app.rb")
+      File.write(app, format(APP, requires: "require 'rails'\nrequire 'active_record/railtie'", config: ""))
+      out, err, status = run_ruby(<<~RUBY, timeout: 60)
+        require "tmpdir"
+        require "neverblock"
+        require "neverblock/rails_integration"
+        NeverBlock::RailsIntegration.while_loading_app { load #{app.inspect} }
+        puts defined?(NeverBlock::Railtie).inspect
+      RUBY
+      assert status.success?, "the app failed to boot:\n#{err}"
+      assert_equal ["fiber", "NeverBlock::ActiveRecord::PostgreSQLAdapter", '"constant"'], out.lines.map(&:chomp)
+    end
+  end
+
+  # The same for ActiveRecord without Rails: the adapters register as
+  # ActiveRecord::Base loads, though Active Support arrives with the app.
+  def test_an_active_record_app_loaded_as_neverblock_serve_loads_it_finds_the_adapters
+    out, err, status = run_ruby(<<~RUBY, timeout: 60)
+      require "neverblock"
+      require "neverblock/rails_integration"
+      NeverBlock::RailsIntegration.while_loading_app do
+        require "active_record"
+        ActiveRecord::Base # loads, running the on_load hooks
+        # A config.ru connects as it loads, before while_loading_app returns.
+        puts ActiveRecord::ConnectionAdapters.resolve("neverblock_mysql2").name
+      end
+    RUBY
+    assert status.success?, err
+    assert_equal "NeverBlock::ActiveRecord::Mysql2Adapter\n", out
+  end
+
   def test_requiring_neverblock_before_rails_still_gives_fiber_isolation
     level, = boot(requires: "require 'neverblock/active_record'\nrequire 'rails'\nrequire 'active_record/railtie'")
     assert_equal "fiber", level
