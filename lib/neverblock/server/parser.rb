@@ -60,6 +60,9 @@ module NeverBlock
         @unfinished = nil
         @value_fragments = 0
         @line_ended = false
+        @host = nil # the last Host seen on this connection, already checked
+        @server_name = nil
+        @server_port = nil
         @llhttp = LLHttp::Parser.new(self, type: :request)
       end
 
@@ -117,7 +120,7 @@ module NeverBlock
         @url = nil
         @field = nil
         @value = nil
-        @headers = {}
+        @headers = @base_env.dup # the request's env: headers go straight into it
         @header_bytes = 0
         @header_count = 0
       end
@@ -156,6 +159,7 @@ module NeverBlock
       # status travels in @error (see {#fail_with}).
       def on_headers_complete
         @current = build_request
+        @headers = nil # trailers after a chunked body are counted, not kept
         @raw_body = 0
         @requests << @current
         0
@@ -258,7 +262,7 @@ module NeverBlock
         fail_with(400, "whitespace in header name #{field.inspect}") if field.include?(" ") || field.include?("\t")
         key = http_key(field)
         return unless key # a name with "_" could pose as one with "-": dropped, as Puma and nginx do
-        return unless @headers # a trailer after a chunked body: counted above, not kept
+        return unless @headers # a trailer after a chunked body: counted above, not kept (see #on_headers_complete)
 
         value.strip!
         existing = @headers[key]
@@ -287,14 +291,12 @@ module NeverBlock
           fail_with(413, "Content-Length #{content_length} over #{@limits.max_body}")
         end
 
-        env = @base_env.dup
-        env.merge!(@headers)
+        env = @headers
         env["REQUEST_METHOD"] = method
         env["SERVER_PROTOCOL"] = http10 ? "HTTP/1.0" : "HTTP/1.1"
         set_target(env, method, @url || "")
         set_host(env, http10)
-        request = Request.new(env, head: method == "HEAD", http10: http10,
-                              max_body_in_memory: @limits.max_body_in_memory)
+        request = Request.new(env, method == "HEAD", http10, @limits.max_body_in_memory)
         if !http10 && (env["HTTP_TRANSFER_ENCODING"] || content_length.to_i.positive?)
           request.expects_continue = env["HTTP_EXPECT"]&.casecmp?("100-continue") || false
         end
@@ -302,7 +304,9 @@ module NeverBlock
       end
 
       def set_target(env, method, url)
-        if url.start_with?("/")
+        if url.start_with?("/") && !url.include?("?") && !url.include?("#")
+          path = url # the common target, a bare path: nothing to split
+        elsif url.start_with?("/")
           path, query = url.split("?", 2)
           query = query&.split("#", 2)&.first
           path = path.split("#", 2).first || "/"
@@ -338,8 +342,16 @@ module NeverBlock
           host.byteslice(colon + 1, port_bytes).count("0-9") == port_bytes
       end
 
+      # SERVER_NAME and SERVER_PORT from Host. A connection's requests nearly
+      # always repeat their Host, so the last one's check and split are kept
+      # (frozen, shared by those requests' envs).
       def set_host(env, http10)
         host = env["HTTP_HOST"]
+        if host && host == @host
+          env["SERVER_NAME"] = @server_name
+          env["SERVER_PORT"] = @server_port
+          return
+        end
         unless host
           fail_with(400, "HTTP/1.1 request without Host") unless http10
           env["SERVER_NAME"] = @default_host
@@ -351,8 +363,9 @@ module NeverBlock
         end
 
         name, port = host.start_with?("[") ? host.split(/(?<=\])(?::)/, 2) : host.split(":", 2)
-        env["SERVER_NAME"] = name
-        env["SERVER_PORT"] = port.nil? || port.empty? ? "80" : port
+        @host = -host
+        env["SERVER_NAME"] = @server_name = -name
+        env["SERVER_PORT"] = @server_port = port.nil? || port.empty? ? "80" : -port
       end
     end
   end

@@ -2,6 +2,7 @@
 
 require "stringio"
 require "tempfile"
+require_relative "empty_input"
 
 module NeverBlock
   class Server
@@ -13,10 +14,6 @@ module NeverBlock
     # disk even if the process dies) and closed by {#close} once the
     # request is answered.
     class Request
-      # rack.input of a request without a body.
-      NO_BODY = String.new(encoding: Encoding::BINARY).freeze
-      private_constant :NO_BODY
-
       # @return [Hash] the Rack env.
       attr_reader :env
 
@@ -44,10 +41,12 @@ module NeverBlock
       # @return [Boolean] true for HTTP/1.0.
       attr_reader :http10
 
+      # Positional arguments: the parser makes one per request, and
+      # keywords through Class#new would allocate a Hash each time.
       # @param env [Hash]
       # @param head [Boolean], http10 [Boolean] see {#head}, {#http10}.
       # @param max_body_in_memory [Integer] bytes of body kept in a String.
-      def initialize(env, head:, http10:, max_body_in_memory: 64 * 1024)
+      def initialize(env, head, http10, max_body_in_memory = 64 * 1024)
         @env = env
         @body = nil
         @body_bytes = 0
@@ -98,9 +97,10 @@ module NeverBlock
         !@file.nil?
       end
 
-      # Finishes the env: rack.input over the body (a StringIO, or the
-      # rewound Tempfile), and CONTENT_LENGTH for a body that came chunked
-      # (the app sees it de-chunked).
+      # Finishes the env: rack.input over the body (a StringIO, the rewound
+      # Tempfile, or for a request without one the shared {EmptyInput}), and
+      # CONTENT_LENGTH for a body that came chunked (the app sees it
+      # de-chunked).
       # @return [Hash] the env.
       def finish
         if @env.delete("HTTP_TRANSFER_ENCODING")
@@ -110,7 +110,7 @@ module NeverBlock
           @file.rewind
           @env["rack.input"] = @file
         else
-          @env["rack.input"] = StringIO.new(@body || NO_BODY)
+          @env["rack.input"] = @body ? StringIO.new(@body) : EmptyInput::INSTANCE
         end
         @env["rack.response_finished"] = []
         @env

@@ -39,6 +39,10 @@ module NeverBlock
       # Bodies up to this size are sent in the same write as the headers.
       COALESCE = 64 * 1024
 
+      # The end of a chunked body.
+      LAST_CHUNK = "0\r\n\r\n"
+      private_constant :LAST_CHUNK
+
       # The client went away (or stopped reading) during a write.
       class ClientGone < BaseError
       end
@@ -130,10 +134,10 @@ module NeverBlock
           return keep_alive
         end
 
+        parts = body.to_ary if body.respond_to?(:to_ary)
         if length || framed_by_app
           chunked = false
-        elsif body.respond_to?(:to_ary)
-          parts = body.to_ary
+        elsif parts
           length = parts.sum(&:bytesize)
           head << "content-length: " << length.to_s << "\r\n"
         elsif request.http10
@@ -146,8 +150,10 @@ module NeverBlock
         head << connection_header(keep_alive, request) << "\r\n"
 
         declared = declared_length(length) unless framed_by_app
-        if parts
+        if parts && (declared.nil? || declared == parts.sum(&:bytesize))
           write_parts(head, parts)
+        elsif parts
+          write_each(head, parts, false, declared) # cut at the declared length
         elsif body.respond_to?(:each)
           write_each(head, body, chunked, declared)
         else
@@ -236,7 +242,9 @@ module NeverBlock
       end
 
       # With a declared length, bytes past it are not sent (the connection
-      # is then closed, see {#write}).
+      # is then closed, see {#write}). The head goes out with the first
+      # chunk; what is left to write at the end (the head of an empty body,
+      # the last chunk's marker) in one more write.
       def write_each(head, body, chunked, declared = nil)
         pending = head
         sent = 0
@@ -251,16 +259,17 @@ module NeverBlock
           end
           sent += chunk.bytesize
           @body_bytes += chunk.bytesize
+          pending ||= +""
           if chunked
             pending << chunk.bytesize.to_s(16) << "\r\n" << chunk << "\r\n"
           else
             pending << chunk
           end
           write_all(pending)
-          pending = +""
+          pending = nil
         end
-        pending << "0\r\n\r\n" if chunked
-        write_all(pending)
+        pending = pending ? pending << LAST_CHUNK : LAST_CHUNK if chunked
+        write_all(pending) if pending
       end
 
       # @return [Integer, nil] the app's Content-Length, nil when it has none

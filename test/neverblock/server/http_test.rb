@@ -244,6 +244,40 @@ class ServerHTTPTest < PlainTest
     assert_equal 200, read_response(socket)[0]
   end
 
+  def test_a_trailer_does_not_reach_the_env
+    start_server(ECHO_ENV)
+    socket = connect
+    socket.write("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\nX-Test: t\r\n\r\n")
+    assert_equal "(none)", env_lines(read_response(socket)[2])["HTTP_X_TEST"]
+  end
+
+  def test_each_request_on_a_connection_gets_its_own_host
+    start_server(ECHO_ENV)
+    socket = connect
+    names = %w[a.example:81 b.example a.example:81 [::1]:82].map do |host|
+      socket.write("GET / HTTP/1.1\r\nHost: #{host}\r\n\r\n")
+      env_lines(read_response(socket)[2]).values_at("SERVER_NAME", "SERVER_PORT")
+    end
+    assert_equal [%w[a.example 81], %w[b.example 80], %w[a.example 81], %w[[::1] 82]], names
+  end
+
+  def test_a_bodiless_request_reads_an_empty_input_even_after_an_app_closed_one
+    app = lambda do |env|
+      input = env["rack.input"]
+      lines = []
+      input.each { |line| lines << line }
+      text = [input.read, input.read(10), input.gets, lines].inspect
+      input.close
+      [200, { "content-length" => text.bytesize.to_s }, [text]]
+    end
+    start_server(app)
+    socket = connect
+    2.times do
+      socket.write(get)
+      assert_equal '["", nil, nil, []]', read_response(socket)[2]
+    end
+  end
+
   def test_server_port_defaults_to_80_when_host_has_no_port
     start_server(ECHO_ENV)
     socket = connect
