@@ -21,11 +21,20 @@ module NeverBlock
   #   mid-conversation; see `broken_on:`) is closed and never handed out
   #   again, even when a nested `with` raised it; the next checkout opens a
   #   new one.
-  # - It is one Mutex and condition variables, which suspend only the fiber
-  #   inside NeverBlock and block the thread elsewhere, so the same pool
-  #   works from fibers and from plain threads. Asynchronous interrupts
-  #   (Thread#raise, Timeout on a plain thread) are held back while the pool
-  #   moves a connection between owners, so they cannot lose one.
+  # - It is one Mutex, held only for bookkeeping, so the same pool works from
+  #   fibers and from plain threads. A fiber of a NeverBlock loop waits in
+  #   its scheduler and a checkin hands the connection straight to it (one
+  #   deadline timer per wait, nothing else allocated); a thread, or a fiber
+  #   under another scheduler, waits on a condition variable.
+  # - Interrupts cannot lose a connection: a waiter interrupted after a
+  #   connection was handed to it passes it on. On plain threads,
+  #   asynchronous interrupts (Thread#raise, Timeout) are held back while the
+  #   pool moves a connection between owners. Inside a NeverBlock loop they
+  #   need no holding back: Task#cancel, NeverBlock.timeout and Timeout
+  #   arrive by Fiber#raise at a wait, which the pool expects at each of its
+  #   waits (see {ConnectionPool.masks_needed?}).
+  # - With `check_after:`, the `healthy` check is skipped for a connection
+  #   that came back less than that many seconds ago (it was just used).
   # - In a forked child each pool forgets the parent's connections, without
   #   closing them, before the child's code runs.
   #
@@ -42,13 +51,24 @@ module NeverBlock
     # @api private
     ALLOW = { Exception => :immediate }.freeze
 
-    # One fiber or thread waiting for a connection.
-    Waiter = Struct.new(:condition, :handed)
-    # What an owner (a fiber, or an object such as a pipeline) holds: the
-    # connection, how many checkouts deep, and whether a nested `with` found
-    # it broken.
-    Hold = Struct.new(:owner, :connection, :depth, :broken, :epoch)
-    private_constant :Waiter, :Hold
+    # One fiber or thread waiting for a connection: `handed` is set, with the
+    # lock held, to the Hold handed over or to :open (the right to open one).
+    # A fiber in a NeverBlock loop is woken through its `scheduler`; anything
+    # else waits on `condition`. Records are reused (see #wait_for_turn);
+    # identity is equality, so Array#delete finds the right one.
+    class Waiter
+      attr_accessor :fiber, :scheduler, :condition, :handed
+    end
+
+    # One per open connection, reused by each checkout: the connection, the
+    # #disconnect_all generation and fork epoch it was opened in, when it
+    # last came back (monotonic seconds), and while lent, its owner (a fiber,
+    # or an object such as a pipeline), how many checkouts deep, and whether
+    # it is broken (:unchecked while it still has to pass the health check).
+    Hold = Struct.new(:connection, :generation, :epoch, :returned_at, :owner, :depth, :broken)
+    # Waiter records kept for reuse at most.
+    SPARE_WAITERS = 128
+    private_constant :Waiter, :Hold, :SPARE_WAITERS
 
     # @return [Integer] the most connections the pool opens.
     attr_reader :size
@@ -76,11 +96,16 @@ module NeverBlock
     # @param forget [#call, nil] called in a forked child with each
     #   connection the child forgets, e.g. to detach its socket so that the
     #   driver's finalizer in the child cannot end the parent's session.
+    # @param check_after [Numeric] seconds a connection must have been back
+    #   in the pool before `healthy` is called on it (default 0: before every
+    #   checkout). A connection that came back moments ago was just used,
+    #   and checking it costs each checkout; if it broke since, its next use
+    #   fails with a connection-level error and it is replaced.
     # @param name [#to_s, nil] shown in {Server#stats} and logs.
     # @yieldreturn [Object] a new connection.
     # @raise [ArgumentError] without a block, or for a bad size or timeout.
     def initialize(size: 8, timeout: 5, eager: false, broken_on: BROKEN_ON, close: nil, healthy: nil,
-                   forget: nil, name: nil, &factory)
+                   check_after: 0, forget: nil, name: nil, &factory)
       raise ArgumentError, "ConnectionPool.new needs a block that opens a connection" unless factory
 
       @name = name&.to_s
@@ -92,6 +117,7 @@ module NeverBlock
       @broken_on += [TimeoutError::Expired] if @broken_on.any? { |error| Timeout::Error <= error }
       @closer = close || ->(connection) { connection.close if connection.respond_to?(:close) }
       @healthy = healthy
+      @check_after = NeverBlock.validate_timeout!(check_after, :check_after)
       @forget = forget
       @epoch = 0
       reset
@@ -105,18 +131,10 @@ module NeverBlock
     # @return [Object] the block's value.
     # @raise [PoolTimeout] when none is free within `timeout` seconds.
     def with
+      return lend { |connection| yield connection } unless ConnectionPool.masks_needed?
+
       Thread.handle_interrupt(DEFER) do
-        hold = take
-        broken = false
-        begin
-          Thread.handle_interrupt(ALLOW) { yield hold.connection }
-        rescue *@broken_on
-          broken = true
-          raise
-        ensure
-          hold.broken ||= broken
-          give_back(hold)
-        end
+        lend { |connection| Thread.handle_interrupt(ALLOW) { yield connection } }
       end
     end
 
@@ -130,6 +148,8 @@ module NeverBlock
     # @return [Object] the connection.
     # @raise [PoolTimeout] when none is free within `timeout` seconds.
     def checkout(owner: Fiber.current)
+      return checkout_deferred(owner) unless ConnectionPool.masks_needed?
+
       Thread.handle_interrupt(DEFER) { checkout_deferred(owner) }
     end
 
@@ -139,18 +159,19 @@ module NeverBlock
     # @return [void]
     # @raise [ArgumentError] if `owner` does not hold it.
     def checkin(connection, owner: Fiber.current)
+      return checkin_deferred(connection, owner) unless ConnectionPool.masks_needed?
+
       Thread.handle_interrupt(DEFER) { checkin_deferred(connection, owner) }
     end
 
     # @api private
     # {#checkout}, {#checkin} and {#discard} for a caller that has already
     # deferred asynchronous interrupts (`Thread.handle_interrupt(DEFER)`)
-    # around the whole checkout-use-checkin, as the database clients do:
-    # each `handle_interrupt` allocates its mask, and this path runs for
-    # every query.
+    # around the whole checkout-use-checkin when {.masks_needed?}, as the
+    # database clients do: each `handle_interrupt` allocates its mask, and
+    # this path runs for every query.
     # @return [Object] the connection.
     def checkout_deferred(owner = Fiber.current)
-      detect_fork
       take(owner).connection
     end
 
@@ -179,7 +200,41 @@ module NeverBlock
     # @return [void]
     # @raise [ArgumentError] if `owner` does not hold it.
     def discard(connection, owner: Fiber.current)
+      return discard_deferred(connection, owner) unless ConnectionPool.masks_needed?
+
       Thread.handle_interrupt(DEFER) { discard_deferred(connection, owner) }
+    end
+
+    # @api private
+    # Whether a checkout-use-checkin must hold asynchronous interrupts back
+    # (Thread.handle_interrupt) so that they cannot lose a connection: yes
+    # on a plain thread, a blocking fiber, or under a scheduler other than
+    # NeverBlock's. No in a fiber of a NeverBlock loop: every interrupt
+    # NeverBlock delivers there (Task#cancel, NeverBlock.timeout, Timeout)
+    # is a Fiber#raise at one of the fiber's waits, which masks do not hold
+    # back, and which the pool and the database clients handle at each of
+    # their waits. (Masks would cost an allocation each, and Ruby keeps
+    # them per thread, so one held by a suspended fiber also covers the
+    # loop's other fibers.)
+    # @return [Boolean]
+    def self.masks_needed?
+      !Fiber.scheduler.is_a?(Scheduler) || Fiber.current.blocking?
+    end
+
+    # @api private
+    # For a caller that spreads work over the pool's connections (pipelined
+    # lanes): whether a checkout now would get a connection without waiting
+    # and no one is waiting. Read without the lock: a hint.
+    # @return [Boolean]
+    def room?
+      @waiters.empty? && (!@idle.empty? || @opened < @size)
+    end
+
+    # @api private
+    # (see #room?)
+    # @return [Integer] callers waiting for a connection (without the lock).
+    def waiting
+      @waiters.size
     end
 
     # @return [Hash] `{size:, in_use:, idle:, waiting:}`.
@@ -196,7 +251,7 @@ module NeverBlock
       idle = @lock.synchronize do
         @generation += 1
         @opened -= @idle.size
-        closing = @idle.slice!(0..)
+        closing = @idle.slice!(0..).map(&:connection)
         closing.each { |connection| @born.delete(connection) }
         Registry.delete(self) if @born.empty?
         closing
@@ -279,19 +334,21 @@ module NeverBlock
     def reset
       @fork_generation = NeverBlock.fork_generation
       @lock = Thread::Mutex.new
-      @idle = [] # connections ready to hand out, most recently used last
+      @idle = [] # Holds of connections ready to lend, most recently used last
       @opened = 0 # connections open or being opened
-      @holds = {}.compare_by_identity # fiber => Hold
+      @holds = {}.compare_by_identity # owner => Hold
       @waiters = [] # Waiters, oldest first
+      @spare = [] # Waiters to reuse
       @generation = 0 # bumped by disconnect_all
-      @born = {}.compare_by_identity # connection => generation it was opened in
+      @born = {}.compare_by_identity # connection => its Hold
     end
 
     # With the lock held (or before the pool is shared): records a new
     # connection; a pool with connections is in the Registry.
+    # @return [Hold]
     def born(connection)
       Registry.add(self) if @born.empty?
-      @born[connection] = @generation
+      @born[connection] = Hold.new(connection, @generation, @epoch, nil, nil, 0, false)
     end
 
     def detect_fork
@@ -306,38 +363,72 @@ module NeverBlock
 
     # The current fiber's Hold, one level deeper: an existing one, an idle
     # connection, a new one while the pool has room, or the next one handed
-    # over (FIFO) within `timeout`. An idle connection that fails the
-    # `healthy` check is closed and the next one tried. Called with
-    # interrupts deferred.
+    # over (FIFO) within `timeout`. An idle or handed-over connection that
+    # fails the `healthy` check is closed and the next one tried. Called
+    # with interrupts deferred when {.masks_needed?}.
     def take(owner = Fiber.current)
       detect_fork
-      loop do
-        action = @lock.synchronize do
-          if (hold = @holds[owner])
-            hold.depth += 1
-            next hold
-          end
-          if (connection = @idle.pop)
-            next hold_for(owner, connection, :idle)
-          end
-          if @opened < @size
-            @opened += 1
-            next :open
-          end
-          handed = wait_for_turn
-          handed == :open ? :open : hold_for(owner, handed, :idle)
+      # (`while`, not `loop`: returning from a block allocates.)
+      while true # rubocop:disable Style/InfiniteLoop
+        hold = @lock.synchronize { reserve(owner) }
+        if hold.equal?(:open)
+          hold = open_connection
+          return @lock.synchronize { lend_to(owner, hold, false) }
         end
-        if action == :open
-          connection = open_connection
-          return @lock.synchronize { hold_for(owner, connection, :new) }
-        end
-        return action unless action.broken == :idle
+        return hold unless hold.broken.equal?(:unchecked)
 
-        action.broken = false
-        return action if !@healthy || checked_healthy?(action)
+        hold.broken = false
+        return hold if checked_healthy?(hold)
 
-        action.broken = true
-        give_back(action)
+        hold.broken = true
+        give_back(hold)
+      end
+    end
+
+    # With the lock held: `owner`'s Hold one level deeper, an idle one, one
+    # handed over after a wait, or :open when a connection may be opened.
+    def reserve(owner)
+      if (hold = @holds[owner])
+        hold.depth += 1
+        return hold
+      end
+      if (hold = @idle.pop)
+        return lend_to(owner, hold, true)
+      end
+      if @opened < @size
+        @opened += 1
+        return :open
+      end
+      handed = wait_for_turn
+      handed.equal?(:open) ? handed : lend_to(owner, handed, true)
+    end
+
+    # With the lock held: lends `hold` to `owner`. A `reused` connection
+    # (idle, or handed over) is marked :unchecked when the health check is
+    # due.
+    def lend_to(owner, hold, reused)
+      hold.owner = owner
+      hold.depth = 1
+      hold.broken = reused && @healthy && due_for_check?(hold) ? :unchecked : false
+      @holds[owner] = hold
+    end
+
+    def due_for_check?(hold)
+      @check_after.zero? || clock - hold.returned_at >= @check_after
+    end
+
+    # Checkout, the block, checkin: the body of #with.
+    def lend
+      hold = take
+      broken = false
+      begin
+        yield hold.connection
+      rescue *@broken_on
+        broken = true
+        raise
+      ensure
+        hold.broken ||= broken
+        give_back(hold)
       end
     end
 
@@ -352,13 +443,9 @@ module NeverBlock
       raise
     end
 
-    # With the lock held. `broken` is :idle while the connection, taken from
-    # the idle list or handed over, still has to pass the health check.
-    def hold_for(owner, connection, origin)
-      @holds[owner] = Hold.new(owner, connection, 1, origin == :idle ? :idle : false, @epoch)
-    end
-
     def healthy?(connection)
+      return @healthy.call(connection) unless ConnectionPool.masks_needed?
+
       Thread.handle_interrupt(ALLOW) { @healthy.call(connection) }
     rescue Cancelled, Timeout::Error, TimeoutError::Expired
       raise
@@ -367,27 +454,82 @@ module NeverBlock
       false
     end
 
-    # With the lock held: queues a Waiter and waits for a connection or the
-    # right to open one.
+    # With the lock held, also on every way out: queues a Waiter (a reused
+    # record) and waits for a Hold handed over or the right to open a
+    # connection (:open). A waiter that is interrupted passes on what it was
+    # handed meanwhile.
+    # @raise [PoolTimeout] when nothing came within `timeout` seconds.
     def wait_for_turn
-      waiter = Waiter.new(Thread::ConditionVariable.new, nil)
+      waiter = @spare.pop || Waiter.new
       @waiters << waiter
-      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + @timeout
-      until waiter.handed
-        remaining = deadline - Process.clock_gettime(Process::CLOCK_MONOTONIC)
-        if remaining <= 0
-          @waiters.delete(waiter)
-          raise PoolTimeout, "no connection free within #{@timeout} s (#{describe(stats_held)}); " \
-                             "raise size or timeout, or hold connections for less time"
-        end
-        wait(waiter.condition, remaining)
+      begin
+        ConnectionPool.masks_needed? ? wait_on_condition(waiter) : wait_in_loop(waiter)
+      rescue Exception # rubocop:disable Lint/RescueException -- re-raised
+        leave(waiter)
+        raise
       end
       handed = waiter.handed
-      waiter = nil
+      unless handed
+        @waiters.delete(waiter)
+        recycle(waiter)
+        raise PoolTimeout, "no connection free within #{@timeout} s (#{describe(stats_held)}); " \
+                           "raise size or timeout, or hold connections for less time"
+      end
+      recycle(waiter)
       handed
-    ensure
-      # still set: the wait ended by an exception (cancelled, interrupted)
-      leave(waiter) if waiter
+    end
+
+    # With the lock held on entry and on every way out: suspends this fiber
+    # in its NeverBlock scheduler, without the lock (other threads may check
+    # in meanwhile), until a checkin hands it something and wakes it
+    # (Scheduler#unblock, from any thread) or `timeout` seconds pass. One
+    # timer for the wait: another only after a wake-up without cause.
+    def wait_in_loop(waiter)
+      scheduler = Fiber.scheduler
+      waiter.fiber = Fiber.current
+      waiter.scheduler = scheduler
+      deadline = clock + @timeout
+      @lock.unlock
+      begin
+        until waiter.handed
+          remaining = deadline - clock
+          break unless remaining.positive?
+
+          scheduler.block(waiter, remaining)
+        end
+      ensure
+        relock
+      end
+    end
+
+    # Takes the lock back after #wait_in_loop. Another thread may hold it,
+    # so this may wait too, and a cancel or timeout may arrive meanwhile
+    # (Mutex#lock then returns without the lock): the lock is taken anyway
+    # and the interrupt raised once it is held, so that the caller's cleanup
+    # runs with it.
+    def relock
+      interrupt = nil
+      begin
+        @lock.lock
+      rescue Exception => e # rubocop:disable Lint/RescueException -- raised below
+        interrupt ||= e
+        retry unless @lock.owned?
+      end
+      raise interrupt if interrupt
+    end
+
+    # With the lock held (Mutex#sleep gives it up meanwhile): waits on the
+    # waiter's condition variable until handed something or `timeout`
+    # seconds pass.
+    def wait_on_condition(waiter)
+      condition = (waiter.condition ||= Thread::ConditionVariable.new)
+      deadline = clock + @timeout
+      until waiter.handed
+        remaining = deadline - clock
+        break unless remaining.positive?
+
+        wait(condition, remaining)
+      end
     end
 
     # With the lock held: waits on `condition` for up to `seconds`.
@@ -400,22 +542,32 @@ module NeverBlock
       raise
     end
 
-    # With the lock held: a waiter left; what it was handed goes on.
+    # With the lock held: an interrupted waiter leaves the queue; what it
+    # was handed meanwhile goes on.
     def leave(waiter)
-      @waiters.delete(waiter)
-      handed = waiter.handed or return
-      if handed == :open
+      handed = waiter.handed
+      if handed.nil?
+        @waiters.delete(waiter)
+      elsif handed.equal?(:open)
         @opened -= 1
         grant(:open)
       else
         give(handed)
       end
+      recycle(waiter)
     end
 
+    # With the lock held: keeps a Waiter no longer queued for the next wait.
+    def recycle(waiter)
+      waiter.handed = waiter.fiber = waiter.scheduler = nil
+      @spare << waiter if @spare.size < SPARE_WAITERS
+    end
+
+    # Opens a connection in a slot already counted in @opened.
+    # @return [Hold]
     def open_connection
       connection = Thread.handle_interrupt(ALLOW) { @factory.call }
       @lock.synchronize { born(connection) }
-      connection
     rescue Exception # rubocop:disable Lint/RescueException -- the slot must be given back whatever happened
       @lock.synchronize do
         @opened -= 1
@@ -426,20 +578,14 @@ module NeverBlock
 
     def open_all
       opened = []
-      @size.times { opened << open_connection_now }
+      @size.times { opened << born(@factory.call) }
       @lock.synchronize do
         @idle.concat(opened)
         @opened = @size
       end
     rescue Exception # rubocop:disable Lint/RescueException -- close what was opened, then fail
-      opened.each { |connection| close_quietly(connection) }
+      opened.each { |hold| close_quietly(hold.connection) }
       raise
-    end
-
-    def open_connection_now
-      connection = @factory.call
-      born(connection)
-      connection
     end
 
     # `owner`'s Hold of `connection`.
@@ -457,39 +603,49 @@ module NeverBlock
     def give_back(hold)
       return if hold.epoch != @epoch # held when the process forked: the parent's
 
-      connection = hold.connection
       closing = @lock.synchronize do
         hold.depth -= 1
         next false if hold.depth.positive?
 
         @holds.delete(hold.owner)
-        if hold.broken || @born[connection] != @generation
-          @born.delete(connection)
+        hold.owner = nil
+        if hold.broken || hold.generation != @generation
+          @born.delete(hold.connection)
           Registry.delete(self) if @born.empty?
           @opened -= 1
           grant(:open)
           true
         else
-          give(connection)
+          give(hold)
           false
         end
       end
-      close_quietly(connection) if closing
+      close_quietly(hold.connection) if closing
     end
 
     # With the lock held: to the oldest waiter, else back to the idle list.
-    def give(connection)
-      grant(connection) || @idle.push(connection)
+    def give(hold)
+      hold.returned_at = clock if @healthy && @check_after.positive?
+      grant(hold) || @idle.push(hold)
     end
 
-    # With the lock held: hands `what` (a connection, or :open for the right
-    # to open one) to the oldest waiter. @return [Boolean] whether one took it.
+    # With the lock held: hands `what` (a Hold, or :open for the right to
+    # open a connection) to the oldest waiter and wakes it.
+    # @return [Boolean] whether there was one.
     def grant(what)
       waiter = @waiters.shift or return false
-      @opened += 1 if what == :open
+      @opened += 1 if what.equal?(:open)
       waiter.handed = what
-      waiter.condition.signal
+      if (fiber = waiter.fiber)
+        waiter.scheduler.unblock(waiter, fiber)
+      else
+        waiter.condition.signal
+      end
       true
+    end
+
+    def clock
+      Process.clock_gettime(Process::CLOCK_MONOTONIC)
     end
 
     # Stats, for callers already holding the lock.

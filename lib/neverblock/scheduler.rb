@@ -84,6 +84,7 @@ module NeverBlock
       @io_expire_callback = ->(fiber) { fiber.transfer(false) }
 
       @ready = [] # flat triples: fiber (or task), token, value
+      @ready_spare = nil # the array #run_ready last emptied, for the next turn
       # Every fiber parked by NeverBlock => how: the Integer token of its wait
       # in #suspend, :io while the selector has it, :queued while it waits in
       # the selector's ready queue. A fiber the loop ran that is in none of
@@ -798,11 +799,16 @@ module NeverBlock
       failures.each { |task| report_failure(task) unless task.observed? }
     end
 
+    # Runs what was ready when the turn began; what becomes ready meanwhile
+    # waits for the next turn. Two arrays take turns (a nested loop, run
+    # from a blocking fiber, finds no spare and makes one), so a turn
+    # allocates nothing.
     def run_ready
       ready = @ready
       return if ready.empty?
 
-      @ready = []
+      @ready = @ready_spare || []
+      @ready_spare = nil
       index = 0
       while index < ready.size
         target = ready[index]
@@ -818,6 +824,8 @@ module NeverBlock
           reschedule_if_displaced(target)
         end
       end
+      ready.clear
+      @ready_spare = ready
     end
 
     # Starts a task (or a raw fiber) at once; it runs until its first wait.

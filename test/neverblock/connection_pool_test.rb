@@ -91,6 +91,129 @@ class ConnectionPoolTest < NeverBlockTest
     pool.disconnect_all
   end
 
+  def test_a_checkin_hands_the_connection_straight_to_the_longest_waiter
+    pool = NeverBlock::ConnectionPool.new(size: 1, timeout: 5) { PairConnection.new }
+    held = pool.checkout
+    order = []
+    # A task runs at once until its first wait: these queue in this order.
+    waiters = 5.times.map { |i| NeverBlock.spawn { pool.with { |connection| order << [i, connection] } } }
+    assert_equal 5, pool.stats[:waiting]
+    pool.checkin(held)
+    assert_equal({ size: 1, in_use: 1, idle: 0, waiting: 4 }, pool.stats, "handed over, never idle in between")
+    waiters.each(&:wait)
+    assert_equal [0, 1, 2, 3, 4], order.map(&:first)
+    assert(order.all? { |_, connection| connection.equal?(held) })
+    assert_equal({ size: 1, in_use: 0, idle: 1, waiting: 0 }, pool.stats)
+  ensure
+    pool.disconnect_all
+  end
+
+  def test_a_waiter_cancelled_while_a_connection_is_handed_to_it_passes_it_on
+    pool = NeverBlock::ConnectionPool.new(size: 1, timeout: 5) { PairConnection.new }
+    held = pool.checkout
+    cancelled = NeverBlock.spawn { pool.with { :never } }
+    patient = NeverBlock.spawn { pool.with(&:ping) }
+    pool.checkin(held) # handed to `cancelled`, which has not run since
+    cancelled.cancel
+    assert_raises(NeverBlock::Cancelled) { cancelled.value }
+    assert_equal "p", patient.value
+    assert_equal({ size: 1, in_use: 0, idle: 1, waiting: 0 }, pool.stats)
+    assert_same held, pool.with { |connection| connection }
+  ensure
+    pool.disconnect_all
+  end
+
+  def test_a_waiter_cancelled_while_handed_the_right_to_open_passes_it_on
+    opened = 0
+    pool = NeverBlock::ConnectionPool.new(size: 1, timeout: 5) { PairConnection.new.tap { opened += 1 } }
+    held = pool.checkout
+    cancelled = NeverBlock.spawn { pool.with { :never } }
+    patient = NeverBlock.spawn { pool.with(&:ping) }
+    pool.discard(held) # the slot goes to `cancelled`, which has not run since
+    cancelled.cancel
+    assert_raises(NeverBlock::Cancelled) { cancelled.value }
+    assert_equal "p", patient.value
+    assert_equal 2, opened
+    assert_equal({ size: 1, in_use: 0, idle: 1, waiting: 0 }, pool.stats)
+  ensure
+    pool.disconnect_all
+  end
+
+  def test_cancels_and_timeouts_at_any_moment_never_lose_a_connection
+    pool = NeverBlock::ConnectionPool.new(size: 2, timeout: 5) { PairConnection.new }
+    random = Random.new(13)
+    workers = 20.times.map do
+      NeverBlock.spawn do
+        40.times do
+          NeverBlock.timeout(random.rand(0.002)) { pool.with(&:ping) }
+        rescue NeverBlock::TimeoutError
+          nil # wherever it landed: waiting, pinging, giving back
+        end
+      end
+    end
+    canceller = NeverBlock.spawn do
+      workers.each do |worker|
+        sleep(random.rand(0.005))
+        worker.cancel
+      end
+    end
+    canceller.wait
+    workers.each do |worker|
+      worker.value
+    rescue NeverBlock::Cancelled
+      nil
+    end
+    stats = pool.stats
+    assert_equal 0, stats[:in_use]
+    assert_equal 0, stats[:waiting]
+    assert_operator stats[:idle], :<=, 2
+    assert_equal "p", pool.with(&:ping)
+  ensure
+    pool.disconnect_all
+  end
+
+  def test_a_hand_over_between_fibers_allocates_at_most_the_waits_timer
+    pool = NeverBlock::ConnectionPool.new(size: 1, timeout: 5) { PairConnection.new }
+    rounds = 200
+    ping_pong = lambda do
+      NeverBlock.wait_all(2.times.map { NeverBlock.spawn { rounds.times { pool.with { Fiber.scheduler.yield } } } })
+    end
+    ping_pong.call # warm: the waiter record, the connection
+    before = GC.stat(:total_allocated_objects)
+    ping_pong.call
+    per_checkout = (GC.stat(:total_allocated_objects) - before).fdiv(2 * rounds)
+    assert_operator per_checkout, :<, 2, "a checkout that waits allocates its deadline timer, not a waiter or a lock"
+  ensure
+    pool.disconnect_all
+  end
+
+  def test_a_connection_back_moments_ago_skips_the_health_check
+    checks = 0
+    pool = NeverBlock::ConnectionPool.new(size: 1, check_after: 60, healthy: ->(_) { checks += 1 }) do
+      PairConnection.new
+    end
+    3.times { pool.with(&:ping) }
+    holder = NeverBlock.spawn { pool.with { Fiber.scheduler.yield } }
+    assert_equal "p", pool.with(&:ping) # handed over by the holder
+    holder.wait
+    assert_equal 0, checks
+  ensure
+    pool.disconnect_all
+  end
+
+  def test_a_connection_back_for_check_after_seconds_is_health_checked
+    checks = 0
+    pool = NeverBlock::ConnectionPool.new(size: 1, check_after: 0.05, healthy: ->(_) { checks += 1 }) do
+      PairConnection.new
+    end
+    pool.with(&:ping)
+    sleep 0.06 # past check_after
+    pool.with(&:ping)
+    assert_equal 1, checks
+  ensure
+    pool.disconnect_all
+  end
+
   def test_a_waiter_times_out_with_the_stats_in_the_message
     pool = NeverBlock::ConnectionPool.new(size: 1, timeout: 0.1) { PairConnection.new }
     holder = NeverBlock.spawn { pool.with { sleep 0.5 } }
@@ -300,16 +423,16 @@ class ConnectionPoolTest < NeverBlockTest
 
   def test_a_failing_close_is_logged_and_loses_nothing
     pool = NeverBlock::ConnectionPool.new(size: 1, close: ->(_) { raise "close failed" }) { PairConnection.new }
-    broken = nil
+    broken = replacement = nil
     log = capture_log do
       assert_raises(IOError) { pool.with { |connection| broken = connection; raise IOError } }
     end
     assert_match(/closing a pooled connection failed: RuntimeError: close failed/, log)
     assert_equal({ size: 1, in_use: 0, idle: 0, waiting: 0 }, pool.stats)
-    pool.with { |connection| refute_same broken, connection }
+    pool.with { |connection| refute_same broken, (replacement = connection) }
   ensure
     broken&.close
-    pool&.instance_variable_get(:@idle)&.each(&:close)
+    replacement&.close
   end
 
   def test_eager_closes_what_it_opened_when_the_factory_fails
@@ -464,6 +587,55 @@ class ConnectionPoolThreadsTest < PlainTest
     pool.disconnect_all
   end
 
+  def test_fibers_and_threads_share_the_pool_and_hand_over_to_each_other
+    pool = NeverBlock::ConnectionPool.new(size: 1, timeout: 5) { PairConnection.new }
+    outside = Object.new # holds the connection across threads
+    held = pool.checkout(owner: outside)
+    got = Queue.new
+    loop_thread = Thread.new { NeverBlock.run { pool.with { |connection| got << connection } } }
+    wait_for("the fiber to wait") { pool.stats[:waiting] == 1 }
+    pool.checkin(held, owner: outside) # from this thread to the loop's fiber
+    assert_same held, got.pop
+    loop_thread.join
+
+    release = Queue.new
+    loop_thread = Thread.new { NeverBlock.run { pool.with { release.pop } } }
+    wait_for("the fiber to hold it") { pool.stats[:in_use] == 1 }
+    waiter = Thread.new { pool.with { |connection| connection } }
+    wait_for("the thread to wait") { pool.stats[:waiting] == 1 }
+    release << true # the fiber checks in: to the waiting thread
+    assert_same held, waiter.value
+    loop_thread.join
+    assert_equal({ size: 1, in_use: 0, idle: 1, waiting: 0 }, pool.stats)
+  ensure
+    pool.disconnect_all
+  end
+
+  def test_loops_and_threads_together_never_exceed_size
+    pool = NeverBlock::ConnectionPool.new(size: 3, timeout: 10) { PairConnection.new }
+    lock = Mutex.new
+    in_use = 0
+    peak = 0
+    use = proc do
+      pool.with do |connection|
+        lock.synchronize { peak = [peak, in_use += 1].max }
+        connection.ping
+        lock.synchronize { in_use -= 1 }
+      end
+    end
+    loops = 2.times.map do
+      Thread.new { NeverBlock.run { NeverBlock.wait_all(10.times.map { NeverBlock.spawn { 30.times(&use) } }) } }
+    end
+    threads = 3.times.map { Thread.new { 30.times(&use) } }
+    (loops + threads).each(&:join)
+    assert_operator peak, :<=, 3
+    stats = pool.stats
+    assert_equal 0, stats[:in_use]
+    assert_equal 0, stats[:waiting]
+  ensure
+    pool.disconnect_all
+  end
+
   def test_a_thread_times_out_waiting
     pool = NeverBlock::ConnectionPool.new(size: 1, timeout: 0.05) { PairConnection.new }
     holder = Thread.new { pool.with { sleep 0.3 } }
@@ -533,5 +705,16 @@ class ConnectionPoolThreadsTest < PlainTest
     pool.disconnect_all
   ensure
     reader&.close
+  end
+
+  private
+
+  # Waits (polling, up to 5 s) until the block is true.
+  def wait_for(what)
+    deadline = now + 5
+    until yield
+      flunk "timed out waiting for #{what}" if now > deadline
+      sleep 0.001
+    end
   end
 end

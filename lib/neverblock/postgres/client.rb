@@ -44,6 +44,14 @@ module NeverBlock
       ALLOW = ConnectionPool::ALLOW
       private_constant :DEFER, :ALLOW, :CLOSE, :FORGET
 
+      # Seconds a connection must have been back in the pool before it is
+      # health-checked again (see #healthy?). One that came back less than
+      # this ago was just used: checking it would cost every query a system
+      # call, in a busy pool where connections come back within
+      # milliseconds; if its session ended meanwhile, the next query on it
+      # fails with PG::ConnectionBad and it is replaced.
+      HEALTH_CHECK_AFTER = 0.1
+
       # @return [ConnectionPool] the pool of `PG::Connection`s.
       attr_reader :pool
 
@@ -57,7 +65,8 @@ module NeverBlock
         @pipeline = pipeline ? true : false
         @pipeline_depth = NeverBlock.validate_size!(pipeline_depth, :pipeline_depth)
         @pool = ConnectionPool.new(size: size, timeout: timeout, broken_on: BROKEN_ON, close: CLOSE,
-                                   healthy: method(:healthy?), forget: FORGET, name: "postgres") { connector.call }
+                                   healthy: method(:healthy?), check_after: HEALTH_CHECK_AFTER, forget: FORGET,
+                                   name: "postgres") { connector.call }
         @held_key = :"__neverblock_pg_held_#{object_id}"
         @transaction_key = :"__neverblock_pg_transaction_#{object_id}"
         @lanes_key = :"__neverblock_pg_lanes_#{object_id}"
@@ -147,16 +156,10 @@ module NeverBlock
         if (held = held_connection)
           return yield(held)
         end
+        return lend { |conn| yield(conn) } unless ConnectionPool.masks_needed?
 
         Thread.handle_interrupt(DEFER) do
-          conn = @pool.checkout_deferred
-          Thread.current[@held_key] = [@pool.epoch, conn]
-          begin
-            Thread.handle_interrupt(ALLOW) { yield(conn) }
-          ensure
-            Thread.current[@held_key] = nil
-            give_back(conn)
-          end
+          lend { |conn| Thread.handle_interrupt(ALLOW) { yield(conn) } }
         end
       end
 
@@ -242,6 +245,22 @@ module NeverBlock
         held[1] if held[0] == @pool.epoch
       end
 
+      # Checkout, the block, checkin: the body of #with. The fiber's
+      # [epoch, connection] record of what it holds is made once per fiber
+      # and reused.
+      def lend
+        conn = @pool.checkout_deferred
+        held = (Thread.current[@held_key] ||= [nil, nil])
+        held[0] = @pool.epoch
+        held[1] = conn
+        begin
+          yield(conn)
+        ensure
+          held[1] = nil
+          give_back(conn)
+        end
+      end
+
       # Back to the pool when idle or restored (even if the restore is
       # interrupted: then the connection is closed); otherwise closed.
       def give_back(conn)
@@ -261,12 +280,12 @@ module NeverBlock
       # connections come back.
       def lane_exec(sql, params, result_format)
         state = lanes_state
-        loop do
+        # (`while`, not `loop`: returning from a block allocates.)
+        while true # rubocop:disable Style/InfiniteLoop
           lanes = state.lanes
-          stats = @pool.stats
-          lanes.dup.each(&:close) if stats[:waiting] > state.opening
+          lanes.dup.each(&:close) if @pool.waiting > state.opening
           lane = lanes.min_by(&:load)
-          room = stats[:waiting].zero? && (stats[:idle].positive? || stats[:in_use] < stats[:size])
+          room = @pool.room?
           if lane.nil? && !room && state.opening.positive?
             wait_for_lane(state)
             next
@@ -330,7 +349,8 @@ module NeverBlock
         Recovery.restore(conn)
       end
 
-      # Cheap check of an idle connection before it is lent: reads whatever
+      # Cheap check of an idle connection before it is lent again (once it
+      # has been back in the pool HEALTH_CHECK_AFTER seconds): reads whatever
       # the server sent meanwhile without waiting (a checkout never yields
       # here). A server ending the session (pg_terminate_backend, shutdown)
       # sends a FATAL error and then closes; libpq hands the error, which

@@ -196,6 +196,47 @@ class PostgresClientTest < NeverBlockTest
     assert_equal "1", db.exec("SELECT 1").getvalue(0, 0), "usable again once the holder is done"
   end
 
+  def test_queries_waiting_for_the_pool_are_served_in_order_by_hand_over
+    db = client(size: 1)
+    pid = backend_pid(db)
+    order = []
+    waiters = nil
+    db.with do
+      # Each task runs at once until it waits for the pool: they queue in order.
+      waiters = 5.times.map { |i| NeverBlock.spawn { order << [i, backend_pid(db)] } }
+      assert_equal 5, db.stats[:waiting]
+    end
+    waiters.each(&:wait)
+    assert_equal (0..4).map { |i| [i, pid] }, order
+    assert_equal({ size: 1, in_use: 0, idle: 1, waiting: 0 }, db.stats)
+  end
+
+  def test_a_query_cancelled_while_the_connection_is_handed_to_it_leaks_nothing
+    db = client(size: 1)
+    pid = backend_pid(db)
+    cancelled = patient = nil
+    db.with do
+      cancelled = NeverBlock.spawn { db.exec("SELECT 'never'") }
+      patient = NeverBlock.spawn { db.exec("SELECT 'served'").getvalue(0, 0) }
+    end
+    # The connection went to `cancelled` as the block returned; it has not run since.
+    cancelled.cancel
+    assert_raises(NeverBlock::Cancelled) { cancelled.value }
+    assert_equal "served", patient.value
+    assert_equal({ size: 1, in_use: 0, idle: 1, waiting: 0 }, db.stats)
+    assert_equal pid, backend_pid(db), "the connection was passed on, not closed"
+  end
+
+  def test_a_query_timing_out_while_waiting_for_the_pool_leaks_nothing
+    db = client(size: 1, timeout: 5)
+    holder = NeverBlock.spawn { db.exec("SELECT pg_sleep(0.3)") }
+    assert_raises(NeverBlock::TimeoutError) { NeverBlock.timeout(0.05) { db.exec("SELECT 1") } }
+    assert_equal 0, db.stats[:waiting]
+    holder.value
+    assert_equal({ size: 1, in_use: 0, idle: 1, waiting: 0 }, db.stats)
+    assert_equal "1", db.exec("SELECT 1").getvalue(0, 0)
+  end
+
   def test_listen_yields_notifications_without_blocking_the_loop
     db = client
     channel = unique_name("chan")
@@ -297,6 +338,23 @@ class PostgresClientThreadsTest < PlainTest
     assert_equal 5, @db.stats[:idle]
   end
 
+  def test_fibers_and_plain_threads_share_one_client
+    @db.close
+    @db = NeverBlock::Postgres.pool(size: 2, **pg_conninfo) # closed in teardown
+    loops = 2.times.map do |n|
+      Thread.new do
+        NeverBlock.run do
+          10.times.map { |i| NeverBlock.spawn { 5.times.map { |j| query(n, i, j) } } }.flat_map(&:value)
+        end
+      end
+    end
+    threads = 2.times.map { |n| Thread.new { 20.times.map { |j| query(n + 2, 0, j) } } }
+    results = (loops + threads).flat_map(&:value)
+    assert_equal 140, results.size
+    assert(results.all? { |sent, got| sent == got })
+    assert_equal({ size: 2, in_use: 0, idle: 2, waiting: 0 }, @db.stats)
+  end
+
   def test_a_transaction_from_a_plain_thread
     ids = Thread.new do
       @db.transaction { 2.times.map { @db.exec("SELECT txid_current()").getvalue(0, 0) } }
@@ -323,6 +381,12 @@ class PostgresClientThreadsTest < PlainTest
 
   def backend_pid
     Integer(@db.exec("SELECT pg_backend_pid()").getvalue(0, 0))
+  end
+
+  # A short query that waits for the pool as often as not: [sent, got back].
+  def query(*ids)
+    sent = ids.join(".")
+    [sent, @db.exec_params("SELECT $1::text, pg_sleep(0.001)", [sent]).getvalue(0, 0)]
   end
 
   # Runs the block in a forked child that then exits normally (at_exit

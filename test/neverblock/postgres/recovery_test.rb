@@ -120,6 +120,9 @@ class PostgresRecoveryTest < NeverBlockTest
         admin.exec_params("SELECT 1 FROM pg_stat_activity WHERE pid = $1", [pid]).ntuples.zero?
       end
     end
+    # A connection is checked before it is lent once it has been back in
+    # the pool this long (one back for less was just used).
+    sleep NeverBlock::Postgres::Client::HEALTH_CHECK_AFTER
     refute_equal pid, backend_pid(db), "the first call after the termination succeeds, on a new connection"
   end
 
