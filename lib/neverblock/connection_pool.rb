@@ -179,18 +179,14 @@ module NeverBlock
     # (see #checkout_deferred)
     # @return [void]
     def checkin_deferred(connection, owner = Fiber.current)
-      give_back(held(connection, owner)) unless parents?(connection)
+      release(connection, owner, false) unless parents?(connection)
     end
 
     # @api private
     # (see #checkout_deferred)
     # @return [void]
     def discard_deferred(connection, owner = Fiber.current)
-      return if parents?(connection)
-
-      hold = held(connection, owner)
-      hold.broken = true
-      give_back(hold)
+      release(connection, owner, true) unless parents?(connection)
     end
 
     # Marks `connection` broken and gives it back: it is closed and a new
@@ -588,39 +584,52 @@ module NeverBlock
       raise
     end
 
-    # `owner`'s Hold of `connection`.
-    def held(connection, owner = Fiber.current)
-      hold = @lock.synchronize { @holds[owner] }
-      return hold if hold&.connection.equal?(connection)
+    # {#checkin} or {#discard} (`broken`) of `owner`'s Hold of `connection`,
+    # in one turn of the lock.
+    def release(connection, owner, broken)
+      closing = @lock.synchronize do
+        hold = @holds[owner]
+        next :not_held unless hold&.connection.equal?(connection)
 
-      who = owner.equal?(Fiber.current) ? "this fiber" : owner.inspect
-      raise ArgumentError, "#{who} did not check out #{connection.inspect} from this pool"
+        hold.broken = true if broken
+        put_back(hold)
+      end
+      if closing.equal?(:not_held)
+        who = owner.equal?(Fiber.current) ? "this fiber" : owner.inspect
+        raise ArgumentError, "#{who} did not check out #{connection.inspect} from this pool"
+      end
+      close_quietly(connection) if closing
     end
 
-    # One level up; at the outermost level the connection goes to the next
-    # waiter or the idle list, or, if broken or from before #disconnect_all,
-    # is closed (after the counts are right, so a slow close delays no one).
+    # One level up (see #put_back); closes the connection if it goes.
     def give_back(hold)
       return if hold.epoch != @epoch # held when the process forked: the parent's
 
-      closing = @lock.synchronize do
-        hold.depth -= 1
-        next false if hold.depth.positive?
-
-        @holds.delete(hold.owner)
-        hold.owner = nil
-        if hold.broken || hold.generation != @generation
-          @born.delete(hold.connection)
-          Registry.delete(self) if @born.empty?
-          @opened -= 1
-          grant(:open)
-          true
-        else
-          give(hold)
-          false
-        end
-      end
+      closing = @lock.synchronize { put_back(hold) }
       close_quietly(hold.connection) if closing
+    end
+
+    # With the lock held: one level up; at the outermost level the
+    # connection goes to the next waiter or the idle list, or, if broken or
+    # from before #disconnect_all, is to be closed (by the caller, after the
+    # counts are right, so that a slow close delays no one).
+    # @return [Boolean] whether the caller must close it.
+    def put_back(hold)
+      hold.depth -= 1
+      return false if hold.depth.positive?
+
+      @holds.delete(hold.owner)
+      hold.owner = nil
+      if hold.broken || hold.generation != @generation
+        @born.delete(hold.connection)
+        Registry.delete(self) if @born.empty?
+        @opened -= 1
+        grant(:open)
+        true
+      else
+        give(hold)
+        false
+      end
     end
 
     # With the lock held: to the oldest waiter, else back to the idle list.

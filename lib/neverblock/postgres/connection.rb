@@ -30,16 +30,29 @@ module NeverBlock
         get_last_result async_get_last_result
       ].select { |name| PG::Connection.method_defined?(name) }.freeze
 
+      # An argument not given. Each wrapper passes on exactly the arguments
+      # it got without collecting them in an Array (`*args` would allocate
+      # one per query); pg's query methods take at most four.
+      UNSET = Object.new.freeze
+      private_constant :UNSET
+
       QUERY_METHODS.each do |name|
-        define_method(name) do |*args, &block|
-          before = transaction_status
-          begin
-            super(*args, &block)
-          rescue Exception => e # rubocop:disable Lint/RescueException -- re-raised
-            Recovery.cancel_interrupted(self, before) unless e.is_a?(PG::Error)
-            raise
+        class_eval(<<~RUBY, __FILE__, __LINE__ + 1)
+          def #{name}(a = UNSET, b = UNSET, c = UNSET, d = UNSET, &block)
+            before = transaction_status
+            begin
+              if UNSET.equal?(a) then super(&block)
+              elsif UNSET.equal?(b) then super(a, &block)
+              elsif UNSET.equal?(c) then super(a, b, &block)
+              elsif UNSET.equal?(d) then super(a, b, c, &block)
+              else super(a, b, c, d, &block)
+              end
+            rescue Exception => e # rubocop:disable Lint/RescueException -- re-raised
+              Recovery.cancel_interrupted(self, before) unless e.is_a?(PG::Error)
+              raise
+            end
           end
-        end
+        RUBY
       end
     end
   end
