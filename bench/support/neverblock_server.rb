@@ -7,6 +7,11 @@
 #
 # Listens on 127.0.0.1:PORT; stops on SIGTERM or SIGINT (in-flight requests
 # finish first).
+#
+# With NB_BENCH_GC_SOCKET=PATH it also answers, on a Unix socket at PATH,
+# this process's allocation count (see bench/support/gc_probe.rb), from a
+# thread of its own that blocks in accept: the requests' path stays as
+# users run it, with nothing added to it.
 
 $LOAD_PATH.unshift(File.expand_path("../../lib", __dir__))
 require "rack"
@@ -14,6 +19,11 @@ require "neverblock/server"
 
 config, port, fiber_pool = ARGV
 abort "usage: #{$PROGRAM_NAME} CONFIG_RU PORT [FIBER_POOL]" unless config && port
+
+if (gc_socket = ENV.fetch("NB_BENCH_GC_SOCKET", nil))
+  require_relative "gc_probe"
+  NeverBlockBench::GcProbe.serve(gc_socket)
+end
 
 app = Rack::Builder.parse_file(File.expand_path(config))
 app = app.first if app.is_a?(Array) # rack 2 returned [app, options]

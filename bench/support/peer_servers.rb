@@ -10,7 +10,7 @@ module NeverBlockBench
   #
   # - NeverBlock::Server under the main bundle (this checkout), through
   #   bench/support/neverblock_server.rb (`workers: 0`: one process, no master);
-  # - Puma, Falcon and Thin under their own bundle, bench/gemfiles/servers.gemfile
+  # - Puma, Falcon, Thin, iodine and agoo under their own bundle, bench/gemfiles/servers.gemfile
   #   (gems in vendor/bundle-servers, installed by bench/run), so that the
   #   main Gemfile.lock, which CI installs, does not change;
   # - nginx (Debian's nginx-light) with a generated config: one worker, no
@@ -118,6 +118,20 @@ module NeverBlockBench
     def thin(rackup, port:, env: {}, name: "thin")
       start_peer(name, ["bundle", "exec", "thin", "start", "--address", "127.0.0.1", "--port", port.to_s,
                         "--rackup", rackup, "--environment", "production", "--quiet"], port, env)
+    end
+
+    # iodine (facil.io, C) with one worker and one thread for the app.
+    # @return [ServerProcess]
+    def iodine(rackup, port:, env: {}, name: "iodine")
+      start_peer(name, ["bundle", "exec", "iodine", "-b", "127.0.0.1", "-p", port.to_s, "-w", "1", "-t", "1", rackup],
+                 port, env)
+    end
+
+    # agoo (C) with one worker; the app runs on the thread that started it
+    # (its Rack handler's thread_count 0), HTTP on agoo's own C threads.
+    # @return [ServerProcess]
+    def agoo(rackup, port:, env: {}, name: "agoo")
+      start_peer(name, ["bundle", "exec", "agoo", "-p", port.to_s, "-w", "1", rackup], port, env)
     end
 
     # What nginx answers by default: 200 "Hello world\n" to every request.
