@@ -21,8 +21,11 @@
 #    hand without a scheduler (what Ruby and pg can do at best); and pgbench
 #    (C, libpq) on the same query, -M extended and prepared, 1 and 12
 #    clients, plus pgbench's own pipelining for reference. Ruby rows also
-#    show the client's CPU time per query. The targets: pipelining at least
-#    2x blocking and at least half of pgbench's best.
+#    show the client's CPU time and Ruby allocations per query. The targets:
+#    pipelining at least 2x blocking and at least half of pgbench's best;
+#    and the client's cost (issue 13): the unpipelined pool at most 1.6x
+#    blocking's CPU per query and at least the 12 threads' queries/s, the
+#    pipelined pool at most 1.1x blocking's CPU per query.
 #
 #   bench/run db [options]              Ruby 3.1 (bench/results/), with a throwaway server
 #   bench/run --ruby 3.3 db [options]   Ruby 3.3 (bench/results/ruby33/)
@@ -111,6 +114,9 @@ module NeverBlockBench
 
     TARGET_VS_BLOCKING = 2.0
     TARGET_VS_PGBENCH = 0.5
+    # Client CPU per query at most this many times blocking's (issue 13).
+    TARGET_POOL_CPU = 1.6
+    TARGET_PIPELINED_CPU = 1.1
 
     def initialize(options)
       @options = DEFAULTS.merge(options)
@@ -513,6 +519,37 @@ module NeverBlockBench
            "A client that waits for each reply pays, on an otherwise idle VM, for waking a halted virtual CPU " \
            "twice per round trip; this shows it without that."
       puts targets(rows, blocking, blocking_awake)
+      puts cost_targets(rows, blocking)
+    end
+
+    # Issue 13's targets on the client's cost, each against the same run's
+    # blocking client (medians): the unpipelined pool's CPU per query and
+    # its queries/s against the threads', every pipelined pool's CPU.
+    def cost_targets(rows, blocking)
+      blocking_cpu = blocking && cpu_per_query(blocking)
+      return "\nClient cost targets: not measured (no blocking run with CPU times)." unless blocking_cpu
+
+      pool = rows.find { |row| row[:variant].name == "pool" }
+      threads = rows.find { |row| row[:variant].name == "threads" }
+      pipelined = rows.select { |row| row[:variant].name.start_with?("pipeline") }
+      lines = [format("\nClient cost targets (CPU per query against blocking's %.1f us, same run):", blocking_cpu)]
+      lines << cpu_target_line(pool, blocking_cpu, TARGET_POOL_CPU) if pool
+      if pool && threads && rate(pool) && rate(threads)
+        share = rate(pool) / rate(threads)
+        lines << format("Target: #{pool[:variant].label} >= #{threads[:variant].label} in queries/s: " \
+                        "%.0f vs %.0f (%.2fx), %s.", rate(pool), rate(threads), share, share >= 1 ? "met" : "NOT met")
+      end
+      pipelined.each { |row| lines << cpu_target_line(row, blocking_cpu, TARGET_PIPELINED_CPU) }
+      lines.join("\n")
+    end
+
+    def cpu_target_line(row, blocking_cpu, limit)
+      cpu = cpu_per_query(row)
+      return "Target: #{row[:variant].label} CPU <= #{limit}x blocking: not measured." unless cpu
+
+      format("Target: %s CPU <= %.1fx blocking: %.1f us/query, %.2fx (%.1f allocations/query), %s.",
+             row[:variant].label, limit, cpu, cpu / blocking_cpu, allocations_per_query(row) || Float::NAN,
+             cpu <= limit * blocking_cpu ? "met" : "NOT met")
     end
 
     def targets(rows, blocking, blocking_awake)

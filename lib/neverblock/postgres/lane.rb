@@ -28,7 +28,8 @@ module NeverBlock
       # Server errors that end the backend (FATAL): the statement that gets
       # one may or may not have committed, and nothing after it is answered.
       CONNECTION_ENDING = [PG::AdminShutdown, PG::CrashShutdown, PG::CannotConnectNow].freeze
-      private_constant :QUEUED_SYNC, :BATCHED, :CONNECTION_ENDING
+      NO_PARAMS = [].freeze
+      private_constant :QUEUED_SYNC, :BATCHED, :CONNECTION_ENDING, :NO_PARAMS
 
       # @param pool [ConnectionPool]
       # @param on_release [#call] called with the lane when it stops taking
@@ -85,7 +86,7 @@ module NeverBlock
       #   could not be sent; {OutcomeUnknown} when the connection was lost
       #   after it was sent.
       def exec(sql, params, result_format)
-        request = Request.new(sql, params || [], result_format, Thread::Queue.new, false)
+        request = Request.new(sql, params || NO_PARAMS, result_format, Thread::Queue.new, false)
         enqueue(request)
         begin
           begin
