@@ -31,7 +31,12 @@ module NeverBlockBenchRails
     config.load_defaults Rails::VERSION::STRING.to_f
     config.root = __dir__
     config.api_only = true
+    config.enable_reloading = false # production.rb's; without it: a Reloader and a file watcher per request
     config.eager_load = true
+    config.public_file_server.enabled = false
+    config.consider_all_requests_local = false
+    config.action_controller.perform_caching = true
+    config.active_support.report_deprecations = false
     config.logger = Logger.new(nil)
     config.log_level = :fatal
     config.active_record.logger = nil

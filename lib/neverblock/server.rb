@@ -4,6 +4,7 @@ require "etc"
 require "neverblock"
 require_relative "server/errors"
 require_relative "server/limits"
+require_relative "server/concurrency_limit"
 require_relative "server/listener"
 require_relative "server/request"
 require_relative "server/parser"
@@ -38,6 +39,13 @@ module NeverBlock
   #   connection reads nothing more meanwhile), and the server stops accepting;
   #   at `max_connections` open connections too. New connections then wait
   #   in the kernel's backlog: none is dropped.
+  # - Of those `fiber_pool` slots, an adaptive limit ({ConcurrencyLimit},
+  #   on by default) admits only as many requests at once as keep the
+  #   loop busy: all of them while requests wait on IO, fewer once the
+  #   loop is saturated with computing requests, whose CPU per request,
+  #   memory and tail latency would otherwise grow with every request
+  #   interleaved. The others wait for a slot, first come first served,
+  #   their connections accepted.
   # - HTTP/1.1 keep-alive (and HTTP/1.0's `Connection: keep-alive`), chunked
   #   request bodies, `Expect: 100-continue`, streaming bodies (`each` and
   #   `call(stream)`, chunked when there is no Content-Length), HEAD.
@@ -89,6 +97,12 @@ module NeverBlock
     #   keep-alive connections, and connections still sending a head, do
     #   not count. Open connections are bounded by
     #   `max_connections` (see {Limits}).
+    # @param adaptive_limit [Boolean, Hash] true (the default): admit at
+    #   most {ConcurrencyLimit#limit} requests at once, a limit that follows
+    #   the event loop's lag between its `min` and `fiber_pool`; a Hash sets
+    #   its options (`min:`, `initial:`, `target_lag:` seconds, see
+    #   {ConcurrencyLimit#initialize}); false: admit up to `fiber_pool`
+    #   whatever the load.
     # @param before_fork [#call, nil] called in the master before the first
     #   worker is forked (close what children must not share).
     # @param on_worker_boot [#call, nil] called with the worker index in each
@@ -105,7 +119,7 @@ module NeverBlock
     #   `shutdown_timeout:`.
     # @raise [ArgumentError] for an invalid bind spec or option.
     def initialize(app, bind: ["tcp://0.0.0.0:9292"], workers: Etc.nprocessors, fiber_pool: 1000,
-                   before_fork: nil, on_worker_boot: nil, status_path: nil, access_log: nil, **limits)
+                   adaptive_limit: true, before_fork: nil, on_worker_boot: nil, status_path: nil, access_log: nil, **limits)
       raise ArgumentError, "app must respond to call" unless app.respond_to?(:call)
 
       @app = app
@@ -123,6 +137,9 @@ module NeverBlock
 
       @limits = Limits.build(limits)
       @pool_size = NeverBlock.validate_size!(fiber_pool, :fiber_pool)
+      @limiter = build_limiter(adaptive_limit)
+      @sampler = nil # the task feeding @limiter the loop's lag, while serving
+      @sampler_parked = false
       @listeners = Array(bind).map { |spec| Listener.new(spec) }
       raise ArgumentError, "bind needs at least one address" if @listeners.empty?
 
@@ -133,7 +150,7 @@ module NeverBlock
       @pool = nil
       @scheduler = nil
       @waiters = [] # acceptors waiting for room
-      @slots_taken = 0 # requests being answered, at most @pool_size
+      @slots_taken = 0 # requests being answered, at most @pool_size (and, once settled, the limiter's limit)
       @slot_waiters = [] # connections whose next request waits for a slot, oldest first
       @accept_failed_at = nil
       @granted = {}.compare_by_identity # waiters handed a slot, not yet resumed
@@ -206,6 +223,7 @@ module NeverBlock
         @pool = FiberPool.new(size: @limits.max_connections, queue_limit: 0)
         @accepting = {}
         acceptors = @listeners.map { |listener| NeverBlock.spawn { accept_loop(listener) } }
+        @sampler = NeverBlock.spawn { sample_loop_lag } if @limiter
         @on_ready&.call
         @wake_reader.wait_readable until @stop_requested
         shutdown(acceptors)
@@ -243,12 +261,15 @@ module NeverBlock
     # `connections` are open ones (at most `max_connections`), of which
     # `idle_connections` wait for their next request's first bytes;
     # `requests_in_flight` are in the app or having their response
-    # written; `fiber_pool` is `{size:, busy:, queued:}`: the `fiber_pool`
-    # request slots, those taken (from the end of a request's head to its
-    # response's end) and the complete heads waiting for one; and
-    # `connection_fibers` is {FiberPool#stats} of the connections' fibers.
+    # written; `fiber_pool` is `{size:, limit:, busy:, queued:}`: the
+    # `fiber_pool` request slots, how many of them may be taken now (the
+    # adaptive limit, else `size`), those taken (from the end of a
+    # request's head to its response's end) and the complete heads waiting
+    # for one; `adaptive_limit` is {ConcurrencyLimit#stats} (nil when
+    # disabled); and `connection_fibers` is {FiberPool#stats} of the
+    # connections' fibers.
     # @return [Hash] `{pid:, worker:, connections:, idle_connections:,
-    #   requests_in_flight:, requests_total:, fiber_pool:, connection_fibers:,
+    #   requests_in_flight:, requests_total:, fiber_pool:, adaptive_limit:, connection_fibers:,
     #   database_pools:, active_record_pools:}` (connection_fibers nil when
     #   not running; active_record_pools: ActiveRecord's pools that have
     #   connections, when the app uses ActiveRecord); or
@@ -259,7 +280,8 @@ module NeverBlock
       { pid: Process.pid, worker: @worker_index, connections: @connections.size,
         idle_connections: @connections.each_key.count(&:idle?),
         requests_in_flight: @in_flight, requests_total: @total,
-        fiber_pool: { size: @pool_size, busy: @slots_taken, queued: @slot_waiters.size },
+        fiber_pool: { size: @pool_size, limit: slot_limit, busy: @slots_taken, queued: @slot_waiters.size },
+        adaptive_limit: @limiter&.stats,
         connection_fibers: @pool&.stats,
         database_pools: ConnectionPool.active.map { |pool| { name: pool.name, **pool.stats } },
         active_record_pools: active_record_pools }
@@ -314,13 +336,14 @@ module NeverBlock
     end
 
     # @api private
-    # Takes a request slot if one is free and no connection waits for one.
-    # The caller gives it back with {#release_slot}.
+    # Takes a request slot if one is free (under the adaptive limit) and no
+    # connection waits for one. The caller gives it back with {#release_slot}.
     # @return [Boolean] whether it took one.
     def take_slot
-      return false if @slots_taken >= @pool_size || !@slot_waiters.empty?
+      return false if @slots_taken >= slot_limit || !@slot_waiters.empty?
 
       @slots_taken += 1
+      wake_sampler if @sampler_parked
       true
     end
 
@@ -345,12 +368,12 @@ module NeverBlock
 
     # @api private
     # Gives a request slot back: to the connection that has waited longest
-    # for one, else to the pool of free slots.
+    # for one, else (or when the adaptive limit fell below the slots taken)
+    # to the pool of free slots.
     # @return [void]
     def release_slot
-      if (waiter = @slot_waiters.shift)
-        @granted[waiter] = true
-        @scheduler.wake(waiter)
+      if !@slot_waiters.empty? && @slots_taken <= slot_limit
+        grant(@slot_waiters.shift)
       else
         @slots_taken -= 1
         room_freed
@@ -371,6 +394,65 @@ module NeverBlock
     end
 
     private
+
+    # @return [ConcurrencyLimit, nil]
+    def build_limiter(option)
+      case option
+      when true then ConcurrencyLimit.new(max: @pool_size)
+      when false, nil then nil
+      when Hash then ConcurrencyLimit.new(max: @pool_size, **option)
+      else raise ArgumentError, "adaptive_limit must be true, false or a Hash of options, got #{option.inspect}"
+      end
+    end
+
+    # @return [Integer] request slots that may be taken now.
+    def slot_limit
+      @limiter ? @limiter.limit : @pool_size
+    end
+
+    # Hands a slot to a waiting connection (the slot stays counted in
+    # @slots_taken).
+    def grant(waiter)
+      @granted[waiter] = true
+      @scheduler.wake(waiter)
+    end
+
+    # The adaptive limit rose: waiting connections take the new slots, oldest first.
+    def admit_waiters
+      while @slots_taken < slot_limit && (waiter = @slot_waiters.shift)
+        @slots_taken += 1
+        grant(waiter)
+      end
+    end
+
+    # The sampler task: while requests are in flight, sleeps
+    # ConcurrencyLimit::SAMPLE_INTERVAL at a time and tells the limiter how
+    # late it woke (the loop's lag); with none in flight it is parked, so an
+    # idle server does not wake 200 times a second. Cancelled by #shutdown.
+    def sample_loop_lag
+      interval = ConcurrencyLimit::SAMPLE_INTERVAL
+      until @stopping
+        if @slots_taken.zero? && @slot_waiters.empty?
+          @limiter.idle
+          @sampler_parked = true
+          begin
+            @scheduler.suspend
+          ensure
+            @sampler_parked = false
+          end
+          next
+        end
+        started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+        NeverBlock.sleep(interval)
+        lag = Process.clock_gettime(Process::CLOCK_MONOTONIC) - started - interval
+        admit_waiters if @limiter.sample(lag, busy: @slots_taken, waiting: @slot_waiters.size)
+      end
+    end
+
+    def wake_sampler
+      @sampler_parked = false
+      @scheduler.wake(@sampler.fiber)
+    end
 
     # Requests are fibers of one thread: Active Support's per-request state
     # (ActiveRecord's connection and transaction, CurrentAttributes) must be
@@ -509,6 +591,7 @@ module NeverBlock
 
     def shutdown(acceptors)
       @stopping = true
+      @sampler&.cancel
       @listeners.zip(acceptors) { |listener, acceptor| acceptor.cancel if @accepting[listener] }
       acceptors.each(&:wait)
       @listeners.each(&:close)

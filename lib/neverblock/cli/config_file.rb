@@ -13,6 +13,7 @@ module NeverBlock
     #   workers 4                          # 0: serve in the master's process
     #   preload true                       # load the app once, before forking
     #   fiber_pool 500                     # requests answered at once, per worker
+    #   adaptive_limit target_lag: 0.01    # or: adaptive_limit false (see NeverBlock::Server::ConcurrencyLimit)
     #   limits header_timeout: 5, idle_timeout: 10, max_body: 50 * 1024**2
     #   shutdown_timeout 20
     #   status "/_neverblock/status"
@@ -77,6 +78,16 @@ module NeverBlock
         @options[:status_path] = path
       end
 
+      # @param enabled [Boolean] false: admit up to `fiber_pool` requests
+      #   whatever the load.
+      # @param options [Hash] `min:`, `initial:`, `target_lag:` (seconds), see
+      #   {NeverBlock::Server::ConcurrencyLimit#initialize}.
+      def adaptive_limit(enabled = true, **options)
+        raise ArgumentError, "adaptive_limit takes true, false or options, not both" if !enabled && options.any?
+
+        @options[:adaptive_limit] = enabled && (options.empty? || options)
+      end
+
       # @param values [Hash] any {NeverBlock::Server::Limits} member.
       def limits(**values)
         (@options[:limits] ||= {}).merge!(values)
@@ -100,7 +111,7 @@ module NeverBlock
       # An unknown setting: an error naming the known ones.
       def method_missing(name, *_args)
         raise ArgumentError, "unknown setting #{name} (known: #{(SETTINGS + %i[bind port status limits before_fork
-                                                                              on_worker_boot]).sort.join(', ')})"
+                                                                              on_worker_boot adaptive_limit]).sort.join(', ')})"
       end
 
       def respond_to_missing?(_name, _include_private = false)

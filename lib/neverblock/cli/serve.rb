@@ -4,6 +4,7 @@ require "optparse"
 require "etc"
 require_relative "../../neverblock"
 require_relative "../server/errors"
+require_relative "../server/concurrency_limit"
 
 module NeverBlock
   class CLI
@@ -29,7 +30,7 @@ module NeverBlock
         @out = out
         @err = err
         @options = { bind: [], workers: Etc.nprocessors, preload: false, access_log: false,
-                     shutdown_timeout: nil, fiber_pool: 1000, status_path: nil, environment: nil, limits: {} }
+                     shutdown_timeout: nil, fiber_pool: 1000, adaptive_limit: true, status_path: nil, environment: nil, limits: {} }
         @given = [] # options set on the command line, which win over a config file
       end
 
@@ -92,6 +93,16 @@ module NeverBlock
             set(:shutdown_timeout, seconds)
           end
           o.on("--fiber-pool N", Integer, "requests served at once per worker (default 1000)") { |n| set(:fiber_pool, n) }
+          # Two switches, not --[no-]: require_exact refuses the --no- form on Ruby 3.1.
+          o.on("--adaptive-limit", "admit fewer than --fiber-pool requests at once while the event loop is " \
+                                   "saturated, by its lag (the default)") { set(:adaptive_limit, true) }
+          o.on("--no-adaptive-limit", "admit up to --fiber-pool requests at once whatever the load") do
+            set(:adaptive_limit, false)
+          end
+          o.on("--target-lag SECONDS", Float, "event-loop lag above which the adaptive limit falls " \
+                                              "(default #{NeverBlock::Server::ConcurrencyLimit::DEFAULT_TARGET_LAG})") do |seconds|
+            set(:adaptive_limit, { target_lag: seconds })
+          end
           o.on("--max-connections N", Integer, "open connections per worker (default 16384 or the fd limit)") do |n|
             set(:max_connections, n)
           end
@@ -251,7 +262,8 @@ module NeverBlock
       def server_options(loader)
         opts = @options
         options = { bind: opts[:bind].empty? ? ["tcp://0.0.0.0:9292"] : opts[:bind], workers: opts[:workers],
-                    fiber_pool: opts[:fiber_pool], status_path: opts[:status_path], **opts[:limits] }
+                    fiber_pool: opts[:fiber_pool], adaptive_limit: opts[:adaptive_limit], status_path: opts[:status_path],
+                    **opts[:limits] }
         options[:access_log] = $stdout if opts[:access_log]
         %i[shutdown_timeout max_connections max_body].each { |key| options[key] = opts[key] if opts[key] }
         options[:before_fork] = opts[:before_fork] if opts[:before_fork]
