@@ -1,0 +1,149 @@
+# frozen_string_literal: true
+
+require_relative "server_helper"
+
+# The adaptive limit on request slots (NeverBlock::Server::ConcurrencyLimit):
+# it lowers the requests admitted at once when computing requests saturate
+# the loop, and admits every request at once when they wait on IO.
+class ServerAdaptiveLimitTest < Minitest::Test
+  include ServerHelper
+
+  # An app that counts the requests inside it at once (the most ever seen)
+  # and spends `cpu` seconds computing after a `wait` seconds' sleep.
+  class Counting
+    attr_reader :peak
+
+    def initialize(wait:, cpu:)
+      @wait = wait
+      @cpu = cpu
+      @inside = 0
+      @peak = 0
+    end
+
+    def call(_env)
+      @inside += 1
+      @peak = @inside if @inside > @peak
+      sleep(@wait) # the scheduler's: other requests run meanwhile
+      spin(@cpu)
+      [200, { "content-type" => "text/plain", "content-length" => "3" }, ["ok\n"]]
+    ensure
+      @inside -= 1
+    end
+
+    private
+
+    def spin(seconds)
+      deadline = Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) + seconds
+      nil while Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) < deadline
+    end
+  end
+
+  # @return [Array<String>] the status codes, `clients` keep-alive clients
+  #   each sending `each` requests.
+  def load(clients:, each:)
+    Array.new(clients) do
+      Thread.new do
+        Net::HTTP.start("127.0.0.1", @port, read_timeout: 120) do |http|
+          Array.new(each) { http.get("/").code }
+        end
+      end
+    end.flat_map(&:value)
+  end
+
+  def test_computing_requests_lower_the_limit_and_are_all_answered
+    app = Counting.new(wait: 0.001, cpu: 0.004)
+    server = start_server(app, adaptive_limit: { min: 2, initial: 32 })
+
+    codes = load(clients: 48, each: 8)
+
+    assert_equal ["200"] * 384, codes
+    stats = server.stats
+    assert_operator stats[:adaptive_limit][:decreases], :>=, 1, stats.inspect
+    assert_operator stats[:adaptive_limit][:limit], :<, 32, stats.inspect
+    assert_operator app.peak, :<=, 32, "never more requests inside the app than the initial limit"
+  end
+
+  def test_requests_waiting_on_io_are_all_admitted_at_once
+    app = Counting.new(wait: 1.0, cpu: 0)
+    server = start_server(app, adaptive_limit: { initial: 8 })
+    started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+
+    codes = load(clients: 60, each: 1)
+
+    elapsed = Process.clock_gettime(Process::CLOCK_MONOTONIC) - started
+    assert_equal ["200"] * 60, codes
+    assert_operator app.peak, :>, 8, "the limit rose above its start"
+    assert_operator server.stats[:adaptive_limit][:increases], :>=, 1
+    assert_operator elapsed, :<, 30, "one-second requests served together, not one after another (60 s)"
+  end
+
+  def test_disabled_it_admits_up_to_fiber_pool
+    app = Counting.new(wait: 0.5, cpu: 0)
+    server = start_server(app, fiber_pool: 40, adaptive_limit: false)
+
+    codes = load(clients: 40, each: 1)
+
+    assert_equal ["200"] * 40, codes
+    assert_equal 40, app.peak
+    stats = server.stats
+    assert_nil stats[:adaptive_limit]
+    assert_equal 40, stats[:fiber_pool][:limit]
+  end
+
+  def test_the_status_endpoint_shows_the_limit
+    server = start_server(status_path: "/_status")
+    body = Net::HTTP.get(URI("http://127.0.0.1:#{@port}/_status"))
+    limit = JSON.parse(body).fetch("adaptive_limit")
+
+    assert_equal [32, 4, 1000], limit.values_at("limit", "min", "max")
+    assert_equal 32, server.stats[:fiber_pool][:limit]
+  end
+
+  def test_an_invalid_option_is_refused
+    assert_raises(ArgumentError) { NeverBlock::Server.new(HELLO, adaptive_limit: :yes) }
+    assert_raises(ArgumentError) { NeverBlock::Server.new(HELLO, adaptive_limit: { target_lag: 0 }) }
+    assert_raises(ArgumentError) { NeverBlock::Server.new(HELLO, adaptive_limit: { mni: 3 }) }
+  end
+end
+
+# The limit's rule on its own: lag samples in, a limit out.
+class ConcurrencyLimitTest < Minitest::Test
+  Limit = NeverBlock::Server::ConcurrencyLimit
+
+  def window(limit, lag, busy:, waiting:)
+    Array.new(Limit::WINDOW) { limit.sample(lag, busy: busy, waiting: waiting) }.last
+  end
+
+  def test_a_saturated_loop_lowers_it_from_the_requests_in_flight
+    limit = Limit.new(max: 1000, initial: 1000, min: 4, target_lag: 0.005)
+    window(limit, 0.05, busy: 200, waiting: 0)
+
+    assert_equal 175, limit.limit # 7/8 of the 200 in flight, not of 1000
+    40.times { window(limit, 0.05, busy: limit.limit, waiting: 10) }
+    assert_equal 4, limit.limit
+  end
+
+  def test_spare_time_with_requests_waiting_raises_it
+    limit = Limit.new(max: 100, initial: 8)
+
+    assert window(limit, 0.0001, busy: 8, waiting: 50)
+    assert_equal 10, limit.limit
+    30.times { window(limit, 0.0001, busy: limit.limit, waiting: 50) }
+    assert_equal 100, limit.limit
+  end
+
+  def test_spare_time_with_nobody_waiting_leaves_it
+    limit = Limit.new(max: 100, initial: 8)
+
+    refute window(limit, 0.0001, busy: 3, waiting: 0)
+    assert_equal 8, limit.limit
+  end
+
+  def test_one_slow_sample_in_a_window_is_not_saturation
+    limit = Limit.new(max: 100, initial: 20)
+    (Limit::WINDOW - 1).times { limit.sample(0.0001, busy: 20, waiting: 0) }
+    limit.sample(0.5, busy: 20, waiting: 0)
+
+    assert_equal 20, limit.limit
+  end
+end
