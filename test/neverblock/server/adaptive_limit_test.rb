@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require_relative "server_helper"
+require "tmpdir"
 
 # The adaptive limit on request slots (NeverBlock::Server::ConcurrencyLimit):
 # it lowers the requests admitted at once when computing requests saturate
@@ -97,6 +98,17 @@ class ServerAdaptiveLimitTest < Minitest::Test
 
     assert_equal [32, 4, 1000], limit.values_at("limit", "min", "max")
     assert_equal 32, server.stats[:fiber_pool][:limit]
+  end
+
+  def test_a_config_file_sets_it
+    require "neverblock/cli/config_file"
+    Dir.mktmpdir do |dir|
+      file = File.join(dir, "neverblock.rb")
+      File.write(file, "adaptive_limit target_lag: 0.01, min: 8\n")
+      assert_equal({ target_lag: 0.01, min: 8 }, NeverBlock::CLI::ConfigFile.load(file)[:adaptive_limit])
+      File.write(file, "adaptive_limit false\n")
+      assert_equal false, NeverBlock::CLI::ConfigFile.load(file)[:adaptive_limit]
+    end
   end
 
   def test_an_invalid_option_is_refused
