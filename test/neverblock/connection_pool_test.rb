@@ -125,7 +125,12 @@ class ConnectionPoolTest < NeverBlockTest
 
   def test_a_waiter_cancelled_while_handed_the_right_to_open_passes_it_on
     opened = 0
-    pool = NeverBlock::ConnectionPool.new(size: 1, timeout: 5) { PairConnection.new.tap { opened += 1 } }
+    discarded = []
+    # Closed after the test: a close may wait (Ruby 3.4 closes through the
+    # scheduler), and `cancelled` must not run before it is cancelled.
+    pool = NeverBlock::ConnectionPool.new(size: 1, timeout: 5, close: ->(connection) { discarded << connection }) do
+      PairConnection.new.tap { opened += 1 }
+    end
     held = pool.checkout
     cancelled = NeverBlock.spawn { pool.with { :never } }
     patient = NeverBlock.spawn { pool.with(&:ping) }
@@ -137,6 +142,7 @@ class ConnectionPoolTest < NeverBlockTest
     assert_equal({ size: 1, in_use: 0, idle: 1, waiting: 0 }, pool.stats)
   ensure
     pool.disconnect_all
+    discarded.each(&:close)
   end
 
   def test_cancels_and_timeouts_at_any_moment_never_lose_a_connection
