@@ -9,7 +9,8 @@ module NeverBlock
   # (Scheduler#switches) and records the fiber (Scheduler#running). The
   # watchdog samples both every quarter threshold; when the same fiber has
   # been running with no switch for the threshold, it logs the loop thread's
-  # backtrace (which is the stalled fiber's). A stall is reported once.
+  # backtrace (which is the stalled fiber's). A stall is reported once, and
+  # a place that stalls again is reported in one line.
   #
   # Ruby hands the GVL to the watchdog only at its thread-switch points (every
   # 100 ms, or when C code releases the GVL), so stalls shorter than about
@@ -92,14 +93,36 @@ module NeverBlock
       end
     end
 
+    # Frames that identify where a stall happened: the same innermost frames
+    # mean the same place (a development server's file watcher, say, stalls
+    # on every request).
+    PLACE_FRAMES = 5
+    # The most frames a report shows (a Rails request's stack has hundreds).
+    SHOWN_FRAMES = 40
+    # The most places remembered; past it, every stall gets a full report.
+    PLACES = 1000
+    private_constant :PLACE_FRAMES, :SHOWN_FRAMES, :PLACES
+
+    # The first stall at a place is logged with its backtrace; later ones at
+    # the same place in one line each, pointing back to it.
     def report(fiber, held)
       backtrace = @scheduler.thread.backtrace || []
       task = @scheduler.tasks.find { |candidate| candidate.fiber.equal?(fiber) }
+      summary = "#{task ? task.inspect : fiber.inspect} has held the event loop for at least " \
+                "#{(held * 1000).round} ms without yielding (stall threshold #{(@threshold * 1000).round} ms)"
+      @places ||= {}
+      place = backtrace.first(PLACE_FRAMES)
+      if (earlier = @places[place])
+        @places[place] = earlier + 1
+        NeverBlock.logger.warn("NeverBlock") { "#{summary} at #{place.first}, as in #{earlier} earlier report(s) with its backtrace above" }
+        return
+      end
+      @places[place] = 1 if @places.size < PLACES
       NeverBlock.logger.warn("NeverBlock") do
-        "#{task ? task.inspect : fiber.inspect} has held the event loop for at least " \
-          "#{(held * 1000).round} ms without yielding (stall threshold #{(@threshold * 1000).round} ms); " \
-          "everything else on this loop waits meanwhile. Move CPU work or blocking C calls into " \
-          "NeverBlock.defer { }. It is here:\n  #{backtrace.join("\n  ")}"
+        shown = backtrace.first(SHOWN_FRAMES)
+        shown << "... #{backtrace.size - SHOWN_FRAMES} more" if backtrace.size > SHOWN_FRAMES
+        "#{summary}; everything else on this loop waits meanwhile. Move CPU work or blocking C calls into " \
+          "NeverBlock.defer { }. It is here:\n  #{shown.join("\n  ")}"
       end
     end
   end

@@ -42,6 +42,26 @@ class StallDetectorTest < PlainTest
     assert_equal 2, log.scan(WARNING).size, log
   end
 
+  # A development server's file watcher stalls on every request: the
+  # backtrace once, then one line per stall at that same place.
+  def test_stalls_at_the_same_place_after_the_first_are_one_line
+    log = with_log do |io|
+      NeverBlock.run(stall_threshold: 0.1) do
+        3.times do |i|
+          burn_cpu { io.string.scan(WARNING).size == i + 1 }
+          NeverBlock.sleep(0.001)
+        end
+      end
+    end
+    reports = log.split(/^(?=W, )/)
+    assert_equal 3, reports.size, log
+    assert_match(/It is here:\n  /, reports[0])
+    reports.drop(1).each.with_index(1) do |report, earlier|
+      assert_equal 1, report.lines.size, report
+      assert_match(/#{WARNING} .* at #{Regexp.escape(__FILE__)}:\d+:.*, as in #{earlier} earlier report\(s\)/, report)
+    end
+  end
+
   def test_a_fiber_that_yields_often_logs_nothing
     log = with_log do
       NeverBlock.run(stall_threshold: 0.1) do

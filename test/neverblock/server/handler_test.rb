@@ -45,11 +45,24 @@ class ServerHandlerTest < PlainTest
     FileUtils.cp_r(File.join(FIXTURES, "rails_app", "."), @dir)
     port = free_port
     start(RbConfig.ruby, "bin/rails", "server", "-u", "neverblock", "-b", "127.0.0.1", "-p", port.to_s,
-          "-P", File.join(@dir, "server.pid"), chdir: @dir)
+          "-P", File.join(@dir, "server.pid"), chdir: @dir, env: { "RAILS_MAX_THREADS" => nil })
     response = wait_for_answer(port, timeout: 90)
     assert_equal "200", response.code
-    assert_match(/\Arails \d+ NeverBlock::Scheduler\n\z/, response.body)
+    # RAILS_MAX_THREADS was unset: the handler set it to 25 before the app
+    # initialized, so a generated database.yml's pool is 25, not 5.
+    assert_match(/\Arails \d+ NeverBlock::Scheduler pool=25\n\z/, response.body)
     stop_and_wait
     assert_match(/Booting NeverBlock/, @output)
+  end
+
+  def test_rails_server_u_neverblock_keeps_a_rails_max_threads_it_finds
+    @dir = Dir.mktmpdir("nb-rails")
+    FileUtils.cp_r(File.join(FIXTURES, "rails_app", "."), @dir)
+    port = free_port
+    start(RbConfig.ruby, "bin/rails", "server", "-u", "neverblock", "-b", "127.0.0.1", "-p", port.to_s,
+          "-P", File.join(@dir, "server.pid"), chdir: @dir, env: { "RAILS_MAX_THREADS" => "40" })
+    response = wait_for_answer(port, timeout: 90)
+    assert_match(/ pool=40\n\z/, response.body)
+    stop_and_wait
   end
 end
