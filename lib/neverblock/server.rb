@@ -139,7 +139,8 @@ module NeverBlock
       @pool_size = NeverBlock.validate_size!(fiber_pool, :fiber_pool)
       @limiter = build_limiter(adaptive_limit)
       @sampler = nil # the task feeding @limiter the loop's lag, while serving
-      @sampler_parked = false
+      @sampler_parked = false # it waits in #sample_loop_lag for a request (its fiber: @sampler_fiber)
+      @sampler_fiber = nil
       @listeners = Array(bind).map { |spec| Listener.new(spec) }
       raise ArgumentError, "bind needs at least one address" if @listeners.empty?
 
@@ -434,6 +435,7 @@ module NeverBlock
       until @stopping
         if @slots_taken.zero? && @slot_waiters.empty?
           @limiter.idle
+          @sampler_fiber = Fiber.current # not @sampler.fiber: spawn may not have returned yet
           @sampler_parked = true
           begin
             @scheduler.suspend
@@ -451,7 +453,7 @@ module NeverBlock
 
     def wake_sampler
       @sampler_parked = false
-      @scheduler.wake(@sampler.fiber)
+      @scheduler.wake(@sampler_fiber)
     end
 
     # Requests are fibers of one thread: Active Support's per-request state
