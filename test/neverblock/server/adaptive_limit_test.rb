@@ -51,11 +51,29 @@ class ServerAdaptiveLimitTest < Minitest::Test
     end.flat_map(&:value)
   end
 
+  # The same from a forked process: its client threads do not take the
+  # server's GVL, so the server's loop, not the clients, is what saturates.
+  def load_from_child(clients:, each:)
+    reader, writer = IO.pipe
+    pid = fork do
+      reader.close
+      writer.write(load(clients: clients, each: each).join(" "))
+      writer.close
+      exit!(0)
+    end
+    writer.close
+    codes = reader.read.split
+    Process.wait(pid)
+    codes
+  ensure
+    reader&.close
+  end
+
   def test_computing_requests_lower_the_limit_and_are_all_answered
     app = Counting.new(wait: 0.001, cpu: 0.004)
     server = start_server(app, adaptive_limit: { min: 2, initial: 32 })
 
-    codes = load(clients: 48, each: 8)
+    codes = load_from_child(clients: 48, each: 8)
 
     assert_equal ["200"] * 384, codes
     stats = server.stats
