@@ -226,7 +226,10 @@ module NeverBlock
 
       # stdout and stderr (the banner, NeverBlock's log, the access log)
       # appended to `file`, each line written as it comes.
+      # The terminal gets one line saying where the rest goes.
       def redirect_output(file)
+        @out.puts("NeverBlock #{NeverBlock::VERSION}: logging to #{file}")
+        @out.flush
         $stdout.reopen(file, "a")
         $stderr.reopen($stdout)
         $stdout.sync = true

@@ -328,9 +328,13 @@ class ServerClusterTest < PlainTest
     port = TCPServer.new("127.0.0.1", 0).then { |s| s.addr[1].tap { s.close } }
     Dir.mktmpdir do |dir|
       log = File.join(dir, "server.log")
+      terminal, writer = IO.pipe
       pid = Process.spawn(RbConfig.ruby, EXE, "serve", File.join(FIXTURES, "pids.ru"), "-p", port.to_s, "-w", "1",
-                          "--access-log", "--log", log, pgroup: true, out: File::NULL, err: File::NULL)
+                          "--access-log", "--log", log, pgroup: true, out: writer, err: File::NULL)
+      writer.close
       (@servers ||= []) << { pid: pid, out: IO.pipe.first, lines: [] }
+      # The terminal says where the log went; everything else goes there.
+      assert_equal "NeverBlock #{NeverBlock::VERSION}: logging to #{log}\n", Timeout.timeout(30) { terminal.gets }
       eventually { File.exist?(log) && File.read(log).include?("serving") }
       assert_match(%r{on tcp://0\.0\.0\.0:#{port} }, File.read(log))
       worker = eventually { (w = worker_pids(pid)).size == 1 && w.first }
@@ -343,6 +347,9 @@ class ServerClusterTest < PlainTest
       Process.kill("TERM", pid)
       Process.wait(pid)
       assert_includes File.read(log), "master got TERM: stopping gracefully"
+      assert_nil terminal.gets, "nothing but the one line on the terminal"
+    ensure
+      terminal&.close
     end
   end
 
