@@ -9,8 +9,8 @@ module NeverBlock
   # (Scheduler#switches) and records the fiber (Scheduler#running). The
   # watchdog samples both every quarter threshold; when the same fiber has
   # been running with no switch for the threshold, it logs the loop thread's
-  # backtrace (which is the stalled fiber's). A stall is reported once, and
-  # a place that stalls again is reported in one line.
+  # backtrace (which is the stalled fiber's). A stall is reported once; a
+  # backtrace at most once a minute, the stalls in between in one line.
   #
   # Ruby hands the GVL to the watchdog only at its thread-switch points (every
   # 100 ms, or when C code releases the GVL), so stalls shorter than about
@@ -93,31 +93,31 @@ module NeverBlock
       end
     end
 
-    # Frames that identify where a stall happened: the same innermost frames
-    # mean the same place (a development server's file watcher, say, stalls
-    # on every request).
-    PLACE_FRAMES = 5
+    # Seconds after a report with a backtrace during which further stalls
+    # are logged in one line each (a development server's file watcher, say,
+    # stalls on every request).
+    QUIET_PERIOD = 60
     # The most frames a report shows (a Rails request's stack has hundreds).
     SHOWN_FRAMES = 40
-    # The most places remembered; past it, every stall gets a full report.
-    PLACES = 1000
-    private_constant :PLACE_FRAMES, :SHOWN_FRAMES, :PLACES
+    private_constant :QUIET_PERIOD, :SHOWN_FRAMES
 
-    # The first stall at a place is logged with its backtrace; later ones at
-    # the same place in one line each, pointing back to it.
+    # A stall is logged with its backtrace, at most once a QUIET_PERIOD;
+    # the ones in between in one line each, naming the innermost frame.
     def report(fiber, held)
       backtrace = @scheduler.thread.backtrace || []
       task = @scheduler.tasks.find { |candidate| candidate.fiber.equal?(fiber) }
       summary = "#{task ? task.inspect : fiber.inspect} has held the event loop for at least " \
                 "#{(held * 1000).round} ms without yielding (stall threshold #{(@threshold * 1000).round} ms)"
-      @places ||= {}
-      place = backtrace.first(PLACE_FRAMES)
-      if (earlier = @places[place])
-        @places[place] = earlier + 1
-        NeverBlock.logger.warn("NeverBlock") { "#{summary} at #{place.first}, as in #{earlier} earlier report(s) with its backtrace above" }
+      now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      if @shown_at && now - @shown_at < QUIET_PERIOD
+        @quiet += 1
+        NeverBlock.logger.warn("NeverBlock") do
+          "#{summary} at #{backtrace.first}; #{@quiet} such report(s) in one line since the last backtrace"
+        end
         return
       end
-      @places[place] = 1 if @places.size < PLACES
+      @shown_at = now
+      @quiet = 0
       NeverBlock.logger.warn("NeverBlock") do
         shown = backtrace.first(SHOWN_FRAMES)
         shown << "... #{backtrace.size - SHOWN_FRAMES} more" if backtrace.size > SHOWN_FRAMES
