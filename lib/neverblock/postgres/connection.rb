@@ -54,6 +54,20 @@ module NeverBlock
           end
         RUBY
       end
+
+      private
+
+      # pg's connect (and reset) waits for the server in Ruby, on this
+      # object, before `new` returns it: an interrupt there (a timeout
+      # around ActiveRecord's first query, a cancelled task) left the
+      # half-open connection to the garbage collector, socket and all.
+      # Closed here instead, and the interrupt goes on.
+      def async_connect_or_reset(poll_method)
+        super
+      rescue Exception # rubocop:disable Lint/RescueException -- re-raised
+        finish unless finished?
+        raise
+      end
     end
   end
 end

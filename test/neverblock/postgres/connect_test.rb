@@ -68,6 +68,31 @@ class PostgresConnectTest < NeverBlockTest
     assert_match(/not retried.*does not exist/, error.message)
   end
 
+  # A server that accepts and never answers: the connect waits in pg's
+  # polling loop when the timeout ends it. The half-open connection is
+  # closed at once, not left with its socket to the garbage collector.
+  def test_a_connect_a_timeout_interrupts_leaves_no_socket_open
+    listener = TCPServer.new("127.0.0.1", 0)
+    accepted = []
+    acceptor = NeverBlock.spawn { loop { accepted << listener.accept } }
+    before = NeverBlock::Testing.open_descriptors
+    assert_raises(NeverBlock::TimeoutError) do
+      NeverBlock.timeout(0.2) do
+        NeverBlock::Postgres::Connection.new(host: "127.0.0.1", port: listener.addr[1], user: "x", dbname: "x",
+                                             sslmode: "disable", gssencmode: "disable")
+      end
+    end
+    acceptor.cancel
+    acceptor.wait
+    accepted.each(&:close)
+    listener.close
+    after = NeverBlock::Testing.open_descriptors
+    opened = after.reject { |fd, target| before[fd] == target }.select { |_, target| target.start_with?("socket:") }
+    assert_empty opened, "sockets left open by the interrupted connect"
+  ensure
+    listener.close unless listener.nil? || listener.closed?
+  end
+
   def test_the_server_restarting_while_the_pool_is_idle
     db = client(size: 2)
     before = open_connections(db, 2)
