@@ -7,7 +7,31 @@ module NeverBlock
   # Gemfile installs the Railtie only when Rails is loaded first, as
   # `Bundler.require` does in `rails server`.
   module RailsIntegration
+    # RAILS_MAX_THREADS when it is not set (see {default_rails_max_threads}):
+    # ActiveRecord connections per process in a generated Rails app. Two
+    # workers then open at most 50, under PostgreSQL's default 100.
+    RAILS_MAX_THREADS_DEFAULT = 25
+
     module_function
+
+    # A Rails app's generated database.yml sizes ActiveRecord's pool from
+    # RAILS_MAX_THREADS (else 5), a count of threads; here each request is a
+    # fiber, hundreds run at once, and each holds a connection from its
+    # first query to its end, so the sixth at once would wait
+    # `checkout_timeout` and fail. Unset, it becomes
+    # {RAILS_MAX_THREADS_DEFAULT}; in a Rails app's directory `out` is told.
+    # Must run before the app initializes (and reads database.yml).
+    # @param out [IO]
+    # @return [void]
+    def default_rails_max_threads(out)
+      return if ENV.key?("RAILS_MAX_THREADS")
+
+      ENV["RAILS_MAX_THREADS"] = RAILS_MAX_THREADS_DEFAULT.to_s
+      return unless File.exist?("config/database.yml")
+
+      out.puts("RAILS_MAX_THREADS was not set: set to #{RAILS_MAX_THREADS_DEFAULT}, so that a generated " \
+               "config/database.yml gives ActiveRecord a pool of #{RAILS_MAX_THREADS_DEFAULT} connections per process")
+    end
 
     # Runs the block, which loads an app: if the app loads Rails, the
     # Railtie is defined when the app's class is (Active Support's

@@ -5,17 +5,13 @@ require "etc"
 require_relative "../../neverblock"
 require_relative "../server/errors"
 require_relative "../server/concurrency_limit"
+require_relative "../rails_integration"
 
 module NeverBlock
   class CLI
     # `neverblock serve [config.ru] [options]`: runs a Rack app on
     # {NeverBlock::Server}. See {USAGE} or `neverblock serve --help`.
     class Serve
-      # RAILS_MAX_THREADS when it is not set (see #default_rails_max_threads):
-      # ActiveRecord connections per worker in a generated Rails app. Two
-      # workers then open at most 50, under PostgreSQL's default 100.
-      RAILS_MAX_THREADS_DEFAULT = 25
-
       USAGE = <<~TEXT
         Usage: neverblock serve [CONFIG_RU] [options]
 
@@ -190,7 +186,7 @@ module NeverBlock
           ENV["RAILS_ENV"] ||= opts[:environment]
         end
         Dir.chdir(File.dirname(path))
-        default_rails_max_threads
+        NeverBlock::RailsIntegration.default_rails_max_threads(@out)
         require_relative "../server"
         # Rack itself (not the app) loads once, in the master: a worker that
         # replaces a dead one then boots in ~10 ms instead of ~55.
@@ -208,20 +204,6 @@ module NeverBlock
         0
       ensure
         remove_pidfile(opts[:pidfile]) if opts && opts[:pidfile]
-      end
-
-      # A Rails app's generated database.yml sizes ActiveRecord's pool from
-      # RAILS_MAX_THREADS (else 5), a count of threads; here each request is
-      # a fiber, hundreds run at once, and each holds a connection from its
-      # first query to its end. Unset, it becomes RAILS_MAX_THREADS_DEFAULT.
-      def default_rails_max_threads
-        return if ENV.key?("RAILS_MAX_THREADS")
-
-        ENV["RAILS_MAX_THREADS"] = RAILS_MAX_THREADS_DEFAULT.to_s
-        return unless File.exist?("config/database.yml")
-
-        @out.puts("RAILS_MAX_THREADS was not set: set to #{RAILS_MAX_THREADS_DEFAULT}, so that a generated " \
-                  "config/database.yml gives ActiveRecord a pool of #{RAILS_MAX_THREADS_DEFAULT} connections per worker")
       end
 
       # stdout and stderr (the banner, NeverBlock's log, the access log)

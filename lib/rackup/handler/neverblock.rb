@@ -2,6 +2,7 @@
 
 require "rackup/handler"
 require "neverblock/server"
+require "neverblock/rails_integration"
 
 module Rackup
   module Handler
@@ -14,30 +15,7 @@ module Rackup
     #   rackup -s neverblock -O Workers=2 -O Status=/_status
     #   bin/rails server -u neverblock
     module NeverBlock
-      # The ActiveRecord pool a generated config/database.yml gets here (see
-      # {size_rails_pool}), as under `neverblock serve`.
-      RAILS_MAX_THREADS_DEFAULT = 25
-
       class << self
-        # A Rails app's generated database.yml sizes ActiveRecord's pool from
-        # RAILS_MAX_THREADS (else 5), a count of threads; here each request
-        # is a fiber, and each holds a connection from its first query to its
-        # end, so the sixth at once would wait `checkout_timeout` and fail.
-        # Unset, it becomes {RAILS_MAX_THREADS_DEFAULT}. Called as this file
-        # loads: `rails server -u neverblock` loads the handler after
-        # config/application.rb but before the app initializes and reads
-        # database.yml.
-        # @return [void]
-        def size_rails_pool
-          return if ENV.key?("RAILS_MAX_THREADS")
-
-          ENV["RAILS_MAX_THREADS"] = RAILS_MAX_THREADS_DEFAULT.to_s
-          return unless File.exist?("config/database.yml")
-
-          $stdout.puts("NeverBlock: RAILS_MAX_THREADS was not set: set to #{RAILS_MAX_THREADS_DEFAULT}, so that a " \
-                       "generated config/database.yml gives ActiveRecord a pool of #{RAILS_MAX_THREADS_DEFAULT} connections")
-        end
-
         # @param app [#call] the Rack app.
         # @param options [Hash] rackup's options: `:Host`, `:Port`, and the
         #   handler's own (see {valid_options}) as Strings.
@@ -87,6 +65,8 @@ module Rackup
     end
 
     register :neverblock, NeverBlock
-    NeverBlock.size_rails_pool
+    # `rails server -u neverblock` loads this file after config/application.rb
+    # and before the app initializes and reads database.yml.
+    ::NeverBlock::RailsIntegration.default_rails_max_threads($stdout)
   end
 end
