@@ -50,8 +50,7 @@ module NeverBlock
     # @return [Object] the block's value.
     def while_loading_app
       install_railtie if rails_loaded?
-      return yield.tap { after_load } if defined?(::NeverBlock::Railtie)
-      return yield.tap { after_load } if hook_active_support
+      return yield.tap { after_load } if defined?(::NeverBlock::Railtie) || hook_active_support
 
       trace = TracePoint.new(:script_compiled) { trace.disable if hook_active_support }
       trace.enable
