@@ -23,9 +23,10 @@ module NeverBlock
   #   new one.
   # - It is one Mutex, held only for bookkeeping, so the same pool works from
   #   fibers and from plain threads. A fiber of a NeverBlock loop waits in
-  #   its scheduler and a checkin hands the connection straight to it (one
-  #   deadline timer per wait, nothing else allocated); a thread, or a fiber
-  #   under another scheduler, waits on a condition variable.
+  #   its scheduler and a checkin hands the connection straight to it
+  #   (nothing allocated per wait: the waiters of one loop share a single
+  #   expiry timer, see #wait_in_loop); a thread, or a fiber under another
+  #   scheduler, waits on a condition variable.
   # - Interrupts cannot lose a connection: a waiter interrupted after a
   #   connection was handed to it passes it on. On plain threads,
   #   asynchronous interrupts (Thread#raise, Timeout) are held back while the
@@ -53,11 +54,13 @@ module NeverBlock
 
     # One fiber or thread waiting for a connection: `handed` is set, with the
     # lock held, to the Hold handed over or to :open (the right to open one).
-    # A fiber in a NeverBlock loop is woken through its `scheduler`; anything
-    # else waits on `condition`. Records are reused (see #wait_for_turn);
-    # identity is equality, so Array#delete finds the right one.
+    # A fiber in a NeverBlock loop is woken through its `scheduler`, and
+    # gives up at `deadline` (monotonic seconds) once its loop's expiry
+    # timer has set `expired`; anything else waits on `condition`. Records
+    # are reused (see #wait_for_turn); identity is equality, so Array#delete
+    # finds the right one.
     class Waiter
-      attr_accessor :fiber, :scheduler, :condition, :handed
+      attr_accessor :fiber, :scheduler, :condition, :handed, :deadline, :expired
     end
 
     # One per open connection, reused by each checkout: the connection, the
@@ -335,6 +338,8 @@ module NeverBlock
       @holds = {}.compare_by_identity # owner => Hold
       @waiters = [] # Waiters, oldest first
       @spare = [] # Waiters to reuse
+      @expiry = {}.compare_by_identity # NeverBlock scheduler => its waiters' expiry timer, while armed
+      @expire_callback = method(:expire_waiters)
       @generation = 0 # bumped by disconnect_all
       @born = {}.compare_by_identity # connection => its Hold
     end
@@ -478,23 +483,55 @@ module NeverBlock
     # With the lock held on entry and on every way out: suspends this fiber
     # in its NeverBlock scheduler, without the lock (other threads may check
     # in meanwhile), until a checkin hands it something and wakes it
-    # (Scheduler#unblock, from any thread) or `timeout` seconds pass. One
-    # timer for the wait: another only after a wake-up without cause.
+    # (Scheduler#unblock, from any thread) or its deadline passes.
+    #
+    # No timer per wait: every waiter has the pool's one `timeout` and joins
+    # the queue at the back, so deadlines grow along @waiters, and the
+    # oldest waiter of a loop is the first of that loop to expire. Each loop
+    # with waiters has one timer (#arm_expiry), due at its oldest waiter's
+    # deadline; when it fires it expires the waiters that are due and
+    # re-arms for the next one. Under steady contention it fires about once
+    # per `timeout`, however many checkouts wait meanwhile.
     def wait_in_loop(waiter)
       scheduler = Fiber.scheduler
       waiter.fiber = Fiber.current
       waiter.scheduler = scheduler
-      deadline = clock + @timeout
+      return if @timeout.zero? # no wait at all: PoolTimeout now, as on a thread
+
+      waiter.deadline = clock + @timeout
+      arm_expiry(scheduler, waiter.deadline) unless @expiry.key?(scheduler)
       @lock.unlock
       begin
-        until waiter.handed
-          remaining = deadline - clock
-          break unless remaining.positive?
-
-          scheduler.block(waiter, remaining)
-        end
+        # A wake-up without cause (#unblock is allowed to be spurious) waits again.
+        scheduler.block(waiter, nil) until waiter.handed || waiter.expired
       ensure
         relock
+      end
+    end
+
+    # With the lock held: arms `scheduler`'s expiry timer for `deadline`.
+    # Forgets the timers of closed schedulers, whose loops will never fire them.
+    def arm_expiry(scheduler, deadline)
+      @expiry.delete_if { |other, _| other.closed? } unless @expiry.empty?
+      @expiry[scheduler] = scheduler.add_timer(deadline - clock, @expire_callback, scheduler)
+    end
+
+    # `scheduler`'s expiry timer fired (on its loop): wakes its waiters whose
+    # deadline has passed, without a connection, and re-arms for the next.
+    def expire_waiters(scheduler)
+      @lock.synchronize do
+        @expiry.delete(scheduler)
+        now = clock
+        @waiters.each do |waiter|
+          next unless waiter.scheduler.equal?(scheduler)
+
+          if waiter.deadline > now
+            arm_expiry(scheduler, waiter.deadline)
+            break
+          end
+          waiter.expired = true
+          scheduler.unblock(waiter, waiter.fiber)
+        end
       end
     end
 
@@ -555,7 +592,7 @@ module NeverBlock
 
     # With the lock held: keeps a Waiter no longer queued for the next wait.
     def recycle(waiter)
-      waiter.handed = waiter.fiber = waiter.scheduler = nil
+      waiter.handed = waiter.fiber = waiter.scheduler = waiter.expired = nil
       @spare << waiter if @spare.size < SPARE_WAITERS
     end
 

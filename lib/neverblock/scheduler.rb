@@ -333,6 +333,14 @@ module NeverBlock
     end
 
     # @api private
+    # Schedules `callable.call(argument)` on this loop in `seconds`; call it
+    # on the loop's thread only (from one of its fibers or callbacks).
+    # @return [Timers::Timer, nil] nil for an infinite delay (it never fires).
+    def add_timer(seconds, callable, argument = nil)
+      @timers.after(seconds, callable, argument)
+    end
+
+    # @api private
     # Called (on the loop thread) when a thread-pool job has finished.
     def job_done(job)
       wake(job.fiber)

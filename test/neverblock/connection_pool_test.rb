@@ -236,6 +236,83 @@ class ConnectionPoolTest < NeverBlockTest
     pool.disconnect_all
   end
 
+  # The waiters of one loop share one expiry timer: each still gives up at
+  # its own deadline, so the later one must not expire with the earlier one,
+  # nor wait on until the holder is done (it would then get the connection).
+  def test_waiters_that_queued_at_different_times_each_time_out_at_their_own_deadline
+    pool = NeverBlock::ConnectionPool.new(size: 1, timeout: 0.3) { PairConnection.new }
+    holder = NeverBlock.spawn { pool.with { sleep 1.5 } }
+    sleep 0.01
+    waiting = lambda do
+      NeverBlock.spawn do
+        started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+        error = begin
+          pool.with { :got_one }
+        rescue NeverBlock::PoolTimeout => e
+          e
+        end
+        [error, Process.clock_gettime(Process::CLOCK_MONOTONIC) - started]
+      end
+    end
+    first = waiting.call
+    sleep 0.2
+    second = waiting.call
+    [first, second].each do |task|
+      error, waited = task.value
+      assert_kind_of NeverBlock::PoolTimeout, error
+      assert_operator waited, :>=, 0.25, "a waiter gave up before its own timeout"
+      assert_operator waited, :<, 1.2
+    end
+    holder.wait
+  ensure
+    pool.disconnect_all
+  end
+
+  def test_waiters_in_the_loops_of_two_threads_each_time_out
+    pool = NeverBlock::ConnectionPool.new(size: 1, timeout: 0.2) { PairConnection.new }
+    holder = NeverBlock.spawn { pool.with { sleep 1.5 } }
+    sleep 0.01
+    threads = Array.new(2) do
+      Thread.new do
+        NeverBlock.run do
+          started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+          outcome = begin
+            pool.with { :got_one }
+          rescue NeverBlock::PoolTimeout => e
+            e.class
+          end
+          [outcome, Process.clock_gettime(Process::CLOCK_MONOTONIC) - started]
+        end
+      end
+    end
+    threads.map(&:value).each do |outcome, waited|
+      assert_equal NeverBlock::PoolTimeout, outcome
+      assert_operator waited, :>=, 0.15
+      assert_operator waited, :<, 1.2
+    end
+    holder.wait
+  ensure
+    pool.disconnect_all
+  end
+
+  # A loop that ended with its expiry timer still armed (its waiter was
+  # served) must not be kept alive by the pool it used.
+  def test_the_pool_does_not_keep_loops_that_have_ended
+    pool = NeverBlock::ConnectionPool.new(size: 1, timeout: 5) { PairConnection.new }
+    5.times do
+      Thread.new do
+        NeverBlock.run do
+          holder = NeverBlock.spawn { pool.with { sleep 0.01 } }
+          assert_equal :after_a_wait, NeverBlock.spawn { pool.with { :after_a_wait } }.value
+          holder.wait
+        end
+      end.join
+    end
+    assert_operator pool.instance_variable_get(:@expiry).size, :<=, 1
+  ensure
+    pool.disconnect_all
+  end
+
   def test_a_connection_level_error_discards_the_connection
     broken = nil
     assert_raises(IOError) do
