@@ -624,33 +624,44 @@ module NeverBlock
     # {#checkin} or {#discard} (`broken`) of `owner`'s Hold of `connection`,
     # in one turn of the lock.
     def release(connection, owner, broken)
-      closing = @lock.synchronize do
+      outcome = @lock.synchronize do
         hold = @holds[owner]
         next :not_held unless hold&.connection.equal?(connection)
 
         hold.broken = true if broken
         put_back(hold)
       end
-      if closing.equal?(:not_held)
+      if outcome.equal?(:not_held)
         who = owner.equal?(Fiber.current) ? "this fiber" : owner.inspect
         raise ArgumentError, "#{who} did not check out #{connection.inspect} from this pool"
       end
-      close_quietly(connection) if closing
+      settle(outcome, connection)
     end
 
     # One level up (see #put_back); closes the connection if it goes.
     def give_back(hold)
       return if hold.epoch != @epoch # held when the process forked: the parent's
 
-      closing = @lock.synchronize { put_back(hold) }
-      close_quietly(hold.connection) if closing
+      settle(@lock.synchronize { put_back(hold) }, hold.connection)
+    end
+
+    # What #put_back left to do once the lock is let go: close the
+    # connection (true), or run the waiter it was handed to (a Waiter).
+    def settle(outcome, connection)
+      if outcome.equal?(true)
+        close_quietly(connection)
+      elsif outcome
+        outcome.scheduler.hand_over(outcome.fiber)
+      end
     end
 
     # With the lock held: one level up; at the outermost level the
     # connection goes to the next waiter or the idle list, or, if broken or
     # from before #disconnect_all, is to be closed (by the caller, after the
     # counts are right, so that a slow close delays no one).
-    # @return [Boolean] whether the caller must close it.
+    # @return [Boolean, Waiter] true when the caller must close it; a
+    #   Waiter of the caller's own loop that it went to, for the caller to
+    #   run (see #grant).
     def put_back(hold)
       hold.depth -= 1
       return false if hold.depth.positive?
@@ -664,26 +675,36 @@ module NeverBlock
         grant(:open)
         true
       else
-        give(hold)
-        false
+        give(hold, true)
       end
     end
 
     # With the lock held: to the oldest waiter, else back to the idle list.
-    def give(hold)
+    # @return [Waiter, false] (see #grant)
+    def give(hold, hand = false)
       hold.returned_at = clock if @healthy && @check_after.positive?
-      grant(hold) || @idle.push(hold)
+      granted = grant(hold, hand)
+      @idle.push(hold) unless granted
+      granted.equal?(true) ? false : granted
     end
 
     # With the lock held: hands `what` (a Hold, or :open for the right to
-    # open a connection) to the oldest waiter and wakes it.
-    # @return [Boolean] whether there was one.
-    def grant(what)
+    # open a connection) to the oldest waiter and wakes it. With `hand`, a
+    # waiter in the calling fiber's own loop is not woken but returned: the
+    # caller runs it at once, once it has let go of the lock
+    # (Scheduler#hand_over), so that the waiter's query goes out within the
+    # same turn of the loop, and the selector does not drop and re-add the
+    # connection's socket between the two fibers' waits on it.
+    # @return [Boolean, Waiter] whether there was one, or the Waiter to run.
+    def grant(what, hand = false)
       waiter = @waiters.shift or return false
       @opened += 1 if what.equal?(:open)
       waiter.handed = what
       if (fiber = waiter.fiber)
-        waiter.scheduler.unblock(waiter, fiber)
+        scheduler = waiter.scheduler
+        return waiter if hand && scheduler.equal?(Fiber.scheduler) && !Fiber.current.blocking?
+
+        scheduler.unblock(waiter, fiber)
       else
         waiter.condition.signal
       end

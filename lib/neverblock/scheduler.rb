@@ -267,6 +267,35 @@ module NeverBlock
       true
     end
 
+    # @api private
+    # Resumes `fiber`, suspended in {#block} (a Mutex-free wait such as a
+    # connection pool's), right now in place of the calling fiber, which
+    # goes to the back of the ready queue as if it had yielded: for a
+    # caller that has just handed `fiber` what it waits for and wants it to
+    # act within this turn of the loop (the pool hands a connection this
+    # way, so that its next query is sent at once). Falls back to {#wake}
+    # where that cannot be done: `fiber` is not in {#block}, or the caller
+    # is the loop itself, a blocking fiber, or on another thread.
+    # @return [void]
+    def hand_over(fiber, value = true)
+      current = Fiber.current
+      unless @unblockable.key?(fiber) && @waits[fiber].is_a?(Integer) && loop_thread? &&
+             !current.equal?(@loop) && !current.blocking?
+        return loop_thread? ? wake(fiber, value) : unblock(nil, fiber)
+      end
+
+      token = (@token += 1)
+      @waits[current] = token
+      @ready.push(current, token, true)
+      @running = nil
+      fiber.transfer(value)
+    ensure
+      if token
+        @waits.delete(current)
+        entered(current)
+      end
+    end
+
     # Runs `callable.call` on the loop thread at its next turn. Thread-safe:
     # this is how other threads hand work to the loop.
     #

@@ -96,9 +96,18 @@ class ConnectionPoolTest < NeverBlockTest
     held = pool.checkout
     order = []
     # A task runs at once until its first wait: these queue in this order.
-    waiters = 5.times.map { |i| NeverBlock.spawn { pool.with { |connection| order << [i, connection] } } }
+    waiters = 5.times.map do |i|
+      NeverBlock.spawn do
+        pool.with do |connection|
+          order << [i, connection]
+          sleep 0.01
+        end
+      end
+    end
     assert_equal 5, pool.stats[:waiting]
     pool.checkin(held)
+    # The checkin ran the longest waiter at once (Scheduler#hand_over), up to its sleep.
+    assert_equal [0], order.map(&:first)
     assert_equal({ size: 1, in_use: 1, idle: 0, waiting: 4 }, pool.stats, "handed over, never idle in between")
     waiters.each(&:wait)
     assert_equal [0, 1, 2, 3, 4], order.map(&:first)
@@ -309,6 +318,47 @@ class ConnectionPoolTest < NeverBlockTest
       end.join
     end
     assert_operator pool.instance_variable_get(:@expiry).size, :<=, 1
+  ensure
+    pool.disconnect_all
+  end
+
+  # A checkin in a loop's fiber runs the waiter it hands the connection to
+  # at once, and the fiber that checked in waits its turn in the ready
+  # queue: a cancel that reaches it there is raised from its checkin, and
+  # the connection, already the waiter's, is not lost.
+  def test_a_fiber_cancelled_while_its_checkin_runs_the_next_waiter_loses_nothing
+    pool = NeverBlock::ConnectionPool.new(size: 1, timeout: 5) { PairConnection.new }
+    checked_in = NeverBlock.spawn do
+      pool.with { sleep 0.02 }
+      :went_on
+    end
+    sleep 0.005
+    waiter = NeverBlock.spawn { pool.with { checked_in.cancel && :served } }
+    assert_equal :served, waiter.value
+    assert_raises(NeverBlock::Cancelled) { checked_in.value }
+    assert_equal({ size: 1, in_use: 0, idle: 1, waiting: 0 }, pool.stats)
+    assert_equal :again, pool.with { :again }
+  ensure
+    pool.disconnect_all
+  end
+
+  # Threads have no loop to run a waiter in: a checkin from a thread wakes
+  # a waiting fiber of a loop as before.
+  def test_a_checkin_from_a_thread_wakes_a_fiber_waiting_in_a_loop
+    pool = NeverBlock::ConnectionPool.new(size: 1, timeout: 5) { PairConnection.new }
+    taken = Thread::Queue.new
+    release = Thread::Queue.new
+    thread = Thread.new do
+      pool.with do
+        taken << true
+        release.pop
+      end
+    end
+    taken.pop
+    waiter = NeverBlock.spawn { pool.with { :served } }
+    release << true
+    assert_equal :served, waiter.value
+    thread.join
   ensure
     pool.disconnect_all
   end

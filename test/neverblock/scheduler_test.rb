@@ -15,6 +15,43 @@ class SchedulerTest < NeverBlockTest
     writer&.close
   end
 
+  # Scheduler#hand_over (what a pool checkin uses): the fiber waiting in
+  # #block runs at once, the caller after it, from the ready queue.
+  def test_hand_over_runs_a_blocked_fiber_at_once_and_the_caller_after_it
+    scheduler = Fiber.scheduler
+    events = []
+    blocked = nil
+    waiter = NeverBlock.spawn do
+      blocked = Fiber.current
+      events << :blocked
+      events << [:resumed_with, scheduler.block(:a_blocker, nil)]
+    end
+    assert_equal [:blocked], events
+    scheduler.hand_over(blocked, :handed)
+    events << :caller_went_on
+    assert_equal [:blocked, [:resumed_with, :handed], :caller_went_on], events
+    waiter.wait
+  end
+
+  # From the loop fiber (a timer's or a posted callback) there is no fiber
+  # to queue in its place: the blocked fiber is woken for the next turn.
+  def test_hand_over_from_the_loop_itself_wakes_the_fiber_instead
+    scheduler = Fiber.scheduler
+    events = []
+    blocked = nil
+    waiter = NeverBlock.spawn do
+      blocked = Fiber.current
+      scheduler.block(:a_blocker, nil)
+      events << :resumed
+    end
+    scheduler.post do
+      scheduler.hand_over(blocked)
+      events << :callback_done
+    end
+    waiter.wait
+    assert_equal %i[callback_done resumed], events
+  end
+
   def test_pipe_reads_and_writes_between_fibers
     reader, writer = IO.pipe
     consumer = NeverBlock.spawn { reader.read }
