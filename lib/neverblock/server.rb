@@ -5,6 +5,7 @@ require "neverblock"
 require_relative "server/errors"
 require_relative "server/limits"
 require_relative "server/concurrency_limit"
+require_relative "server/idle_sweeper"
 require_relative "server/listener"
 require_relative "server/request"
 require_relative "server/parser"
@@ -87,6 +88,10 @@ module NeverBlock
     #   and parses at once, so idle connections hold no buffer.
     attr_reader :read_buffer
 
+    # @api private
+    # @return [IdleSweeper, nil] ends idle keep-alive waits (while serving).
+    attr_reader :idle_sweeper
+
     # @param app [#call] a Rack 3 app.
     # @param bind [Array<String>, String] `tcp://HOST:PORT` (port 0 picks one) or `unix://PATH`.
     # @param workers [Integer] processes to fork and serve in; 0 serves in this
@@ -139,6 +144,8 @@ module NeverBlock
       @pool_size = NeverBlock.validate_size!(fiber_pool, :fiber_pool)
       @limiter = build_limiter(adaptive_limit)
       @sampler = nil # the task feeding @limiter the loop's lag, while serving
+      @idle_sweeper = nil # see IdleSweeper
+      @sweeper = nil # the task running @idle_sweeper, while serving
       @sampler_parked = false # it waits in #sample_loop_lag for a request (its fiber: @sampler_fiber)
       @sampler_fiber = nil
       @listeners = Array(bind).map { |spec| Listener.new(spec) }
@@ -223,6 +230,9 @@ module NeverBlock
         @scheduler = NeverBlock.current_scheduler!
         @pool = FiberPool.new(size: @limits.max_connections, queue_limit: 0)
         @accepting = {}
+        # Before the acceptors: a connection already in the backlog is served at once.
+        @idle_sweeper = IdleSweeper.new(@connections, @limits.idle_timeout)
+        @sweeper = NeverBlock.spawn { @idle_sweeper.run }
         acceptors = @listeners.map { |listener| NeverBlock.spawn { accept_loop(listener) } }
         @sampler = NeverBlock.spawn { sample_loop_lag } if @limiter
         @on_ready&.call
@@ -594,6 +604,7 @@ module NeverBlock
     def shutdown(acceptors)
       @stopping = true
       @sampler&.cancel
+      @sweeper&.cancel
       @listeners.zip(acceptors) { |listener, acceptor| acceptor.cancel if @accepting[listener] }
       acceptors.each(&:wait)
       @listeners.each(&:close)

@@ -39,6 +39,7 @@ module NeverBlock
         @socket = socket
         @listener = listener
         @idle = false
+        @idle_deadline = nil
         @slot = false
         @app_env = nil # the env of the request the app is handling, while it does
         @hijacked = false
@@ -142,6 +143,18 @@ module NeverBlock
         @task&.cancel if @idle
       end
 
+      # @return [Float, nil] when its wait for a next request times out
+      #   (monotonic seconds), while it waits on the socket for one.
+      attr_reader :idle_deadline
+
+      # @api private
+      # Ends its wait for a next request (the {IdleSweeper}, once
+      # {#idle_deadline} has passed); the connection then closes.
+      # @return [void]
+      def expire_idle
+        Fiber.scheduler.interrupt(@task, IdleSweeper::Expired.new) if @idle_deadline && @task
+      end
+
       private
 
       # @return [String, nil] the next bytes, or nil when the connection
@@ -169,7 +182,9 @@ module NeverBlock
       end
 
       # Waits (idle) for the first bytes of the next request, for at most
-      # `idle_timeout` seconds, holding no request slot.
+      # `idle_timeout` seconds, holding no request slot. The wait has no
+      # timer of its own: the server's {IdleSweeper} ends it at
+      # {#idle_deadline}.
       # @return [String, nil] the bytes, nil on EOF or idle timeout.
       def read_next_request
         release_slot
@@ -178,16 +193,18 @@ module NeverBlock
         data = @socket.read_nonblock(READ_SIZE, buffer, exception: false)
         return data unless data == :wait_readable
 
-        deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + @limits.idle_timeout
+        @idle_deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + @limits.idle_timeout
+        @server.idle_sweeper.watch
         while true # rubocop:disable Style/InfiniteLoop -- Kernel#loop adds a C frame to every idle fiber's stack
-          remaining = deadline - Process.clock_gettime(Process::CLOCK_MONOTONIC)
-          return nil unless remaining.positive? && @socket.wait_readable(remaining)
-
+          @socket.wait_readable
           data = @socket.read_nonblock(READ_SIZE, buffer, exception: false)
           return data unless data == :wait_readable
         end
+      rescue IdleSweeper::Expired
+        nil
       ensure
         @idle = false
+        @idle_deadline = nil
       end
 
       # A request's head is complete: takes a request slot, waiting (FIFO,

@@ -131,6 +131,40 @@ class ServerLimitsTest < PlainTest
     assert_equal "", read_all(connect)
   end
 
+  # Idle waits have no timer each: the server's IdleSweeper ends them, no
+  # sooner than idle_timeout and within a sweep interval after it.
+  def test_an_idle_keep_alive_connection_closes_after_the_idle_timeout_not_before
+    start_server(@app, idle_timeout: 0.3)
+    socket = connect
+    socket.write(get)
+    assert_equal 200, read_response(socket)[0]
+    started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+    assert_equal "", read_all(socket)
+    waited = Process.clock_gettime(Process::CLOCK_MONOTONIC) - started
+    assert_operator waited, :>=, 0.25
+    assert_operator waited, :<, 2
+  end
+
+  # Each request starts the idle wait afresh: a connection that keeps
+  # sending within idle_timeout stays open however long it lives.
+  def test_a_connection_that_sends_within_the_idle_timeout_each_time_stays_open
+    start_server(@app, idle_timeout: 0.3)
+    socket = connect
+    6.times do
+      socket.write(get)
+      assert_equal 200, read_response(socket)[0]
+      sleep 0.15
+    end
+    socket.write(get)
+    assert_equal 200, read_response(socket)[0], "still open after 0.9 s of requests 0.15 s apart"
+  end
+
+  def test_the_idle_sweep_interval_follows_the_idle_timeout_within_bounds
+    assert_in_delta 0.5, NeverBlock::Server::IdleSweeper.new({}, 5).interval, 1e-9
+    assert_in_delta 0.0375, NeverBlock::Server::IdleSweeper.new({}, 0.3).interval, 1e-9
+    assert_in_delta 0.005, NeverBlock::Server::IdleSweeper.new({}, 0.01).interval, 1e-9
+  end
+
   # --- Request smuggling shapes: 400 and close --------------------------------
 
   def test_content_length_with_transfer_encoding_is_400
