@@ -71,7 +71,9 @@ module NeverBlock
     Hold = Struct.new(:connection, :generation, :epoch, :returned_at, :owner, :depth, :broken)
     # Waiter records kept for reuse at most.
     SPARE_WAITERS = 128
-    private_constant :Waiter, :Hold, :SPARE_WAITERS
+    # Seconds before an expiry timer that found the lock taken tries again.
+    EXPIRY_RETRY = 0.001
+    private_constant :Waiter, :Hold, :SPARE_WAITERS, :EXPIRY_RETRY
 
     # @return [Integer] the most connections the pool opens.
     attr_reader :size
@@ -518,8 +520,16 @@ module NeverBlock
 
     # `scheduler`'s expiry timer fired (on its loop): wakes its waiters whose
     # deadline has passed, without a connection, and re-arms for the next.
+    #
+    # The loop's own fiber must not wait for the lock: a fiber of this loop
+    # may hold it while it waits for another lock (the Registry's, held by
+    # another thread), and only the loop can resume that fiber. When the
+    # lock is taken it tries again in EXPIRY_RETRY seconds (its @expiry
+    # entry stays, so that no waiter arms a second timer meanwhile).
     def expire_waiters(scheduler)
-      @lock.synchronize do
+      return scheduler.add_timer(EXPIRY_RETRY, @expire_callback, scheduler) unless @lock.try_lock
+
+      begin
         @expiry.delete(scheduler)
         now = clock
         @waiters.each do |waiter|
@@ -532,6 +542,8 @@ module NeverBlock
           waiter.expired = true
           scheduler.unblock(waiter, waiter.fiber)
         end
+      ensure
+        @lock.unlock
       end
     end
 
@@ -624,25 +636,47 @@ module NeverBlock
     # {#checkin} or {#discard} (`broken`) of `owner`'s Hold of `connection`,
     # in one turn of the lock.
     def release(connection, owner, broken)
-      outcome = @lock.synchronize do
+      held = true
+      put_back_and_settle(connection) do
         hold = @holds[owner]
-        next :not_held unless hold&.connection.equal?(connection)
+        next held = false unless hold&.connection.equal?(connection)
 
         hold.broken = true if broken
         put_back(hold)
       end
-      if outcome.equal?(:not_held)
-        who = owner.equal?(Fiber.current) ? "this fiber" : owner.inspect
-        raise ArgumentError, "#{who} did not check out #{connection.inspect} from this pool"
-      end
-      settle(outcome, connection)
+      return if held
+
+      who = owner.equal?(Fiber.current) ? "this fiber" : owner.inspect
+      raise ArgumentError, "#{who} did not check out #{connection.inspect} from this pool"
     end
 
     # One level up (see #put_back); closes the connection if it goes.
     def give_back(hold)
       return if hold.epoch != @epoch # held when the process forked: the parent's
 
-      settle(@lock.synchronize { put_back(hold) }, hold.connection)
+      put_back_and_settle(hold.connection) { put_back(hold) }
+    end
+
+    # Runs the block (a #put_back) with the lock held, then #settle's its
+    # outcome. When another thread holds the lock a fiber waits for it, and
+    # an interrupt arriving then (a timeout, a cancel) must not skip the
+    # block, or the connection would never come back: the lock is taken
+    # anyway, the connection goes back, and the interrupt is raised after.
+    def put_back_and_settle(connection)
+      interrupt = nil
+      begin
+        @lock.lock
+      rescue Exception => e # rubocop:disable Lint/RescueException -- raised below
+        interrupt ||= e
+        retry unless @lock.owned?
+      end
+      begin
+        outcome = yield
+      ensure
+        @lock.unlock
+      end
+      settle(outcome, connection)
+      raise interrupt if interrupt
     end
 
     # What #put_back left to do once the lock is let go: close the

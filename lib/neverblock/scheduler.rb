@@ -91,6 +91,7 @@ module NeverBlock
       # these was displaced by user code (Fiber#raise) and is rescheduled.
       @waits = {}.compare_by_identity
       @unblockable = {}.compare_by_identity # fibers in #block or #kernel_sleep
+      @handing_over = {}.compare_by_identity # fibers queued by #hand_over: not a wait, not interrupted there
       @released = {}.compare_by_identity # fibers that left with #transfer
       @token = 0
       @tasks = {}.compare_by_identity # live tasks => true
@@ -270,27 +271,40 @@ module NeverBlock
     # @api private
     # Resumes `fiber`, suspended in {#block} (a Mutex-free wait such as a
     # connection pool's), right now in place of the calling fiber, which
-    # goes to the back of the ready queue as if it had yielded: for a
-    # caller that has just handed `fiber` what it waits for and wants it to
-    # act within this turn of the loop (the pool hands a connection this
-    # way, so that its next query is sent at once). Falls back to {#wake}
-    # where that cannot be done: `fiber` is not in {#block}, or the caller
-    # is the loop itself, a blocking fiber, or on another thread.
+    # goes to the back of the ready queue: for a caller that has just handed
+    # `fiber` what it waits for and wants it to act within this turn of the
+    # loop (the pool hands a connection this way, so that its next query
+    # is sent at once). Falls back to {#wake} where that cannot be done:
+    # `fiber` is not in {#block}, or the caller is not a fiber the loop
+    # itself runs (the loop, a blocking fiber, a fiber resumed by another
+    # one, another thread).
+    #
+    # The caller's time in the ready queue is not a wait of its own: an
+    # interrupt aimed at it meanwhile ({Task#cancel}, {NeverBlock.timeout},
+    # `Timeout.timeout`) is held back and delivered at its next wait, if it
+    # still applies then (a timeout whose block has returned does not), so
+    # that code which finished its work is not told it failed.
     # @return [void]
     def hand_over(fiber, value = true)
       current = Fiber.current
-      unless @unblockable.key?(fiber) && @waits[fiber].is_a?(Integer) && loop_thread? &&
-             !current.equal?(@loop) && !current.blocking?
+      unless @running.equal?(current) && @unblockable.key?(fiber) && @waits[fiber].is_a?(Integer) &&
+             loop_thread? && !current.blocking?
         return loop_thread? ? wake(fiber, value) : unblock(nil, fiber)
       end
 
       token = (@token += 1)
       @waits[current] = token
       @ready.push(current, token, true)
+      @handing_over[current] = true
       @running = nil
-      fiber.transfer(value)
+      begin
+        fiber.transfer(value)
+      rescue FiberError
+        wake(fiber, value) # not resumable from here after all: on the loop's next turn
+      end
     ensure
       if token
+        @handing_over.delete(current)
         @waits.delete(current)
         entered(current)
       end
@@ -1019,6 +1033,7 @@ module NeverBlock
     # whether the fiber is still in the wait the exception is meant for.
     def interrupt_fiber(fiber, exception, &still)
       return unless fiber.alive?
+      return retry_interrupt(fiber, exception, still) if @handing_over.key?(fiber)
 
       if Fiber.current.blocking?
         fiber.raise(exception)
@@ -1029,6 +1044,11 @@ module NeverBlock
     rescue FiberError
       # The fiber is resuming another fiber (e.g. an Enumerator) and cannot
       # be interrupted right now; try again shortly.
+      retry_interrupt(fiber, exception, still)
+    end
+
+    # Delivers the interrupt shortly, if `still` (when given) says it still applies.
+    def retry_interrupt(fiber, exception, still)
       @timers.after(0.001) { interrupt_fiber(fiber, exception, &still) if still.nil? || still.call }
     end
 

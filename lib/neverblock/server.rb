@@ -604,13 +604,15 @@ module NeverBlock
     def shutdown(acceptors)
       @stopping = true
       @sampler&.cancel
-      @sweeper&.cancel
       @listeners.zip(acceptors) { |listener, acceptor| acceptor.cancel if @accepting[listener] }
       acceptors.each(&:wait)
       @listeners.each(&:close)
       drain_idle_connections
       @connections.each_key(&:close_if_idle)
+      # The sweeper last: a connection may begin an idle wait after the
+      # above (a TLS handshake that ends now), and then closes in idle_timeout.
       @pool.shutdown(@limits.shutdown_timeout)
+      @sweeper&.cancel
     end
 
     # A keep-alive client may have sent its next request just as the stop

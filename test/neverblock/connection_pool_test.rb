@@ -122,8 +122,14 @@ class ConnectionPoolTest < NeverBlockTest
     held = pool.checkout
     cancelled = NeverBlock.spawn { pool.with { :never } }
     patient = NeverBlock.spawn { pool.with(&:ping) }
-    pool.checkin(held) # handed to `cancelled`, which has not run since
-    cancelled.cancel
+    owner = Fiber.current
+    # From the loop's own fiber a checkin wakes the waiter for the next turn
+    # (a task's checkin would run it at once): handed to `cancelled`, which
+    # is cancelled before it runs.
+    Fiber.scheduler.post do
+      pool.checkin(held, owner: owner)
+      cancelled.cancel
+    end
     assert_raises(NeverBlock::Cancelled) { cancelled.value }
     assert_equal "p", patient.value
     assert_equal({ size: 1, in_use: 0, idle: 1, waiting: 0 }, pool.stats)
@@ -322,22 +328,121 @@ class ConnectionPoolTest < NeverBlockTest
     pool.disconnect_all
   end
 
-  # A checkin in a loop's fiber runs the waiter it hands the connection to
-  # at once, and the fiber that checked in waits its turn in the ready
-  # queue: a cancel that reaches it there is raised from its checkin, and
-  # the connection, already the waiter's, is not lost.
-  def test_a_fiber_cancelled_while_its_checkin_runs_the_next_waiter_loses_nothing
+  # A checkin in a task runs the waiter it hands the connection to at once,
+  # and the task that checked in waits its turn in the ready queue. That is
+  # not a wait of its own: a cancel aimed at it meanwhile is delivered at
+  # its next wait, not raised from the checkin of a block that finished.
+  def test_a_cancel_that_comes_while_a_checkin_runs_the_next_waiter_lands_at_the_next_wait
     pool = NeverBlock::ConnectionPool.new(size: 1, timeout: 5) { PairConnection.new }
+    events = []
     checked_in = NeverBlock.spawn do
-      pool.with { sleep 0.02 }
-      :went_on
+      events << [:with_returned, pool.with { sleep 0.02; :block_value }]
+      sleep 1 # its next wait
+      events << :not_reached
     end
     sleep 0.005
     waiter = NeverBlock.spawn { pool.with { checked_in.cancel && :served } }
     assert_equal :served, waiter.value
     assert_raises(NeverBlock::Cancelled) { checked_in.value }
+    assert_equal [%i[with_returned block_value]], events
     assert_equal({ size: 1, in_use: 0, idle: 1, waiting: 0 }, pool.stats)
-    assert_equal :again, pool.with { :again }
+  ensure
+    pool.disconnect_all
+  end
+
+  # The same for a timeout: one that expires while the next waiter runs
+  # does not turn a block that finished (its work done) into a TimeoutError.
+  def test_a_timeout_that_expires_while_a_checkin_runs_the_next_waiter_does_not_fail_the_finished_block
+    pool = NeverBlock::ConnectionPool.new(size: 1, timeout: 5) { PairConnection.new }
+    done = []
+    checked_in = NeverBlock.spawn do
+      NeverBlock.timeout(0.05) do
+        pool.with do
+          sleep 0.04
+          done << :work
+          :block_value
+        end
+      end
+    end
+    sleep 0.005
+    # Handed the connection, this waiter holds the loop past the timeout before its first wait.
+    waiter = NeverBlock.spawn do
+      pool.with do
+        deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 0.03
+        nil while Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
+        sleep 0.001
+      end
+    end
+    assert_equal :block_value, checked_in.value
+    assert_equal [:work], done
+    waiter.wait
+  ensure
+    pool.disconnect_all
+  end
+
+  # A fiber the loop's own fiber resumed (in a posted callable, say) cannot
+  # have the waiter run in its place: the waiter is woken instead.
+  def test_a_checkin_from_a_fiber_the_loop_resumed_wakes_the_waiter
+    pool = NeverBlock::ConnectionPool.new(size: 1, timeout: 5) { PairConnection.new }
+    owner = Object.new
+    connection = pool.checkout(owner: owner)
+    waiter = NeverBlock.spawn { pool.with { sleep 0.01; :served } }
+    Fiber.scheduler.post { Fiber.new(blocking: false) { pool.checkin(connection, owner: owner) }.resume }
+    assert_equal :served, waiter.value
+    assert_equal({ size: 1, in_use: 0, idle: 1, waiting: 0 }, pool.stats)
+  ensure
+    pool.disconnect_all
+  end
+
+  # A fiber giving a connection back may have to wait for the pool's lock
+  # (another thread holds it); a timeout arriving then is raised after the
+  # connection is back, never instead of giving it back.
+  def test_a_timeout_while_a_checkin_waits_for_the_lock_still_gives_the_connection_back
+    pool = NeverBlock::ConnectionPool.new(size: 1, timeout: 5) { PairConnection.new }
+    lock = pool.instance_variable_get(:@lock)
+    locked = Thread::Queue.new
+    release = Thread::Queue.new
+    locker = nil
+    task = NeverBlock.spawn do
+      NeverBlock.timeout(0.05) do
+        pool.with do
+          locker = Thread.new { lock.synchronize { locked << true; release.pop } }
+          locked.pop
+          :done
+        end
+      end
+    rescue NeverBlock::TimeoutError => e
+      e
+    end
+    sleep 0.1 # the timeout has fired while the checkin waited for the lock
+    release << true
+    assert_kind_of NeverBlock::TimeoutError, task.value
+    locker.join
+    assert_equal({ size: 1, in_use: 0, idle: 1, waiting: 0 }, pool.stats)
+  ensure
+    pool.disconnect_all
+  end
+
+  # A waiter's expiry timer fires on the loop's own fiber, which must not
+  # wait for the pool's lock: a fiber of the same loop may hold it while it
+  # waits for the Registry's lock, held by another thread (here for 0.3 s).
+  def test_an_expiry_timer_does_not_wait_for_a_lock_a_fiber_of_its_loop_holds
+    registry_lock = NeverBlock::ConnectionPool.const_get(:Registry).instance_variable_get(:@lock)
+    pool = NeverBlock::ConnectionPool.new(size: 1, timeout: 0.1) { PairConnection.new }
+    holder = NeverBlock.spawn do
+      connection = pool.checkout
+      sleep 0.06
+      pool.discard(connection) # its last connection: the pool leaves the Registry, under its lock
+    end
+    waiter = NeverBlock.spawn do
+      pool.with { :served }
+    rescue NeverBlock::PoolTimeout => e
+      e.class
+    end
+    locker = Thread.new { registry_lock.synchronize { sleep 0.3 } }
+    assert_includes [:served, NeverBlock::PoolTimeout], waiter.value
+    holder.wait
+    locker.join
   ensure
     pool.disconnect_all
   end

@@ -148,11 +148,13 @@ module NeverBlock
       attr_reader :idle_deadline
 
       # @api private
-      # Ends its wait for a next request (the {IdleSweeper}, once
-      # {#idle_deadline} has passed); the connection then closes.
+      # Ends its wait for a next request if {#idle_deadline} is `now` or
+      # earlier (the {IdleSweeper}); the connection then closes.
+      # @param now [Float] monotonic seconds.
       # @return [void]
-      def expire_idle
-        Fiber.scheduler.interrupt(@task, IdleSweeper::Expired.new) if @idle_deadline && @task
+      def expire_idle(now)
+        deadline = @idle_deadline
+        Fiber.scheduler.interrupt(@task, IdleSweeper::Expired.new) if deadline && deadline <= now && @task
       end
 
       private

@@ -47,6 +47,8 @@ module NeverBlock
         @fiber = Fiber.current
         scheduler = Fiber.scheduler
         while true # rubocop:disable Style/InfiniteLoop -- ends by cancellation
+          # Parks only after a sweep that ran nothing: expiring a connection
+          # lets other fibers run, which may begin idle waits unseen.
           if sweep.zero?
             @parked = true
             scheduler.suspend while @parked
@@ -68,7 +70,8 @@ module NeverBlock
       private
 
       # Expires the connections whose idle wait is over.
-      # @return [Integer] connections still waiting idle.
+      # @return [Integer] connections still waiting idle, plus those expired
+      #   (while they ran, others may have begun to wait).
       def sweep
         now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
         waiting = 0
@@ -83,8 +86,12 @@ module NeverBlock
             waiting += 1
           end
         end
-        due&.each(&:expire_idle)
-        waiting
+        return waiting unless due
+
+        # Each one is checked again: one that was served meanwhile and waits
+        # afresh has a later deadline.
+        due.each { |connection| connection.expire_idle(now) }
+        waiting + due.size
       end
     end
   end

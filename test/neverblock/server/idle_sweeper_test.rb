@@ -1,0 +1,88 @@
+# frozen_string_literal: true
+
+require_relative "server_helper"
+
+# The IdleSweeper ends keep-alive waits past idle_timeout. Expiring a
+# connection lets other fibers run before the sweep ends; these tests make
+# another connection's request finish exactly then (its app waits, a loop
+# turn at a time, until the idle connection is gone).
+class ServerIdleSweeperTest < PlainTest
+  include ServerHelper
+
+  IDLE = 0.2
+
+  # The app of /wait returns once the server has `count` connections or fewer.
+  def app_waiting_for_connections(count)
+    server = nil
+    app = lambda do |env|
+      if env["PATH_INFO"] == "/wait"
+        connections = server.instance_variable_get(:@connections)
+        until connections.size <= count
+          # ~1 ms of work per turn: this fiber's sleep(0) timer comes due
+          # after the sweeper's, so it runs right after the sweeper's expiry.
+          deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 0.001
+          nil while Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
+          sleep 0
+        end
+      end
+      [200, { "content-type" => "text/plain", "content-length" => "2" }, ["ok"]]
+    end
+    server = start_server(app, lint: false, idle_timeout: IDLE, adaptive_limit: false)
+  end
+
+  def request(socket, path)
+    socket.write("GET #{path} HTTP/1.1\r\nHost: x\r\n\r\n")
+    read_response(socket)
+  end
+
+  # Its request ends while the sweeper expires the idle connection: it
+  # begins its idle wait then, and must still be closed, not left open
+  # until some other connection goes idle.
+  def test_a_connection_that_goes_idle_during_a_sweep_is_closed_in_time
+    app_waiting_for_connections(1)
+    idle = connect # sends nothing: idle from the start
+    sleep 0.02
+    busy = connect
+    assert_equal 200, request(busy, "/wait")[0]
+    responded = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+    assert_equal "", read_all(busy, timeout: 10 * IDLE), "the connection was left open"
+    assert_operator Process.clock_gettime(Process::CLOCK_MONOTONIC) - responded, :<, 10 * IDLE
+    assert_equal "", read_all(idle)
+  end
+
+  # Due in the same sweep as another connection, this one is served
+  # before the sweeper gets to it: its fresh idle wait must run its full
+  # idle_timeout, not end at once (its client may be sending its next
+  # request, which would be lost).
+  def test_a_connection_served_during_a_sweep_is_not_closed_under_its_next_wait
+    go = Thread::Queue.new
+    server = nil
+    app = lambda do |env|
+      if env["PATH_INFO"] == "/wait"
+        connections = server.instance_variable_get(:@connections)
+        until connections.size < 4 # the sweep has expired the first idle connection
+          deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 0.001
+          nil while Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
+          sleep 0
+        end
+        go << true
+        # Holds the loop (not the GVL) while the client sends on `third`.
+        Fiber.new(blocking: true) { sleep 0.02 }.resume
+      end
+      [200, { "content-type" => "text/plain", "content-length" => "2" }, ["ok"]]
+    end
+    server = start_server(app, lint: false, idle_timeout: IDLE, adaptive_limit: false)
+    idle = [connect, connect]
+    third = connect # idle from the start, due in the same sweep as the other two
+    sleep 0.01
+    waiting = connect
+    waiting.write("GET /wait HTTP/1.1\r\nHost: x\r\n\r\n")
+    go.pop
+    assert_equal 200, request(third, "/")[0]
+    responded = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+    assert_equal "", read_all(third)
+    assert_operator Process.clock_gettime(Process::CLOCK_MONOTONIC) - responded, :>=, IDLE * 0.8,
+                    "closed before its own idle_timeout"
+    (idle + [waiting]).each { |socket| read_all(socket) }
+  end
+end
