@@ -514,7 +514,10 @@ class ServerClusterTest < PlainTest
                  output.lines.last)
     backtraces = output.lines.count { |line| line.include?("parse_file") }
     assert_equal 1, backtraces, "the backtrace was logged more than once:\n#{output}"
-    assert_operator output.lines.size, :<, 40, output
+    # Beside that one backtrace (its length varies with the Ruby: 3.4's has
+    # more frames), one line per failure or retry and the final line.
+    messages = output.lines.reject { |line| line.start_with?("/", "<internal") }
+    assert_operator messages.size, :<, 20, output
   end
 
   def test_an_address_in_use_is_one_clear_line
