@@ -553,14 +553,23 @@ module NeverBlock
     # and the interrupt raised once it is held, so that the caller's cleanup
     # runs with it.
     def relock
+      interrupt = lock_despite_interrupts
+      raise interrupt if interrupt
+    end
+
+    # Takes the lock even when an interrupt (a cancel, a timeout) arrives
+    # while it waits for it (Mutex#lock then returns without the lock).
+    # @return [Exception, nil] the interrupt, for the caller to raise once
+    #   its work under the lock is done.
+    def lock_despite_interrupts
       interrupt = nil
       begin
         @lock.lock
-      rescue Exception => e # rubocop:disable Lint/RescueException -- raised below
+      rescue Exception => e # rubocop:disable Lint/RescueException -- returned for the caller to raise
         interrupt ||= e
         retry unless @lock.owned?
       end
-      raise interrupt if interrupt
+      interrupt
     end
 
     # With the lock held (Mutex#sleep gives it up meanwhile): waits on the
@@ -663,13 +672,7 @@ module NeverBlock
     # block, or the connection would never come back: the lock is taken
     # anyway, the connection goes back, and the interrupt is raised after.
     def put_back_and_settle(connection)
-      interrupt = nil
-      begin
-        @lock.lock
-      rescue Exception => e # rubocop:disable Lint/RescueException -- raised below
-        interrupt ||= e
-        retry unless @lock.owned?
-      end
+      interrupt = lock_despite_interrupts
       begin
         outcome = yield
       ensure
