@@ -5,6 +5,7 @@ require "timeout"
 
 require_relative "neverblock/version"
 require_relative "neverblock/errors"
+require_relative "neverblock/clock"
 
 # NeverBlock runs ordinary blocking-style Ruby concurrently: every task is a
 # non-blocking fiber, and every blocking call in it (sockets, Net::HTTP, DNS,

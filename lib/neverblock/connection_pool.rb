@@ -417,7 +417,7 @@ module NeverBlock
     end
 
     def due_for_check?(hold)
-      @check_after.zero? || clock - hold.returned_at >= @check_after
+      @check_after.zero? || Clock.now - hold.returned_at >= @check_after
     end
 
     # Checkout, the block, checkin: the body of #with.
@@ -500,7 +500,7 @@ module NeverBlock
       waiter.scheduler = scheduler
       return if @timeout.zero? # no wait at all: PoolTimeout now, as on a thread
 
-      waiter.deadline = clock + @timeout
+      waiter.deadline = Clock.now + @timeout
       arm_expiry(scheduler, waiter.deadline) unless @expiry.key?(scheduler)
       @lock.unlock
       begin
@@ -515,7 +515,7 @@ module NeverBlock
     # Forgets the timers of closed schedulers, whose loops will never fire them.
     def arm_expiry(scheduler, deadline)
       @expiry.delete_if { |other, _| other.closed? } unless @expiry.empty?
-      @expiry[scheduler] = scheduler.add_timer(deadline - clock, @expire_callback, scheduler)
+      @expiry[scheduler] = scheduler.add_timer(deadline - Clock.now, @expire_callback, scheduler)
     end
 
     # `scheduler`'s expiry timer fired (on its loop): wakes its waiters whose
@@ -531,7 +531,7 @@ module NeverBlock
 
       begin
         @expiry.delete(scheduler)
-        now = clock
+        now = Clock.now
         @waiters.each do |waiter|
           next unless waiter.scheduler.equal?(scheduler)
 
@@ -577,9 +577,9 @@ module NeverBlock
     # seconds pass.
     def wait_on_condition(waiter)
       condition = (waiter.condition ||= Thread::ConditionVariable.new)
-      deadline = clock + @timeout
+      deadline = Clock.now + @timeout
       until waiter.handed
-        remaining = deadline - clock
+        remaining = deadline - Clock.now
         break unless remaining.positive?
 
         wait(condition, remaining)
@@ -719,7 +719,7 @@ module NeverBlock
     # With the lock held: to the oldest waiter, else back to the idle list.
     # @return [Waiter, false] (see #grant)
     def give(hold, hand = false)
-      hold.returned_at = clock if @healthy && @check_after.positive?
+      hold.returned_at = Clock.now if @healthy && @check_after.positive?
       granted = grant(hold, hand)
       @idle.push(hold) unless granted
       granted.equal?(true) ? false : granted
@@ -746,10 +746,6 @@ module NeverBlock
         waiter.condition.signal
       end
       true
-    end
-
-    def clock
-      Process.clock_gettime(Process::CLOCK_MONOTONIC)
     end
 
     # Stats, for callers already holding the lock.

@@ -43,7 +43,7 @@ module NeverBlock
     # @return [Object] the connection.
     # @raise [ConnectError] when every attempt failed or a failure was final.
     def call
-      started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      started = Clock.now
       attempt = 0
       begin
         attempt += 1
@@ -56,7 +56,7 @@ module NeverBlock
           sleep(delay(attempt))
           retry
         end
-        elapsed = Process.clock_gettime(Process::CLOCK_MONOTONIC) - started
+        elapsed = Clock.now - started
         raise ConnectError, "cannot connect to #{@target}: #{attempt} attempts in #{format('%.1f', elapsed)} s " \
                             "failed; last error: #{first_line(e)}"
       end

@@ -491,18 +491,17 @@ module NeverBlock
       # stopped and it polls again (another fiber may have taken the data).
       def io_select(readables, writables = nil, exceptables = nil, timeout = nil)
         interests = { readables => IO::READABLE, writables => IO::WRITABLE, exceptables => IO::PRIORITY }
-        deadline = @timers.now + timeout if timeout
+        deadline = Clock.now + timeout if timeout
         loop do
           result = Fiber.blocking { ::IO.select(readables, writables, exceptables, 0) }
           return result if result
 
-          remaining = deadline && deadline - @timers.now
+          remaining = deadline && deadline - Clock.now
           return nil if remaining && remaining <= 0
 
           wait_for_any(interests, remaining)
         end
       end
-
     end
 
     # Fiber::Scheduler hook: `sleep`. Without a duration, sleeps until woken.
@@ -728,7 +727,7 @@ module NeverBlock
         # Thread#join. Under NeverBlock.run it is logged like a task's.
         @raw_failure ||= task.error
       elsif report
-        @failures_since ||= @timers.now
+        @failures_since ||= Clock.now
         @failures << task
       end
       signal_foreign_waiters if @foreign_waiters.positive?
@@ -833,7 +832,7 @@ module NeverBlock
 
       interval = @ready.empty? && @inbox.empty? && !@selector.ready? ? @timers.wait_interval : 0
       interval = 0 if interval&.negative?
-      report_failures if @failures_since && (interval != 0 || @timers.now - @failures_since > 1)
+      report_failures if @failures_since && (interval != 0 || Clock.now - @failures_since > 1)
       if interval.nil? && @io_waiting.zero?
         park
       else
@@ -909,7 +908,7 @@ module NeverBlock
       # yet still hold stacks, so collect and retry, at most once a second
       # (a GC per failure would stall the loop); else a task fails and the
       # loop goes on, and for a raw fiber the caller hears of it.
-      clock = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      clock = Clock.now
       if @collected_at.nil? || clock - @collected_at > 1
         @collected_at = clock
         GC.start

@@ -454,9 +454,9 @@ module NeverBlock
           end
           next
         end
-        started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+        started = Clock.now
         NeverBlock.sleep(interval)
-        lag = Process.clock_gettime(Process::CLOCK_MONOTONIC) - started - interval
+        lag = Clock.now - started - interval
         admit_waiters if @limiter.sample(lag, busy: @slots_taken, waiting: @slot_waiters.size)
       end
     end
@@ -545,7 +545,7 @@ module NeverBlock
     def accept_now(listener)
       listener.accept_now
     rescue Errno::EMFILE, Errno::ENFILE, Errno::ENOBUFS, Errno::ENOMEM => e
-      clock = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      clock = Clock.now
       if @accept_failed_at.nil? || clock - @accept_failed_at >= 1
         @accept_failed_at = clock
         NeverBlock.logger.warn("NeverBlock::Server: accept failed (#{e.message}) with #{@connections.size} " \
@@ -622,8 +622,8 @@ module NeverBlock
     # for a request already on its way, which is answered with
     # `connection: close`; those still idle after that are closed.
     def drain_idle_connections
-      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + [STOP_IDLE_GRACE, @limits.idle_timeout].min
-      while @connections.each_key.any?(&:idle?) && Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
+      deadline = Clock.now + [STOP_IDLE_GRACE, @limits.idle_timeout].min
+      while @connections.each_key.any?(&:idle?) && Clock.now < deadline
         NeverBlock.sleep(0.02)
       end
     end

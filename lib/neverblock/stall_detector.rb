@@ -82,7 +82,7 @@ module NeverBlock
         sleep @interval
         running = @scheduler.running
         switches = @scheduler.switches
-        now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+        now = Clock.now
         if running.nil? || switches != seen
           seen = switches
           since = now
@@ -108,7 +108,7 @@ module NeverBlock
       task = @scheduler.tasks.find { |candidate| candidate.fiber.equal?(fiber) }
       summary = "#{task ? task.inspect : fiber.inspect} has held the event loop for at least " \
                 "#{(held * 1000).round} ms without yielding (stall threshold #{(@threshold * 1000).round} ms)"
-      now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      now = Clock.now
       if @shown_at && now - @shown_at < QUIET_PERIOD
         @quiet += 1
         NeverBlock.logger.warn("NeverBlock") do

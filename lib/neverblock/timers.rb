@@ -49,11 +49,6 @@ module NeverBlock
       @cancelled = 0
     end
 
-    # @return [Float] the monotonic clock, in seconds.
-    def now
-      Process.clock_gettime(Process::CLOCK_MONOTONIC)
-    end
-
     # Schedules `callable.call(argument)` after `seconds`, or the block.
     # An infinite delay never fires: no timer is made.
     # @param seconds [Numeric]
@@ -66,7 +61,7 @@ module NeverBlock
         raise ArgumentError, "timer delay must be a number of seconds, got #{seconds.inspect}"
       end
 
-      timer = Timer.new(now + seconds, callable || block, argument)
+      timer = Timer.new(Clock.now + seconds, callable || block, argument)
       push(timer)
       timer
     end
@@ -87,7 +82,7 @@ module NeverBlock
     def wait_interval(now = nil)
       drop_cancelled
       top = @heap.first
-      top && top.deadline - (now || self.now)
+      top && top.deadline - (now || Clock.now)
     end
 
     # Fires every timer whose deadline has passed.
@@ -95,7 +90,7 @@ module NeverBlock
     def fire(now = nil)
       return if @heap.empty?
 
-      now ||= self.now
+      now ||= Clock.now
       while (top = @heap.first) && top.deadline <= now
         pop
         if top.cancelled?

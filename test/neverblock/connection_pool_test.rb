@@ -294,13 +294,13 @@ class ConnectionPoolTest < NeverBlockTest
   # @return [Array] what `pool.with` returned, or the PoolTimeout it
   #   raised, and the seconds it took.
   def timed_with(pool)
-    started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+    started = NeverBlock::Clock.now
     outcome = begin
       pool.with { :got_one }
     rescue NeverBlock::PoolTimeout => e
       e
     end
-    [outcome, Process.clock_gettime(Process::CLOCK_MONOTONIC) - started]
+    [outcome, NeverBlock::Clock.now - started]
   end
 
   # A loop that ended with its expiry timer still armed (its waiter was
@@ -361,8 +361,8 @@ class ConnectionPoolTest < NeverBlockTest
     # Handed the connection, this waiter holds the loop past the timeout before its first wait.
     waiter = NeverBlock.spawn do
       pool.with do
-        deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 0.03
-        nil while Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
+        deadline = NeverBlock::Clock.now + 0.03
+        nil while NeverBlock::Clock.now < deadline
         sleep 0.001
       end
     end

@@ -84,14 +84,14 @@ module NeverBlockTest::Databases
     require "pg"
     old_pid = conn_or_pid.is_a?(Integer) ? conn_or_pid : pg_postmaster_pid(conn_or_pid)
     Process.kill(:INT, old_pid)
-    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + timeout
+    deadline = NeverBlock::Clock.now + timeout
     loop do
       # A connection may still reach the old server before the signal lands:
       # only a different postmaster counts.
       new_pid = new_postmaster_pid
       return new_pid if new_pid && new_pid != old_pid
 
-      if Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+      if NeverBlock::Clock.now > deadline
         raise Unavailable, "PostgreSQL did not come back within #{timeout} s after SIGINT to its " \
                            "postmaster (pid #{old_pid}); is it supervised by bin/lib/databases.sh?"
       end

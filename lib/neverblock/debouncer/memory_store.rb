@@ -54,7 +54,7 @@ module NeverBlock
         @mutex.synchronize do
           entry = @entries.delete(key)
           flight = @flights[key]
-          if entry && entry.stale_until > (time = now)
+          if entry && entry.stale_until > (time = Clock.now)
             @entries[key] = entry # most recently used now
             return [:hit, entry.response] if entry.expires_at > time || flight
 
@@ -73,10 +73,10 @@ module NeverBlock
       # @param timeout [Numeric] seconds.
       # @return [Outcome::Response, Outcome::Failure, Symbol, nil] nil on timeout.
       def await(flight, timeout)
-        deadline = now + timeout
+        deadline = Clock.now + timeout
         @mutex.synchronize do
           until flight.outcome
-            remaining = deadline - now
+            remaining = deadline - Clock.now
             return nil if remaining <= 0
 
             flight.condition.wait(@mutex, remaining)
@@ -120,13 +120,9 @@ module NeverBlock
       # Call with @mutex held.
       def store(key, response, ttl, stale)
         @entries.delete(key)
-        expires_at = now + ttl
+        expires_at = Clock.now + ttl
         @entries[key] = Entry.new(response, expires_at, expires_at + stale)
         @entries.shift while @entries.size > @max_entries
-      end
-
-      def now
-        Process.clock_gettime(Process::CLOCK_MONOTONIC)
       end
     end
   end

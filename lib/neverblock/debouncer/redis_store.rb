@@ -107,7 +107,7 @@ module NeverBlock
       #   `:retry` when the leader's lock expired without one; nil on timeout.
       def await(ticket, timeout)
         listen
-        deadline = now + timeout
+        deadline = Clock.now + timeout
         waiting = register(ticket.key)
         loop do
           version = @mutex.synchronize { waiting.version }
@@ -115,7 +115,7 @@ module NeverBlock
           return decode(result) if result
           return :retry unless holder == ticket.token
 
-          remaining = deadline - now
+          remaining = deadline - Clock.now
           return nil if remaining <= 0
 
           @mutex.synchronize do
@@ -223,12 +223,12 @@ module NeverBlock
       # announcements may have been missed (they look for themselves).
       def listen_loop(pubsub)
         tick = [@poll_interval, @lease_ms / 3000.0].min
-        extended_at = now
+        extended_at = Clock.now
         until @closed
           pubsub = listen_once(pubsub, tick)
-          next if now - extended_at < @lease_ms / 3000.0
+          next if Clock.now - extended_at < @lease_ms / 3000.0
 
-          extended_at = now
+          extended_at = Clock.now
           extend_leases
         end
       ensure
@@ -330,10 +330,6 @@ module NeverBlock
 
       def milliseconds(seconds, name)
         (NeverBlock.validate_timeout!(seconds, name) * 1000).ceil.clamp(1..)
-      end
-
-      def now
-        Process.clock_gettime(Process::CLOCK_MONOTONIC)
       end
     end
   end

@@ -201,12 +201,6 @@ module NeverBlock
       def inspect
         "#<#{self.class.name} thread_id=#{@thread_id}#{' busy' if @busy}#{' transaction' if @transaction}>"
       end
-
-      private
-
-      def now
-        Process.clock_gettime(Process::CLOCK_MONOTONIC)
-      end
     end
   end
 end

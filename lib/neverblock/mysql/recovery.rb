@@ -66,7 +66,7 @@ module NeverBlock
         # statement the caller ran on the raw connection.
         if conn.busy? || (interrupted && !conn.usable?)
           kill.call(conn.thread_id)
-          return false unless conn.finish_interrupted(now + RECOVERY_TIMEOUT)
+          return false unless conn.finish_interrupted(Clock.now + RECOVERY_TIMEOUT)
         end
         return false if error && conn.driver_error?(error) && conn.broken_by?(error)
         # Before looking at the socket: unread results may be waiting there.
@@ -108,10 +108,6 @@ module NeverBlock
       def kill_config(config)
         timeout = config[:connect_timeout]
         config.merge(connect_timeout: timeout ? [timeout, KILL_CONNECT_TIMEOUT].min : KILL_CONNECT_TIMEOUT)
-      end
-
-      def now
-        Process.clock_gettime(Process::CLOCK_MONOTONIC)
       end
     end
   end

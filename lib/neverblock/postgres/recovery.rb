@@ -23,7 +23,7 @@ module NeverBlock
       def restore(conn)
         return false if conn.finished? || conn.status != PG::CONNECTION_OK
 
-        deadline = now + RECOVERY_TIMEOUT
+        deadline = Clock.now + RECOVERY_TIMEOUT
         if conn.transaction_status == PG::PQTRANS_ACTIVE
           return false if conn.pipeline_status != PG::PQ_PIPELINE_OFF
 
@@ -52,7 +52,7 @@ module NeverBlock
         return if conn.finished? || conn.status != PG::CONNECTION_OK
         return if conn.pipeline_status != PG::PQ_PIPELINE_OFF
 
-        deadline = now + RECOVERY_TIMEOUT
+        deadline = Clock.now + RECOVERY_TIMEOUT
         if conn.transaction_status == PG::PQTRANS_ACTIVE
           conn.cancel
           return conn.finish unless drain(conn, deadline)
@@ -69,7 +69,7 @@ module NeverBlock
       def drain(conn, deadline)
         loop do
           while conn.is_busy
-            remaining = deadline - now
+            remaining = deadline - Clock.now
             return false if remaining <= 0 || !conn.socket_io.wait_readable(remaining)
 
             conn.consume_input
@@ -85,10 +85,6 @@ module NeverBlock
       def roll_back(conn, deadline)
         conn.send_query("ROLLBACK")
         drain(conn, deadline) && conn.transaction_status == PG::PQTRANS_IDLE
-      end
-
-      def now
-        Process.clock_gettime(Process::CLOCK_MONOTONIC)
       end
     end
   end

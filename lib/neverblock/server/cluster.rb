@@ -158,7 +158,7 @@ module NeverBlock
           handle_signals
           give_up_booting if @boot_failures >= MAX_BOOT_FAILURES
           if @stopping
-            kill_stragglers if now > @stop_deadline
+            kill_stragglers if Clock.now > @stop_deadline
             next
           end
 
@@ -185,7 +185,7 @@ module NeverBlock
       def select_timeout
         return 0.5 if @stopping
 
-        wait = @next_boot_at - now
+        wait = @next_boot_at - Clock.now
         wait.positive? ? [[wait, 0.05].max, 1.0].min : 1.0
       end
 
@@ -248,7 +248,7 @@ module NeverBlock
           @boot_failures += 1
           @last_boot_failure = worker.failure if worker.failure
           delay = [0.2 * (2**(@boot_failures - 1)), MAX_BOOT_DELAY].min
-          @next_boot_at = now + delay
+          @next_boot_at = Clock.now + delay
           NeverBlock.logger.error do
             "NeverBlock::Server: worker #{worker.index} (pid #{worker.pid}) exited before its app booted (#{describe(status)}); " \
               "#{@boot_failures} boot failure(s) in a row, retrying in #{delay} s"
@@ -279,7 +279,7 @@ module NeverBlock
         return if @stopping
 
         @stopping = true
-        @stop_deadline = now + @server.limits.shutdown_timeout + KILL_GRACE
+        @stop_deadline = Clock.now + @server.limits.shutdown_timeout + KILL_GRACE
         @workers.each_value { |worker| terminate(worker) }
       end
 
@@ -297,7 +297,7 @@ module NeverBlock
         current = @workers.each_value.select { |worker| worker.index == index && !worker.stopping }
         fresh = current.find { |worker| worker.generation == @generation }
         if fresh.nil?
-          spawn_worker(index) if now >= @next_boot_at
+          spawn_worker(index) if Clock.now >= @next_boot_at
         elsif fresh.ready
           current.each { |worker| terminate(worker) unless worker.equal?(fresh) }
           @restart_queue.shift
@@ -305,7 +305,7 @@ module NeverBlock
       end
 
       def replace_missing
-        return if now < @next_boot_at
+        return if Clock.now < @next_boot_at
 
         (0...@count).each do |index|
           next if @restart_queue.first == index # the restart starts that one itself
@@ -336,7 +336,7 @@ module NeverBlock
 
         begin_stop unless @stopping
         until @workers.empty?
-          if now > @stop_deadline
+          if Clock.now > @stop_deadline
             kill_stragglers
             break
           end
@@ -398,10 +398,6 @@ module NeverBlock
         status_writer.close
         @workers[pid] = Child.new(index: index, pid: pid, generation: generation, started_at: Time.now,
                                    booted: false, ready: false, status_reader: status_reader, stopping: false)
-      end
-
-      def now
-        Process.clock_gettime(Process::CLOCK_MONOTONIC)
       end
 
       # What runs in a forked worker process.

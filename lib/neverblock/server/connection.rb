@@ -54,7 +54,7 @@ module NeverBlock
         limits = @server.limits
         @limits = limits
         if @listener.tls # the handshake, like a request head, holds no request slot
-          @socket = @listener.secure(@socket, Process.clock_gettime(Process::CLOCK_MONOTONIC) + limits.header_timeout)
+          @socket = @listener.secure(@socket, Clock.now + limits.header_timeout)
           return unless @socket
         end
         @parser = Parser.new(limits, base_env, @listener.unix? ? "localhost" : local_host, (@listener.port || 0).to_s)
@@ -169,7 +169,7 @@ module NeverBlock
           timeout = @limits.body_timeout
           slow = "no request body for #{timeout} s"
         else
-          timeout = @parser.started_at + @limits.header_timeout - Process.clock_gettime(Process::CLOCK_MONOTONIC)
+          timeout = @parser.started_at + @limits.header_timeout - Clock.now
           slow = "headers not complete within #{@limits.header_timeout} s"
         end
         buffer = @server.read_buffer
@@ -195,7 +195,7 @@ module NeverBlock
         data = @socket.read_nonblock(READ_SIZE, buffer, exception: false)
         return data unless data == :wait_readable
 
-        @idle_deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + @limits.idle_timeout
+        @idle_deadline = Clock.now + @limits.idle_timeout
         @server.idle_sweeper.watch
         while true # rubocop:disable Style/InfiniteLoop -- Kernel#loop adds a C frame to every idle fiber's stack
           @socket.wait_readable
@@ -229,7 +229,7 @@ module NeverBlock
         env = request.finish
         @server.request_started
         if (access_log = @server.access_log)
-          started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+          started = Clock.now
           line = access_log.request_line(env)
         end
         begin
@@ -259,7 +259,7 @@ module NeverBlock
         @server.request_finished
         if line && status
           bytes = @hijacked ? "-" : @response.body_bytes
-          access_log.write(env["REMOTE_ADDR"], line, status, bytes, Process.clock_gettime(Process::CLOCK_MONOTONIC) - started)
+          access_log.write(env["REMOTE_ADDR"], line, status, bytes, Clock.now - started)
         end
       end
 
@@ -334,13 +334,13 @@ module NeverBlock
 
       def linger
         @socket.close_write
-        deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + LINGER_SECONDS
+        deadline = Clock.now + LINGER_SECONDS
         drained = 0
         buffer = @server.read_buffer
         while drained < LINGER_BYTES
           data = @socket.read_nonblock(READ_SIZE, buffer, exception: false)
           if data == :wait_readable
-            remaining = deadline - Process.clock_gettime(Process::CLOCK_MONOTONIC)
+            remaining = deadline - Clock.now
             break unless remaining.positive? && @socket.wait_readable(remaining)
           else
             break unless data

@@ -73,7 +73,7 @@ module NeverBlock
       # @return [Integer] connections still waiting idle, plus those expired
       #   (while they ran, others may have begun to wait).
       def sweep
-        now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+        now = Clock.now
         waiting = 0
         # A snapshot: an expired connection runs (and leaves @connections)
         # before #expire_idle returns, and others may meanwhile be accepted.

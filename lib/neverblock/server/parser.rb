@@ -115,7 +115,7 @@ module NeverBlock
       # --- llhttp callbacks ---------------------------------------------------
 
       def on_message_begin
-        @started_at = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+        @started_at = Clock.now
         @in_message = true
         @url = nil
         @field = nil

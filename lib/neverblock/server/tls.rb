@@ -69,7 +69,7 @@ module NeverBlock
           state = ssl.accept_nonblock(exception: false)
           return Socket.new(ssl) if state.equal?(ssl)
 
-          remaining = deadline - Process.clock_gettime(Process::CLOCK_MONOTONIC)
+          remaining = deadline - Clock.now
           return nil unless remaining.positive?
 
           ready = state == :wait_readable ? raw.wait_readable(remaining) : raw.wait_writable(remaining)

@@ -22,8 +22,8 @@ module DebouncerHelper
     def call(env)
       n = @mutex.synchronize { @calls += 1 }
       if @hold
-        deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 30
-        sleep 0.005 until @hold.call || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+        deadline = NeverBlock::Clock.now + 30
+        sleep 0.005 until @hold.call || NeverBlock::Clock.now > deadline
       end
       sleep @delay if @delay.positive?
       @respond.call(env, n)
