@@ -170,7 +170,7 @@ module NeverBlock
       # Waits until the reply has begun to arrive, for at most `seconds`
       # (nil: no limit).
       def wait_for_reply(seconds)
-        return if wait_for_data(seconds && now + seconds)
+        return if wait_for_data(seconds && Clock.now + seconds)
 
         raise ::Mysql2::Error::TimeoutError,
               "Timeout waiting for a response from the last query. (waited #{seconds} seconds)"
@@ -179,7 +179,7 @@ module NeverBlock
       # @return [Boolean] false when `deadline` passed first.
       def wait_for_data(deadline)
         loop do
-          remaining = deadline && deadline - now
+          remaining = deadline && deadline - Clock.now
           return false if remaining && remaining <= 0
           return false unless @socket.wait_readable(remaining)
           # A readiness report can be stale (an epoll registration that
