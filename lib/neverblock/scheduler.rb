@@ -10,6 +10,7 @@ require_relative "timers"
 require_relative "thread_pool"
 require_relative "stall_detector"
 require_relative "fork_hook"
+require_relative "scheduler/failures"
 
 module NeverBlock
   # NeverBlock's implementation of Ruby's `Fiber::Scheduler` interface: one
@@ -122,11 +123,7 @@ module NeverBlock
       @collected_at = nil # when start last ran the GC to free fiber stacks
       @close_watch = nil # the timer looking for IOs closed under a waiting fiber
       @forked = false
-      # Failed tasks nobody waited for: logged when the loop is next about to
-      # wait (every runnable fiber, the spawner included, has had its turn to
-      # collect the result with value or wait_all), or after a second.
-      @failures = []
-      @failures_since = nil
+      @failures = Failures.new # failed tasks nobody waited for, logged later
 
       @watching = false
       @loop_depth = 0 # #run_loop calls in progress (a blocking fiber may run the loop again)
@@ -663,7 +660,7 @@ module NeverBlock
         run_loop
       ensure
         @closed = true
-        report_failures
+        @failures.report
         @close_hooks.each(&:call)
         run_ready # lets fibers retired by the hooks finish
         @stall_detector&.stop
@@ -727,8 +724,7 @@ module NeverBlock
         # Thread#join. Under NeverBlock.run it is logged like a task's.
         @raw_failure ||= task.error
       elsif report
-        @failures_since ||= Clock.now
-        @failures << task
+        @failures.record(task)
       end
       signal_foreign_waiters if @foreign_waiters.positive?
     end
@@ -818,7 +814,7 @@ module NeverBlock
     # logged, if its task failed.
     def exit_forked_child(task = nil)
       if task&.status == :failed
-        report_failure(task)
+        @failures.log(task)
         Kernel.exit(1)
       end
       Kernel.exit(0)
@@ -832,21 +828,13 @@ module NeverBlock
 
       interval = @ready.empty? && @inbox.empty? && !@selector.ready? ? @timers.wait_interval : 0
       interval = 0 if interval&.negative?
-      report_failures if @failures_since && (interval != 0 || Clock.now - @failures_since > 1)
+      @failures.report if @failures.due?(interval)
       if interval.nil? && @io_waiting.zero?
         park
       else
         @selector.select(interval)
       end
       @timers.fire
-    end
-
-    # Logs the recorded failures that nobody has observed since.
-    def report_failures
-      failures = @failures
-      @failures = []
-      @failures_since = nil
-      failures.each { |task| report_failure(task) unless task.observed? }
     end
 
     # Runs what was ready when the turn began; what becomes ready meanwhile
@@ -1226,14 +1214,6 @@ module NeverBlock
 
     def signal_foreign_waiters
       @foreign_lock.synchronize { @foreign_cond.broadcast }
-    end
-
-    def report_failure(task)
-      error = task.error
-      NeverBlock.logger.error("NeverBlock") do
-        "unhandled #{error.class} in #{task.inspect}: #{error.message}\n  " \
-          "#{(error.backtrace || []).join("\n  ")}"
-      end
     end
   end
 end
