@@ -11,6 +11,7 @@ require_relative "thread_pool"
 require_relative "stall_detector"
 require_relative "fork_hook"
 require_relative "scheduler/failures"
+require_relative "scheduler/wakeup"
 
 module NeverBlock
   # NeverBlock's implementation of Ruby's `Fiber::Scheduler` interface: one
@@ -98,16 +99,8 @@ module NeverBlock
       @tasks = {}.compare_by_identity # live tasks => true
       @io_waiting = 0 # fibers waiting in the selector
 
-      @inbox = Thread::Queue.new # work posted from other threads
-      # Other threads wake the loop by writing to this pipe, watched by an
-      # internal fiber: unlike Selector#wakeup, which does nothing unless the
-      # selector is already blocked, a byte in a pipe is not lost when it
-      # comes just before the loop blocks. One byte per wake-up at most.
-      @signal_reader, @signal_writer = IO.pipe
-      @signal_pending = false
-      @signal_watcher = nil
-      @wake_queue = Thread::Queue.new # wakes #park
-      @parked = false
+      @wakeup = Wakeup.new # how other threads hand the loop work and wake it
+      @inbox = @wakeup.inbox # read every turn: a direct reference keeps that check one call
       @foreign_lock = Thread::Mutex.new
       @foreign_cond = Thread::ConditionVariable.new
       @foreign_waiters = 0
@@ -125,7 +118,6 @@ module NeverBlock
       @forked = false
       @failures = Failures.new # failed tasks nobody waited for, logged later
 
-      @watching = false
       @loop_depth = 0 # #run_loop calls in progress (a blocking fiber may run the loop again)
       @raw_failure = nil # the first failure of a raw Fiber.schedule fiber, to raise from the loop
       bind_thread
@@ -317,8 +309,11 @@ module NeverBlock
       raise ArgumentError, "post needs a callable or a block" unless callable.respond_to?(:call)
       raise ClosedError, "this NeverBlock scheduler is closed" if @closed
 
-      @inbox << callable
-      signal unless loop_thread?
+      if loop_thread?
+        @inbox << callable
+      else
+        @wakeup.push(callable)
+      end
     end
 
     # Raises `exception` inside the task's fiber at its current wait.
@@ -527,8 +522,7 @@ module NeverBlock
         # The token names the wait this unblock is for. It is nil when the
         # fiber has not suspended yet (it queued itself on the Mutex or Queue
         # and this thread got in first); then the next wait is meant.
-        @inbox << Unblock.new(fiber, @waits[fiber])
-        signal
+        @wakeup.push(Unblock.new(fiber, @waits[fiber]))
       end
     end
 
@@ -665,11 +659,9 @@ module NeverBlock
         run_ready # lets fibers retired by the hooks finish
         @stall_detector&.stop
         @thread_pool.shutdown
-        @signal_watcher.transfer if @signal_watcher.alive? # ends it: @closed
+        @wakeup.close
         Scheduler.strand(@selector) if @io_waiting.positive?
         @selector.close
-        @signal_reader.close
-        @signal_writer.close
       end
     end
 
@@ -688,12 +680,11 @@ module NeverBlock
     def forked_close
       @closed = true
       @forked = true
-      # The parent's fibers, the signal watcher among them, stay parked in
-      # this copy of the selector: nothing in the child may resume them.
+      # The parent's fibers, the wake-up's watcher among them, stay parked
+      # in this copy of the selector: nothing in the child may resume them.
       Scheduler.strand(@selector)
       @selector.close
-      @signal_reader.close
-      @signal_writer.close
+      @wakeup.close_forked
     end
     private :forked_close
 
@@ -776,14 +767,14 @@ module NeverBlock
     end
 
     # Ties the scheduler to the current thread: its loop fiber, a selector
-    # for it, and the signal watcher fiber (created now, while a fiber stack
-    # can surely be had; it waits on the signal pipe only while the loop
+    # for it, and the wake-up's watcher fiber (created now, while a fiber
+    # stack can surely be had; it waits in the selector only while the loop
     # runs, see #run_loop).
     def bind_thread
       @thread = Thread.current
       @loop = Fiber.current
       @selector = @selector_class.new(@loop)
-      watch_signals
+      @wakeup.bind(@selector, @loop)
     end
 
     def raise_raw_failure
@@ -795,7 +786,7 @@ module NeverBlock
     def run_loop
       @stall_detector&.start
       @loop_depth += 1
-      switch_signal_watcher(true) if @loop_depth == 1
+      @wakeup.start_watching if @loop_depth == 1
       begin
         raise_raw_failure if @raw_failure # e.g. a fiber that failed as it started
         until @tasks.empty?
@@ -804,7 +795,7 @@ module NeverBlock
         end
       ensure
         @loop_depth -= 1
-        switch_signal_watcher(false) if @loop_depth.zero?
+        @wakeup.stop_watching if @loop_depth.zero?
       end
     end
 
@@ -830,7 +821,7 @@ module NeverBlock
       interval = 0 if interval&.negative?
       @failures.report if @failures.due?(interval)
       if interval.nil? && @io_waiting.zero?
-        park
+        @wakeup.park(@stall_detector)
       else
         @selector.select(interval)
       end
@@ -931,64 +922,6 @@ module NeverBlock
       start(target)
     rescue FiberError => e
       NeverBlock.logger.error("NeverBlock") { "could not start #{target.inspect}: #{e.message}" }
-    end
-
-    # Nothing can happen on this thread (no IO, no timers, nothing ready):
-    # only another thread can wake a fiber now. Waiting on a Thread::Queue
-    # lets Ruby's deadlock detector see it when no such thread exists.
-    def park
-      @parked = true
-      if @stall_detector
-        @stall_detector.idle { @wake_queue.pop if @inbox.empty? }
-      elsif @inbox.empty?
-        @wake_queue.pop
-      end
-    ensure
-      @parked = false
-      @wake_queue.clear
-    end
-
-    def signal
-      @wake_queue << true if @parked
-      return if @signal_pending
-
-      @signal_pending = true
-      @signal_writer.write_nonblock(".", exception: false)
-    rescue IOError
-      nil # closed: the loop is gone
-    end
-
-    # The internal fiber that keeps the signal pipe registered with the
-    # selector while the loop runs. It is not a task and not counted in
-    # @io_waiting, so it neither keeps the loop alive nor stops #park.
-    # Between loops it waits outside the selector (see Scheduler.strand:
-    # a scheduler dropped without #close must hold no fiber in its selector),
-    # and it ends when the scheduler closes.
-    def watch_signals
-      @signal_watcher = Fiber.new(blocking: false) do
-        watcher = Fiber.current
-        until @closed
-          if @watching
-            @selector.io_wait(watcher, @signal_reader, IO::READABLE)
-            next unless @watching # switched off: a byte left in the pipe waits for the next loop
-
-            @signal_pending = false
-            @signal_reader.read_nonblock(4096, exception: false)
-          else
-            @loop.transfer
-          end
-        end
-      end
-      @signal_watcher.transfer
-    end
-
-    # Moves the signal watcher into the selector (`on`) or out of it. Called
-    # from the loop fiber, where the watcher is always parked in one place
-    # or the other: resumed, its wait returns (which unlinks it from the
-    # selector) and it parks in the other place, handing control back.
-    def switch_signal_watcher(on)
-      @watching = on
-      @signal_watcher.transfer if @signal_watcher.alive?
     end
 
     def drain_inbox
