@@ -13,6 +13,8 @@ require_relative "fork_hook"
 require_relative "scheduler/failures"
 require_relative "scheduler/wakeup"
 require_relative "scheduler/io_hooks"
+require_relative "scheduler/interrupts"
+require_relative "scheduler/fork"
 
 module NeverBlock
   # NeverBlock's implementation of Ruby's `Fiber::Scheduler` interface: one
@@ -44,6 +46,8 @@ module NeverBlock
     private_constant :START, :RESUME
 
     include IOHooks
+    include Interrupts
+    include Fork
 
     # io-event records a fiber waiting in a selector as a node on that fiber's
     # own stack, linked into the selector's list for the descriptor; only the
@@ -319,42 +323,6 @@ module NeverBlock
       end
     end
 
-    # Raises `exception` inside the task's fiber at its current wait.
-    # @api private
-    def interrupt(task, exception)
-      fiber = task.fiber
-      interrupt_fiber(fiber, exception) { task.fiber.equal?(fiber) } if fiber
-    end
-
-    # Fiber::Scheduler hook (Ruby 3.4+): an IO a fiber waits on was closed;
-    # raise `exception` (an IOError) in that fiber. Thread-safe.
-    def fiber_interrupt(fiber, exception)
-      if loop_thread?
-        interrupt_fiber(fiber, exception)
-      else
-        post { interrupt_fiber(fiber, exception) }
-      end
-    end
-
-    # Runs `block` with `duration` seconds to finish; when it is still
-    # waiting after that, `exception_class` is raised at its current wait.
-    # Code that computes without waiting is not interrupted.
-    #
-    # `exception_class` may also be an exception object: timeout >= 0.4
-    # passes one it later recognises by identity (its #exception returns
-    # itself), so it is raised as given.
-    #
-    # @return [Object] the block's value.
-    def timeout_after(duration, exception_class = TimeoutError, *message)
-      fiber = Fiber.current
-      active = true
-      timer = @timers.after(duration) { interrupt_fiber(fiber, exception_class.exception(*message)) { active } }
-      yield duration
-    ensure
-      active = false
-      @timers.cancel(timer)
-    end
-
     # Runs `block` on the scheduler's thread pool and suspends only the
     # calling fiber until it finishes. If the fiber is cancelled or times out
     # meanwhile, the block still runs to its end; its result is dropped.
@@ -563,29 +531,6 @@ module NeverBlock
     end
 
     # @api private
-    # Called in a child process forked on this scheduler's thread (see
-    # ForkHook): the loop, its tasks and its selector belong to the parent.
-    # The child goes on in the forking fiber as plain blocking code, without
-    # a scheduler; it exits when that fiber ends, and no other task of the
-    # parent ever runs in it.
-    def forked!
-      @forked = true
-      Fiber.set_scheduler(nil) if Fiber.scheduler.equal?(self)
-    end
-
-    # Closing the copy in the child releases only the child's descriptors.
-    def forked_close
-      @closed = true
-      @forked = true
-      # The parent's fibers, the wake-up's watcher among them, stay parked
-      # in this copy of the selector: nothing in the child may resume them.
-      Scheduler.strand(@selector)
-      @selector.close
-      @wakeup.close_forked
-    end
-    private :forked_close
-
-    # @api private
     # Registers a callable to run in {#close} (FiberPool retires its fibers).
     def on_close(&block)
       @close_hooks << block
@@ -694,18 +639,6 @@ module NeverBlock
         @loop_depth -= 1
         @wakeup.stop_watching if @loop_depth.zero?
       end
-    end
-
-    # In a forked child the fiber that forked has finished: leaving it would
-    # hand control back to the parent's loop. End the child instead, as a
-    # fork block ends (at_exit handlers run): status 1, with the error
-    # logged, if its task failed.
-    def exit_forked_child(task = nil)
-      if task&.status == :failed
-        @failures.log(task)
-        Kernel.exit(1)
-      end
-      Kernel.exit(0)
     end
 
     # One turn: run what is ready, wait for IO or the next timer, fire timers.
@@ -843,30 +776,6 @@ module NeverBlock
       NeverBlock.logger.error("NeverBlock") do
         "#{e.class} in a callable posted to the loop: #{e.message}\n  #{(e.backtrace || []).join("\n  ")}"
       end
-    end
-
-    # Raises `exception` in `fiber` at its current wait, from a task or from
-    # the loop fiber (timers). `still`, when given, says before a retry
-    # whether the fiber is still in the wait the exception is meant for.
-    def interrupt_fiber(fiber, exception, &still)
-      return unless fiber.alive?
-      return retry_interrupt(fiber, exception, still) if @handing_over.key?(fiber)
-
-      if Fiber.current.blocking?
-        fiber.raise(exception)
-        reschedule_if_displaced(fiber)
-      else
-        queued { @selector.raise(fiber, exception) }
-      end
-    rescue FiberError
-      # The fiber is resuming another fiber (e.g. an Enumerator) and cannot
-      # be interrupted right now; try again shortly.
-      retry_interrupt(fiber, exception, still)
-    end
-
-    # Delivers the interrupt shortly, if `still` (when given) says it still applies.
-    def retry_interrupt(fiber, exception, still)
-      @timers.after(0.001) { interrupt_fiber(fiber, exception, &still) if still.nil? || still.call }
     end
 
     # Suspends the current fiber until #unblock (from any thread) or #wake,
