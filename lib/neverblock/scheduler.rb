@@ -38,6 +38,25 @@ module NeverBlock
   #
   # Every method is called on the scheduler's own thread unless its comment
   # says otherwise.
+  #
+  # This file is the core: binding to a thread, the task and fiber
+  # lifecycle, the ready queue, the wait/wake protocol ({#suspend}, {#wake},
+  # {#hand_over}, and the Mutex/Queue/sleep hooks built on it), the loop and
+  # {#close}. The other jobs have files of their own under scheduler/:
+  #
+  #   io_hooks.rb       IOHooks: io_wait, io_read/io_write/io_pread,
+  #                     io_select, and IOs closed under a waiting fiber
+  #   blocking_work.rb  BlockingWork: defer, DNS, process_wait and
+  #                     blocking_operation_wait, off the loop
+  #   interrupts.rb     Interrupts: raising in a fiber at its wait
+  #                     (Task#cancel, timeouts, IO#timeout)
+  #   fork.rb           Fork: a forked child detaching from the loop
+  #   wakeup.rb         Wakeup: the inbox other threads post to, the pipe
+  #                     and fiber that wake the loop, parking
+  #   failures.rb       Failures: logging tasks that failed unobserved
+  #
+  # The modules are included here and share the scheduler's state (set up
+  # in #initialize); Wakeup and Failures are objects with their own.
   class Scheduler
     # Marks a @ready entry that starts a task or a raw fiber.
     START = :start
@@ -91,8 +110,6 @@ module NeverBlock
       # Shared timer callbacks: a sleep or a lock timeout allocates no closure.
       @wake_callback = method(:wake)
       @expire_callback = ->(fiber) { wake(fiber, false) }
-      @close_sweep = method(:interrupt_closed_waits)
-      @io_expire_callback = ->(fiber) { fiber.transfer(false) }
 
       @ready = [] # flat triples: fiber (or task), token, value
       @ready_spare = nil # the array #run_ready last emptied, for the next turn
@@ -108,8 +125,14 @@ module NeverBlock
       @tasks = {}.compare_by_identity # live tasks => true
       @io_waiting = 0 # fibers waiting in the selector
 
+      # IOHooks' own (an IO wait's timeout allocates no closure either).
+      @io_expire_callback = ->(fiber) { fiber.transfer(false) }
+      @close_sweep = method(:interrupt_closed_waits)
+      @close_watch = nil # the timer looking for IOs closed under a waiting fiber
+
       @wakeup = Wakeup.new # how other threads hand the loop work and wake it
       @inbox = @wakeup.inbox # read every turn: a direct reference keeps that check one call
+      # Threads other than the loop's waiting for a task (#wait_from_other_thread).
       @foreign_lock = Thread::Mutex.new
       @foreign_cond = Thread::ConditionVariable.new
       @foreign_waiters = 0
@@ -123,10 +146,8 @@ module NeverBlock
       @managed = false # true once #run got a block (NeverBlock.run): raw fibers fail like tasks
       @aborted = false
       @collected_at = nil # when start last ran the GC to free fiber stacks
-      @close_watch = nil # the timer looking for IOs closed under a waiting fiber
-      @forked = false
+      @forked = false # set in a forked child (Fork)
       @failures = Failures.new # failed tasks nobody waited for, logged later
-
       @loop_depth = 0 # #run_loop calls in progress (a blocking fiber may run the loop again)
       @raw_failure = nil # the first failure of a raw Fiber.schedule fiber, to raise from the loop
       bind_thread
