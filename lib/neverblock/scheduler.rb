@@ -10,6 +10,12 @@ require_relative "timers"
 require_relative "thread_pool"
 require_relative "stall_detector"
 require_relative "fork_hook"
+require_relative "scheduler/failures"
+require_relative "scheduler/wakeup"
+require_relative "scheduler/io_hooks"
+require_relative "scheduler/interrupts"
+require_relative "scheduler/fork"
+require_relative "scheduler/blocking_work"
 
 module NeverBlock
   # NeverBlock's implementation of Ruby's `Fiber::Scheduler` interface: one
@@ -32,6 +38,25 @@ module NeverBlock
   #
   # Every method is called on the scheduler's own thread unless its comment
   # says otherwise.
+  #
+  # This file is the core: binding to a thread, the task and fiber
+  # lifecycle, the ready queue, the wait/wake protocol ({#suspend}, {#wake},
+  # {#hand_over}, and the Mutex/Queue/sleep hooks built on it), the loop and
+  # {#close}. The other jobs have files of their own under scheduler/:
+  #
+  #   io_hooks.rb       IOHooks: io_wait, io_read/io_write/io_pread,
+  #                     io_select, and IOs closed under a waiting fiber
+  #   blocking_work.rb  BlockingWork: defer, DNS, process_wait and
+  #                     blocking_operation_wait, off the loop
+  #   interrupts.rb     Interrupts: raising in a fiber at its wait
+  #                     (Task#cancel, timeouts, IO#timeout)
+  #   fork.rb           Fork: a forked child detaching from the loop
+  #   wakeup.rb         Wakeup: the inbox other threads post to, the pipe
+  #                     and fiber that wake the loop, parking
+  #   failures.rb       Failures: logging tasks that failed unobserved
+  #
+  # The modules are included here and share the scheduler's state (set up
+  # in #initialize); Wakeup and Failures are objects with their own.
   class Scheduler
     # Marks a @ready entry that starts a task or a raw fiber.
     START = :start
@@ -39,6 +64,11 @@ module NeverBlock
     # Fiber#raise or #transfer (see #run_ready).
     RESUME = :resume
     private_constant :START, :RESUME
+
+    include IOHooks
+    include Interrupts
+    include Fork
+    include BlockingWork
 
     # io-event records a fiber waiting in a selector as a node on that fiber's
     # own stack, linked into the selector's list for the descriptor; only the
@@ -80,8 +110,6 @@ module NeverBlock
       # Shared timer callbacks: a sleep or a lock timeout allocates no closure.
       @wake_callback = method(:wake)
       @expire_callback = ->(fiber) { wake(fiber, false) }
-      @close_sweep = method(:interrupt_closed_waits)
-      @io_expire_callback = ->(fiber) { fiber.transfer(false) }
 
       @ready = [] # flat triples: fiber (or task), token, value
       @ready_spare = nil # the array #run_ready last emptied, for the next turn
@@ -97,16 +125,14 @@ module NeverBlock
       @tasks = {}.compare_by_identity # live tasks => true
       @io_waiting = 0 # fibers waiting in the selector
 
-      @inbox = Thread::Queue.new # work posted from other threads
-      # Other threads wake the loop by writing to this pipe, watched by an
-      # internal fiber: unlike Selector#wakeup, which does nothing unless the
-      # selector is already blocked, a byte in a pipe is not lost when it
-      # comes just before the loop blocks. One byte per wake-up at most.
-      @signal_reader, @signal_writer = IO.pipe
-      @signal_pending = false
-      @signal_watcher = nil
-      @wake_queue = Thread::Queue.new # wakes #park
-      @parked = false
+      # IOHooks' own (an IO wait's timeout allocates no closure either).
+      @io_expire_callback = ->(fiber) { fiber.transfer(false) }
+      @close_sweep = method(:interrupt_closed_waits)
+      @close_watch = nil # the timer looking for IOs closed under a waiting fiber
+
+      @wakeup = Wakeup.new # how other threads hand the loop work and wake it
+      @inbox = @wakeup.inbox # read every turn: a direct reference keeps that check one call
+      # Threads other than the loop's waiting for a task (#wait_from_other_thread).
       @foreign_lock = Thread::Mutex.new
       @foreign_cond = Thread::ConditionVariable.new
       @foreign_waiters = 0
@@ -120,15 +146,8 @@ module NeverBlock
       @managed = false # true once #run got a block (NeverBlock.run): raw fibers fail like tasks
       @aborted = false
       @collected_at = nil # when start last ran the GC to free fiber stacks
-      @close_watch = nil # the timer looking for IOs closed under a waiting fiber
-      @forked = false
-      # Failed tasks nobody waited for: logged when the loop is next about to
-      # wait (every runnable fiber, the spawner included, has had its turn to
-      # collect the result with value or wait_all), or after a second.
-      @failures = []
-      @failures_since = nil
-
-      @watching = false
+      @forked = false # set in a forked child (Fork)
+      @failures = Failures.new # failed tasks nobody waited for, logged later
       @loop_depth = 0 # #run_loop calls in progress (a blocking fiber may run the loop again)
       @raw_failure = nil # the first failure of a raw Fiber.schedule fiber, to raise from the loop
       bind_thread
@@ -320,59 +339,11 @@ module NeverBlock
       raise ArgumentError, "post needs a callable or a block" unless callable.respond_to?(:call)
       raise ClosedError, "this NeverBlock scheduler is closed" if @closed
 
-      @inbox << callable
-      signal unless loop_thread?
-    end
-
-    # Raises `exception` inside the task's fiber at its current wait.
-    # @api private
-    def interrupt(task, exception)
-      fiber = task.fiber
-      interrupt_fiber(fiber, exception) { task.fiber.equal?(fiber) } if fiber
-    end
-
-    # Fiber::Scheduler hook (Ruby 3.4+): an IO a fiber waits on was closed;
-    # raise `exception` (an IOError) in that fiber. Thread-safe.
-    def fiber_interrupt(fiber, exception)
       if loop_thread?
-        interrupt_fiber(fiber, exception)
+        @inbox << callable
       else
-        post { interrupt_fiber(fiber, exception) }
+        @wakeup.push(callable)
       end
-    end
-
-    # Runs `block` with `duration` seconds to finish; when it is still
-    # waiting after that, `exception_class` is raised at its current wait.
-    # Code that computes without waiting is not interrupted.
-    #
-    # `exception_class` may also be an exception object: timeout >= 0.4
-    # passes one it later recognises by identity (its #exception returns
-    # itself), so it is raised as given.
-    #
-    # @return [Object] the block's value.
-    def timeout_after(duration, exception_class = TimeoutError, *message)
-      fiber = Fiber.current
-      active = true
-      timer = @timers.after(duration) { interrupt_fiber(fiber, exception_class.exception(*message)) { active } }
-      yield duration
-    ensure
-      active = false
-      @timers.cancel(timer)
-    end
-
-    # Runs `block` on the scheduler's thread pool and suspends only the
-    # calling fiber until it finishes. If the fiber is cancelled or times out
-    # meanwhile, the block still runs to its end; its result is dropped.
-    #
-    # @return [Object] the block's value.
-    # @raise [Exception] whatever the block raised.
-    def defer(&block)
-      job = ThreadPool::Job.new(block, self, Fiber.current)
-      @thread_pool.submit(job)
-      suspend until job.done?
-      job.result
-    ensure
-      job&.abandon
     end
 
     # @api private
@@ -383,125 +354,13 @@ module NeverBlock
       @timers.after(seconds, callable, argument)
     end
 
-    # @api private
-    # Called (on the loop thread) when a thread-pool job has finished.
-    def job_done(job)
-      wake(job.fiber)
-    end
-
     # --- Fiber::Scheduler hooks ---------------------------------------------
-
-    # Fiber::Scheduler hook: wait until `io` is ready for `events`.
-    # @return [Integer, false] the ready events, false on timeout.
-    def io_wait(io, events, timeout = nil)
-      fiber = Fiber.current
-      # An explicit timeout makes io_wait return false; IO#timeout raises.
-      timer = timeout ? @timers.after(timeout, @io_expire_callback, fiber) : io_timeout_timer(io, fiber, "ready")
-      in_selector(fiber, io) { @selector.io_wait(fiber, io, events) }
-    ensure
-      @timers.cancel(timer)
-    end
-
-    if IO.const_defined?(:Buffer)
-      # Fiber::Scheduler hook: read at least `length` bytes into `buffer`.
-      # @return [Integer] bytes read, or a negated errno.
-      def io_read(io, buffer, length, offset = 0)
-        fiber = Fiber.current
-        timer = io_timeout_timer(io, fiber, "readable")
-        in_selector(fiber, io) { @selector.io_read(fiber, io, buffer, length, offset) }
-      ensure
-        @timers.cancel(timer)
-      end
-
-      # Ruby 3.3.0's io_write hook miscomputes lengths; it is fixed in 3.3.1.
-      if RUBY_ENGINE != "ruby" || RUBY_VERSION < "3.3" || RUBY_VERSION >= "3.3.1"
-        # Fiber::Scheduler hook: write at least `length` bytes from `buffer`.
-        # @return [Integer] bytes written, or a negated errno.
-        def io_write(io, buffer, length, offset = 0)
-          fiber = Fiber.current
-          timer = io_timeout_timer(io, fiber, "writable")
-          in_selector(fiber, io) { @selector.io_write(fiber, io, buffer, length, offset) }
-        ensure
-          @timers.cancel(timer)
-        end
-      end
-    end
-
-    if IO.const_defined?(:Buffer)
-      # Fiber::Scheduler hook: `IO#pread` (and IO::Buffer#pread), reading
-      # at least `length` bytes at file position `from` into `buffer` at
-      # `offset`. With the io_uring selector the read is asynchronous; with
-      # epoll (which cannot wait on regular files) it is the same pread(2)
-      # Ruby would make, waiting on the descriptor only when it would block.
-      # @return [Integer] bytes read, or a negated errno.
-      def io_pread(io, buffer, from, length, offset)
-        fiber = Fiber.current
-        if @selector.respond_to?(:io_pread)
-          return in_selector(fiber, io) { @selector.io_pread(fiber, io, buffer, from, length, offset) }
-        end
-
-        positioned_io(io, length, buffer.size - offset, IO::READABLE) do |done, chunk|
-          if BUFFER_POSITIONED_IO
-            buffer.pread(io, from + done, chunk, offset + done)
-          else
-            data = io.pread(chunk, from + done)
-            buffer.set_string(data, offset + done)
-            data.bytesize
-          end
-        end
-      end
-
-      # IO::Buffer#pread(io, from, length, offset), Ruby 3.3+: straight into
-      # the hook's buffer, no copy.
-      #
-      # There is deliberately no io_pwrite hook: with any scheduler that
-      # defines it, Ruby's own reference scheduler included, a thread that
-      # called IO#pwrite through it spins forever when it exits (Ruby 3.3.8
-      # and 3.4.11). Without the hook, IO#pwrite makes the same pwrite(2)
-      # itself.
-      BUFFER_POSITIONED_IO = RUBY_VERSION >= "3.3"
-      private_constant :BUFFER_POSITIONED_IO
-    end
-
-    # Fiber::Scheduler hook (Ruby 4.0+; 3.3 and 3.4 have the call disabled):
-    # `fd` is being closed by this thread.
-    # Fibers of this loop still waiting on it get IOError ("stream closed in
-    # another thread") on the loop's next turn, as a thread would, instead of
-    # waiting on a descriptor epoll has silently dropped. Ruby then closes
-    # the descriptor itself (a falsy return says so).
-    # @return [nil]
-    def io_close(_fd)
-      post(@close_sweep) if @io_waiting.positive? && !@closed
-      nil
-    end
 
     # Fiber::Scheduler hook (Ruby 3.4+): called instead of #close when the
     # thread ends or `Fiber.set_scheduler` replaces this scheduler.
     # @return [void]
     def scheduler_close
       close
-    end
-
-    if Fiber.respond_to?(:blocking)
-      # Fiber::Scheduler hook (Ruby 3.2+): `IO.select` from a fiber.
-      # @return [Array, nil] like IO.select.
-      #
-      # Polls; if nothing is ready, one watcher fiber per IO waits in the
-      # selector, the first to fire wakes this fiber, the watchers are
-      # stopped and it polls again (another fiber may have taken the data).
-      def io_select(readables, writables = nil, exceptables = nil, timeout = nil)
-        interests = { readables => IO::READABLE, writables => IO::WRITABLE, exceptables => IO::PRIORITY }
-        deadline = Clock.now + timeout if timeout
-        loop do
-          result = Fiber.blocking { ::IO.select(readables, writables, exceptables, 0) }
-          return result if result
-
-          remaining = deadline && deadline - Clock.now
-          return nil if remaining && remaining <= 0
-
-          wait_for_any(interests, remaining)
-        end
-      end
     end
 
     # Fiber::Scheduler hook: `sleep`. Without a duration, sleeps until woken.
@@ -530,75 +389,13 @@ module NeverBlock
         # The token names the wait this unblock is for. It is nil when the
         # fiber has not suspended yet (it queued itself on the Mutex or Queue
         # and this thread got in first); then the next wait is meant.
-        @inbox << Unblock.new(fiber, @waits[fiber])
-        signal
+        @wakeup.push(Unblock.new(fiber, @waits[fiber]))
       end
     end
 
     # An #unblock from another thread, carried through the inbox.
     Unblock = Struct.new(:fiber, :token)
     private_constant :Unblock
-
-    # Fiber::Scheduler hook: `Process.wait` and friends.
-    # @return [Process::Status, nil]
-    def process_wait(pid, flags)
-      # pidfd waits need a concrete pid and a blocking wait; anything else
-      # (any child, WNOHANG) is answered by a thread-pool thread.
-      if pid.positive? && (flags & Process::WNOHANG).zero?
-        fiber = Fiber.current
-        in_selector(fiber) { @selector.process_wait(fiber, pid, flags) }
-      else
-        defer { Process::Status.wait(pid, flags) }
-      end
-    end
-
-    # Fiber::Scheduler hook: DNS. The system resolver (getaddrinfo, honouring
-    # /etc/hosts and nsswitch exactly like blocking code) runs on the thread
-    # pool. Returns IPv6 and IPv4 addresses.
-    # @return [Array<String>]
-    def address_resolve(hostname)
-      host = hostname.split("%", 2).first # strip an IPv6 zone ("fe80::1%eth0")
-      host = host[1..-2] if host.start_with?("[") && host.end_with?("]")
-      # An address literal needs no lookup (and no thread): the common case
-      # of connecting to 127.0.0.1 or ::1.
-      return [host] if IPV4_LITERAL.match?(host) || (host.include?(":") && IPV6_LITERAL.match?(host))
-
-      defer { Addrinfo.getaddrinfo(host, nil, nil, :STREAM).map(&:ip_address).uniq }
-    end
-
-    IPV4_LITERAL = /\A\d{1,3}(?:\.\d{1,3}){3}\z/.freeze
-    IPV6_LITERAL = /\A[\h:]*:[\h:.]*\z/.freeze
-    private_constant :IPV4_LITERAL, :IPV6_LITERAL
-
-    # Fiber::Scheduler hook (Ruby 3.4+): a blocking call that releases the
-    # GVL (Ruby marks the safe ones: zlib, for example) runs on the thread
-    # pool and only the calling fiber waits.
-    #
-    # Unlike {#defer}, the fiber waits for the operation to end even if it is
-    # cancelled or times out meanwhile: the operation works on memory owned
-    # by the caller's C frame, which must outlive it. The interruption is
-    # raised once the operation has ended.
-    # @return [void]
-    def blocking_operation_wait(work)
-      # No loop to wait in (a forked child detaching from its parent's loop
-      # closes the loop's pipe through here on Ruby 3.4): run it in place,
-      # as Ruby would without a scheduler. Returning without running it
-      # would report a result that never happened.
-      return without_hooks { work.call } if @forked || @closed || Process.pid != @pid
-
-      job = ThreadPool::Job.new(work, self, Fiber.current)
-      @thread_pool.submit(job)
-      interruption = nil
-      begin
-        suspend until job.done?
-      rescue Exception => e # rubocop:disable Lint/RescueException -- held until the operation ends
-        interruption ||= e
-        retry
-      end
-      raise interruption if interruption
-
-      job.result
-    end
 
     # Switches from the current fiber to the event loop without arranging
     # for it to be resumed, as Ruby's reference scheduler's #transfer does:
@@ -663,42 +460,16 @@ module NeverBlock
         run_loop
       ensure
         @closed = true
-        report_failures
+        @failures.report
         @close_hooks.each(&:call)
         run_ready # lets fibers retired by the hooks finish
         @stall_detector&.stop
         @thread_pool.shutdown
-        @signal_watcher.transfer if @signal_watcher.alive? # ends it: @closed
+        @wakeup.close
         Scheduler.strand(@selector) if @io_waiting.positive?
         @selector.close
-        @signal_reader.close
-        @signal_writer.close
       end
     end
-
-    # @api private
-    # Called in a child process forked on this scheduler's thread (see
-    # ForkHook): the loop, its tasks and its selector belong to the parent.
-    # The child goes on in the forking fiber as plain blocking code, without
-    # a scheduler; it exits when that fiber ends, and no other task of the
-    # parent ever runs in it.
-    def forked!
-      @forked = true
-      Fiber.set_scheduler(nil) if Fiber.scheduler.equal?(self)
-    end
-
-    # Closing the copy in the child releases only the child's descriptors.
-    def forked_close
-      @closed = true
-      @forked = true
-      # The parent's fibers, the signal watcher among them, stay parked in
-      # this copy of the selector: nothing in the child may resume them.
-      Scheduler.strand(@selector)
-      @selector.close
-      @signal_reader.close
-      @signal_writer.close
-    end
-    private :forked_close
 
     # @api private
     # Registers a callable to run in {#close} (FiberPool retires its fibers).
@@ -727,8 +498,7 @@ module NeverBlock
         # Thread#join. Under NeverBlock.run it is logged like a task's.
         @raw_failure ||= task.error
       elsif report
-        @failures_since ||= Clock.now
-        @failures << task
+        @failures.record(task)
       end
       signal_foreign_waiters if @foreign_waiters.positive?
     end
@@ -780,14 +550,14 @@ module NeverBlock
     end
 
     # Ties the scheduler to the current thread: its loop fiber, a selector
-    # for it, and the signal watcher fiber (created now, while a fiber stack
-    # can surely be had; it waits on the signal pipe only while the loop
+    # for it, and the wake-up's watcher fiber (created now, while a fiber
+    # stack can surely be had; it waits in the selector only while the loop
     # runs, see #run_loop).
     def bind_thread
       @thread = Thread.current
       @loop = Fiber.current
       @selector = @selector_class.new(@loop)
-      watch_signals
+      @wakeup.bind(@selector, @loop)
     end
 
     def raise_raw_failure
@@ -799,7 +569,7 @@ module NeverBlock
     def run_loop
       @stall_detector&.start
       @loop_depth += 1
-      switch_signal_watcher(true) if @loop_depth == 1
+      @wakeup.start_watching if @loop_depth == 1
       begin
         raise_raw_failure if @raw_failure # e.g. a fiber that failed as it started
         until @tasks.empty?
@@ -808,20 +578,8 @@ module NeverBlock
         end
       ensure
         @loop_depth -= 1
-        switch_signal_watcher(false) if @loop_depth.zero?
+        @wakeup.stop_watching if @loop_depth.zero?
       end
-    end
-
-    # In a forked child the fiber that forked has finished: leaving it would
-    # hand control back to the parent's loop. End the child instead, as a
-    # fork block ends (at_exit handlers run): status 1, with the error
-    # logged, if its task failed.
-    def exit_forked_child(task = nil)
-      if task&.status == :failed
-        report_failure(task)
-        Kernel.exit(1)
-      end
-      Kernel.exit(0)
     end
 
     # One turn: run what is ready, wait for IO or the next timer, fire timers.
@@ -832,21 +590,13 @@ module NeverBlock
 
       interval = @ready.empty? && @inbox.empty? && !@selector.ready? ? @timers.wait_interval : 0
       interval = 0 if interval&.negative?
-      report_failures if @failures_since && (interval != 0 || Clock.now - @failures_since > 1)
+      @failures.report if @failures.due?(interval)
       if interval.nil? && @io_waiting.zero?
-        park
+        @wakeup.park(@stall_detector)
       else
         @selector.select(interval)
       end
       @timers.fire
-    end
-
-    # Logs the recorded failures that nobody has observed since.
-    def report_failures
-      failures = @failures
-      @failures = []
-      @failures_since = nil
-      failures.each { |task| report_failure(task) unless task.observed? }
     end
 
     # Runs what was ready when the turn began; what becomes ready meanwhile
@@ -945,64 +695,6 @@ module NeverBlock
       NeverBlock.logger.error("NeverBlock") { "could not start #{target.inspect}: #{e.message}" }
     end
 
-    # Nothing can happen on this thread (no IO, no timers, nothing ready):
-    # only another thread can wake a fiber now. Waiting on a Thread::Queue
-    # lets Ruby's deadlock detector see it when no such thread exists.
-    def park
-      @parked = true
-      if @stall_detector
-        @stall_detector.idle { @wake_queue.pop if @inbox.empty? }
-      elsif @inbox.empty?
-        @wake_queue.pop
-      end
-    ensure
-      @parked = false
-      @wake_queue.clear
-    end
-
-    def signal
-      @wake_queue << true if @parked
-      return if @signal_pending
-
-      @signal_pending = true
-      @signal_writer.write_nonblock(".", exception: false)
-    rescue IOError
-      nil # closed: the loop is gone
-    end
-
-    # The internal fiber that keeps the signal pipe registered with the
-    # selector while the loop runs. It is not a task and not counted in
-    # @io_waiting, so it neither keeps the loop alive nor stops #park.
-    # Between loops it waits outside the selector (see Scheduler.strand:
-    # a scheduler dropped without #close must hold no fiber in its selector),
-    # and it ends when the scheduler closes.
-    def watch_signals
-      @signal_watcher = Fiber.new(blocking: false) do
-        watcher = Fiber.current
-        until @closed
-          if @watching
-            @selector.io_wait(watcher, @signal_reader, IO::READABLE)
-            next unless @watching # switched off: a byte left in the pipe waits for the next loop
-
-            @signal_pending = false
-            @signal_reader.read_nonblock(4096, exception: false)
-          else
-            @loop.transfer
-          end
-        end
-      end
-      @signal_watcher.transfer
-    end
-
-    # Moves the signal watcher into the selector (`on`) or out of it. Called
-    # from the loop fiber, where the watcher is always parked in one place
-    # or the other: resumed, its wait returns (which unlinks it from the
-    # selector) and it parks in the other place, handing control back.
-    def switch_signal_watcher(on)
-      @watching = on
-      @signal_watcher.transfer if @signal_watcher.alive?
-    end
-
     def drain_inbox
       until @inbox.empty?
         item = @inbox.pop
@@ -1024,107 +716,6 @@ module NeverBlock
     rescue StandardError => e
       NeverBlock.logger.error("NeverBlock") do
         "#{e.class} in a callable posted to the loop: #{e.message}\n  #{(e.backtrace || []).join("\n  ")}"
-      end
-    end
-
-    # Raises `exception` in `fiber` at its current wait, from a task or from
-    # the loop fiber (timers). `still`, when given, says before a retry
-    # whether the fiber is still in the wait the exception is meant for.
-    def interrupt_fiber(fiber, exception, &still)
-      return unless fiber.alive?
-      return retry_interrupt(fiber, exception, still) if @handing_over.key?(fiber)
-
-      if Fiber.current.blocking?
-        fiber.raise(exception)
-        reschedule_if_displaced(fiber)
-      else
-        queued { @selector.raise(fiber, exception) }
-      end
-    rescue FiberError
-      # The fiber is resuming another fiber (e.g. an Enumerator) and cannot
-      # be interrupted right now; try again shortly.
-      retry_interrupt(fiber, exception, still)
-    end
-
-    # Delivers the interrupt shortly, if `still` (when given) says it still applies.
-    def retry_interrupt(fiber, exception, still)
-      @timers.after(0.001) { interrupt_fiber(fiber, exception, &still) if still.nil? || still.call }
-    end
-
-    # The hot path of every IO wait: keep it lean.
-    def in_selector(fiber, io = :process)
-      @io_waiting += 1
-      @waits[fiber] = io
-      arm_close_watch unless @close_watch || !CLOSE_WATCH
-      @running = nil
-      yield
-    ensure
-      @io_waiting -= 1
-      @waits.delete(fiber)
-      @running = fiber
-      @switches += 1
-    end
-
-    # Before Ruby 4.0 (which calls #fiber_interrupt; 3.4.11 does not yet),
-    # nothing tells a scheduler that an IO a fiber waits on was closed by
-    # another fiber or thread, and epoll silently drops the closed
-    # descriptor: the fiber would wait forever. While fibers wait on IO, the
-    # loop looks every CLOSE_WATCH seconds for closed ones and raises
-    # IOError in their fiber, as Ruby does for a thread.
-    CLOSE_WATCH = RUBY_VERSION < "4.0" ? 0.1 : nil
-    private_constant :CLOSE_WATCH
-
-    def arm_close_watch
-      @close_watch = @timers.after(CLOSE_WATCH) do
-        @close_watch = nil
-        interrupt_closed_waits
-        arm_close_watch if @io_waiting.positive?
-      end
-    end
-
-    # Raises IOError in every fiber waiting in the selector on an IO that
-    # has been closed meanwhile.
-    def interrupt_closed_waits
-      closed = @waits.select { |_fiber, waited| waited.is_a?(IO) && waited.closed? }
-      closed.each do |fiber, io|
-        interrupt_fiber(fiber, IOError.new("stream closed in another thread")) { @waits[fiber].equal?(io) }
-      end
-    end
-
-    if Fiber.respond_to?(:blocking)
-      # Runs the block in a blocking state: IO in it calls no hook of ours.
-      def without_hooks(&block)
-        Fiber.blocking(&block)
-      end
-    else
-      def without_hooks(&block)
-        Fiber.new(blocking: true, &block).resume
-      end
-    end
-
-    # Runs a positioned read (`yield done, chunk` -> bytes moved)
-    # until `length` bytes (at least one attempt when 0) or end of file,
-    # without calling back into this scheduler; waits on the descriptor when
-    # it would block. Errors become negated errnos, as the hooks return them.
-    def positioned_io(io, length, room, events)
-      done = 0
-      loop do
-        moved = without_hooks { yield(done, room - done) }
-        return done if moved.zero?
-        if moved.negative? # IO::Buffer reports an errno this way
-          raise IO::EAGAINWaitReadable if -moved == Errno::EAGAIN::Errno
-
-          return done.positive? ? done : moved
-        end
-
-        done += moved
-        return done if done >= length || done >= room
-      rescue IO::WaitReadable, IO::WaitWritable
-        io_wait(io, events)
-      rescue EOFError
-        return done
-      rescue SystemCallError => e
-        return done.positive? ? done : -e.errno
       end
     end
 
@@ -1169,71 +760,12 @@ module NeverBlock
       nil # it is resuming a fiber of its own (e.g. an Enumerator); that one returns to it
     end
 
-    if IO.method_defined?(:timeout)
-      # IO#timeout (Ruby 3.2+), the default deadline for this IO's waits.
-      def io_timeout(io)
-        io.timeout
-      end
-    else
-      def io_timeout(_io)
-        nil
-      end
-    end
-
-    def io_timeout_timer(io, fiber, direction)
-      timeout = io_timeout(io) or return
-      @timers.after(timeout) do
-        error = IO::TimeoutError.new("IO#timeout (#{timeout} s) expired waiting for #{io.inspect} to be #{direction}")
-        interrupt_fiber(fiber, error) { @waits[fiber].equal?(io) }
-      end
-    end
-
-    # Suspends the current fiber until one of the IOs is ready for its
-    # events, or `timeout` seconds pass (for io_select).
-    def wait_for_any(interests, timeout)
-      waiter = Fiber.current
-      watchers = []
-      interests.each do |ios, events|
-        ios&.each { |io| watchers << start_watcher(io, events, waiter) }
-      end
-      timer = @timers.after(timeout, @wake_callback, waiter) if timeout
-      suspend
-    ensure
-      @timers.cancel(timer)
-      watchers.each { |watcher| queued { @selector.raise(watcher, Cancelled) } if @waits[watcher].is_a?(IO) }
-    end
-
-    # A raw fiber that waits in the selector until `io` is ready, then wakes
-    # `waiter`. Any error (a closed IO) also wakes it: its poll reports it.
-    def start_watcher(io, events, waiter)
-      watcher = Fiber.new(blocking: false) do
-        in_selector(Fiber.current, io) { @selector.io_wait(Fiber.current, io, events) }
-        wake(waiter)
-      rescue Cancelled
-        nil
-      rescue StandardError
-        wake(waiter)
-      ensure
-        @running = nil
-      end
-      start(watcher)
-      watcher
-    end
-
     def cancel_all
       @tasks.each_key { |task| task.cancel if task.alive? }
     end
 
     def signal_foreign_waiters
       @foreign_lock.synchronize { @foreign_cond.broadcast }
-    end
-
-    def report_failure(task)
-      error = task.error
-      NeverBlock.logger.error("NeverBlock") do
-        "unhandled #{error.class} in #{task.inspect}: #{error.message}\n  " \
-          "#{(error.backtrace || []).join("\n  ")}"
-      end
     end
   end
 end

@@ -1,0 +1,111 @@
+# frozen_string_literal: true
+
+module NeverBlock
+  class Scheduler
+    # Blocking work: calls that would block the whole thread, done off the
+    # loop while only the calling fiber waits. Most run on the scheduler's
+    # thread pool (ThreadPool): {NeverBlock.defer}'s block, DNS lookups,
+    # GVL-releasing C calls (blocking_operation_wait), and Process.wait for
+    # any child or with WNOHANG; Process.wait for one child waits in the
+    # selector (a pidfd) instead.
+    #
+    # Who calls it, and when:
+    # - a non-blocking fiber on the loop's thread: #defer (through
+    #   NeverBlock.defer), and Ruby's hooks #process_wait, #address_resolve
+    #   and #blocking_operation_wait;
+    # - ThreadPool::Job, on the loop's thread once its work is done (carried
+    #   there by Scheduler#post): #job_done.
+    #
+    # Contracts:
+    # - The waiting fiber suspends in Scheduler#suspend and re-checks
+    #   Job#done? each time it is woken; #job_done wakes it through
+    #   Scheduler#wake, so a late result never resumes it in another wait.
+    # - A fiber interrupted while it waits: #defer gives up at once and the
+    #   job's result is dropped (ThreadPool::Job#abandon);
+    #   #blocking_operation_wait holds the interruption until the operation
+    #   has ended (it works on memory of the caller's C frame).
+    module BlockingWork
+      # Runs `block` on the scheduler's thread pool and suspends only the
+      # calling fiber until it finishes. If the fiber is cancelled or times out
+      # meanwhile, the block still runs to its end; its result is dropped.
+      #
+      # @return [Object] the block's value.
+      # @raise [Exception] whatever the block raised.
+      def defer(&block)
+        job = ThreadPool::Job.new(block, self, Fiber.current)
+        @thread_pool.submit(job)
+        suspend until job.done?
+        job.result
+      ensure
+        job&.abandon
+      end
+
+      # @api private
+      # Called (on the loop thread) when a thread-pool job has finished.
+      def job_done(job)
+        wake(job.fiber)
+      end
+
+      # Fiber::Scheduler hook: `Process.wait` and friends.
+      # @return [Process::Status, nil]
+      def process_wait(pid, flags)
+        # pidfd waits need a concrete pid and a blocking wait; anything else
+        # (any child, WNOHANG) is answered by a thread-pool thread.
+        if pid.positive? && (flags & Process::WNOHANG).zero?
+          fiber = Fiber.current
+          in_selector(fiber) { @selector.process_wait(fiber, pid, flags) }
+        else
+          defer { Process::Status.wait(pid, flags) }
+        end
+      end
+
+      # Fiber::Scheduler hook: DNS. The system resolver (getaddrinfo, honouring
+      # /etc/hosts and nsswitch exactly like blocking code) runs on the thread
+      # pool. Returns IPv6 and IPv4 addresses.
+      # @return [Array<String>]
+      def address_resolve(hostname)
+        host = hostname.split("%", 2).first # strip an IPv6 zone ("fe80::1%eth0")
+        host = host[1..-2] if host.start_with?("[") && host.end_with?("]")
+        # An address literal needs no lookup (and no thread): the common case
+        # of connecting to 127.0.0.1 or ::1.
+        return [host] if IPV4_LITERAL.match?(host) || (host.include?(":") && IPV6_LITERAL.match?(host))
+
+        defer { Addrinfo.getaddrinfo(host, nil, nil, :STREAM).map(&:ip_address).uniq }
+      end
+
+      IPV4_LITERAL = /\A\d{1,3}(?:\.\d{1,3}){3}\z/.freeze
+      IPV6_LITERAL = /\A[\h:]*:[\h:.]*\z/.freeze
+      private_constant :IPV4_LITERAL, :IPV6_LITERAL
+
+      # Fiber::Scheduler hook (Ruby 3.4+): a blocking call that releases the
+      # GVL (Ruby marks the safe ones: zlib, for example) runs on the thread
+      # pool and only the calling fiber waits.
+      #
+      # Unlike {#defer}, the fiber waits for the operation to end even if it is
+      # cancelled or times out meanwhile: the operation works on memory owned
+      # by the caller's C frame, which must outlive it. The interruption is
+      # raised once the operation has ended.
+      # @return [void]
+      def blocking_operation_wait(work)
+        # No loop to wait in (a forked child detaching from its parent's loop
+        # closes the loop's pipe through here on Ruby 3.4): run it in place,
+        # as Ruby would without a scheduler. Returning without running it
+        # would report a result that never happened.
+        return without_hooks { work.call } if @forked || @closed || Process.pid != @pid
+
+        job = ThreadPool::Job.new(work, self, Fiber.current)
+        @thread_pool.submit(job)
+        interruption = nil
+        begin
+          suspend until job.done?
+        rescue Exception => e # rubocop:disable Lint/RescueException -- held until the operation ends
+          interruption ||= e
+          retry
+        end
+        raise interruption if interruption
+
+        job.result
+      end
+    end
+  end
+end

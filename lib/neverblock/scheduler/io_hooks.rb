@@ -1,0 +1,267 @@
+# frozen_string_literal: true
+
+module NeverBlock
+  class Scheduler
+    # The IO hooks of Fiber::Scheduler: how a fiber waits on a descriptor
+    # (io_wait, io_read, io_write, io_pread, io_select), and how a fiber
+    # waiting on an IO that gets closed under it is told so (io_close, and
+    # before Ruby 4.0 the close watch).
+    #
+    # Who calls it, and when: Ruby, from a non-blocking fiber on the
+    # scheduler's thread, whenever that fiber's IO would block (io_close:
+    # whenever a descriptor is closed on that thread). Inside NeverBlock,
+    # Scheduler#process_wait waits in the selector through #in_selector too,
+    # and Scheduler#blocking_operation_wait uses #without_hooks.
+    #
+    # Contracts:
+    # - Every wait goes through #in_selector, the hot path of all IO: it
+    #   counts the fiber in @io_waiting (the loop blocks in the selector
+    #   rather than parking while any fiber waits there) and records it in
+    #   @waits as waiting on `io`, which is how the close watch, IO#timeout
+    #   and Scheduler#interrupt_fiber's `still` checks know what it waits on.
+    # - A timeout given to io_wait makes it return false; IO#timeout raises
+    #   IO::TimeoutError in the fiber instead (Scheduler::Interrupts).
+    # - Loop's thread only; no locks.
+    #
+    # State it shares with the core (set up in Scheduler#initialize):
+    # @selector, @timers, @waits, @io_waiting, @running, @switches; its own:
+    # @io_expire_callback, @close_watch, @close_sweep.
+    module IOHooks
+      # Fiber::Scheduler hook: wait until `io` is ready for `events`.
+      # @return [Integer, false] the ready events, false on timeout.
+      def io_wait(io, events, timeout = nil)
+        fiber = Fiber.current
+        # An explicit timeout makes io_wait return false; IO#timeout raises.
+        timer = timeout ? @timers.after(timeout, @io_expire_callback, fiber) : io_timeout_timer(io, fiber, "ready")
+        in_selector(fiber, io) { @selector.io_wait(fiber, io, events) }
+      ensure
+        @timers.cancel(timer)
+      end
+
+      if IO.const_defined?(:Buffer)
+        # Fiber::Scheduler hook: read at least `length` bytes into `buffer`.
+        # @return [Integer] bytes read, or a negated errno.
+        def io_read(io, buffer, length, offset = 0)
+          fiber = Fiber.current
+          timer = io_timeout_timer(io, fiber, "readable")
+          in_selector(fiber, io) { @selector.io_read(fiber, io, buffer, length, offset) }
+        ensure
+          @timers.cancel(timer)
+        end
+
+        # Ruby 3.3.0's io_write hook miscomputes lengths; it is fixed in 3.3.1.
+        if RUBY_ENGINE != "ruby" || RUBY_VERSION < "3.3" || RUBY_VERSION >= "3.3.1"
+          # Fiber::Scheduler hook: write at least `length` bytes from `buffer`.
+          # @return [Integer] bytes written, or a negated errno.
+          def io_write(io, buffer, length, offset = 0)
+            fiber = Fiber.current
+            timer = io_timeout_timer(io, fiber, "writable")
+            in_selector(fiber, io) { @selector.io_write(fiber, io, buffer, length, offset) }
+          ensure
+            @timers.cancel(timer)
+          end
+        end
+      end
+
+      if IO.const_defined?(:Buffer)
+        # Fiber::Scheduler hook: `IO#pread` (and IO::Buffer#pread), reading
+        # at least `length` bytes at file position `from` into `buffer` at
+        # `offset`. With the io_uring selector the read is asynchronous; with
+        # epoll (which cannot wait on regular files) it is the same pread(2)
+        # Ruby would make, waiting on the descriptor only when it would block.
+        # @return [Integer] bytes read, or a negated errno.
+        def io_pread(io, buffer, from, length, offset)
+          fiber = Fiber.current
+          if @selector.respond_to?(:io_pread)
+            return in_selector(fiber, io) { @selector.io_pread(fiber, io, buffer, from, length, offset) }
+          end
+
+          positioned_io(io, length, buffer.size - offset, IO::READABLE) do |done, chunk|
+            if BUFFER_POSITIONED_IO
+              buffer.pread(io, from + done, chunk, offset + done)
+            else
+              data = io.pread(chunk, from + done)
+              buffer.set_string(data, offset + done)
+              data.bytesize
+            end
+          end
+        end
+
+        # IO::Buffer#pread(io, from, length, offset), Ruby 3.3+: straight into
+        # the hook's buffer, no copy.
+        #
+        # There is deliberately no io_pwrite hook: with any scheduler that
+        # defines it, Ruby's own reference scheduler included, a thread that
+        # called IO#pwrite through it spins forever when it exits (Ruby 3.3.8
+        # and 3.4.11). Without the hook, IO#pwrite makes the same pwrite(2)
+        # itself.
+        BUFFER_POSITIONED_IO = RUBY_VERSION >= "3.3"
+        private_constant :BUFFER_POSITIONED_IO
+      end
+
+      # Fiber::Scheduler hook (Ruby 4.0+; 3.3 and 3.4 have the call disabled):
+      # `fd` is being closed by this thread.
+      # Fibers of this loop still waiting on it get IOError ("stream closed in
+      # another thread") on the loop's next turn, as a thread would, instead of
+      # waiting on a descriptor epoll has silently dropped. Ruby then closes
+      # the descriptor itself (a falsy return says so).
+      # @return [nil]
+      def io_close(_fd)
+        post(@close_sweep) if @io_waiting.positive? && !@closed
+        nil
+      end
+
+      if Fiber.respond_to?(:blocking)
+        # Fiber::Scheduler hook (Ruby 3.2+): `IO.select` from a fiber.
+        # @return [Array, nil] like IO.select.
+        #
+        # Polls; if nothing is ready, one watcher fiber per IO waits in the
+        # selector, the first to fire wakes this fiber, the watchers are
+        # stopped and it polls again (another fiber may have taken the data).
+        def io_select(readables, writables = nil, exceptables = nil, timeout = nil)
+          interests = { readables => IO::READABLE, writables => IO::WRITABLE, exceptables => IO::PRIORITY }
+          deadline = Clock.now + timeout if timeout
+          loop do
+            result = Fiber.blocking { ::IO.select(readables, writables, exceptables, 0) }
+            return result if result
+
+            remaining = deadline && deadline - Clock.now
+            return nil if remaining && remaining <= 0
+
+            wait_for_any(interests, remaining)
+          end
+        end
+      end
+
+      private
+
+      # The hot path of every IO wait: keep it lean.
+      def in_selector(fiber, io = :process)
+        @io_waiting += 1
+        @waits[fiber] = io
+        arm_close_watch unless @close_watch || !CLOSE_WATCH
+        @running = nil
+        yield
+      ensure
+        @io_waiting -= 1
+        @waits.delete(fiber)
+        @running = fiber
+        @switches += 1
+      end
+
+      # Before Ruby 4.0 (which calls #fiber_interrupt; 3.4.11 does not yet),
+      # nothing tells a scheduler that an IO a fiber waits on was closed by
+      # another fiber or thread, and epoll silently drops the closed
+      # descriptor: the fiber would wait forever. While fibers wait on IO, the
+      # loop looks every CLOSE_WATCH seconds for closed ones and raises
+      # IOError in their fiber, as Ruby does for a thread.
+      CLOSE_WATCH = RUBY_VERSION < "4.0" ? 0.1 : nil
+      private_constant :CLOSE_WATCH
+
+      def arm_close_watch
+        @close_watch = @timers.after(CLOSE_WATCH) do
+          @close_watch = nil
+          interrupt_closed_waits
+          arm_close_watch if @io_waiting.positive?
+        end
+      end
+
+      # Raises IOError in every fiber waiting in the selector on an IO that
+      # has been closed meanwhile.
+      def interrupt_closed_waits
+        closed = @waits.select { |_fiber, waited| waited.is_a?(IO) && waited.closed? }
+        closed.each do |fiber, io|
+          interrupt_fiber(fiber, IOError.new("stream closed in another thread")) { @waits[fiber].equal?(io) }
+        end
+      end
+
+      if Fiber.respond_to?(:blocking)
+        # Runs the block in a blocking state: IO in it calls no hook of ours.
+        def without_hooks(&block)
+          Fiber.blocking(&block)
+        end
+      else
+        def without_hooks(&block)
+          Fiber.new(blocking: true, &block).resume
+        end
+      end
+
+      # Runs a positioned read (`yield done, chunk` -> bytes moved)
+      # until `length` bytes (at least one attempt when 0) or end of file,
+      # without calling back into this scheduler; waits on the descriptor when
+      # it would block. Errors become negated errnos, as the hooks return them.
+      def positioned_io(io, length, room, events)
+        done = 0
+        loop do
+          moved = without_hooks { yield(done, room - done) }
+          return done if moved.zero?
+          if moved.negative? # IO::Buffer reports an errno this way
+            raise IO::EAGAINWaitReadable if -moved == Errno::EAGAIN::Errno
+
+            return done.positive? ? done : moved
+          end
+
+          done += moved
+          return done if done >= length || done >= room
+        rescue IO::WaitReadable, IO::WaitWritable
+          io_wait(io, events)
+        rescue EOFError
+          return done
+        rescue SystemCallError => e
+          return done.positive? ? done : -e.errno
+        end
+      end
+
+      if IO.method_defined?(:timeout)
+        # IO#timeout (Ruby 3.2+), the default deadline for this IO's waits.
+        def io_timeout(io)
+          io.timeout
+        end
+      else
+        def io_timeout(_io)
+          nil
+        end
+      end
+
+      def io_timeout_timer(io, fiber, direction)
+        timeout = io_timeout(io) or return
+        @timers.after(timeout) do
+          error = IO::TimeoutError.new("IO#timeout (#{timeout} s) expired waiting for #{io.inspect} to be #{direction}")
+          interrupt_fiber(fiber, error) { @waits[fiber].equal?(io) }
+        end
+      end
+
+      # Suspends the current fiber until one of the IOs is ready for its
+      # events, or `timeout` seconds pass (for io_select).
+      def wait_for_any(interests, timeout)
+        waiter = Fiber.current
+        watchers = []
+        interests.each do |ios, events|
+          ios&.each { |io| watchers << start_watcher(io, events, waiter) }
+        end
+        timer = @timers.after(timeout, @wake_callback, waiter) if timeout
+        suspend
+      ensure
+        @timers.cancel(timer)
+        watchers.each { |watcher| queued { @selector.raise(watcher, Cancelled) } if @waits[watcher].is_a?(IO) }
+      end
+
+      # A raw fiber that waits in the selector until `io` is ready, then wakes
+      # `waiter`. Any error (a closed IO) also wakes it: its poll reports it.
+      def start_watcher(io, events, waiter)
+        watcher = Fiber.new(blocking: false) do
+          in_selector(Fiber.current, io) { @selector.io_wait(Fiber.current, io, events) }
+          wake(waiter)
+        rescue Cancelled
+          nil
+        rescue StandardError
+          wake(waiter)
+        ensure
+          @running = nil
+        end
+        start(watcher)
+        watcher
+      end
+    end
+  end
+end
