@@ -125,7 +125,7 @@ class ReadmeTest < PlainTest
         assert File.exist?(File.join(ROOT, target)), "#{document}: link to #{target}, which does not exist"
         next unless anchor && target.end_with?(".md")
 
-        assert_includes anchors(target), anchor, "#{document}: link to #{target}##{anchor}, which has no such heading"
+        assert anchors(target).include?(anchor), "#{document}: link to #{target}##{anchor}, which has no such heading"
       end
     end
   end
