@@ -273,8 +273,9 @@ class ReadmeTest < PlainTest
       next if href.match?(/\A[a-z]+:/)
 
       path, anchor = href.split("#", 2)
-      target = path.empty? ? document : File.expand_path(path, File.join(ROOT, File.dirname(document))).delete_prefix("#{ROOT}/")
-      [target, anchor]
+      next [document, anchor] if path.empty?
+
+      [File.expand_path(path, File.join(ROOT, File.dirname(document))).delete_prefix("#{ROOT}/"), anchor]
     end
   end
 
