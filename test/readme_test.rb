@@ -6,8 +6,9 @@ require "shellwords"
 require "tmpdir"
 require "yaml"
 
-# README.md as a new user reads it: every fenced code block is run as
-# written, against real servers (bin/test's PostgreSQL, MariaDB and Redis).
+# README.md and docs/*.md as a new user reads them: every fenced code block
+# is run as written, against real servers (bin/test's PostgreSQL, MariaDB and
+# Redis), and every relative link leads to a file and heading that exist.
 #
 # Each block is preceded by a comment saying how it is checked:
 #
@@ -34,25 +35,41 @@ require "yaml"
 # shown          not run, with `reason=` saying why (bin/test itself, the
 #                benchmarks that take minutes).
 #
-# A block without the comment fails: no README code goes unchecked.
+# A block without the comment fails: no documented code goes unchecked.
 class ReadmeTest < PlainTest
   include NeverBlockTest::Databases
   include ServerProcess
 
-  README = File.expand_path("../README.md", __dir__)
   ROOT = File.expand_path("..", __dir__)
   RAILS_FIXTURE = File.join(__dir__, "fixtures", "server", "rails_app")
   KINDS = %w[script rspec rackup serve_config gemfile database_yml commands synopsis shown].freeze
 
-  Block = Struct.new(:line, :language, :code, :kind, :options) do
+  Block = Struct.new(:file, :line, :language, :code, :kind, :options) do
     def name
-      "README.md:#{line} (#{language} #{kind})"
+      "#{file}:#{line} (#{language} #{kind})"
+    end
+
+    # A test-method-friendly name of the file: readme, docs_server...
+    def source
+      file.delete_suffix(".md").downcase.gsub(/[^a-z0-9]+/, "_")
     end
   end
 
-  # @return [Array<Block>] the README's fenced blocks, in order.
+  # @return [Array<String>] README.md, then docs/*.md by name, as paths
+  #   relative to ROOT.
+  def self.documents
+    ["README.md"] + Dir.glob("docs/*.md", base: ROOT).sort
+  end
+
+  # @return [Array<Block>] every document's fenced blocks, in order.
   def self.blocks
-    lines = File.readlines(README, chomp: true)
+    documents.flat_map { |document| blocks_of(document) }
+  end
+
+  # @param document [String] a path relative to ROOT
+  # @return [Array<Block>] the document's fenced blocks, in order.
+  def self.blocks_of(document)
+    lines = File.readlines(File.join(ROOT, document), chomp: true)
     blocks = []
     index = 0
     while index < lines.size
@@ -63,7 +80,7 @@ class ReadmeTest < PlainTest
         code = lines[(start + 1)...index].join("\n") << "\n"
         marker = lines[0...start].reverse.find { |line| !line.strip.empty? }.to_s
         kind, options = parse_marker(marker)
-        blocks << Block.new(start + 1, fence.empty? ? "unlabelled" : fence, code, kind, options)
+        blocks << Block.new(document, start + 1, fence.empty? ? "unlabelled" : fence, code, kind, options)
       end
       index += 1
     end
@@ -80,16 +97,37 @@ class ReadmeTest < PlainTest
   end
 
   blocks.each do |block|
-    define_method("test_#{block.kind || 'unmarked'}_block_at_readme_line_#{block.line}") do
+    define_method("test_#{block.kind || 'unmarked'}_block_at_#{block.source}_line_#{block.line}") do
       assert_includes KINDS, block.kind,
                       "#{block.name}: precede the block with <!-- readme-test: KIND ... --> (KIND: #{KINDS.join(', ')})"
       send("check_#{block.kind}", block)
     end
   end
 
-  def test_the_readme_has_blocks_of_every_kind_it_relies_on
+  def test_the_documents_have_blocks_of_every_kind_they_rely_on
     kinds = self.class.blocks.map(&:kind)
     %w[script rackup commands].each { |kind| assert_includes kinds, kind }
+  end
+
+  # README's table of documents lists every file in docs/.
+  def test_the_readme_links_every_document
+    linked = links("README.md").map { |target, _anchor| target }
+    (self.class.documents - ["README.md"]).each do |document|
+      assert_includes linked, document, "README.md does not link #{document}"
+    end
+  end
+
+  # A moved section leaves no dead link behind: every relative link names a
+  # file that exists and, with a #fragment, a heading of that file.
+  def test_every_relative_link_and_anchor_resolves
+    self.class.documents.each do |document|
+      links(document).each do |target, anchor|
+        assert File.exist?(File.join(ROOT, target)), "#{document}: link to #{target}, which does not exist"
+        next unless anchor && target.end_with?(".md")
+
+        assert anchors(target).include?(anchor), "#{document}: link to #{target}##{anchor}, which has no such heading"
+      end
+    end
   end
 
   def teardown
@@ -158,7 +196,7 @@ class ReadmeTest < PlainTest
   def check_gemfile(block)
     require "bundler"
     dsl = Bundler::Dsl.new
-    dsl.instance_eval(block.code, "README.md", block.line + 1)
+    dsl.instance_eval(block.code, block.file, block.line + 1)
     dependencies = dsl.dependencies.select { |dependency| dependency.name == "neverblock" }
     refute_empty dependencies, block.name
     dependencies.each do |dependency|
@@ -219,6 +257,39 @@ class ReadmeTest < PlainTest
 
   # --- helpers -------------------------------------------------------------
 
+  # The document's lines outside fenced code blocks.
+  def prose(document)
+    fenced = false
+    File.readlines(File.join(ROOT, document), chomp: true).reject do |line|
+      fenced = !fenced if line.start_with?("```")
+      fenced || line.start_with?("```")
+    end
+  end
+
+  # @return [Array<(String, String)>] the document's relative links as
+  #   [path relative to ROOT, anchor or nil]; a bare #anchor is the document's.
+  def links(document)
+    prose(document).join("\n").scan(/\]\(([^)\s]+)\)/).flatten.filter_map do |href|
+      next if href.match?(/\A[a-z]+:/)
+
+      path, anchor = href.split("#", 2)
+      next [document, anchor] if path.empty?
+
+      [File.expand_path(path, File.join(ROOT, File.dirname(document))).delete_prefix("#{ROOT}/"), anchor]
+    end
+  end
+
+  # The anchors GitHub gives the document's headings: lower case, punctuation
+  # dropped, spaces as hyphens, -1, -2... after repeats.
+  def anchors(document)
+    seen = Hash.new(0)
+    prose(document).grep(/\A#+ /).map do |heading|
+      slug = heading.sub(/\A#+ /, "").strip.downcase.gsub(/[^\p{Word}\- ]/, "").tr(" ", "-")
+      seen[slug] += 1
+      seen[slug] == 1 ? slug : "#{slug}-#{seen[slug] - 1}"
+    end
+  end
+
   # The block's commands: `\` continuations joined, comments and
   # `bundle exec` (we run inside this bundle already) kept as typed.
   def commands(code)
@@ -260,7 +331,7 @@ class ReadmeTest < PlainTest
     dir
   end
 
-  # A slow HTTP service on 127.0.0.1:8080, as the README's examples assume:
+  # A slow HTTP service on 127.0.0.1:8080, as the documents' examples assume:
   # GET /slow answers "slow" after 1 s, anything else at once.
   def start_upstream
     @upstream = TCPServer.new("127.0.0.1", 8080)
@@ -273,7 +344,7 @@ class ReadmeTest < PlainTest
       nil
     end
   rescue Errno::EADDRINUSE
-    flunk "127.0.0.1:8080 is in use: the README's examples need it for their upstream"
+    flunk "127.0.0.1:8080 is in use: the documents' examples need it for their upstream"
   end
 
   def answer_upstream(socket)

@@ -2,8 +2,8 @@
 
 require "test_helper"
 
-# What a new user's Gemfile line resolves to: the gemspec and README's
-# install lines, checked against RubyGems' other `neverblock` (0.1.6.2,
+# What a new user's Gemfile line resolves to: the gemspec and the install
+# lines of README.md and docs/*.md, checked against RubyGems' other `neverblock` (0.1.6.2,
 # 2010, EventMachine).
 class GemspecTest < PlainTest
   ROOT = File.expand_path("../..", __dir__)
@@ -28,20 +28,23 @@ class GemspecTest < PlainTest
 
   def test_metadata_and_files
     %w[source_code_uri changelog_uri bug_tracker_uri].each { |key| assert spec.metadata[key], key }
-    %w[exe/neverblock lib/neverblock/railtie.rb lib/rackup/handler/neverblock.rb CHANGELOG.md README.md].each do |file|
+    %w[exe/neverblock lib/neverblock/railtie.rb lib/rackup/handler/neverblock.rb CHANGELOG.md README.md docs/server.md].each do |file|
       assert_includes spec.files, file
     end
     assert_equal ["neverblock"], spec.executables
   end
 
-  # Every `gem "neverblock"` line in README has a requirement that the 2010
-  # gem cannot satisfy and this version does.
-  def test_every_readme_gemfile_line_excludes_the_2010_gem
-    lines = File.readlines(File.join(ROOT, "README.md")).grep(/^\s*#?\s*gem "neverblock"/)
+  # Every `gem "neverblock"` line in README.md and docs/*.md has a
+  # requirement that the 2010 gem cannot satisfy and this version does.
+  def test_every_documented_gemfile_line_excludes_the_2010_gem
+    documents = ["README.md"] + Dir.glob("docs/*.md", base: ROOT).sort
+    lines = documents.flat_map do |document|
+      File.readlines(File.join(ROOT, document)).grep(/^\s*#?\s*gem "neverblock"/).map { |line| [document, line] }
+    end
     refute_empty lines
-    lines.each do |line|
+    lines.each do |document, line|
       requirements = line.scan(/"([<>=~!]+ ?[\d.a-z]+)"/).flatten
-      refute_empty requirements, "no version requirement in README line: #{line}"
+      refute_empty requirements, "no version requirement in #{document} line: #{line}"
       requirement = Gem::Requirement.new(*requirements)
       refute requirement.satisfied_by?(OLD_NEVERBLOCK), line
       assert requirement.satisfied_by?(spec.version), line

@@ -230,7 +230,7 @@ class ServerClusterTest < PlainTest
     end
   end
 
-  # The file's constants resolve as in any Ruby file: README's
+  # The file's constants resolve as in any Ruby file: docs/server.md's
   # `before_fork { ActiveRecord::Base... }` raised NameError for
   # NeverBlock::ActiveRecord::Base.
   def test_a_config_file_names_constants_as_at_the_top_level
