@@ -45,7 +45,7 @@ module NeverBlock
   # use these and no others):
   #
   # - *lend*: from the pool to a caller, its owner (#lend, #lend_locked,
-  #   #lend_to); publicly {#checkout} and {#with}.
+  #   #lend_to, #lend_for_block); publicly {#checkout} and {#with}.
   # - *take back*: from its owner back to the pool (#take_back,
   #   #take_back_from, #take_back_locked); publicly {#checkin} and
   #   {#discard}.

@@ -67,9 +67,10 @@ module NeverBlock
     #
     # Who calls it: Registry.after_fork runs #after_fork for each pool with
     # open connections as the child starts; any other pool notices the fork
-    # when the child first uses it (#detect_fork, at the start of each
-    # lend, take back, stats and disconnect_all). Mixed into ConnectionPool;
-    # works on its @born, @forgotten, @epoch and @fork_generation.
+    # when the child first uses it (#detect_fork: at the start of #lend,
+    # #stats and #disconnect_all, and through #parents? of each checkin and
+    # discard). Mixed into ConnectionPool; works on its @born, @forgotten,
+    # @epoch, @forget and @fork_generation (#after_fork runs #reset).
     #
     # Lock discipline: called without the pool's lock (#after_fork replaces
     # it: in the child, the parent's other threads may have held the old

@@ -8,10 +8,11 @@ module NeverBlock
     # until `timeout` seconds pass.
     #
     # Who calls it: ConnectionPool#lend_locked calls #wait_for_turn when the
-    # pool is at `size` with nothing idle; the taking-back side calls #hand
-    # (through #hand_or_idle) to pass a connection, or the right to open one,
-    # to the oldest waiter. Nothing else touches the queue, except the
-    # unlocked reads in #room? and #waiting.
+    # pool is at `size` with nothing idle. #hand passes the oldest waiter a
+    # connection taken back (ConnectionPool#hand_or_idle), or the right to
+    # open one when a connection is closed or fails to open
+    # (#take_back_locked, #open_connection, #leave). Nothing else touches
+    # the queue, except the unlocked reads in #room? and #waiting.
     #
     # There are two ways to wait, chosen per waiter by
     # {ConnectionPool.masks_needed?}:
