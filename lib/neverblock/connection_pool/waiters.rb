@@ -33,10 +33,10 @@ module NeverBlock
     #
     # Lock discipline: every method here is called with @lock held and
     # returns with it held, also when it raises; #wait_in_loop and
-    # #wait_on_condition let go of it while they wait. The two exceptions
-    # are said at the method: #expire_waiters (a timer callback: takes the
-    # lock itself, never waits for it) and #lock_despite_interrupts (takes
-    # it).
+    # #wait_on_condition let go of it while they wait. The exceptions are
+    # said at the method: #expire_waiters (a timer callback: takes the lock
+    # itself, never waits for it), and #relock and #lock_despite_interrupts
+    # (called without it, they take it).
     module Waiters
       # One fiber or thread waiting for a connection: `handed` is set, with
       # the lock held, to the Hold handed over or to :open (the right to
