@@ -216,10 +216,11 @@ class PostgresClientTest < NeverBlockTest
     pid = backend_pid(db)
     cancelled = patient = nil
     db.with do
-      cancelled = NeverBlock.spawn { db.exec("SELECT 'never'") }
+      cancelled = NeverBlock.spawn { db.exec("SELECT 'never' FROM pg_sleep(10)") }
       patient = NeverBlock.spawn { db.exec("SELECT 'served'").getvalue(0, 0) }
     end
-    # The connection went to `cancelled` as the block returned; it has not run since.
+    # The connection went to `cancelled` as the block returned (hand_over ran it at
+    # once: its query is on the server and cannot answer before the cancel lands).
     cancelled.cancel
     assert_raises(NeverBlock::Cancelled) { cancelled.value }
     assert_equal "served", patient.value
