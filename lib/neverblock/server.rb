@@ -74,10 +74,6 @@ module NeverBlock
     # request already on its way (see {#stop}).
     STOP_IDLE_GRACE = 1.0
 
-    # An ActiveRecord pool smaller than this gets a warning at start (see
-    # #warn_about_a_small_pool).
-    SMALL_ACTIVE_RECORD_POOL = 10
-
     # @return [#call] the Rack app.
     attr_reader :app
 
@@ -224,9 +220,7 @@ module NeverBlock
       raise Error, "this NeverBlock::Server has already run; create a new one" if @wake_reader.closed?
 
       @listeners.each(&:listen)
-      RailsIntegration.after_load # an app built before this (rackup's) gets the ActiveRecord adapters
-      isolate_active_support_per_fiber
-      warn_about_blocking_adapters
+      RailsIntegration.before_serving
       NeverBlock.run do
         @scheduler = NeverBlock.current_scheduler!
         @pool = FiberPool.new(size: @limits.max_connections, queue_limit: 0)
@@ -279,13 +273,11 @@ module NeverBlock
     # request's head to its response's end) and the complete heads waiting
     # for one; `adaptive_limit` is {ConcurrencyLimit#stats} (nil when
     # disabled); and `connection_fibers` is {FiberPool#stats} of the
-    # connections' fibers.
+    # connections' fibers. The last keys are {RailsIntegration.server_stats}.
     # @return [Hash] `{pid:, worker:, connections:, idle_connections:,
     #   requests_in_flight:, requests_total:, fiber_pool:, adaptive_limit:, connection_fibers:,
     #   database_pools:, active_record_pools:}` (connection_fibers nil when
-    #   not running; active_record_pools: ActiveRecord's pools that have
-    #   connections, when the app uses ActiveRecord); or
-    #   {Cluster#stats} in the master.
+    #   not running); or {Cluster#stats} in the master.
     def stats
       return @cluster.stats if @cluster
 
@@ -296,25 +288,8 @@ module NeverBlock
         adaptive_limit: @limiter&.stats,
         connection_fibers: @pool&.stats,
         database_pools: ConnectionPool.active.map { |pool| { name: pool.name, **pool.stats } },
-        active_record_pools: active_record_pools }
+        **RailsIntegration.server_stats }
     end
-
-    # ActiveRecord's connection pools that have connections (when the app
-    # uses ActiveRecord): `[{name:, adapter:, size:, connections:, busy:,
-    # dead:, idle:, waiting:, checkout_timeout:}]`.
-    def active_record_pools
-      return [] unless defined?(::ActiveRecord::Base) && ::ActiveRecord::Base.respond_to?(:connection_handler)
-
-      ::ActiveRecord::Base.connection_handler.connection_pool_list(:all).filter_map do |pool|
-        stat = pool.stat
-        next if stat[:connections].zero?
-
-        { name: pool.db_config.name, adapter: pool.db_config.adapter, **stat }
-      end
-    rescue StandardError => e
-      [{ error: "#{e.class}: #{e.message}" }]
-    end
-    private :active_record_pools
 
     # @api private
     # @return [Hash{Symbol => #call, nil}] `before_fork`, `on_worker_boot`.
@@ -465,59 +440,6 @@ module NeverBlock
     def wake_sampler
       @sampler_parked = false
       @scheduler.wake(@sampler_fiber)
-    end
-
-    # Requests are fibers of one thread: Active Support's per-request state
-    # (ActiveRecord's connection and transaction, CurrentAttributes) must be
-    # per fiber, or concurrent requests share one database connection. An
-    # app that loaded Active Support with the `:thread` level gets `:fiber`,
-    # with a warning (a Rails app with the neverblock gem already has it).
-    def isolate_active_support_per_fiber
-      return unless defined?(::ActiveSupport::IsolatedExecutionState)
-
-      state = ::ActiveSupport::IsolatedExecutionState
-      return if state.isolation_level == :fiber
-
-      NeverBlock.logger.warn("NeverBlock::Server: Active Support's isolation level was #{state.isolation_level.inspect}; " \
-                             "set to :fiber, since every request is a fiber (in Rails: " \
-                             "config.active_support.isolation_level = :fiber)")
-      state.isolation_level = :fiber
-    end
-
-    # The stock mysql2 adapter waits for MySQL inside C, where the fiber
-    # scheduler never hears of it: each query stops the whole process, so
-    # requests wait for each other's queries. It works, slowly; say so once
-    # at start with the fix, rather than let a benchmark find out.
-    def warn_about_blocking_adapters
-      return unless defined?(::ActiveRecord::Base) && ::ActiveRecord::Base.respond_to?(:configurations)
-
-      env = ::ActiveRecord::ConnectionHandling::DEFAULT_ENV.call.to_s
-      ::ActiveRecord::Base.configurations.configs_for(env_name: env).each do |config|
-        warn_about_a_small_pool(config, env)
-        next unless config.adapter.to_s == "mysql2"
-
-        NeverBlock.logger.warn("NeverBlock::Server: ActiveRecord database #{config.name.inspect} (#{env}) uses the " \
-                               "stock mysql2 adapter, whose queries block the whole process (mysql2 waits inside C, " \
-                               "out of the fiber scheduler's sight): concurrent requests wait for each other's " \
-                               "queries. Use adapter: neverblock_mysql2 or neverblock_trilogy in config/database.yml")
-      end
-    rescue StandardError => e
-      NeverBlock.logger.debug("NeverBlock::Server") { "could not read ActiveRecord's configurations: #{e.class}: #{e.message}" }
-    end
-
-    # ActiveRecord's pool is sized for threads (Rails generates 5); here a
-    # request holds a connection from its first query to its end, and the
-    # sixth request using the database at once waits `checkout_timeout`
-    # and fails. Warn with the fix when the pool is that small.
-    def warn_about_a_small_pool(config, env)
-      size = config.respond_to?(:max_connections) ? config.max_connections : config.pool
-      return if size.nil? || size >= SMALL_ACTIVE_RECORD_POOL
-
-      NeverBlock.logger.warn("NeverBlock::Server: ActiveRecord database #{config.name.inspect} (#{env}) has a pool of " \
-                             "#{size} connections, and each request holds one from its first query to its end: " \
-                             "request #{size + 1} using the database at once waits checkout_timeout, then fails with " \
-                             "ActiveRecord::ConnectionTimeoutError. Set pool: 25 or more in config/database.yml " \
-                             "(a generated one reads RAILS_MAX_THREADS)")
     end
 
     # Accepts while there is room: fewer than `max_connections` open (and
