@@ -5,6 +5,7 @@ require "neverblock"
 require_relative "server/errors"
 require_relative "server/limits"
 require_relative "server/concurrency_limit"
+require_relative "server/admission"
 require_relative "server/idle_sweeper"
 require_relative "server/listener"
 require_relative "server/request"
@@ -41,7 +42,7 @@ module NeverBlock
   #   connection reads nothing more meanwhile), and the server stops accepting;
   #   at `max_connections` open connections too. New connections then wait
   #   in the kernel's backlog: none is dropped.
-  # - Of those `fiber_pool` slots, an adaptive limit ({ConcurrencyLimit},
+  # - Of those `fiber_pool` slots ({Admission}), an adaptive limit ({ConcurrencyLimit},
   #   on by default) admits only as many requests at once as keep the
   #   loop busy: all of them while requests wait on IO, fewer once the
   #   loop is saturated with computing requests, whose CPU per request,
@@ -138,13 +139,9 @@ module NeverBlock
       @access_log = AccessLog.build(access_log)
 
       @limits = Limits.build(limits)
-      @pool_size = NeverBlock.validate_size!(fiber_pool, :fiber_pool)
-      @limiter = build_limiter(adaptive_limit)
-      @sampler = nil # the task feeding @limiter the loop's lag, while serving
+      @admission = Admission.new(size: fiber_pool, adaptive_limit: adaptive_limit, on_release: method(:room_freed))
       @idle_sweeper = nil # see IdleSweeper
       @sweeper = nil # the task running @idle_sweeper, while serving
-      @sampler_parked = false # it waits in #sample_loop_lag for a request (its fiber: @sampler_fiber)
-      @sampler_fiber = nil
       @listeners = Array(bind).map { |spec| Listener.new(spec) }
       raise ArgumentError, "bind needs at least one address" if @listeners.empty?
 
@@ -155,10 +152,7 @@ module NeverBlock
       @pool = nil
       @scheduler = nil
       @waiters = [] # acceptors waiting for room
-      @slots_taken = 0 # requests being answered, at most @pool_size (and, once settled, the limiter's limit)
-      @slot_waiters = [] # connections whose next request waits for a slot, oldest first
       @accept_failed_at = nil
-      @granted = {}.compare_by_identity # waiters handed a slot, not yet resumed
       @stopping = false
       @stop_requested = false
       @wake_reader, @wake_writer = IO.pipe
@@ -223,13 +217,13 @@ module NeverBlock
       RailsIntegration.before_serving
       NeverBlock.run do
         @scheduler = NeverBlock.current_scheduler!
+        @admission.start
         @pool = FiberPool.new(size: @limits.max_connections, queue_limit: 0)
         @accepting = {}
         # Before the acceptors: a connection already in the backlog is served at once.
         @idle_sweeper = IdleSweeper.new(@connections, @limits.idle_timeout)
         @sweeper = NeverBlock.spawn { @idle_sweeper.run }
         acceptors = @listeners.map { |listener| NeverBlock.spawn { accept_loop(listener) } }
-        @sampler = NeverBlock.spawn { sample_loop_lag } if @limiter
         @on_ready&.call
         @wake_reader.wait_readable until @stop_requested
         shutdown(acceptors)
@@ -284,8 +278,7 @@ module NeverBlock
       { pid: Process.pid, worker: @worker_index, connections: @connections.size,
         idle_connections: @connections.each_key.count(&:idle?),
         requests_in_flight: @in_flight, requests_total: @total,
-        fiber_pool: { size: @pool_size, limit: slot_limit, busy: @slots_taken, queued: @slot_waiters.size },
-        adaptive_limit: @limiter&.stats,
+        **@admission.stats,
         connection_fibers: @pool&.stats,
         database_pools: ConnectionPool.active.map { |pool| { name: pool.name, **pool.stats } },
         **RailsIntegration.server_stats }
@@ -323,49 +316,8 @@ module NeverBlock
     end
 
     # @api private
-    # Takes a request slot if one is free (under the adaptive limit) and no
-    # connection waits for one. The caller gives it back with {#release_slot}.
-    # @return [Boolean] whether it took one.
-    def take_slot
-      return false if @slots_taken >= slot_limit || !@slot_waiters.empty?
-
-      @slots_taken += 1
-      wake_sampler if @sampler_parked
-      true
-    end
-
-    # @api private
-    # Takes a request slot, waiting (first come, first served) until one is
-    # handed over if none is free. The caller gives it back with
-    # {#release_slot}; a cancel during the wait leaves it without one.
-    # @return [void]
-    def wait_for_slot
-      return if take_slot
-
-      fiber = Fiber.current
-      @slot_waiters << fiber
-      @scheduler.suspend until @granted.delete(fiber)
-      fiber = nil
-    ensure
-      if fiber # the wait was interrupted: pass on a slot handed over meanwhile
-        @slot_waiters.delete(fiber)
-        release_slot if @granted.delete(fiber)
-      end
-    end
-
-    # @api private
-    # Gives a request slot back: to the connection that has waited longest
-    # for one, else (or when the adaptive limit fell below the slots taken)
-    # to the pool of free slots.
-    # @return [void]
-    def release_slot
-      if !@slot_waiters.empty? && @slots_taken <= slot_limit
-        grant(@slot_waiters.shift)
-      else
-        @slots_taken -= 1
-        room_freed
-      end
-    end
+    # @return [Admission] the request slots.
+    attr_reader :admission
 
     # @api private
     # @return [AccessLog, nil]
@@ -381,66 +333,6 @@ module NeverBlock
     end
 
     private
-
-    # @return [ConcurrencyLimit, nil]
-    def build_limiter(option)
-      case option
-      when true then ConcurrencyLimit.new(max: @pool_size)
-      when false, nil then nil
-      when Hash then ConcurrencyLimit.new(max: @pool_size, **option)
-      else raise ArgumentError, "adaptive_limit must be true, false or a Hash of options, got #{option.inspect}"
-      end
-    end
-
-    # @return [Integer] request slots that may be taken now.
-    def slot_limit
-      @limiter ? @limiter.limit : @pool_size
-    end
-
-    # Hands a slot to a waiting connection (the slot stays counted in
-    # @slots_taken).
-    def grant(waiter)
-      @granted[waiter] = true
-      @scheduler.wake(waiter)
-    end
-
-    # The adaptive limit rose: waiting connections take the new slots, oldest first.
-    def admit_waiters
-      while @slots_taken < slot_limit && (waiter = @slot_waiters.shift)
-        @slots_taken += 1
-        grant(waiter)
-      end
-    end
-
-    # The sampler task: while requests are in flight, sleeps
-    # ConcurrencyLimit::SAMPLE_INTERVAL at a time and tells the limiter how
-    # late it woke (the loop's lag); with none in flight it is parked, so an
-    # idle server does not wake 200 times a second. Cancelled by #shutdown.
-    def sample_loop_lag
-      interval = ConcurrencyLimit::SAMPLE_INTERVAL
-      until @stopping
-        if @slots_taken.zero? && @slot_waiters.empty?
-          @limiter.idle
-          @sampler_fiber = Fiber.current # not @sampler.fiber: spawn may not have returned yet
-          @sampler_parked = true
-          begin
-            @scheduler.suspend
-          ensure
-            @sampler_parked = false
-          end
-          next
-        end
-        started = Clock.now
-        NeverBlock.sleep(interval)
-        lag = Clock.now - started - interval
-        admit_waiters if @limiter.sample(lag, busy: @slots_taken, waiting: @slot_waiters.size)
-      end
-    end
-
-    def wake_sampler
-      @sampler_parked = false
-      @scheduler.wake(@sampler_fiber)
-    end
 
     # Accepts while there is room: fewer than `max_connections` open (and
     # a free fiber for one) and a free request slot. Otherwise it stops,
@@ -479,7 +371,7 @@ module NeverBlock
     end
 
     def room?
-      @slots_taken < @pool_size && @connections.size < @limits.max_connections && !@pool.full?
+      !@admission.full? && @connections.size < @limits.max_connections && !@pool.full?
     end
 
     # A request slot or a connection was given back: acceptors waiting for
@@ -526,7 +418,7 @@ module NeverBlock
 
     def shutdown(acceptors)
       @stopping = true
-      @sampler&.cancel
+      @admission.stop
       @listeners.zip(acceptors) { |listener, acceptor| acceptor.cancel if @accepting[listener] }
       acceptors.each(&:wait)
       @listeners.each(&:close)

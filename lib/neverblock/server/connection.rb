@@ -212,7 +212,7 @@ module NeverBlock
       # A request's head is complete: takes a request slot, waiting (FIFO,
       # reading nothing more meanwhile) while every one is taken.
       def take_slot
-        @server.wait_for_slot
+        @server.admission.acquire
         @slot = true
       end
 
@@ -220,7 +220,7 @@ module NeverBlock
         return unless @slot
 
         @slot = false
-        @server.release_slot
+        @server.admission.release
       end
 
       # Calls the app for one request and writes its response.
