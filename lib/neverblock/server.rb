@@ -12,6 +12,7 @@ require_relative "server/request"
 require_relative "server/parser"
 require_relative "server/response"
 require_relative "server/access_log"
+require_relative "server/context"
 require_relative "server/connection"
 require_relative "server/cluster"
 require_relative "server/cluster/worker"
@@ -81,15 +82,6 @@ module NeverBlock
     # @return [Limits]
     attr_reader :limits
 
-    # @api private
-    # @return [String] the loop's read buffer: every connection reads into it
-    #   and parses at once, so idle connections hold no buffer.
-    attr_reader :read_buffer
-
-    # @api private
-    # @return [IdleSweeper, nil] ends idle keep-alive waits (while serving).
-    attr_reader :idle_sweeper
-
     # @param app [#call] a Rack 3 app.
     # @param bind [Array<String>, String] `tcp://HOST:PORT` (port 0 picks one) or `unix://PATH`.
     # @param workers [Integer] processes to fork and serve in; 0 serves in this
@@ -140,20 +132,19 @@ module NeverBlock
 
       @limits = Limits.build(limits)
       @admission = Admission.new(size: fiber_pool, adaptive_limit: adaptive_limit, on_release: method(:room_freed))
-      @idle_sweeper = nil # see IdleSweeper
-      @sweeper = nil # the task running @idle_sweeper, while serving
+      @sweeper = nil # the task running the IdleSweeper, while serving
       @listeners = Array(bind).map { |spec| Listener.new(spec) }
       raise ArgumentError, "bind needs at least one address" if @listeners.empty?
 
-      @read_buffer = String.new(capacity: Connection::READ_SIZE, encoding: Encoding::BINARY)
       @connections = {}.compare_by_identity
-      @in_flight = 0
-      @total = 0
+      # What every connection gets (see Context).
+      @context = Context.new(app: @app, limits: @limits, admission: @admission, access_log: @access_log,
+                             idle_sweeper: IdleSweeper.new(@connections, @limits.idle_timeout),
+                             on_hijack: method(:connection_hijacked))
       @pool = nil
       @scheduler = nil
       @waiters = [] # acceptors waiting for room
       @accept_failed_at = nil
-      @stopping = false
       @stop_requested = false
       @wake_reader, @wake_writer = IO.pipe
     end
@@ -221,8 +212,7 @@ module NeverBlock
         @pool = FiberPool.new(size: @limits.max_connections, queue_limit: 0)
         @accepting = {}
         # Before the acceptors: a connection already in the backlog is served at once.
-        @idle_sweeper = IdleSweeper.new(@connections, @limits.idle_timeout)
-        @sweeper = NeverBlock.spawn { @idle_sweeper.run }
+        @sweeper = NeverBlock.spawn { @context.idle_sweeper.run }
         acceptors = @listeners.map { |listener| NeverBlock.spawn { accept_loop(listener) } }
         @on_ready&.call
         @wake_reader.wait_readable until @stop_requested
@@ -252,7 +242,7 @@ module NeverBlock
 
     # @return [Boolean] true once {#stop} has been acted on.
     def stopping?
-      @stopping
+      @context.stopping?
     end
 
     # In a worker (or with `workers: 0`): this process's connections,
@@ -277,7 +267,7 @@ module NeverBlock
 
       { pid: Process.pid, worker: @worker_index, connections: @connections.size,
         idle_connections: @connections.each_key.count(&:idle?),
-        requests_in_flight: @in_flight, requests_total: @total,
+        requests_in_flight: @context.requests_in_flight, requests_total: @context.requests_total,
         **@admission.stats,
         connection_fibers: @pool&.stats,
         database_pools: ConnectionPool.active.map { |pool| { name: pool.name, **pool.stats } },
@@ -305,34 +295,18 @@ module NeverBlock
     end
 
     # @api private
-    def request_started
-      @in_flight += 1
-      @total += 1
-    end
-
-    # @api private
-    def request_finished
-      @in_flight -= 1
-    end
-
-    # @api private
-    # @return [Admission] the request slots.
-    attr_reader :admission
-
-    # @api private
     # @return [AccessLog, nil]
     attr_reader :access_log
 
-    # @api private
-    # The app took the connection's socket (rack.hijack): it is no longer
-    # the server's to count, and the server will not close it.
-    # @return [void]
+    private
+
+    # The app took the connection's socket (rack.hijack, see
+    # Context#hijacked): it is no longer the server's to count, and the
+    # server will not close it.
     def connection_hijacked(connection)
       @connections.delete(connection)
       room_freed
     end
-
-    private
 
     # Accepts while there is room: fewer than `max_connections` open (and
     # a free fiber for one) and a free request slot. Otherwise it stops,
@@ -341,7 +315,7 @@ module NeverBlock
     # connection) may be interrupted by {#shutdown}: it never waits while
     # it holds an accepted socket.
     def accept_loop(listener)
-      until @stopping
+      until stopping?
         @accepting[listener] = true
         begin
           wait_for_room
@@ -391,7 +365,7 @@ module NeverBlock
     end
 
     def serve(socket, listener)
-      connection = Connection.new(self, socket, listener)
+      connection = Connection.new(@context, socket, listener)
       @connections[connection] = true
       spawned = false
       connection.task = @pool.spawn do
@@ -417,7 +391,7 @@ module NeverBlock
     end
 
     def shutdown(acceptors)
-      @stopping = true
+      @context.stopping = true
       @admission.stop
       @listeners.zip(acceptors) { |listener, acceptor| acceptor.cancel if @accepting[listener] }
       acceptors.each(&:wait)
