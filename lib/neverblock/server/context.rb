@@ -4,7 +4,7 @@ module NeverBlock
   class Server
     # What a {Connection} needs from its server, handed to each one at
     # construction: a {Server} makes one Context (in its #initialize) and
-    # gives it to every connection it accepts ({Server#serve}), so that a
+    # gives it to every connection it accepts (`Server#serve`), so that a
     # connection depends on this object and never on the Server.
     #
     # It holds what the server configured (the app, the {Limits}, the
