@@ -6,11 +6,20 @@ module NeverBlock
   # (`neverblock serve`, `rackup -s neverblock`): `gem "neverblock"` in the
   # Gemfile installs the Railtie only when Rails is loaded first, as
   # `Bundler.require` does in `rails server`.
+  #
+  # Also what {Server} needs to know of Rails, through two hooks, so that
+  # the server names neither Active Support nor ActiveRecord:
+  # {before_serving} (each serving process, before its loop starts) and
+  # {server_stats} (the keys it adds to {Server#stats}).
   module RailsIntegration
     # RAILS_MAX_THREADS when it is not set (see {default_rails_max_threads}):
     # ActiveRecord connections per process in a generated Rails app. Two
     # workers then open at most 50, under PostgreSQL's default 100.
     RAILS_MAX_THREADS_DEFAULT = 25
+
+    # An ActiveRecord pool smaller than this gets a warning when a server
+    # starts (see {warn_about_a_small_pool}).
+    SMALL_ACTIVE_RECORD_POOL = 10
 
     module_function
 
@@ -91,6 +100,94 @@ module NeverBlock
       end
     rescue StandardError => e
       NeverBlock.logger.debug("NeverBlock") { "could not compare database.yml with ActiveRecord's configurations: #{e.class}: #{e.message}" }
+    end
+
+    # Called by {Server#serve_here} in each serving process (a worker, or
+    # the one process with `workers: 0`), once its listeners are open and
+    # before its loop starts: an app built before the server (rackup's)
+    # gets the ActiveRecord adapters ({after_load}); Active Support's state
+    # becomes per fiber; and databases that would serve poorly (a blocking
+    # adapter, a small pool) get a warning with the fix.
+    # @return [void]
+    def before_serving
+      after_load
+      isolate_active_support_per_fiber
+      warn_about_blocking_adapters
+    end
+
+    # The keys {Server#stats} ends with (in a serving process).
+    # @return [Hash] `{active_record_pools: [...]}`: see {active_record_pools}.
+    def server_stats
+      { active_record_pools: active_record_pools }
+    end
+
+    # ActiveRecord's connection pools that have connections (when the app
+    # uses ActiveRecord): `[{name:, adapter:, size:, connections:, busy:,
+    # dead:, idle:, waiting:, checkout_timeout:}]`.
+    def active_record_pools
+      return [] unless defined?(::ActiveRecord::Base) && ::ActiveRecord::Base.respond_to?(:connection_handler)
+
+      ::ActiveRecord::Base.connection_handler.connection_pool_list(:all).filter_map do |pool|
+        stat = pool.stat
+        next if stat[:connections].zero?
+
+        { name: pool.db_config.name, adapter: pool.db_config.adapter, **stat }
+      end
+    rescue StandardError => e
+      [{ error: "#{e.class}: #{e.message}" }]
+    end
+
+    # Requests are fibers of one thread: Active Support's per-request state
+    # (ActiveRecord's connection and transaction, CurrentAttributes) must be
+    # per fiber, or concurrent requests share one database connection. An
+    # app that loaded Active Support with the `:thread` level gets `:fiber`,
+    # with a warning (a Rails app with the neverblock gem already has it).
+    def isolate_active_support_per_fiber
+      return unless defined?(::ActiveSupport::IsolatedExecutionState)
+
+      state = ::ActiveSupport::IsolatedExecutionState
+      return if state.isolation_level == :fiber
+
+      NeverBlock.logger.warn("NeverBlock::Server: Active Support's isolation level was #{state.isolation_level.inspect}; " \
+                             "set to :fiber, since every request is a fiber (in Rails: " \
+                             "config.active_support.isolation_level = :fiber)")
+      state.isolation_level = :fiber
+    end
+
+    # The stock mysql2 adapter waits for MySQL inside C, where the fiber
+    # scheduler never hears of it: each query stops the whole process, so
+    # requests wait for each other's queries. It works, slowly; say so once
+    # at start with the fix, rather than let a benchmark find out.
+    def warn_about_blocking_adapters
+      return unless defined?(::ActiveRecord::Base) && ::ActiveRecord::Base.respond_to?(:configurations)
+
+      env = ::ActiveRecord::ConnectionHandling::DEFAULT_ENV.call.to_s
+      ::ActiveRecord::Base.configurations.configs_for(env_name: env).each do |config|
+        warn_about_a_small_pool(config, env)
+        next unless config.adapter.to_s == "mysql2"
+
+        NeverBlock.logger.warn("NeverBlock::Server: ActiveRecord database #{config.name.inspect} (#{env}) uses the " \
+                               "stock mysql2 adapter, whose queries block the whole process (mysql2 waits inside C, " \
+                               "out of the fiber scheduler's sight): concurrent requests wait for each other's " \
+                               "queries. Use adapter: neverblock_mysql2 or neverblock_trilogy in config/database.yml")
+      end
+    rescue StandardError => e
+      NeverBlock.logger.debug("NeverBlock::Server") { "could not read ActiveRecord's configurations: #{e.class}: #{e.message}" }
+    end
+
+    # ActiveRecord's pool is sized for threads (Rails generates 5); here a
+    # request holds a connection from its first query to its end, and the
+    # sixth request using the database at once waits `checkout_timeout`
+    # and fails. Warn with the fix when the pool is that small.
+    def warn_about_a_small_pool(config, env)
+      size = config.respond_to?(:max_connections) ? config.max_connections : config.pool
+      return if size.nil? || size >= SMALL_ACTIVE_RECORD_POOL
+
+      NeverBlock.logger.warn("NeverBlock::Server: ActiveRecord database #{config.name.inspect} (#{env}) has a pool of " \
+                             "#{size} connections, and each request holds one from its first query to its end: " \
+                             "request #{size + 1} using the database at once waits checkout_timeout, then fails with " \
+                             "ActiveRecord::ConnectionTimeoutError. Set pool: 25 or more in config/database.yml " \
+                             "(a generated one reads RAILS_MAX_THREADS)")
     end
 
     # Once Active Support's load hooks exist: the adapters register when

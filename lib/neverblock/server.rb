@@ -5,14 +5,17 @@ require "neverblock"
 require_relative "server/errors"
 require_relative "server/limits"
 require_relative "server/concurrency_limit"
+require_relative "server/admission"
 require_relative "server/idle_sweeper"
 require_relative "server/listener"
 require_relative "server/request"
 require_relative "server/parser"
 require_relative "server/response"
 require_relative "server/access_log"
+require_relative "server/context"
 require_relative "server/connection"
 require_relative "server/cluster"
+require_relative "server/cluster/worker"
 require_relative "server/status_endpoint"
 require_relative "server/lazy_app"
 require_relative "rails_integration"
@@ -40,7 +43,7 @@ module NeverBlock
   #   connection reads nothing more meanwhile), and the server stops accepting;
   #   at `max_connections` open connections too. New connections then wait
   #   in the kernel's backlog: none is dropped.
-  # - Of those `fiber_pool` slots, an adaptive limit ({ConcurrencyLimit},
+  # - Of those `fiber_pool` slots ({Admission}), an adaptive limit ({ConcurrencyLimit},
   #   on by default) admits only as many requests at once as keep the
   #   loop busy: all of them while requests wait on IO, fewer once the
   #   loop is saturated with computing requests, whose CPU per request,
@@ -73,24 +76,11 @@ module NeverBlock
     # request already on its way (see {#stop}).
     STOP_IDLE_GRACE = 1.0
 
-    # An ActiveRecord pool smaller than this gets a warning at start (see
-    # #warn_about_a_small_pool).
-    SMALL_ACTIVE_RECORD_POOL = 10
-
     # @return [#call] the Rack app.
     attr_reader :app
 
     # @return [Limits]
     attr_reader :limits
-
-    # @api private
-    # @return [String] the loop's read buffer: every connection reads into it
-    #   and parses at once, so idle connections hold no buffer.
-    attr_reader :read_buffer
-
-    # @api private
-    # @return [IdleSweeper, nil] ends idle keep-alive waits (while serving).
-    attr_reader :idle_sweeper
 
     # @param app [#call] a Rack 3 app.
     # @param bind [Array<String>, String] `tcp://HOST:PORT` (port 0 picks one) or `unix://PATH`.
@@ -141,28 +131,20 @@ module NeverBlock
       @access_log = AccessLog.build(access_log)
 
       @limits = Limits.build(limits)
-      @pool_size = NeverBlock.validate_size!(fiber_pool, :fiber_pool)
-      @limiter = build_limiter(adaptive_limit)
-      @sampler = nil # the task feeding @limiter the loop's lag, while serving
-      @idle_sweeper = nil # see IdleSweeper
-      @sweeper = nil # the task running @idle_sweeper, while serving
-      @sampler_parked = false # it waits in #sample_loop_lag for a request (its fiber: @sampler_fiber)
-      @sampler_fiber = nil
+      @admission = Admission.new(size: fiber_pool, adaptive_limit: adaptive_limit, on_release: method(:room_freed))
+      @sweeper = nil # the task running the IdleSweeper, while serving
       @listeners = Array(bind).map { |spec| Listener.new(spec) }
       raise ArgumentError, "bind needs at least one address" if @listeners.empty?
 
-      @read_buffer = String.new(capacity: Connection::READ_SIZE, encoding: Encoding::BINARY)
       @connections = {}.compare_by_identity
-      @in_flight = 0
-      @total = 0
+      # What every connection gets (see Context).
+      @context = Context.new(app: @app, limits: @limits, admission: @admission, access_log: @access_log,
+                             idle_sweeper: IdleSweeper.new(@connections, @limits.idle_timeout),
+                             on_hijack: method(:connection_hijacked))
       @pool = nil
       @scheduler = nil
       @waiters = [] # acceptors waiting for room
-      @slots_taken = 0 # requests being answered, at most @pool_size (and, once settled, the limiter's limit)
-      @slot_waiters = [] # connections whose next request waits for a slot, oldest first
       @accept_failed_at = nil
-      @granted = {}.compare_by_identity # waiters handed a slot, not yet resumed
-      @stopping = false
       @stop_requested = false
       @wake_reader, @wake_writer = IO.pipe
     end
@@ -223,18 +205,15 @@ module NeverBlock
       raise Error, "this NeverBlock::Server has already run; create a new one" if @wake_reader.closed?
 
       @listeners.each(&:listen)
-      RailsIntegration.after_load # an app built before this (rackup's) gets the ActiveRecord adapters
-      isolate_active_support_per_fiber
-      warn_about_blocking_adapters
+      RailsIntegration.before_serving
       NeverBlock.run do
         @scheduler = NeverBlock.current_scheduler!
+        @admission.start
         @pool = FiberPool.new(size: @limits.max_connections, queue_limit: 0)
         @accepting = {}
         # Before the acceptors: a connection already in the backlog is served at once.
-        @idle_sweeper = IdleSweeper.new(@connections, @limits.idle_timeout)
-        @sweeper = NeverBlock.spawn { @idle_sweeper.run }
+        @sweeper = NeverBlock.spawn { @context.idle_sweeper.run }
         acceptors = @listeners.map { |listener| NeverBlock.spawn { accept_loop(listener) } }
-        @sampler = NeverBlock.spawn { sample_loop_lag } if @limiter
         @on_ready&.call
         @wake_reader.wait_readable until @stop_requested
         shutdown(acceptors)
@@ -263,7 +242,7 @@ module NeverBlock
 
     # @return [Boolean] true once {#stop} has been acted on.
     def stopping?
-      @stopping
+      @context.stopping?
     end
 
     # In a worker (or with `workers: 0`): this process's connections,
@@ -278,42 +257,22 @@ module NeverBlock
     # request's head to its response's end) and the complete heads waiting
     # for one; `adaptive_limit` is {ConcurrencyLimit#stats} (nil when
     # disabled); and `connection_fibers` is {FiberPool#stats} of the
-    # connections' fibers.
+    # connections' fibers. The last keys are {RailsIntegration.server_stats}.
     # @return [Hash] `{pid:, worker:, connections:, idle_connections:,
     #   requests_in_flight:, requests_total:, fiber_pool:, adaptive_limit:, connection_fibers:,
     #   database_pools:, active_record_pools:}` (connection_fibers nil when
-    #   not running; active_record_pools: ActiveRecord's pools that have
-    #   connections, when the app uses ActiveRecord); or
-    #   {Cluster#stats} in the master.
+    #   not running); or {Cluster#stats} in the master.
     def stats
       return @cluster.stats if @cluster
 
       { pid: Process.pid, worker: @worker_index, connections: @connections.size,
         idle_connections: @connections.each_key.count(&:idle?),
-        requests_in_flight: @in_flight, requests_total: @total,
-        fiber_pool: { size: @pool_size, limit: slot_limit, busy: @slots_taken, queued: @slot_waiters.size },
-        adaptive_limit: @limiter&.stats,
+        requests_in_flight: @context.requests_in_flight, requests_total: @context.requests_total,
+        **@admission.stats,
         connection_fibers: @pool&.stats,
         database_pools: ConnectionPool.active.map { |pool| { name: pool.name, **pool.stats } },
-        active_record_pools: active_record_pools }
+        **RailsIntegration.server_stats }
     end
-
-    # ActiveRecord's connection pools that have connections (when the app
-    # uses ActiveRecord): `[{name:, adapter:, size:, connections:, busy:,
-    # dead:, idle:, waiting:, checkout_timeout:}]`.
-    def active_record_pools
-      return [] unless defined?(::ActiveRecord::Base) && ::ActiveRecord::Base.respond_to?(:connection_handler)
-
-      ::ActiveRecord::Base.connection_handler.connection_pool_list(:all).filter_map do |pool|
-        stat = pool.stat
-        next if stat[:connections].zero?
-
-        { name: pool.db_config.name, adapter: pool.db_config.adapter, **stat }
-      end
-    rescue StandardError => e
-      [{ error: "#{e.class}: #{e.message}" }]
-    end
-    private :active_record_pools
 
     # @api private
     # @return [Hash{Symbol => #call, nil}] `before_fork`, `on_worker_boot`.
@@ -336,187 +295,17 @@ module NeverBlock
     end
 
     # @api private
-    def request_started
-      @in_flight += 1
-      @total += 1
-    end
-
-    # @api private
-    def request_finished
-      @in_flight -= 1
-    end
-
-    # @api private
-    # Takes a request slot if one is free (under the adaptive limit) and no
-    # connection waits for one. The caller gives it back with {#release_slot}.
-    # @return [Boolean] whether it took one.
-    def take_slot
-      return false if @slots_taken >= slot_limit || !@slot_waiters.empty?
-
-      @slots_taken += 1
-      wake_sampler if @sampler_parked
-      true
-    end
-
-    # @api private
-    # Takes a request slot, waiting (first come, first served) until one is
-    # handed over if none is free. The caller gives it back with
-    # {#release_slot}; a cancel during the wait leaves it without one.
-    # @return [void]
-    def wait_for_slot
-      return if take_slot
-
-      fiber = Fiber.current
-      @slot_waiters << fiber
-      @scheduler.suspend until @granted.delete(fiber)
-      fiber = nil
-    ensure
-      if fiber # the wait was interrupted: pass on a slot handed over meanwhile
-        @slot_waiters.delete(fiber)
-        release_slot if @granted.delete(fiber)
-      end
-    end
-
-    # @api private
-    # Gives a request slot back: to the connection that has waited longest
-    # for one, else (or when the adaptive limit fell below the slots taken)
-    # to the pool of free slots.
-    # @return [void]
-    def release_slot
-      if !@slot_waiters.empty? && @slots_taken <= slot_limit
-        grant(@slot_waiters.shift)
-      else
-        @slots_taken -= 1
-        room_freed
-      end
-    end
-
-    # @api private
     # @return [AccessLog, nil]
     attr_reader :access_log
 
-    # @api private
-    # The app took the connection's socket (rack.hijack): it is no longer
-    # the server's to count, and the server will not close it.
-    # @return [void]
+    private
+
+    # The app took the connection's socket (rack.hijack, see
+    # Context#hijacked): it is no longer the server's to count, and the
+    # server will not close it.
     def connection_hijacked(connection)
       @connections.delete(connection)
       room_freed
-    end
-
-    private
-
-    # @return [ConcurrencyLimit, nil]
-    def build_limiter(option)
-      case option
-      when true then ConcurrencyLimit.new(max: @pool_size)
-      when false, nil then nil
-      when Hash then ConcurrencyLimit.new(max: @pool_size, **option)
-      else raise ArgumentError, "adaptive_limit must be true, false or a Hash of options, got #{option.inspect}"
-      end
-    end
-
-    # @return [Integer] request slots that may be taken now.
-    def slot_limit
-      @limiter ? @limiter.limit : @pool_size
-    end
-
-    # Hands a slot to a waiting connection (the slot stays counted in
-    # @slots_taken).
-    def grant(waiter)
-      @granted[waiter] = true
-      @scheduler.wake(waiter)
-    end
-
-    # The adaptive limit rose: waiting connections take the new slots, oldest first.
-    def admit_waiters
-      while @slots_taken < slot_limit && (waiter = @slot_waiters.shift)
-        @slots_taken += 1
-        grant(waiter)
-      end
-    end
-
-    # The sampler task: while requests are in flight, sleeps
-    # ConcurrencyLimit::SAMPLE_INTERVAL at a time and tells the limiter how
-    # late it woke (the loop's lag); with none in flight it is parked, so an
-    # idle server does not wake 200 times a second. Cancelled by #shutdown.
-    def sample_loop_lag
-      interval = ConcurrencyLimit::SAMPLE_INTERVAL
-      until @stopping
-        if @slots_taken.zero? && @slot_waiters.empty?
-          @limiter.idle
-          @sampler_fiber = Fiber.current # not @sampler.fiber: spawn may not have returned yet
-          @sampler_parked = true
-          begin
-            @scheduler.suspend
-          ensure
-            @sampler_parked = false
-          end
-          next
-        end
-        started = Clock.now
-        NeverBlock.sleep(interval)
-        lag = Clock.now - started - interval
-        admit_waiters if @limiter.sample(lag, busy: @slots_taken, waiting: @slot_waiters.size)
-      end
-    end
-
-    def wake_sampler
-      @sampler_parked = false
-      @scheduler.wake(@sampler_fiber)
-    end
-
-    # Requests are fibers of one thread: Active Support's per-request state
-    # (ActiveRecord's connection and transaction, CurrentAttributes) must be
-    # per fiber, or concurrent requests share one database connection. An
-    # app that loaded Active Support with the `:thread` level gets `:fiber`,
-    # with a warning (a Rails app with the neverblock gem already has it).
-    def isolate_active_support_per_fiber
-      return unless defined?(::ActiveSupport::IsolatedExecutionState)
-
-      state = ::ActiveSupport::IsolatedExecutionState
-      return if state.isolation_level == :fiber
-
-      NeverBlock.logger.warn("NeverBlock::Server: Active Support's isolation level was #{state.isolation_level.inspect}; " \
-                             "set to :fiber, since every request is a fiber (in Rails: " \
-                             "config.active_support.isolation_level = :fiber)")
-      state.isolation_level = :fiber
-    end
-
-    # The stock mysql2 adapter waits for MySQL inside C, where the fiber
-    # scheduler never hears of it: each query stops the whole process, so
-    # requests wait for each other's queries. It works, slowly; say so once
-    # at start with the fix, rather than let a benchmark find out.
-    def warn_about_blocking_adapters
-      return unless defined?(::ActiveRecord::Base) && ::ActiveRecord::Base.respond_to?(:configurations)
-
-      env = ::ActiveRecord::ConnectionHandling::DEFAULT_ENV.call.to_s
-      ::ActiveRecord::Base.configurations.configs_for(env_name: env).each do |config|
-        warn_about_a_small_pool(config, env)
-        next unless config.adapter.to_s == "mysql2"
-
-        NeverBlock.logger.warn("NeverBlock::Server: ActiveRecord database #{config.name.inspect} (#{env}) uses the " \
-                               "stock mysql2 adapter, whose queries block the whole process (mysql2 waits inside C, " \
-                               "out of the fiber scheduler's sight): concurrent requests wait for each other's " \
-                               "queries. Use adapter: neverblock_mysql2 or neverblock_trilogy in config/database.yml")
-      end
-    rescue StandardError => e
-      NeverBlock.logger.debug("NeverBlock::Server") { "could not read ActiveRecord's configurations: #{e.class}: #{e.message}" }
-    end
-
-    # ActiveRecord's pool is sized for threads (Rails generates 5); here a
-    # request holds a connection from its first query to its end, and the
-    # sixth request using the database at once waits `checkout_timeout`
-    # and fails. Warn with the fix when the pool is that small.
-    def warn_about_a_small_pool(config, env)
-      size = config.respond_to?(:max_connections) ? config.max_connections : config.pool
-      return if size.nil? || size >= SMALL_ACTIVE_RECORD_POOL
-
-      NeverBlock.logger.warn("NeverBlock::Server: ActiveRecord database #{config.name.inspect} (#{env}) has a pool of " \
-                             "#{size} connections, and each request holds one from its first query to its end: " \
-                             "request #{size + 1} using the database at once waits checkout_timeout, then fails with " \
-                             "ActiveRecord::ConnectionTimeoutError. Set pool: 25 or more in config/database.yml " \
-                             "(a generated one reads RAILS_MAX_THREADS)")
     end
 
     # Accepts while there is room: fewer than `max_connections` open (and
@@ -526,7 +315,7 @@ module NeverBlock
     # connection) may be interrupted by {#shutdown}: it never waits while
     # it holds an accepted socket.
     def accept_loop(listener)
-      until @stopping
+      until stopping?
         @accepting[listener] = true
         begin
           wait_for_room
@@ -556,7 +345,7 @@ module NeverBlock
     end
 
     def room?
-      @slots_taken < @pool_size && @connections.size < @limits.max_connections && !@pool.full?
+      !@admission.full? && @connections.size < @limits.max_connections && !@pool.full?
     end
 
     # A request slot or a connection was given back: acceptors waiting for
@@ -576,7 +365,7 @@ module NeverBlock
     end
 
     def serve(socket, listener)
-      connection = Connection.new(self, socket, listener)
+      connection = Connection.new(@context, socket, listener)
       @connections[connection] = true
       spawned = false
       connection.task = @pool.spawn do
@@ -602,8 +391,8 @@ module NeverBlock
     end
 
     def shutdown(acceptors)
-      @stopping = true
-      @sampler&.cancel
+      @context.stopping = true
+      @admission.stop
       @listeners.zip(acceptors) { |listener, acceptor| acceptor.cancel if @accepting[listener] }
       acceptors.each(&:wait)
       @listeners.each(&:close)

@@ -4,8 +4,8 @@ module NeverBlock
   class Server
     # The master of a preforked {Server}: it binds the listening sockets once,
     # forks the workers (each inherits the sockets and serves them with its
-    # own NeverBlock loop, {Server#serve_here}), respawns a worker that dies
-    # and handles signals:
+    # own NeverBlock loop, {Server#serve_here}: see {Worker}, in
+    # cluster/worker.rb), respawns a worker that dies and handles signals:
     #
     # - `TERM`, `INT` :: graceful stop: every worker stops accepting, finishes
     #   its requests for up to `shutdown_timeout` and exits; then the master
@@ -398,89 +398,6 @@ module NeverBlock
         status_writer.close
         @workers[pid] = Child.new(index: index, pid: pid, generation: generation, started_at: Time.now,
                                    booted: false, ready: false, status_reader: status_reader, stopping: false)
-      end
-
-      # What runs in a forked worker process.
-      class Worker
-        # @api private
-        # Serves until told to stop (TERM/INT, or the master's pipe closing),
-        # then exits the process: 0 after a clean stop, 1 if the app failed
-        # to boot or serving raised.
-        # @return [void] never returns.
-        # A boot failure is logged with its backtrace when `explain_failure`
-        # (the first worker of a boot round), else in one line: the master
-        # retries, and every retry usually fails the same way.
-        def self.run(server, index, status_writer, alive_reader, master_only, cluster, explain_failure: true)
-          server.cluster = nil # this process serves; Server#stop stops it
-          server.own_wake_pipe
-          trap("TERM") { server.stop }
-          trap("INT") { server.stop }
-          server.stop if cluster.stop_before_trap? # TERM came between fork and the traps above
-          (SIGNALS - %w[TERM INT]).each { |name| trap(name, "DEFAULT") }
-          # Meant for the master; a signal sent to the whole process group must not end a worker.
-          %w[USR2 TTIN TTOU].each { |name| trap(name, "IGNORE") }
-          master_only.each { |io| io.close unless io.closed? }
-          server.worker_index = index
-          Process.setproctitle("neverblock worker #{index} (master #{Process.ppid})")
-          status = 1
-          booted = false
-          begin
-            server.hooks[:on_worker_boot]&.call(index)
-            booted = true
-            report(status_writer, "booted")
-            watch_master(server, alive_reader)
-            server.on_ready = -> { report(status_writer, "ready") }
-            server.serve_here
-            status = 0
-          rescue Exception => e # rubocop:disable Lint/RescueException -- a worker reports every death
-            if booted
-              log_failure(index, "failed", e, backtrace: true)
-            else
-              report(status_writer, "boot-failed #{summary(e)}")
-              log_failure(index, "could not boot the app", e, backtrace: explain_failure)
-            end
-          ensure
-            status_writer.close unless status_writer.closed?
-            $stdout.flush
-            $stderr.flush
-            exit!(status)
-          end
-        end
-
-        def self.log_failure(index, what, error, backtrace:)
-          NeverBlock.logger.error do
-            detail = backtrace ? "#{error.class}: #{error.message}\n#{(error.backtrace || []).join("\n")}" : summary(error)
-            "NeverBlock::Server: worker #{index} (pid #{Process.pid}) #{what}: #{detail}"
-          end
-        end
-
-        # @return [String] one line: the error, its message's first line, and
-        #   where it came from (the first frame outside NeverBlock and Rack).
-        def self.summary(error)
-          frame = (error.backtrace || []).find { |line| !line.include?("/lib/neverblock/") && !line.include?("/rack") }
-          message = error.message.to_s.lines.first.to_s.strip
-          "#{error.class}: #{message[0, 500]}#{" (#{frame[/\A[^:]+:\d+/]})" if frame}"
-        end
-
-        # Tells the master how far the worker got; a master already gone
-        # (the pipe broken) is noticed by {.watch_master}.
-        def self.report(status_writer, status)
-          status_writer.write("#{status}\n")
-        rescue Errno::EPIPE, IOError
-          nil
-        end
-
-        # A thread that stops the server when the master's end of the pipe
-        # closes (the master died, even by SIGKILL).
-        def self.watch_master(server, alive_reader)
-          Thread.new do
-            alive_reader.read(1)
-          rescue IOError
-            nil
-          ensure
-            server.stop
-          end
-        end
       end
     end
   end

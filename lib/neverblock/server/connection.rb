@@ -5,7 +5,10 @@ module NeverBlock
     # One client connection, served in one fiber of the server's FiberPool:
     # reads, parses, calls the app for each request in order (pipelined
     # requests included) and keeps the connection open while HTTP and the
-    # server allow.
+    # server allow. {Server}'s accept loop makes one per accepted socket
+    # (`Server#serve`) and calls {#run} in the connection's fiber; the
+    # {IdleSweeper} calls {#expire_idle}, and {Server#stop} {#close_if_idle}.
+    # All it uses of its server comes in a {Context}.
     #
     # From the end of a request's head until the connection is idle again
     # (its requests answered, nothing more read) it holds one of the
@@ -31,11 +34,11 @@ module NeverBlock
       # @return [Task, nil] the task serving it (set by the server).
       attr_accessor :task
 
-      # @param server [Server]
+      # @param context [Context] its server's app, limits, request slots...
       # @param socket [Socket] an accepted client socket.
       # @param listener [Listener] that accepted it.
-      def initialize(server, socket, listener)
-        @server = server
+      def initialize(context, socket, listener)
+        @context = context
         @socket = socket
         @listener = listener
         @idle = false
@@ -51,7 +54,7 @@ module NeverBlock
       def run
         # Responses go out in as few writes as possible; Nagle would only delay them.
         @socket.setsockopt(Socket::IPPROTO_TCP, Socket::TCP_NODELAY, 1) unless @listener.unix?
-        limits = @server.limits
+        limits = @context.limits
         @limits = limits
         if @listener.tls # the handshake, like a request head, holds no request slot
           @socket = @listener.secure(@socket, Clock.now + limits.header_timeout)
@@ -68,7 +71,7 @@ module NeverBlock
           rescue HTTPError => e
             error = e
           end
-          take_slot unless @slot || requests.empty?
+          acquire_slot unless @slot || requests.empty?
 
           while (request = requests.first)&.complete
             requests.shift
@@ -80,7 +83,7 @@ module NeverBlock
             return unless keep_open
           end
           return refuse(error) if error
-          return if @server.stopping? && !@parser.in_message?
+          return if @context.stopping? && !@parser.in_message?
 
           if (request = requests.first)&.expects_continue
             request.expects_continue = false
@@ -172,7 +175,7 @@ module NeverBlock
           timeout = @parser.started_at + @limits.header_timeout - Clock.now
           slow = "headers not complete within #{@limits.header_timeout} s"
         end
-        buffer = @server.read_buffer
+        buffer = @context.read_buffer
         loop do
           data = @socket.read_nonblock(READ_SIZE, buffer, exception: false)
           return data unless data == :wait_readable
@@ -191,12 +194,12 @@ module NeverBlock
       def read_next_request
         release_slot
         @idle = true
-        buffer = @server.read_buffer
+        buffer = @context.read_buffer
         data = @socket.read_nonblock(READ_SIZE, buffer, exception: false)
         return data unless data == :wait_readable
 
         @idle_deadline = Clock.now + @limits.idle_timeout
-        @server.idle_sweeper.watch
+        @context.idle_sweeper.watch
         while true # rubocop:disable Style/InfiniteLoop -- Kernel#loop adds a C frame to every idle fiber's stack
           @socket.wait_readable
           data = @socket.read_nonblock(READ_SIZE, buffer, exception: false)
@@ -209,10 +212,10 @@ module NeverBlock
         @idle_deadline = nil
       end
 
-      # A request's head is complete: takes a request slot, waiting (FIFO,
+      # A request's head is complete: acquires a request slot, waiting (FIFO,
       # reading nothing more meanwhile) while every one is taken.
-      def take_slot
-        @server.wait_for_slot
+      def acquire_slot
+        @context.admission.acquire
         @slot = true
       end
 
@@ -220,21 +223,21 @@ module NeverBlock
         return unless @slot
 
         @slot = false
-        @server.release_slot
+        @context.admission.release
       end
 
       # Calls the app for one request and writes its response.
       # @return [Boolean] whether the connection stays open.
       def serve(request)
         env = request.finish
-        @server.request_started
-        if (access_log = @server.access_log)
+        @context.request_started
+        if (access_log = @context.access_log)
           started = Clock.now
           line = access_log.request_line(env)
         end
         begin
           @app_env = env
-          status, headers, body = @server.app.call(env)
+          status, headers, body = @context.app.call(env)
         rescue StandardError => e
           raise if e.is_a?(Cancelled)
 
@@ -242,7 +245,7 @@ module NeverBlock
           return finished(env, nil, nil, e) && false if @hijacked # the socket is the app's, even now
 
           status = 500
-          keep_alive = request.keep_alive && !@server.stopping?
+          keep_alive = request.keep_alive && !@context.stopping?
           @response.write_error(500, keep_alive: keep_alive, head: request.head)
           return finished(env, 500, {}, e) && keep_alive
         ensure
@@ -253,10 +256,10 @@ module NeverBlock
           return finished(env, status, headers, nil) && false
         end
 
-        keep_alive = request.keep_alive && !@server.stopping? # a stop during the app closes after it
+        keep_alive = request.keep_alive && !@context.stopping? # a stop during the app closes after it
         write_response(request, env, status, headers, body, keep_alive)
       ensure
-        @server.request_finished
+        @context.request_finished
         if line && status
           bytes = @hijacked ? "-" : @response.body_bytes
           access_log.write(env["REMOTE_ADDR"], line, status, bytes, Clock.now - started)
@@ -302,7 +305,7 @@ module NeverBlock
 
       def take_over
         @hijacked = true
-        @server.connection_hijacked(self)
+        @context.hijacked(self)
       end
 
       def close_body(body, env)
@@ -336,7 +339,7 @@ module NeverBlock
         @socket.close_write
         deadline = Clock.now + LINGER_SECONDS
         drained = 0
-        buffer = @server.read_buffer
+        buffer = @context.read_buffer
         while drained < LINGER_BYTES
           data = @socket.read_nonblock(READ_SIZE, buffer, exception: false)
           if data == :wait_readable

@@ -1,0 +1,191 @@
+# frozen_string_literal: true
+
+module NeverBlock
+  class Server
+    # The server's request slots: how many requests it answers at once, and
+    # who waits for one. A {Server} makes one (from its `fiber_pool:` and
+    # `adaptive_limit:` options) and starts it in its loop
+    # ({Server#serve_here}); each {Connection} acquires a slot once a
+    # request's head is complete and releases it when the connection is idle
+    # again (its requests answered) or ends.
+    #
+    # - At most `size` (`fiber_pool`) slots are taken at once; with an
+    #   adaptive limit ({ConcurrencyLimit}), at most its current limit, which
+    #   a sampler task moves with the event loop's lag while requests are in
+    #   flight (parked while none are, so an idle server costs nothing).
+    # - A request that finds no free slot waits for one, first come first
+    #   served: a released slot goes to the longest waiter (and stays
+    #   taken), unless the limit fell below the slots taken.
+    # - Whenever a slot becomes free (not handed to a waiter), `on_release`
+    #   is called: the server's acceptors, which stop accepting while every
+    #   slot is taken ({#full?}), look again.
+    #
+    # Not thread-safe: the server and its connections use it from their
+    # loop only.
+    class Admission
+      # @return [Integer] the most slots ever taken at once (`fiber_pool`).
+      attr_reader :size
+
+      # @return [Integer] slots taken now (requests being answered, and
+      #   those handed a slot and about to run).
+      attr_reader :taken
+
+      # @param size [Integer] the most requests answered at once (`fiber_pool`).
+      # @param adaptive_limit [Boolean, Hash] true: a {ConcurrencyLimit} with
+      #   its defaults; a Hash: its options (`min:`, `initial:`, `target_lag:`);
+      #   false or nil: no adaptive limit (`size` slots whatever the load).
+      # @param on_release [#call, nil] called with no argument when a slot
+      #   is given back to the free ones.
+      # @raise [ArgumentError] for an invalid size or `adaptive_limit`.
+      def initialize(size:, adaptive_limit: true, on_release: nil)
+        @size = NeverBlock.validate_size!(size, :fiber_pool)
+        @limiter = build_limiter(adaptive_limit)
+        @on_release = on_release
+        @taken = 0
+        @waiters = [] # fibers waiting for a slot, oldest first
+        @granted = {}.compare_by_identity # waiters handed a slot, not yet resumed
+        @scheduler = nil
+        @sampler = nil # the task feeding @limiter the loop's lag, while started
+        @sampler_fiber = nil
+        @sampler_parked = false # it waits in #sample_loop_lag for a request
+        @stopping = false
+      end
+
+      # Starts the adaptive limit's sampler task (when there is a limit), in
+      # the running NeverBlock loop. {Server#serve_here} calls it once, before
+      # it accepts.
+      # @return [void]
+      def start
+        @scheduler = NeverBlock.current_scheduler!
+        @sampler = NeverBlock.spawn { sample_loop_lag } if @limiter
+      end
+
+      # Stops the sampler (the server is stopping). Slots go on being
+      # acquired and released while in-flight requests finish.
+      # @return [void]
+      def stop
+        @stopping = true
+        @sampler&.cancel
+      end
+
+      # Takes a request slot, waiting (first come, first served) until one
+      # is handed over if none is free. The caller gives it back with
+      # {#release}; a cancel (or any exception) during the wait leaves it
+      # without one.
+      # @return [void]
+      def acquire
+        return if try_acquire
+
+        fiber = Fiber.current
+        @waiters << fiber
+        @scheduler.suspend until @granted.delete(fiber)
+        fiber = nil
+      ensure
+        if fiber # the wait was interrupted: pass on a slot handed over meanwhile
+          @waiters.delete(fiber)
+          release if @granted.delete(fiber)
+        end
+      end
+
+      # Gives a slot taken with {#acquire} back: to the request that has
+      # waited longest for one, else (or when the adaptive limit fell below
+      # the slots taken) to the free ones, calling `on_release`.
+      # @return [void]
+      def release
+        if !@waiters.empty? && @taken <= limit
+          grant(@waiters.shift)
+        else
+          @taken -= 1
+          @on_release&.call
+        end
+      end
+
+      # @return [Boolean] whether all `size` slots are taken (whatever the
+      #   adaptive limit): the server then stops accepting.
+      def full?
+        @taken >= @size
+      end
+
+      # @return [Integer] slots that may be taken now: the adaptive limit,
+      #   else `size`.
+      def limit
+        @limiter ? @limiter.limit : @size
+      end
+
+      # @return [Hash] `{fiber_pool: {size:, limit:, busy:, queued:},
+      #   adaptive_limit:}`, as in {Server#stats}: `busy` the slots taken,
+      #   `queued` the requests waiting for one, `adaptive_limit`
+      #   {ConcurrencyLimit#stats} (nil when there is no adaptive limit).
+      def stats
+        { fiber_pool: { size: @size, limit: limit, busy: @taken, queued: @waiters.size },
+          adaptive_limit: @limiter&.stats }
+      end
+
+      private
+
+      # Takes a free slot (under the limit) if no request waits for one.
+      # @return [Boolean] whether it took one.
+      def try_acquire
+        return false if @taken >= limit || !@waiters.empty?
+
+        @taken += 1
+        wake_sampler if @sampler_parked
+        true
+      end
+
+      # @return [ConcurrencyLimit, nil]
+      def build_limiter(option)
+        case option
+        when true then ConcurrencyLimit.new(max: @size)
+        when false, nil then nil
+        when Hash then ConcurrencyLimit.new(max: @size, **option)
+        else raise ArgumentError, "adaptive_limit must be true, false or a Hash of options, got #{option.inspect}"
+        end
+      end
+
+      # Hands a slot to a waiting request (the slot stays counted in @taken).
+      def grant(waiter)
+        @granted[waiter] = true
+        @scheduler.wake(waiter)
+      end
+
+      # The adaptive limit rose: waiting requests take the new slots, oldest first.
+      def admit_waiters
+        while @taken < limit && (waiter = @waiters.shift)
+          @taken += 1
+          grant(waiter)
+        end
+      end
+
+      # The sampler task: while requests are in flight, sleeps
+      # ConcurrencyLimit::SAMPLE_INTERVAL at a time and tells the limiter how
+      # late it woke (the loop's lag); with none in flight it is parked, so an
+      # idle server does not wake 200 times a second. Cancelled by #stop.
+      def sample_loop_lag
+        interval = ConcurrencyLimit::SAMPLE_INTERVAL
+        until @stopping
+          if @taken.zero? && @waiters.empty?
+            @limiter.idle
+            @sampler_fiber = Fiber.current # not @sampler.fiber: spawn may not have returned yet
+            @sampler_parked = true
+            begin
+              @scheduler.suspend
+            ensure
+              @sampler_parked = false
+            end
+            next
+          end
+          started = Clock.now
+          NeverBlock.sleep(interval)
+          lag = Clock.now - started - interval
+          admit_waiters if @limiter.sample(lag, busy: @taken, waiting: @waiters.size)
+        end
+      end
+
+      def wake_sampler
+        @sampler_parked = false
+        @scheduler.wake(@sampler_fiber)
+      end
+    end
+  end
+end

@@ -1,0 +1,97 @@
+# frozen_string_literal: true
+
+module NeverBlock
+  class Server
+    # What a {Connection} needs from its server, handed to each one at
+    # construction: a {Server} makes one Context (in its #initialize) and
+    # gives it to every connection it accepts (`Server#serve`), so that a
+    # connection depends on this object and never on the Server.
+    #
+    # It holds what the server configured (the app, the {Limits}, the
+    # request slots ({Admission}), the {AccessLog}, the {IdleSweeper}) and
+    # the loop's one read buffer, and the serving state both sides use: the
+    # server sets {#stopping=}; connections count their requests
+    # ({#request_started}, {#request_finished}, read back by
+    # {Server#stats}) and report a hijacked socket ({#hijacked}), which the
+    # server then stops counting.
+    #
+    # Not thread-safe: the server and its connections use it from their
+    # loop only.
+    class Context
+      # @return [#call] the Rack app (behind the {StatusEndpoint}, if any).
+      attr_reader :app
+
+      # @return [Limits]
+      attr_reader :limits
+
+      # @return [Admission] the request slots.
+      attr_reader :admission
+
+      # @return [AccessLog, nil]
+      attr_reader :access_log
+
+      # @return [IdleSweeper] ends idle keep-alive waits (while serving).
+      attr_reader :idle_sweeper
+
+      # @return [String] the loop's read buffer: every connection reads into
+      #   it and parses at once, so idle connections hold no buffer.
+      attr_reader :read_buffer
+
+      # @return [Integer] requests in the app or having their response written.
+      attr_reader :requests_in_flight
+
+      # @return [Integer] requests started since the server started.
+      attr_reader :requests_total
+
+      # @param app [#call]
+      # @param limits [Limits]
+      # @param admission [Admission]
+      # @param access_log [AccessLog, nil]
+      # @param idle_sweeper [IdleSweeper]
+      # @param on_hijack [#call] called with a {Connection} whose socket the
+      #   app took.
+      def initialize(app:, limits:, admission:, access_log:, idle_sweeper:, on_hijack:)
+        @app = app
+        @limits = limits
+        @admission = admission
+        @access_log = access_log
+        @idle_sweeper = idle_sweeper
+        @on_hijack = on_hijack
+        @read_buffer = String.new(capacity: Connection::READ_SIZE, encoding: Encoding::BINARY)
+        @requests_in_flight = 0
+        @requests_total = 0
+        @stopping = false
+      end
+
+      # @return [Boolean] true once the server is stopping: connections
+      #   close after the request they are answering.
+      def stopping?
+        @stopping
+      end
+
+      # @param value [Boolean] set by the server when it begins to stop.
+      attr_writer :stopping
+
+      # A connection is about to call the app for a request.
+      # @return [void]
+      def request_started
+        @requests_in_flight += 1
+        @requests_total += 1
+      end
+
+      # The request's response is written (or given up on).
+      # @return [void]
+      def request_finished
+        @requests_in_flight -= 1
+      end
+
+      # The app took the connection's socket (rack.hijack): it is no longer
+      # the server's to count, and the server will not close it.
+      # @param connection [Connection]
+      # @return [void]
+      def hijacked(connection)
+        @on_hijack.call(connection)
+      end
+    end
+  end
+end
