@@ -16,6 +16,7 @@ require_relative "scheduler/io_hooks"
 require_relative "scheduler/interrupts"
 require_relative "scheduler/fork"
 require_relative "scheduler/blocking_work"
+require_relative "scheduler/blocking_hooks"
 
 module NeverBlock
   # NeverBlock's implementation of Ruby's `Fiber::Scheduler` interface: one
@@ -66,6 +67,7 @@ module NeverBlock
     private_constant :START, :RESUME
 
     include IOHooks
+    include BlockingHooks
     include Interrupts
     include Fork
     include BlockingWork
@@ -232,25 +234,6 @@ module NeverBlock
       start(fiber)
     end
 
-    # Suspends the current fiber until the block returns true, re-checking
-    # it each time the fiber is woken ({#wake}), or until `timeout` seconds
-    # have passed.
-    #
-    # @param timeout [Numeric, nil] seconds; nil waits without limit.
-    # @return [Boolean] the block's last answer.
-    def wait_until(timeout = nil)
-      return true if yield
-
-      fiber = Fiber.current
-      expired = false
-      timer = @timers.after(timeout) { expired = wake(fiber) } if timeout
-      satisfied = false
-      suspend until (satisfied = yield) || expired
-      satisfied
-    ensure
-      @timers.cancel(timer)
-    end
-
     # @return [Boolean] true when called on the scheduler's thread.
     def loop_thread?
       Thread.current.equal?(@thread)
@@ -362,40 +345,6 @@ module NeverBlock
     def scheduler_close
       close
     end
-
-    # Fiber::Scheduler hook: `sleep`. Without a duration, sleeps until woken.
-    # ConditionVariable#wait sleeps here, and its signal may come from
-    # another thread (#unblock).
-    def kernel_sleep(duration = nil)
-      raise ArgumentError, "time interval must not be negative" if duration&.negative?
-
-      wait_unblockable(duration, @wake_callback)
-    end
-
-    # Fiber::Scheduler hook: a Mutex, Queue, ConditionVariable or
-    # Thread#join is about to wait.
-    # @return [Boolean] false if the timeout expired.
-    def block(_blocker, timeout = nil)
-      wait_unblockable(timeout, @expire_callback)
-    end
-
-    # Fiber::Scheduler hook: resume a fiber suspended in {#block}. Called from
-    # any thread. A fiber woken without cause re-checks its Mutex or Queue and
-    # blocks again, which is how Ruby's own primitives are written.
-    def unblock(_blocker, fiber)
-      if loop_thread?
-        wake(fiber, true)
-      else
-        # The token names the wait this unblock is for. It is nil when the
-        # fiber has not suspended yet (it queued itself on the Mutex or Queue
-        # and this thread got in first); then the next wait is meant.
-        @wakeup.push(Unblock.new(fiber, @waits[fiber]))
-      end
-    end
-
-    # An #unblock from another thread, carried through the inbox.
-    Unblock = Struct.new(:fiber, :token)
-    private_constant :Unblock
 
     # Switches from the current fiber to the event loop without arranging
     # for it to be resumed, as Ruby's reference scheduler's #transfer does:
@@ -717,18 +666,6 @@ module NeverBlock
       NeverBlock.logger.error("NeverBlock") do
         "#{e.class} in a callable posted to the loop: #{e.message}\n  #{(e.backtrace || []).join("\n  ")}"
       end
-    end
-
-    # Suspends the current fiber until #unblock (from any thread) or #wake,
-    # or until `timeout` seconds pass and `on_timeout` is called with it.
-    def wait_unblockable(timeout, on_timeout)
-      fiber = Fiber.current
-      timer = @timers.after(timeout, on_timeout, fiber) if timeout
-      @unblockable[fiber] = true
-      suspend
-    ensure
-      @unblockable.delete(fiber)
-      @timers.cancel(timer)
     end
 
     # Runs a selector call that parks the current fiber in the selector's
