@@ -17,6 +17,7 @@ require_relative "scheduler/interrupts"
 require_relative "scheduler/fork"
 require_relative "scheduler/blocking_work"
 require_relative "scheduler/blocking_hooks"
+require_relative "scheduler/threads"
 
 module NeverBlock
   # NeverBlock's implementation of Ruby's `Fiber::Scheduler` interface: one
@@ -68,6 +69,7 @@ module NeverBlock
 
     include IOHooks
     include BlockingHooks
+    include Threads
     include Interrupts
     include Fork
     include BlockingWork
@@ -234,11 +236,6 @@ module NeverBlock
       start(fiber)
     end
 
-    # @return [Boolean] true when called on the scheduler's thread.
-    def loop_thread?
-      Thread.current.equal?(@thread)
-    end
-
     # --- Waiting and waking ------------------------------------------------
 
     # Suspends the current (non-blocking) fiber until {#wake} resumes it.
@@ -309,23 +306,6 @@ module NeverBlock
         @handing_over.delete(current)
         @waits.delete(current)
         entered(current)
-      end
-    end
-
-    # Runs `callable.call` on the loop thread at its next turn. Thread-safe:
-    # this is how other threads hand work to the loop.
-    #
-    # @param callable [#call]
-    # @return [void]
-    def post(callable = nil, &block)
-      callable ||= block
-      raise ArgumentError, "post needs a callable or a block" unless callable.respond_to?(:call)
-      raise ClosedError, "this NeverBlock scheduler is closed" if @closed
-
-      if loop_thread?
-        @inbox << callable
-      else
-        @wakeup.push(callable)
       end
     end
 
@@ -453,17 +433,6 @@ module NeverBlock
     end
 
     # @api private
-    # Blocks a thread other than the loop's until `task` has finished.
-    def wait_from_other_thread(task)
-      @foreign_lock.synchronize do
-        @foreign_waiters += 1
-        @foreign_cond.wait(@foreign_lock) while task.alive?
-      ensure
-        @foreign_waiters -= 1
-      end
-    end
-
-    # @api private
     # Creates the fiber that runs a task; the fiber ends with the task.
     def new_task_fiber(task)
       Fiber.new(blocking: false) do
@@ -484,30 +453,6 @@ module NeverBlock
     end
 
     private
-
-    # The thread a scheduler serves is the one it was set on with
-    # Fiber.set_scheduler, which need not be the one that created it. A
-    # scheduler not used yet moves to the thread that first uses it.
-    def claim_thread
-      return if Thread.current.equal?(@thread)
-      unless @tasks.empty? && @loop_depth.zero? && @io_waiting.zero? && Fiber.scheduler.equal?(self)
-        raise Error, "this NeverBlock scheduler runs on #{@thread.inspect}; create one scheduler per thread"
-      end
-
-      @selector.close
-      bind_thread
-    end
-
-    # Ties the scheduler to the current thread: its loop fiber, a selector
-    # for it, and the wake-up's watcher fiber (created now, while a fiber
-    # stack can surely be had; it waits in the selector only while the loop
-    # runs, see #run_loop).
-    def bind_thread
-      @thread = Thread.current
-      @loop = Fiber.current
-      @selector = @selector_class.new(@loop)
-      @wakeup.bind(@selector, @loop)
-    end
 
     def raise_raw_failure
       error = @raw_failure
@@ -644,30 +589,6 @@ module NeverBlock
       NeverBlock.logger.error("NeverBlock") { "could not start #{target.inspect}: #{e.message}" }
     end
 
-    def drain_inbox
-      until @inbox.empty?
-        item = @inbox.pop
-        if item.is_a?(Unblock)
-          fiber = item.fiber
-          next unless @unblockable.key?(fiber)
-          next if item.token && @waits[fiber] != item.token # that wait is over
-
-          wake(fiber, true)
-        else
-          run_posted(item)
-        end
-      end
-    end
-
-    # A posted callable's failure is its own: logged, and the loop goes on.
-    def run_posted(callable)
-      callable.call
-    rescue StandardError => e
-      NeverBlock.logger.error("NeverBlock") do
-        "#{e.class} in a callable posted to the loop: #{e.message}\n  #{(e.backtrace || []).join("\n  ")}"
-      end
-    end
-
     # Runs a selector call that parks the current fiber in the selector's
     # ready queue (resume, raise) while another fiber runs.
     def queued
@@ -699,10 +620,6 @@ module NeverBlock
 
     def cancel_all
       @tasks.each_key { |task| task.cancel if task.alive? }
-    end
-
-    def signal_foreign_waiters
-      @foreign_lock.synchronize { @foreign_cond.broadcast }
     end
   end
 end

@@ -2,6 +2,11 @@
 
 module NeverBlock
   class Scheduler
+    # An #unblock from another thread, carried through the inbox to
+    # Scheduler#drain_inbox (scheduler/threads.rb).
+    Unblock = Struct.new(:fiber, :token)
+    private_constant :Unblock
+
     # The blocking hooks of Fiber::Scheduler: how a fiber waits on a
     # Thread::Mutex, Queue, SizedQueue, ConditionVariable, Thread#join or
     # `sleep` (#block, #kernel_sleep), and how whoever releases it lets it
@@ -83,10 +88,6 @@ module NeverBlock
       ensure
         @timers.cancel(timer)
       end
-
-      # An #unblock from another thread, carried through the inbox.
-      Unblock = Struct.new(:fiber, :token)
-      private_constant :Unblock
 
       private
 
