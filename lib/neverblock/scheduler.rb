@@ -18,6 +18,7 @@ require_relative "scheduler/fork"
 require_relative "scheduler/blocking_work"
 require_relative "scheduler/blocking_hooks"
 require_relative "scheduler/threads"
+require_relative "scheduler/fiber_hooks"
 
 module NeverBlock
   # NeverBlock's implementation of Ruby's `Fiber::Scheduler` interface: one
@@ -70,6 +71,7 @@ module NeverBlock
     include IOHooks
     include BlockingHooks
     include Threads
+    include FiberHooks
     include Interrupts
     include Fork
     include BlockingWork
@@ -326,51 +328,6 @@ module NeverBlock
       close
     end
 
-    # Switches from the current fiber to the event loop without arranging
-    # for it to be resumed, as Ruby's reference scheduler's #transfer does:
-    # the fiber leaves the loop's care (the loop neither resumes it nor
-    # waits for it to finish) until something resumes it with Fiber#transfer.
-    # @return [Object] what the fiber is resumed with.
-    def transfer
-      fiber = Fiber.current
-      task = @tasks.each_key.find { |candidate| candidate.fiber.equal?(fiber) }
-      @tasks.delete(task) if task
-      @released[fiber] = true
-      @running = nil
-      @loop.transfer
-    ensure
-      @released.delete(fiber)
-    end
-
-    # Fiber::Scheduler hook (newer than 3.4; Ruby falls back to
-    # `kernel_sleep(0)` without it): lets the other ready fibers run, then
-    # resumes this one on the next turn of the loop.
-    # @return [void]
-    def yield
-      queued { @selector.yield }
-    end
-
-    # Fiber::Scheduler hook: `Fiber.schedule`. Unlike {#spawn}, the fiber
-    # starts at once, as Ruby specifies.
-    # @return [Fiber]
-    def fiber(&block)
-      raise ClosedError, "this NeverBlock scheduler is closed" if @closed
-
-      claim_thread
-      task = Task.new(self, block, raw: true)
-      @tasks[task] = true
-      fiber = new_task_fiber(task)
-      if Fiber.current.equal?(@loop)
-        start_resumed(task, fiber)
-      else
-        start(fiber)
-      end
-      fiber
-    rescue FiberError => e
-      task&.fail_to_start(e)
-      raise
-    end
-
     # Fiber::Scheduler hook: called by `Fiber.set_scheduler(nil)` and when
     # the thread exits. Runs the loop until every task has finished (after
     # an aborted {#run}, cancels them first), then releases the selector,
@@ -563,26 +520,6 @@ module NeverBlock
       target.fail_to_start(e)
     end
 
-    # Starts a raw fiber scheduled from the loop's own fiber (the thread's
-    # root fiber, in raw use) so that, as with Ruby's reference scheduler,
-    # a `Fiber.yield` in it returns to the code that called Fiber.schedule.
-    # The root fiber cannot resume it itself (the fiber's waits transfer
-    # back to the root, which Ruby forbids while the root is resuming it),
-    # so a short-lived launcher fiber resumes it; when the fiber waits, the
-    # launcher stays suspended in #resume until the fiber ends, then ends
-    # too. A fiber that called Fiber.yield now belongs to whoever resumes it:
-    # the loop stops counting it.
-    def start_resumed(task, fiber)
-      Fiber.new(blocking: true) do
-        fiber.resume # returns when the fiber ends or calls Fiber.yield, now or later
-        if fiber.alive? # it yielded: whoever resumes it owns it now
-          @tasks.delete(task)
-          @released[fiber] = true
-        end
-      end.transfer
-      reschedule_if_displaced(fiber) # it may have moved on with Fiber#transfer or #raise
-    end
-
     def start_deferred(target)
       start(target)
     rescue FiberError => e
@@ -599,23 +536,6 @@ module NeverBlock
     ensure
       @waits.delete(fiber)
       entered(fiber)
-    end
-
-    # The loop ran `fiber` and got control back, but `fiber` is not parked
-    # anywhere NeverBlock knows of: user code moved away from it with a plain
-    # Fiber#raise or #transfer. Nothing would ever resume it, so the loop
-    # does, on its next turn.
-    def reschedule_if_displaced(fiber)
-      @ready.push(fiber, RESUME, nil) if fiber.alive? && !@waits.key?(fiber) && !@released.key?(fiber)
-    end
-
-    def resume_displaced(fiber)
-      return unless fiber.alive? && !@waits.key?(fiber)
-
-      fiber.transfer
-      reschedule_if_displaced(fiber)
-    rescue FiberError
-      nil # it is resuming a fiber of its own (e.g. an Enumerator); that one returns to it
     end
 
     def cancel_all
