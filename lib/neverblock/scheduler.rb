@@ -12,13 +12,13 @@ require_relative "stall_detector"
 require_relative "fork_hook"
 require_relative "scheduler/failures"
 require_relative "scheduler/wakeup"
+require_relative "scheduler/blocking_hooks"
 require_relative "scheduler/io_hooks"
+require_relative "scheduler/fiber_hooks"
+require_relative "scheduler/threads"
 require_relative "scheduler/interrupts"
 require_relative "scheduler/fork"
 require_relative "scheduler/blocking_work"
-require_relative "scheduler/blocking_hooks"
-require_relative "scheduler/threads"
-require_relative "scheduler/fiber_hooks"
 
 module NeverBlock
   # NeverBlock's implementation of Ruby's `Fiber::Scheduler` interface: one
@@ -42,13 +42,21 @@ module NeverBlock
   # Every method is called on the scheduler's own thread unless its comment
   # says otherwise.
   #
-  # This file is the core: binding to a thread, the task and fiber
-  # lifecycle, the ready queue, the wait/wake protocol ({#suspend}, {#wake},
-  # {#hand_over}, and the Mutex/Queue/sleep hooks built on it), the loop and
-  # {#close}. The other jobs have files of their own under scheduler/:
+  # This file is the core, to be read top to bottom: construction, the
+  # task and fiber lifecycle ({#run}, {#spawn}, #start), the wait/wake
+  # protocol ({#suspend}, {#wake}, {#hand_over}) and the ready queue it
+  # fills, {#close}, then the loop itself (#run_loop, #run_once,
+  # #run_ready). The other jobs have files of their own under scheduler/:
   #
+  #   blocking_hooks.rb BlockingHooks: block, unblock and kernel_sleep
+  #                     (Mutex, Queue, ConditionVariable, sleep), and
+  #                     wait_until, all built on suspend/wake
   #   io_hooks.rb       IOHooks: io_wait, io_read/io_write/io_pread,
   #                     io_select, and IOs closed under a waiting fiber
+  #   fiber_hooks.rb    FiberHooks: Fiber.schedule (fiber), yield,
+  #                     transfer, and fibers user code moves by hand
+  #   threads.rb        Threads: binding to a thread, post and the inbox
+  #                     it fills, other threads waiting on a task
   #   blocking_work.rb  BlockingWork: defer, DNS, process_wait and
   #                     blocking_operation_wait, off the loop
   #   interrupts.rb     Interrupts: raising in a fiber at its wait
@@ -59,7 +67,9 @@ module NeverBlock
   #   failures.rb       Failures: logging tasks that failed unobserved
   #
   # The modules are included here and share the scheduler's state (set up
-  # in #initialize); Wakeup and Failures are objects with their own.
+  # in #initialize, which says whose each part is); Wakeup and Failures
+  # are objects with their own. Each file's header says who calls it, when,
+  # and from which thread.
   class Scheduler
     # Marks a @ready entry that starts a task or a raw fiber.
     START = :start
@@ -68,10 +78,10 @@ module NeverBlock
     RESUME = :resume
     private_constant :START, :RESUME
 
-    include IOHooks
     include BlockingHooks
-    include Threads
+    include IOHooks
     include FiberHooks
+    include Threads
     include Interrupts
     include Fork
     include BlockingWork
@@ -113,7 +123,8 @@ module NeverBlock
       @pid = Process.pid
       @selector_class = Selector.resolve(selector)
       @timers = Timers.new
-      # Shared timer callbacks: a sleep or a lock timeout allocates no closure.
+      # Shared timer callbacks: a sleep or a lock timeout (BlockingHooks)
+      # allocates no closure.
       @wake_callback = method(:wake)
       @expire_callback = ->(fiber) { wake(fiber, false) }
 
@@ -124,9 +135,9 @@ module NeverBlock
       # the selector's ready queue. A fiber the loop ran that is in none of
       # these was displaced by user code (Fiber#raise) and is rescheduled.
       @waits = {}.compare_by_identity
-      @unblockable = {}.compare_by_identity # fibers in #block or #kernel_sleep
+      @unblockable = {}.compare_by_identity # fibers in #block or #kernel_sleep (BlockingHooks)
       @handing_over = {}.compare_by_identity # fibers queued by #hand_over: not a wait, not interrupted there
-      @released = {}.compare_by_identity # fibers that left with #transfer
+      @released = {}.compare_by_identity # fibers that left the loop's care (FiberHooks)
       @token = 0
       @tasks = {}.compare_by_identity # live tasks => true
       @io_waiting = 0 # fibers waiting in the selector
@@ -138,7 +149,8 @@ module NeverBlock
 
       @wakeup = Wakeup.new # how other threads hand the loop work and wake it
       @inbox = @wakeup.inbox # read every turn: a direct reference keeps that check one call
-      # Threads other than the loop's waiting for a task (#wait_from_other_thread).
+      # Threads' own: threads other than the loop's waiting for a task
+      # (#wait_from_other_thread).
       @foreign_lock = Thread::Mutex.new
       @foreign_cond = Thread::ConditionVariable.new
       @foreign_waiters = 0
@@ -319,7 +331,7 @@ module NeverBlock
       @timers.after(seconds, callable, argument)
     end
 
-    # --- Fiber::Scheduler hooks ---------------------------------------------
+    # --- Closing -----------------------------------------------------------
 
     # Fiber::Scheduler hook (Ruby 3.4+): called instead of #close when the
     # thread ends or `Fiber.set_scheduler` replaces this scheduler.
@@ -411,73 +423,7 @@ module NeverBlock
 
     private
 
-    def raise_raw_failure
-      error = @raw_failure
-      @raw_failure = nil
-      raise error
-    end
-
-    def run_loop
-      @stall_detector&.start
-      @loop_depth += 1
-      @wakeup.start_watching if @loop_depth == 1
-      begin
-        raise_raw_failure if @raw_failure # e.g. a fiber that failed as it started
-        until @tasks.empty?
-          run_once
-          raise_raw_failure if @raw_failure
-        end
-      ensure
-        @loop_depth -= 1
-        @wakeup.stop_watching if @loop_depth.zero?
-      end
-    end
-
-    # One turn: run what is ready, wait for IO or the next timer, fire timers.
-    def run_once
-      drain_inbox unless @inbox.empty?
-      run_ready
-      return if @tasks.empty? || @raw_failure
-
-      interval = @ready.empty? && @inbox.empty? && !@selector.ready? ? @timers.wait_interval : 0
-      interval = 0 if interval&.negative?
-      @failures.report if @failures.due?(interval)
-      if interval.nil? && @io_waiting.zero?
-        @wakeup.park(@stall_detector)
-      else
-        @selector.select(interval)
-      end
-      @timers.fire
-    end
-
-    # Runs what was ready when the turn began; what becomes ready meanwhile
-    # waits for the next turn. Two arrays take turns (a nested loop, run
-    # from a blocking fiber, finds no spare and makes one), so a turn
-    # allocates nothing.
-    def run_ready
-      ready = @ready
-      return if ready.empty?
-
-      @ready = @ready_spare || []
-      @ready_spare = nil
-      index = 0
-      while index < ready.size
-        target = ready[index]
-        token = ready[index + 1]
-        value = ready[index + 2]
-        index += 3
-        if token.equal?(START)
-          start_deferred(target)
-        elsif token.equal?(RESUME)
-          resume_displaced(target)
-        elsif @waits[target] == token
-          target.transfer(value)
-          reschedule_if_displaced(target)
-        end
-      end
-      ready.clear
-      @ready_spare = ready
-    end
+    # --- Starting ----------------------------------------------------------
 
     # Starts a task (or a raw fiber) at once; it runs until its first wait.
     # From a task, the caller waits meanwhile in the selector's ready queue;
@@ -536,6 +482,76 @@ module NeverBlock
     ensure
       @waits.delete(fiber)
       entered(fiber)
+    end
+
+    # --- The loop ----------------------------------------------------------
+
+    def run_loop
+      @stall_detector&.start
+      @loop_depth += 1
+      @wakeup.start_watching if @loop_depth == 1
+      begin
+        raise_raw_failure if @raw_failure # e.g. a fiber that failed as it started
+        until @tasks.empty?
+          run_once
+          raise_raw_failure if @raw_failure
+        end
+      ensure
+        @loop_depth -= 1
+        @wakeup.stop_watching if @loop_depth.zero?
+      end
+    end
+
+    def raise_raw_failure
+      error = @raw_failure
+      @raw_failure = nil
+      raise error
+    end
+
+    # One turn: run what is ready, wait for IO or the next timer, fire timers.
+    def run_once
+      drain_inbox unless @inbox.empty?
+      run_ready
+      return if @tasks.empty? || @raw_failure
+
+      interval = @ready.empty? && @inbox.empty? && !@selector.ready? ? @timers.wait_interval : 0
+      interval = 0 if interval&.negative?
+      @failures.report if @failures.due?(interval)
+      if interval.nil? && @io_waiting.zero?
+        @wakeup.park(@stall_detector)
+      else
+        @selector.select(interval)
+      end
+      @timers.fire
+    end
+
+    # Runs what was ready when the turn began; what becomes ready meanwhile
+    # waits for the next turn. Two arrays take turns (a nested loop, run
+    # from a blocking fiber, finds no spare and makes one), so a turn
+    # allocates nothing.
+    def run_ready
+      ready = @ready
+      return if ready.empty?
+
+      @ready = @ready_spare || []
+      @ready_spare = nil
+      index = 0
+      while index < ready.size
+        target = ready[index]
+        token = ready[index + 1]
+        value = ready[index + 2]
+        index += 3
+        if token.equal?(START)
+          start_deferred(target)
+        elsif token.equal?(RESUME)
+          resume_displaced(target)
+        elsif @waits[target] == token
+          target.transfer(value)
+          reschedule_if_displaced(target)
+        end
+      end
+      ready.clear
+      @ready_spare = ready
     end
 
     def cancel_all
