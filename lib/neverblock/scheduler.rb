@@ -12,7 +12,10 @@ require_relative "stall_detector"
 require_relative "fork_hook"
 require_relative "scheduler/failures"
 require_relative "scheduler/wakeup"
+require_relative "scheduler/blocking_hooks"
 require_relative "scheduler/io_hooks"
+require_relative "scheduler/fiber_hooks"
+require_relative "scheduler/threads"
 require_relative "scheduler/interrupts"
 require_relative "scheduler/fork"
 require_relative "scheduler/blocking_work"
@@ -39,13 +42,21 @@ module NeverBlock
   # Every method is called on the scheduler's own thread unless its comment
   # says otherwise.
   #
-  # This file is the core: binding to a thread, the task and fiber
-  # lifecycle, the ready queue, the wait/wake protocol ({#suspend}, {#wake},
-  # {#hand_over}, and the Mutex/Queue/sleep hooks built on it), the loop and
-  # {#close}. The other jobs have files of their own under scheduler/:
+  # This file is the core, to be read top to bottom: construction, the
+  # task and fiber lifecycle ({#run}, {#spawn}, #start), the wait/wake
+  # protocol ({#suspend}, {#wake}, {#hand_over}) and the ready queue it
+  # fills, {#close}, then the loop itself (#run_loop, #run_once,
+  # #run_ready). The other jobs have files of their own under scheduler/:
   #
+  #   blocking_hooks.rb BlockingHooks: block, unblock and kernel_sleep
+  #                     (Mutex, Queue, ConditionVariable, sleep), and
+  #                     wait_until, all built on suspend/wake
   #   io_hooks.rb       IOHooks: io_wait, io_read/io_write/io_pread,
   #                     io_select, and IOs closed under a waiting fiber
+  #   fiber_hooks.rb    FiberHooks: Fiber.schedule (fiber), yield,
+  #                     transfer, and fibers user code moves by hand
+  #   threads.rb        Threads: binding to a thread, post and the inbox
+  #                     it fills, other threads waiting on a task
   #   blocking_work.rb  BlockingWork: defer, DNS, process_wait and
   #                     blocking_operation_wait, off the loop
   #   interrupts.rb     Interrupts: raising in a fiber at its wait
@@ -56,7 +67,9 @@ module NeverBlock
   #   failures.rb       Failures: logging tasks that failed unobserved
   #
   # The modules are included here and share the scheduler's state (set up
-  # in #initialize); Wakeup and Failures are objects with their own.
+  # in #initialize, which says whose each part is); Wakeup and Failures
+  # are objects with their own. Each file's header says who calls it, when,
+  # and from which thread.
   class Scheduler
     # Marks a @ready entry that starts a task or a raw fiber.
     START = :start
@@ -65,7 +78,10 @@ module NeverBlock
     RESUME = :resume
     private_constant :START, :RESUME
 
+    include BlockingHooks
     include IOHooks
+    include FiberHooks
+    include Threads
     include Interrupts
     include Fork
     include BlockingWork
@@ -107,7 +123,8 @@ module NeverBlock
       @pid = Process.pid
       @selector_class = Selector.resolve(selector)
       @timers = Timers.new
-      # Shared timer callbacks: a sleep or a lock timeout allocates no closure.
+      # Shared timer callbacks: a sleep or a lock timeout (BlockingHooks)
+      # allocates no closure.
       @wake_callback = method(:wake)
       @expire_callback = ->(fiber) { wake(fiber, false) }
 
@@ -118,9 +135,9 @@ module NeverBlock
       # the selector's ready queue. A fiber the loop ran that is in none of
       # these was displaced by user code (Fiber#raise) and is rescheduled.
       @waits = {}.compare_by_identity
-      @unblockable = {}.compare_by_identity # fibers in #block or #kernel_sleep
+      @unblockable = {}.compare_by_identity # fibers in #block or #kernel_sleep (BlockingHooks)
       @handing_over = {}.compare_by_identity # fibers queued by #hand_over: not a wait, not interrupted there
-      @released = {}.compare_by_identity # fibers that left with #transfer
+      @released = {}.compare_by_identity # fibers that left the loop's care (FiberHooks)
       @token = 0
       @tasks = {}.compare_by_identity # live tasks => true
       @io_waiting = 0 # fibers waiting in the selector
@@ -132,7 +149,8 @@ module NeverBlock
 
       @wakeup = Wakeup.new # how other threads hand the loop work and wake it
       @inbox = @wakeup.inbox # read every turn: a direct reference keeps that check one call
-      # Threads other than the loop's waiting for a task (#wait_from_other_thread).
+      # Threads' own: threads other than the loop's waiting for a task
+      # (#wait_from_other_thread).
       @foreign_lock = Thread::Mutex.new
       @foreign_cond = Thread::ConditionVariable.new
       @foreign_waiters = 0
@@ -232,30 +250,6 @@ module NeverBlock
       start(fiber)
     end
 
-    # Suspends the current fiber until the block returns true, re-checking
-    # it each time the fiber is woken ({#wake}), or until `timeout` seconds
-    # have passed.
-    #
-    # @param timeout [Numeric, nil] seconds; nil waits without limit.
-    # @return [Boolean] the block's last answer.
-    def wait_until(timeout = nil)
-      return true if yield
-
-      fiber = Fiber.current
-      expired = false
-      timer = @timers.after(timeout) { expired = wake(fiber) } if timeout
-      satisfied = false
-      suspend until (satisfied = yield) || expired
-      satisfied
-    ensure
-      @timers.cancel(timer)
-    end
-
-    # @return [Boolean] true when called on the scheduler's thread.
-    def loop_thread?
-      Thread.current.equal?(@thread)
-    end
-
     # --- Waiting and waking ------------------------------------------------
 
     # Suspends the current (non-blocking) fiber until {#wake} resumes it.
@@ -329,23 +323,6 @@ module NeverBlock
       end
     end
 
-    # Runs `callable.call` on the loop thread at its next turn. Thread-safe:
-    # this is how other threads hand work to the loop.
-    #
-    # @param callable [#call]
-    # @return [void]
-    def post(callable = nil, &block)
-      callable ||= block
-      raise ArgumentError, "post needs a callable or a block" unless callable.respond_to?(:call)
-      raise ClosedError, "this NeverBlock scheduler is closed" if @closed
-
-      if loop_thread?
-        @inbox << callable
-      else
-        @wakeup.push(callable)
-      end
-    end
-
     # @api private
     # Schedules `callable.call(argument)` on this loop in `seconds`; call it
     # on the loop's thread only (from one of its fibers or callbacks).
@@ -354,92 +331,13 @@ module NeverBlock
       @timers.after(seconds, callable, argument)
     end
 
-    # --- Fiber::Scheduler hooks ---------------------------------------------
+    # --- Closing -----------------------------------------------------------
 
     # Fiber::Scheduler hook (Ruby 3.4+): called instead of #close when the
     # thread ends or `Fiber.set_scheduler` replaces this scheduler.
     # @return [void]
     def scheduler_close
       close
-    end
-
-    # Fiber::Scheduler hook: `sleep`. Without a duration, sleeps until woken.
-    # ConditionVariable#wait sleeps here, and its signal may come from
-    # another thread (#unblock).
-    def kernel_sleep(duration = nil)
-      raise ArgumentError, "time interval must not be negative" if duration&.negative?
-
-      wait_unblockable(duration, @wake_callback)
-    end
-
-    # Fiber::Scheduler hook: a Mutex, Queue, ConditionVariable or
-    # Thread#join is about to wait.
-    # @return [Boolean] false if the timeout expired.
-    def block(_blocker, timeout = nil)
-      wait_unblockable(timeout, @expire_callback)
-    end
-
-    # Fiber::Scheduler hook: resume a fiber suspended in {#block}. Called from
-    # any thread. A fiber woken without cause re-checks its Mutex or Queue and
-    # blocks again, which is how Ruby's own primitives are written.
-    def unblock(_blocker, fiber)
-      if loop_thread?
-        wake(fiber, true)
-      else
-        # The token names the wait this unblock is for. It is nil when the
-        # fiber has not suspended yet (it queued itself on the Mutex or Queue
-        # and this thread got in first); then the next wait is meant.
-        @wakeup.push(Unblock.new(fiber, @waits[fiber]))
-      end
-    end
-
-    # An #unblock from another thread, carried through the inbox.
-    Unblock = Struct.new(:fiber, :token)
-    private_constant :Unblock
-
-    # Switches from the current fiber to the event loop without arranging
-    # for it to be resumed, as Ruby's reference scheduler's #transfer does:
-    # the fiber leaves the loop's care (the loop neither resumes it nor
-    # waits for it to finish) until something resumes it with Fiber#transfer.
-    # @return [Object] what the fiber is resumed with.
-    def transfer
-      fiber = Fiber.current
-      task = @tasks.each_key.find { |candidate| candidate.fiber.equal?(fiber) }
-      @tasks.delete(task) if task
-      @released[fiber] = true
-      @running = nil
-      @loop.transfer
-    ensure
-      @released.delete(fiber)
-    end
-
-    # Fiber::Scheduler hook (newer than 3.4; Ruby falls back to
-    # `kernel_sleep(0)` without it): lets the other ready fibers run, then
-    # resumes this one on the next turn of the loop.
-    # @return [void]
-    def yield
-      queued { @selector.yield }
-    end
-
-    # Fiber::Scheduler hook: `Fiber.schedule`. Unlike {#spawn}, the fiber
-    # starts at once, as Ruby specifies.
-    # @return [Fiber]
-    def fiber(&block)
-      raise ClosedError, "this NeverBlock scheduler is closed" if @closed
-
-      claim_thread
-      task = Task.new(self, block, raw: true)
-      @tasks[task] = true
-      fiber = new_task_fiber(task)
-      if Fiber.current.equal?(@loop)
-        start_resumed(task, fiber)
-      else
-        start(fiber)
-      end
-      fiber
-    rescue FiberError => e
-      task&.fail_to_start(e)
-      raise
     end
 
     # Fiber::Scheduler hook: called by `Fiber.set_scheduler(nil)` and when
@@ -504,17 +402,6 @@ module NeverBlock
     end
 
     # @api private
-    # Blocks a thread other than the loop's until `task` has finished.
-    def wait_from_other_thread(task)
-      @foreign_lock.synchronize do
-        @foreign_waiters += 1
-        @foreign_cond.wait(@foreign_lock) while task.alive?
-      ensure
-        @foreign_waiters -= 1
-      end
-    end
-
-    # @api private
     # Creates the fiber that runs a task; the fiber ends with the task.
     def new_task_fiber(task)
       Fiber.new(blocking: false) do
@@ -536,35 +423,68 @@ module NeverBlock
 
     private
 
-    # The thread a scheduler serves is the one it was set on with
-    # Fiber.set_scheduler, which need not be the one that created it. A
-    # scheduler not used yet moves to the thread that first uses it.
-    def claim_thread
-      return if Thread.current.equal?(@thread)
-      unless @tasks.empty? && @loop_depth.zero? && @io_waiting.zero? && Fiber.scheduler.equal?(self)
-        raise Error, "this NeverBlock scheduler runs on #{@thread.inspect}; create one scheduler per thread"
+    # --- Starting ----------------------------------------------------------
+
+    # Starts a task (or a raw fiber) at once; it runs until its first wait.
+    # From a task, the caller waits meanwhile in the selector's ready queue;
+    # from the loop fiber it is a plain transfer. From some other blocking
+    # fiber (Fiber.blocking, an Enumerator on Ruby 3.1), which a transfer
+    # would strand, the start waits for the loop's next turn.
+    def start(target)
+      current = Fiber.current
+      if current.blocking? && !current.equal?(@loop)
+        @ready.push(target, START, nil)
+        return
       end
+      if target.is_a?(Task)
+        return unless target.status == :pending
 
-      @selector.close
-      bind_thread
+        fiber = new_task_fiber(target)
+      else
+        fiber = target
+      end
+      if current.blocking?
+        fiber.transfer
+        reschedule_if_displaced(fiber)
+      else
+        queued { @selector.resume(fiber) }
+      end
+    rescue FiberError => e
+      # Ruby could not allocate the fiber's stack (too many live fibers for
+      # vm.max_map_count, or memory). Dead fibers the GC has not collected
+      # yet still hold stacks, so collect and retry, at most once a second
+      # (a GC per failure would stall the loop); else a task fails and the
+      # loop goes on, and for a raw fiber the caller hears of it.
+      clock = Clock.now
+      if @collected_at.nil? || clock - @collected_at > 1
+        @collected_at = clock
+        GC.start
+        retry
+      end
+      raise unless target.is_a?(Task)
+
+      target.fail_to_start(e)
     end
 
-    # Ties the scheduler to the current thread: its loop fiber, a selector
-    # for it, and the wake-up's watcher fiber (created now, while a fiber
-    # stack can surely be had; it waits in the selector only while the loop
-    # runs, see #run_loop).
-    def bind_thread
-      @thread = Thread.current
-      @loop = Fiber.current
-      @selector = @selector_class.new(@loop)
-      @wakeup.bind(@selector, @loop)
+    def start_deferred(target)
+      start(target)
+    rescue FiberError => e
+      NeverBlock.logger.error("NeverBlock") { "could not start #{target.inspect}: #{e.message}" }
     end
 
-    def raise_raw_failure
-      error = @raw_failure
-      @raw_failure = nil
-      raise error
+    # Runs a selector call that parks the current fiber in the selector's
+    # ready queue (resume, raise) while another fiber runs.
+    def queued
+      fiber = Fiber.current
+      @waits[fiber] = :queued
+      @running = nil
+      yield
+    ensure
+      @waits.delete(fiber)
+      entered(fiber)
     end
+
+    # --- The loop ----------------------------------------------------------
 
     def run_loop
       @stall_detector&.start
@@ -580,6 +500,12 @@ module NeverBlock
         @loop_depth -= 1
         @wakeup.stop_watching if @loop_depth.zero?
       end
+    end
+
+    def raise_raw_failure
+      error = @raw_failure
+      @raw_failure = nil
+      raise error
     end
 
     # One turn: run what is ready, wait for IO or the next timer, fire timers.
@@ -628,144 +554,8 @@ module NeverBlock
       @ready_spare = ready
     end
 
-    # Starts a task (or a raw fiber) at once; it runs until its first wait.
-    # From a task, the caller waits meanwhile in the selector's ready queue;
-    # from the loop fiber it is a plain transfer. From some other blocking
-    # fiber (Fiber.blocking, an Enumerator on Ruby 3.1), which a transfer
-    # would strand, the start waits for the loop's next turn.
-    def start(target)
-      current = Fiber.current
-      if current.blocking? && !current.equal?(@loop)
-        @ready.push(target, START, nil)
-        return
-      end
-      if target.is_a?(Task)
-        return unless target.status == :pending
-
-        fiber = new_task_fiber(target)
-      else
-        fiber = target
-      end
-      if current.blocking?
-        fiber.transfer
-        reschedule_if_displaced(fiber)
-      else
-        queued { @selector.resume(fiber) }
-      end
-    rescue FiberError => e
-      # Ruby could not allocate the fiber's stack (too many live fibers for
-      # vm.max_map_count, or memory). Dead fibers the GC has not collected
-      # yet still hold stacks, so collect and retry, at most once a second
-      # (a GC per failure would stall the loop); else a task fails and the
-      # loop goes on, and for a raw fiber the caller hears of it.
-      clock = Clock.now
-      if @collected_at.nil? || clock - @collected_at > 1
-        @collected_at = clock
-        GC.start
-        retry
-      end
-      raise unless target.is_a?(Task)
-
-      target.fail_to_start(e)
-    end
-
-    # Starts a raw fiber scheduled from the loop's own fiber (the thread's
-    # root fiber, in raw use) so that, as with Ruby's reference scheduler,
-    # a `Fiber.yield` in it returns to the code that called Fiber.schedule.
-    # The root fiber cannot resume it itself (the fiber's waits transfer
-    # back to the root, which Ruby forbids while the root is resuming it),
-    # so a short-lived launcher fiber resumes it; when the fiber waits, the
-    # launcher stays suspended in #resume until the fiber ends, then ends
-    # too. A fiber that called Fiber.yield now belongs to whoever resumes it:
-    # the loop stops counting it.
-    def start_resumed(task, fiber)
-      Fiber.new(blocking: true) do
-        fiber.resume # returns when the fiber ends or calls Fiber.yield, now or later
-        if fiber.alive? # it yielded: whoever resumes it owns it now
-          @tasks.delete(task)
-          @released[fiber] = true
-        end
-      end.transfer
-      reschedule_if_displaced(fiber) # it may have moved on with Fiber#transfer or #raise
-    end
-
-    def start_deferred(target)
-      start(target)
-    rescue FiberError => e
-      NeverBlock.logger.error("NeverBlock") { "could not start #{target.inspect}: #{e.message}" }
-    end
-
-    def drain_inbox
-      until @inbox.empty?
-        item = @inbox.pop
-        if item.is_a?(Unblock)
-          fiber = item.fiber
-          next unless @unblockable.key?(fiber)
-          next if item.token && @waits[fiber] != item.token # that wait is over
-
-          wake(fiber, true)
-        else
-          run_posted(item)
-        end
-      end
-    end
-
-    # A posted callable's failure is its own: logged, and the loop goes on.
-    def run_posted(callable)
-      callable.call
-    rescue StandardError => e
-      NeverBlock.logger.error("NeverBlock") do
-        "#{e.class} in a callable posted to the loop: #{e.message}\n  #{(e.backtrace || []).join("\n  ")}"
-      end
-    end
-
-    # Suspends the current fiber until #unblock (from any thread) or #wake,
-    # or until `timeout` seconds pass and `on_timeout` is called with it.
-    def wait_unblockable(timeout, on_timeout)
-      fiber = Fiber.current
-      timer = @timers.after(timeout, on_timeout, fiber) if timeout
-      @unblockable[fiber] = true
-      suspend
-    ensure
-      @unblockable.delete(fiber)
-      @timers.cancel(timer)
-    end
-
-    # Runs a selector call that parks the current fiber in the selector's
-    # ready queue (resume, raise) while another fiber runs.
-    def queued
-      fiber = Fiber.current
-      @waits[fiber] = :queued
-      @running = nil
-      yield
-    ensure
-      @waits.delete(fiber)
-      entered(fiber)
-    end
-
-    # The loop ran `fiber` and got control back, but `fiber` is not parked
-    # anywhere NeverBlock knows of: user code moved away from it with a plain
-    # Fiber#raise or #transfer. Nothing would ever resume it, so the loop
-    # does, on its next turn.
-    def reschedule_if_displaced(fiber)
-      @ready.push(fiber, RESUME, nil) if fiber.alive? && !@waits.key?(fiber) && !@released.key?(fiber)
-    end
-
-    def resume_displaced(fiber)
-      return unless fiber.alive? && !@waits.key?(fiber)
-
-      fiber.transfer
-      reschedule_if_displaced(fiber)
-    rescue FiberError
-      nil # it is resuming a fiber of its own (e.g. an Enumerator); that one returns to it
-    end
-
     def cancel_all
       @tasks.each_key { |task| task.cancel if task.alive? }
-    end
-
-    def signal_foreign_waiters
-      @foreign_lock.synchronize { @foreign_cond.broadcast }
     end
   end
 end
