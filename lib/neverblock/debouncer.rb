@@ -187,7 +187,13 @@ module NeverBlock
       UpstreamCall.new(@app, env, @store, lease, ttl: @ttl, stale: @stale, max_body: @max_body)
     end
 
+    # A follower only waits for the leader's answer: under NeverBlock::Server
+    # it gives its request slot back first (Server::MARK_AS_IO_BOUND; the
+    # debouncer does not load the server), so that a herd's followers do not
+    # hold back the rest of the herd, which would otherwise be admitted only
+    # after the answer is gone and lead again.
     def follow(env, key, ticket, varied)
+      env["neverblock.mark_as_io_bound"]&.call
       outcome = with_store(:failed) { @store.await(ticket, @wait_timeout) }
       case outcome
       when :failed then @app.call(env)

@@ -72,6 +72,26 @@ module NeverBlock
     # SERVER_SOFTWARE in the env.
     SOFTWARE = "NeverBlock/#{VERSION}"
 
+    # The Rack env key of a callable an app calls when the rest of its request
+    # only waits (for another request's answer, a long poll, a stream's next
+    # event): the request gives its request slot back, so that it no longer
+    # counts against `fiber_pool` or the adaptive limit, and is answered
+    # without one. Returns true if it held a slot. Like Puma 8's
+    # `env["puma.mark_as_io_bound"]`; absent under other servers, so call it
+    # as `env["neverblock.mark_as_io_bound"]&.call` or through
+    # {Server.mark_as_io_bound}. A request that computes after calling it
+    # computes unlimited: call it where only waiting is left.
+    MARK_AS_IO_BOUND = "neverblock.mark_as_io_bound"
+
+    # Marks the request of `env` IO-bound (see {MARK_AS_IO_BOUND}); does
+    # nothing outside NeverBlock::Server.
+    # @param env [Hash] a Rack env.
+    # @return [Boolean] whether the request gave a slot back.
+    def self.mark_as_io_bound(env)
+      callback = env[MARK_AS_IO_BOUND]
+      callback ? callback.call : false
+    end
+
     # Seconds a stopping server keeps idle keep-alive connections open for a
     # request already on its way (see {#stop}).
     STOP_IDLE_GRACE = 1.0

@@ -16,6 +16,10 @@ module NeverBlock
     # - A request that finds no free slot waits for one, first come first
     #   served: a released slot goes to the longest waiter (and stays
     #   taken), unless the limit fell below the slots taken.
+    # - A request that only waits from some point on (a debouncer follower, a
+    #   long poll, a stream) gives its slot back early: the app calls
+    #   `env["neverblock.mark_as_io_bound"]` ({Server::MARK_AS_IO_BOUND}),
+    #   its {Connection} releases the slot and calls {#marked_io_bound}.
     # - Whenever a slot becomes free (not handed to a waiter), `on_release`
     #   is called: the server's acceptors, which stop accepting while every
     #   slot is taken ({#full?}), look again.
@@ -42,6 +46,7 @@ module NeverBlock
         @limiter = build_limiter(adaptive_limit)
         @on_release = on_release
         @taken = 0
+        @io_bound = 0 # requests that gave their slot back early, ever
         @waiters = [] # fibers waiting for a slot, oldest first
         @granted = {}.compare_by_identity # waiters handed a slot, not yet resumed
         @scheduler = nil
@@ -100,6 +105,19 @@ module NeverBlock
         end
       end
 
+      # Counts a request that gave its slot back early (the slot itself comes
+      # back through {#release}).
+      # @return [void]
+      def marked_io_bound
+        @io_bound += 1
+      end
+
+      # @return [Boolean] whether the caller runs on the loop that started it
+      #   (the only place its state may change).
+      def on_loop?
+        @scheduler ? @scheduler.loop_thread? : false
+      end
+
       # @return [Boolean] whether all `size` slots are taken (whatever the
       #   adaptive limit): the server then stops accepting.
       def full?
@@ -112,12 +130,13 @@ module NeverBlock
         @limiter ? @limiter.limit : @size
       end
 
-      # @return [Hash] `{fiber_pool: {size:, limit:, busy:, queued:},
+      # @return [Hash] `{fiber_pool: {size:, limit:, busy:, queued:, io_bound:},
       #   adaptive_limit:}`, as in {Server#stats}: `busy` the slots taken,
-      #   `queued` the requests waiting for one, `adaptive_limit`
+      #   `queued` the requests waiting for one, `io_bound` the requests that
+      #   gave theirs back early (a counter since start), `adaptive_limit`
       #   {ConcurrencyLimit#stats} (nil when there is no adaptive limit).
       def stats
-        { fiber_pool: { size: @size, limit: limit, busy: @taken, queued: @waiters.size },
+        { fiber_pool: { size: @size, limit: limit, busy: @taken, queued: @waiters.size, io_bound: @io_bound },
           adaptive_limit: @limiter&.stats }
       end
 

@@ -17,7 +17,12 @@ module NeverBlock
     # `header_timeout`), it holds none: clients that trickle partial heads
     # (slowloris) take no request slot from complete requests, and do not
     # stop the server accepting. A complete head waits for a slot before its
-    # body is read and the app is called.
+    # body is read and the app is called. A request whose app calls
+    # `env["neverblock.mark_as_io_bound"]` ({Server::MARK_AS_IO_BOUND}) gives
+    # its slot back there and is answered without one: from then on it only
+    # waits (a debouncer follower, a long poll, a stream), which costs the
+    # loop nothing, so it must not hold back new arrivals. A pipelined request
+    # after it acquires a slot again.
     class Connection
       # Bytes read from the socket at a time.
       READ_SIZE = 16 * 1024
@@ -75,6 +80,7 @@ module NeverBlock
 
           while (request = requests.first)&.complete
             requests.shift
+            acquire_slot unless @slot # the request before it was marked IO-bound
             begin
               keep_open = serve(request)
             ensure
@@ -226,10 +232,23 @@ module NeverBlock
         @context.admission.release
       end
 
+      # The app called `env["neverblock.mark_as_io_bound"]`: the request gives
+      # its slot back for the rest of its life (see the class comment).
+      # @return [Boolean] whether it held one (false when called twice, or
+      #   after the response, or from a request already without one).
+      def mark_as_io_bound
+        return false unless @slot && @context.admission.on_loop? # not from another thread: Admission is the loop's
+
+        release_slot
+        @context.admission.marked_io_bound
+        true
+      end
+
       # Calls the app for one request and writes its response.
       # @return [Boolean] whether the connection stays open.
       def serve(request)
         env = request.finish
+        env[MARK_AS_IO_BOUND] = (@io_bound ||= method(:mark_as_io_bound))
         @context.request_started
         if (access_log = @context.access_log)
           started = Clock.now
