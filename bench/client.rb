@@ -24,22 +24,9 @@
 #
 # Writes <out>/client.csv and <out>/client.svg (default out: bench/results).
 
-$LOAD_PATH.unshift(File.expand_path("../lib", __dir__))
-begin
-  require "bundler/setup"
-rescue LoadError, StandardError => e
-  warn "bundler/setup failed (#{e.message.lines.first&.strip}); using installed gems"
-end
-require "optparse"
-require "fileutils"
-require_relative "support/command_line"
+require_relative "support/harness"
 require_relative "support/delay_server"
 require_relative "support/http_get"
-require_relative "support/isolated"
-require_relative "support/machine"
-require_relative "support/peers"
-require_relative "support/svg_chart"
-require_relative "support/table"
 
 module NeverBlockBench
   # Runs the client benchmark and reports it. See the file comment.

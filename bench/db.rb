@@ -43,26 +43,9 @@
 #
 # Writes <out>/db.csv and <out>/db.svg (default out: bench/results).
 
-$LOAD_PATH.unshift(File.expand_path("../lib", __dir__))
-begin
-  require "bundler/setup"
-rescue LoadError, StandardError => e
-  warn "bundler/setup failed (#{e.message.lines.first&.strip}); using installed gems"
-end
-require "optparse"
-require "fileutils"
-require_relative "support/command_line"
-require_relative "support/csv_file"
-require_relative "support/isolated"
-require_relative "support/machine"
-require_relative "support/peers"
+require_relative "support/harness"
 require_relative "support/pgbench"
-require_relative "support/postgres_bench"
 require_relative "support/postgres_server"
-require_relative "support/samples"
-require_relative "support/spinner"
-require_relative "support/svg_chart"
-require_relative "support/table"
 
 module NeverBlockBench
   # Runs the PostgreSQL benchmark and reports it. See the file comment.

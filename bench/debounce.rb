@@ -27,22 +27,11 @@
 # the script needs NEVERBLOCK_REDIS_URL for the proxy+redis row (else it is
 # skipped). Writes <out>/debounce.csv and <out>/debounce.svg.
 
-$LOAD_PATH.unshift(File.expand_path("../lib", __dir__))
-begin
-  require "bundler/setup"
-rescue LoadError, StandardError => e
-  warn "bundler/setup failed (#{e.message.lines.first&.strip}); using installed gems"
-end
-require "optparse"
-require "fileutils"
+require_relative "support/harness"
 require "tmpdir"
 require "neverblock"
-require_relative "support/csv_file"
-require_relative "support/machine"
 require_relative "support/peer_servers"
 require_relative "support/server_process"
-require_relative "support/svg_chart"
-require_relative "support/table"
 
 module NeverBlockBench
   # bench/debounce.rb

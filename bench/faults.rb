@@ -26,23 +26,10 @@
 #   NeverBlock  exe/neverblock serve fault_app.ru -w 2 -E production (this checkout)
 #   Puma        puma -w 2 -e production (bench/gemfiles/servers.gemfile), default threads
 
-$LOAD_PATH.unshift(File.expand_path("../lib", __dir__))
-begin
-  require "bundler/setup"
-rescue LoadError, StandardError => e
-  warn "bundler/setup failed (#{e.message.lines.first&.strip}); using installed gems"
-end
-require "optparse"
+require_relative "support/harness"
 require "socket"
-require "fileutils"
-require_relative "support/checkout"
-require_relative "support/command_line"
-require_relative "support/csv_file"
-require_relative "support/machine"
 require_relative "support/peer_servers"
 require_relative "support/server_process"
-require_relative "support/svg_chart"
-require_relative "support/table"
 require_relative "support/wrk"
 
 module NeverBlockBench

@@ -27,20 +27,7 @@
 #
 # Writes <out>/fibers.csv and <out>/fibers.svg (default out: bench/results).
 
-$LOAD_PATH.unshift(File.expand_path("../lib", __dir__))
-begin
-  require "bundler/setup"
-rescue LoadError, StandardError => e
-  warn "bundler/setup failed (#{e.message.lines.first&.strip}); using installed gems"
-end
-require "optparse"
-require "fileutils"
-require_relative "support/command_line"
-require_relative "support/isolated"
-require_relative "support/machine"
-require_relative "support/peers"
-require_relative "support/svg_chart"
-require_relative "support/table"
+require_relative "support/harness"
 
 module NeverBlockBench
   # Runs the fibers-vs-threads benchmark and reports it. See the file comment.

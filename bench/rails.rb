@@ -48,27 +48,12 @@
 # Client, servers and PostgreSQL share one 2-CPU machine that others use too:
 # the numbers are noisy. bench/run starts PostgreSQL with bin/databases.
 
-$LOAD_PATH.unshift(File.expand_path("../lib", __dir__))
-begin
-  require "bundler/setup"
-rescue LoadError, StandardError => e
-  warn "bundler/setup failed (#{e.message.lines.first&.strip}); using installed gems"
-end
-require "optparse"
-require "fileutils"
+require_relative "support/harness"
 require "net/http"
 require "neverblock"
-require_relative "support/checkout"
-require_relative "support/command_line"
-require_relative "support/csv_file"
-require_relative "support/machine"
 require_relative "support/peer_servers"
-require_relative "support/peers"
 require_relative "support/postgres_server"
-require_relative "support/samples"
 require_relative "support/server_process"
-require_relative "support/svg_chart"
-require_relative "support/table"
 
 module NeverBlockBench
   # Runs the Rails benchmark and reports it. See the file comment.

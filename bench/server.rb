@@ -64,28 +64,13 @@
 # The pg scenario needs PostgreSQL: bench/run starts one with bin/databases
 # (max_connections 300). Run directly without NEVERBLOCK_PG_*, it is skipped.
 
-$LOAD_PATH.unshift(File.expand_path("../lib", __dir__))
-begin
-  require "bundler/setup"
-rescue LoadError, StandardError => e
-  warn "bundler/setup failed (#{e.message.lines.first&.strip}); using installed gems"
-end
-require "optparse"
-require "fileutils"
+require_relative "support/harness"
 require "tmpdir"
-require_relative "support/checkout"
-require_relative "support/command_line"
-require_relative "support/csv_file"
 require_relative "support/gc_probe"
-require_relative "support/machine"
 require_relative "support/peer_servers"
-require_relative "support/peers"
 require_relative "support/postgres_server"
 require_relative "support/process_cpu"
-require_relative "support/samples"
 require_relative "support/server_process"
-require_relative "support/svg_chart"
-require_relative "support/table"
 require_relative "support/wrk"
 
 module NeverBlockBench

@@ -74,4 +74,30 @@ module NeverBlockBench
       "pg #{PG::VERSION} (libpq #{version / 10_000}.#{version % 10_000})"
     end
   end
+
+  # What bench/db.rb and bench/activerecord.rb do before measuring; included
+  # in a benchmark class with @options[:selector] and a `header` method.
+  module PostgresBench
+    private
+
+    # Checks the server, sets and probes the selector, prints the header; sets @selector and @probe.
+    # @return [Boolean] false, after a warning, when nothing can be measured
+    def ready_to_measure?
+      return warn(PostgresServer.problem) && false if PostgresServer.problem
+
+      @selector = Peers.use_selector(@options[:selector])
+      @probe = Peers.probe
+      puts header
+      return true unless @probe.is_a?(Isolated::Failure) || @probe.neverblock_selector != @selector
+
+      warn "NeverBlock does not run on the #{@selector} selector (see above); not measuring"
+      false
+    end
+
+    def versions_text
+      return "neverblock (version unknown, the probe failed)" if @probe.is_a?(Isolated::Failure)
+
+      "neverblock #{@probe.neverblock}, io-event #{@probe.io_event}"
+    end
+  end
 end
