@@ -40,7 +40,7 @@
 # Writes <out>/activerecord.csv and <out>/activerecord.svg (default out: bench/results).
 
 require_relative "support/harness"
-require_relative "support/postgres_server"
+require_relative "support/postgres"
 
 module NeverBlockBench
   # Runs the ActiveRecord benchmark and reports it. See the file comment.

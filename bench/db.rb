@@ -44,8 +44,7 @@
 # Writes <out>/db.csv and <out>/db.svg (default out: bench/results).
 
 require_relative "support/harness"
-require_relative "support/pgbench"
-require_relative "support/postgres_server"
+require_relative "support/postgres"
 
 module NeverBlockBench
   # Runs the PostgreSQL benchmark and reports it. See the file comment.

@@ -30,8 +30,7 @@
 require_relative "support/harness"
 require "tmpdir"
 require "neverblock"
-require_relative "support/peer_servers"
-require_relative "support/server_process"
+require_relative "support/servers"
 
 module NeverBlockBench
   # bench/debounce.rb

@@ -28,9 +28,7 @@
 
 require_relative "support/harness"
 require "socket"
-require_relative "support/peer_servers"
-require_relative "support/server_process"
-require_relative "support/wrk"
+require_relative "support/servers"
 
 module NeverBlockBench
   # Runs the fault scenarios and reports them. See the file comment.

@@ -51,9 +51,8 @@
 require_relative "support/harness"
 require "net/http"
 require "neverblock"
-require_relative "support/peer_servers"
-require_relative "support/postgres_server"
-require_relative "support/server_process"
+require_relative "support/servers"
+require_relative "support/postgres"
 
 module NeverBlockBench
   # Runs the Rails benchmark and reports it. See the file comment.

@@ -66,12 +66,8 @@
 
 require_relative "support/harness"
 require "tmpdir"
-require_relative "support/gc_probe"
-require_relative "support/peer_servers"
-require_relative "support/postgres_server"
-require_relative "support/process_cpu"
-require_relative "support/server_process"
-require_relative "support/wrk"
+require_relative "support/servers"
+require_relative "support/postgres"
 
 module NeverBlockBench
   # Runs the server benchmark and reports it. See the file comment.
