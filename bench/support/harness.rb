@@ -35,11 +35,6 @@ module NeverBlockBench
   module CommandLine
     module_function
 
-    # @return [Boolean] whether --quick was given or BENCH_QUICK=1 is set
-    def quick?
-      ENV["BENCH_QUICK"] == "1" || ARGV.include?("--quick")
-    end
-
     # Adds --only, --out, --selector and --quick to `opts`, storing into `options`.
     # @param results [String] the result files' base name, e.g. "client"
     # @param variants [String] what --only accepts, e.g. "threads,async"
@@ -59,7 +54,8 @@ module NeverBlockBench
     # @param quick [Hash] what quick mode overrides in them
     def run(parser, options = {}, defaults: {}, quick: {})
       parser.parse!
-      options = defaults.merge(quick? ? quick.merge(quick: true) : {}).merge(options)
+      quick_run = options[:quick] || ENV["BENCH_QUICK"] == "1"
+      options = defaults.merge(quick_run ? quick.merge(quick: true) : {}).merge(options)
       exit(yield(options) ? 0 : 1)
     rescue OptionParser::ParseError, ArgumentError => e
       abort "#{e.message}\n#{parser}"
