@@ -31,6 +31,79 @@ module NeverBlockBench
     Process.clock_gettime(Process::CLOCK_MONOTONIC)
   end
 
+  # @return [Float] seconds the block took
+  def self.timed
+    started = now
+    yield
+    now - started
+  end
+
+  # @return [Hash] :seconds of wall time, :cpu seconds this process used
+  #   (user + system, all its threads) and Ruby :allocations meanwhile
+  def self.timed_with_cpu(&block)
+    before = Process.times
+    allocated = GC.stat(:total_allocated_objects)
+    seconds = timed(&block)
+    after = Process.times
+    { seconds: seconds, cpu: (after.utime - before.utime) + (after.stime - before.stime),
+      allocations: GC.stat(:total_allocated_objects) - allocated }
+  end
+
+  # @return [Array<Integer>] `total` split into `parts` non-zero shares that differ by at most 1
+  def self.split(total, parts)
+    Array.new(parts) { |i| (total / parts) + (i < total % parts ? 1 : 0) }.reject(&:zero?)
+  end
+
+  # Measures every cell `rounds` times, interleaved (round 1 of every cell,
+  # then round 2, ...), so that a slow minute of a shared machine spreads
+  # over all cells instead of landing on one. Each measurement is the
+  # block's value, in a forked child ({Isolated}).
+  # @param cells [Array<Cell>]
+  # @yieldparam cell [Cell]
+  # @yieldreturn [Numeric, Hash] seconds, or a Hash with :seconds (and :cpu, :allocations)
+  def self.rounds(cells, rounds, timeout: 120, &measure)
+    rounds.times do |round|
+      cells.each do |cell|
+        next if cell.skipped
+
+        outcome = Isolated.run(timeout: timeout.respond_to?(:call) ? timeout.call(cell) : timeout) { measure.call(cell) }
+        cell.record(outcome)
+        warn "  #{cell.name}, run #{round + 1}: #{cell.outcome_text(outcome)}"
+      end
+    end
+    cells
+  end
+
+  # One cell of a table measured over several runs: each run's seconds, and
+  # where measured its CPU seconds and allocations; failures as text.
+  Cell = Struct.new(:name, :fields, :runs, :cpu, :allocations, :failures, :skipped) do
+    def initialize(name, skipped: nil, **fields)
+      super(name, fields, [], [], [], [], skipped)
+    end
+
+    def [](key) = key.is_a?(Symbol) && fields.key?(key) ? fields[key] : super
+
+    def record(outcome)
+      return failures << outcome.to_s if outcome.is_a?(Isolated::Failure)
+
+      outcome = { seconds: outcome } unless outcome.is_a?(Hash)
+      runs << outcome[:seconds]
+      cpu << outcome[:cpu] if outcome[:cpu]
+      allocations << outcome[:allocations] if outcome[:allocations]
+    end
+
+    def outcome_text(outcome)
+      return "FAILED #{outcome}" if outcome.is_a?(Isolated::Failure)
+
+      format("%.3f s", outcome.is_a?(Hash) ? outcome[:seconds] : outcome)
+    end
+
+    def median = Samples.new(runs).median
+    def samples = Samples.new(runs)
+    # @return [Float, nil] median of `per` (cpu or allocations) divided by `count`
+    def median_per(per, count) = Samples.new(per).median&./(count)
+  end
+
   # The scripts' command line: the shared options, quick mode, and how a run ends.
   module CommandLine
     module_function
