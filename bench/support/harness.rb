@@ -81,7 +81,8 @@ module NeverBlockBench
       super(name, fields, [], [], [], [], skipped)
     end
 
-    def [](key) = key.is_a?(Symbol) && fields.key?(key) ? fields[key] : super
+    # A field given to new, else nil (members by their readers).
+    def [](key) = fields[key]
 
     def record(outcome)
       return failures << outcome.to_s if outcome.is_a?(Isolated::Failure)
