@@ -22,27 +22,16 @@
 # most 1.2x one upstream call, and a p99 better than nginx's.
 #
 #   bench/run debounce [--clients 500] [--delay 0.2] [--runs 3]
+#   bench/run debounce --quick        smoke run: 50 clients, one run
 #
 # bench/run starts Redis (and the databases) with bin/databases; run directly,
 # the script needs NEVERBLOCK_REDIS_URL for the proxy+redis row (else it is
 # skipped). Writes <out>/debounce.csv and <out>/debounce.svg.
 
-$LOAD_PATH.unshift(File.expand_path("../lib", __dir__))
-begin
-  require "bundler/setup"
-rescue LoadError, StandardError => e
-  warn "bundler/setup failed (#{e.message.lines.first&.strip}); using installed gems"
-end
-require "optparse"
-require "fileutils"
+require_relative "support/harness"
 require "tmpdir"
 require "neverblock"
-require_relative "support/csv_file"
-require_relative "support/machine"
-require_relative "support/peer_servers"
-require_relative "support/server_process"
-require_relative "support/svg_chart"
-require_relative "support/table"
+require_relative "support/servers"
 
 module NeverBlockBench
   # bench/debounce.rb
@@ -55,16 +44,11 @@ module NeverBlockBench
     # One variant's runs.
     Result = Struct.new(:variant, :upstream_requests, :p50, :p99, :max, :errors, keyword_init: true)
 
-    def initialize(argv)
-      @options = { clients: 500, delay: 0.2, runs: 3, out: File.join(ROOT, "bench", "results"), only: VARIANTS }
-      OptionParser.new do |o|
-        o.banner = "Usage: bench/run debounce [options]"
-        o.on("--clients N", Integer, "clients in the storm (default 500)") { |n| @options[:clients] = n }
-        o.on("--delay SECONDS", Float, "the upstream's answer time (default 0.2)") { |s| @options[:delay] = s }
-        o.on("--runs N", Integer, "runs per variant; the median is reported (default 3)") { |n| @options[:runs] = n }
-        o.on("--only LIST", Array, "variants (#{VARIANTS.join(',')})") { |list| @options[:only] = list }
-        o.on("--out DIR", "where debounce.csv and debounce.svg go") { |dir| @options[:out] = dir }
-      end.parse!(argv)
+    DEFAULTS = { clients: 500, delay: 0.2, runs: 3, out: RESULTS, only: VARIANTS }.freeze
+    QUICK = { clients: 50, runs: 1 }.freeze
+
+    def initialize(options)
+      @options = options
       unknown = @options[:only] - VARIANTS
       abort "unknown variants: #{unknown.join(', ')}" unless unknown.empty?
     end
@@ -236,13 +220,6 @@ module NeverBlockBench
     end
 
     def write_files(results)
-      FileUtils.mkdir_p(@options[:out])
-      csv = File.join(@options[:out], "debounce.csv")
-      CsvFile.write(csv, %w[variant clients delay_s upstream_requests p50_s p99_s max_s errors],
-                    results.map do |r|
-                      [r.variant, @options[:clients], @options[:delay], r.upstream_requests, r.p50.round(4),
-                       r.p99.round(4), r.max.round(4), r.errors]
-                    end)
       chart = SvgChart.new(title: "Restart storm: #{@options[:clients]} identical GETs at once",
                            subtitle: "upstream answers in #{(@options[:delay] * 1000).round} ms; #{Machine.description}")
       names = results.map(&:variant)
@@ -250,16 +227,28 @@ module NeverBlockBench
                       series: names.zip(results.map { |r| [[r.upstream_requests, 1].max] }).to_h, log: true)
       chart.add_panel(title: "client p99 latency, ms", categories: ["p99"],
                       series: names.zip(results.map { |r| [r.p99.nan? ? nil : (r.p99 * 1000).round(1)] }).to_h)
-      svg = File.join(@options[:out], "debounce.svg")
-      chart.write(svg)
-      puts
-      puts "wrote #{csv.delete_prefix("#{ROOT}/")} and #{svg.delete_prefix("#{ROOT}/")}"
+      rows = results.map do |r|
+        [r.variant, @options[:clients], @options[:delay], r.upstream_requests, r.p50.round(4), r.p99.round(4), r.max.round(4), r.errors]
+      end
+      NeverBlockBench.write_results(@options[:out], "debounce", %w[variant clients delay_s upstream_requests p50_s p99_s max_s errors], rows, chart)
     end
 
-    def now
-      Process.clock_gettime(Process::CLOCK_MONOTONIC)
-    end
+    def now = NeverBlockBench.now
   end
 end
 
-NeverBlockBench::DebounceBench.new(ARGV).run if $PROGRAM_NAME == __FILE__
+if $PROGRAM_NAME == __FILE__
+  options = {}
+  parser = OptionParser.new do |o|
+    o.banner = "Usage: bench/run debounce [options]"
+    o.on("--clients N", Integer, "clients in the storm (default 500)") { |n| options[:clients] = n }
+    o.on("--delay SECONDS", Float, "the upstream's answer time (default 0.2)") { |s| options[:delay] = s }
+    o.on("--runs N", Integer, "runs per variant; the median is reported (default 3)") { |n| options[:runs] = n }
+    NeverBlockBench::CommandLine.shared_options(o, options, results: "debounce", variants: NeverBlockBench::DebounceBench::VARIANTS.join(","))
+  end
+  NeverBlockBench::CommandLine.run(parser, options, defaults: NeverBlockBench::DebounceBench::DEFAULTS,
+                                                    quick: NeverBlockBench::DebounceBench::QUICK) do |opts|
+    NeverBlockBench::DebounceBench.new(opts).run
+    true
+  end
+end

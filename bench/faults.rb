@@ -26,24 +26,9 @@
 #   NeverBlock  exe/neverblock serve fault_app.ru -w 2 -E production (this checkout)
 #   Puma        puma -w 2 -e production (bench/gemfiles/servers.gemfile), default threads
 
-$LOAD_PATH.unshift(File.expand_path("../lib", __dir__))
-begin
-  require "bundler/setup"
-rescue LoadError, StandardError => e
-  warn "bundler/setup failed (#{e.message.lines.first&.strip}); using installed gems"
-end
-require "optparse"
+require_relative "support/harness"
 require "socket"
-require "fileutils"
-require_relative "support/checkout"
-require_relative "support/command_line"
-require_relative "support/csv_file"
-require_relative "support/machine"
-require_relative "support/peer_servers"
-require_relative "support/server_process"
-require_relative "support/svg_chart"
-require_relative "support/table"
-require_relative "support/wrk"
+require_relative "support/servers"
 
 module NeverBlockBench
   # Runs the fault scenarios and reports them. See the file comment.
@@ -51,12 +36,12 @@ module NeverBlockBench
     APP = File.expand_path("support/fault_app.ru", __dir__)
     CRASH_SCRIPT = File.expand_path("support/one_in_50_dies.lua", __dir__)
     DEFAULTS = { duration: 10, loris: 2000, restarts: 10, scenarios: %w[slowloris restart crash],
-                 only: %w[neverblock puma], out: File.expand_path("results", __dir__) }.freeze
+                 only: %w[neverblock puma], out: RESULTS }.freeze
+    QUICK = { duration: 5, restarts: 3 }.freeze
     RESTART_SIGNAL = { "neverblock" => "USR2", "puma" => "USR1" }.freeze
 
     def initialize(options)
-      @options = DEFAULTS.merge(options)
-      @options.merge!(duration: 5, restarts: 3) if @options[:quick]
+      @options = options
       @rows = []
     end
 
@@ -228,16 +213,13 @@ module NeverBlockBench
       table = Table.new(["scenario", "server", "measure", "value", "details"], align: %i[left left left right left])
       @rows.each { |row| table << row }
       puts "\n#{table}"
-      FileUtils.mkdir_p(@options[:out])
-      csv = CsvFile.write(File.join(@options[:out], "faults.csv"), %w[scenario server measure value details], @rows)
       chart = SvgChart.new(title: "NeverBlock::Server vs Puma under faults (two workers each)",
                            subtitle: [Machine.ruby_description, Machine.description])
       @rows.group_by(&:first).each do |scenario, rows|
         chart.add_panel(title: "#{scenario}: #{rows.first[2]}", categories: [scenario],
                         series: rows.to_h { |row| [row[1], [row[3]]] })
       end
-      svg = chart.write(File.join(@options[:out], "faults.svg"))
-      puts "\nwrote #{CommandLine.relative(csv)} and #{CommandLine.relative(svg)}"
+      NeverBlockBench.write_results(@options[:out], "faults", %w[scenario server measure value details], @rows, chart)
     end
   end
 end
@@ -251,9 +233,9 @@ if $PROGRAM_NAME == __FILE__
     opts.on("--loris N", Integer, "partial-head connections (2000)") { |v| options[:loris] = v }
     opts.on("--restarts N", Integer, "rolling restarts per server (10)") { |v| options[:restarts] = v }
     opts.on("--scenarios LIST", Array, "slowloris,restart,crash (all)") { |list| options[:scenarios] = list }
-    opts.on("--quick", "smoke run: 5 s cells, 3 restarts") { options[:quick] = true }
-    opts.on("--only LIST", Array, "servers: neverblock,puma") { |list| options[:only] = list }
-    opts.on("--out DIR", "where faults.csv and faults.svg go (bench/results)") { |dir| options[:out] = dir }
+    NeverBlockBench::CommandLine.shared_options(opts, options, results: "faults", variants: "neverblock,puma (servers)")
   end
-  NeverBlockBench::CommandLine.run(parser) { NeverBlockBench::FaultsBench.new(options).call }
+  NeverBlockBench::CommandLine.run(parser, options, defaults: NeverBlockBench::FaultsBench::DEFAULTS, quick: NeverBlockBench::FaultsBench::QUICK) do |opts|
+    NeverBlockBench::FaultsBench.new(opts).call
+  end
 end

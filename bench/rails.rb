@@ -48,27 +48,11 @@
 # Client, servers and PostgreSQL share one 2-CPU machine that others use too:
 # the numbers are noisy. bench/run starts PostgreSQL with bin/databases.
 
-$LOAD_PATH.unshift(File.expand_path("../lib", __dir__))
-begin
-  require "bundler/setup"
-rescue LoadError, StandardError => e
-  warn "bundler/setup failed (#{e.message.lines.first&.strip}); using installed gems"
-end
-require "optparse"
-require "fileutils"
+require_relative "support/harness"
 require "net/http"
 require "neverblock"
-require_relative "support/checkout"
-require_relative "support/command_line"
-require_relative "support/csv_file"
-require_relative "support/machine"
-require_relative "support/peer_servers"
-require_relative "support/peers"
-require_relative "support/postgres_server"
-require_relative "support/samples"
-require_relative "support/server_process"
-require_relative "support/svg_chart"
-require_relative "support/table"
+require_relative "support/servers"
+require_relative "support/postgres"
 
 module NeverBlockBench
   # Runs the Rails benchmark and reports it. See the file comment.
@@ -83,14 +67,11 @@ module NeverBlockBench
       fast_concurrency: [16, 200],
       puma_matched_threads: 16,
       runs: 3,
-      only: nil,
-      out: File.expand_path("results", __dir__),
+      out: RESULTS,
       selector: Peers::DEFAULT_SELECTOR
     }.freeze
     QUICK = { every: [20, 10], runs: 1 }.freeze
     PARTS = %w[sleeps mixed fast].freeze
-    # Clock ticks per second of /proc/PID/stat's utime and stime (USER_HZ, 100 on Linux).
-    CLOCK_TICKS = 100.0
     APP = File.expand_path("rails/config.ru", __dir__)
     PUMA_THREADS = 5 # Puma 8's default maximum on MRI (0:5)
 
@@ -98,7 +79,7 @@ module NeverBlockBench
     Setup = Struct.new(:name, :label, :start, keyword_init: true)
 
     def initialize(options)
-      @options = DEFAULTS.merge(options[:quick] ? QUICK : {}).merge(options.reject { |k, _| k == :quick })
+      @options = options
       @parts = @options[:only] || PARTS
       unknown = @parts - PARTS
       raise OptionParser::InvalidArgument, "unknown part(s) #{unknown.join(', ')}; use #{PARTS.join(',')}" unless unknown.empty?
@@ -267,9 +248,9 @@ module NeverBlockBench
       pid = @server_pids.fetch(setup.name)
       paths = Array.new(row[:requests]) { "/fast" }
       gc_before = gc_counters(port)
-      cpu_before = session_cpu_seconds(pid)
+      cpu_before = ProcessCpu.session_seconds(pid)
       outcome = drive(port, paths, row[:concurrency], latencies: (latencies = []))
-      cpu = session_cpu_seconds(pid) - cpu_before
+      cpu = ProcessCpu.session_seconds(pid) - cpu_before
       gc_after = gc_counters(port)
       requests = row[:requests].to_f
       sorted = latencies.sort
@@ -284,20 +265,6 @@ module NeverBlockBench
     #   GC time (ms), major and minor GC counts (GET /_bench/gc).
     def gc_counters(port)
       Net::HTTP.start("127.0.0.1", port) { |http| http.get("/_bench/gc").body.split.map { |v| Integer(v) } }
-    end
-
-    # @return [Float] CPU seconds (user + system) of every process whose
-    #   session is `sid` (the server and any workers it forked; ServerProcess
-    #   starts each server with setsid, so its pid is the session id), and of
-    #   the children they reaped.
-    def session_cpu_seconds(sid)
-      Dir.glob("/proc/[0-9]*/stat").sum do |file|
-        fields = File.read(file).split(") ", 2).last.split
-        # after the command: state ppid pgrp session ... utime(12) stime(13) cutime(14) cstime(15), 0-based from state
-        fields[3].to_i == sid ? fields[11..14].sum(&:to_i) / CLOCK_TICKS : 0
-      rescue SystemCallError
-        0
-      end
     end
 
     def percentile(sorted, fraction)
@@ -408,10 +375,9 @@ module NeverBlockBench
       report_fast(fast) unless fast.empty?
       failures = rows.filter_map { |row| row[:failure] || row[:error_text] }.uniq
       puts "\nfailures and errors: #{failures.join('; ')}" unless failures.empty?
-      FileUtils.mkdir_p(@options[:out])
-      csv = write_csv(rows)
-      svg = write_svg(sleeps, mixed, fast)
-      puts "\nwrote #{CommandLine.relative(csv)} and #{CommandLine.relative(svg)}"
+      NeverBlockBench.write_results(@options[:out], "rails", %w[part server label requests concurrency sleep_every sleeps seconds seconds_runs
+                                                                 req_per_s errors note p50_ms p99_ms cpu_us_per_req allocations_per_req
+                                                                 gc_us_per_req cpu_us_runs], csv_rows(rows), chart(sleeps, mixed, fast))
     end
 
     def report_sleeps(rows)
@@ -501,10 +467,8 @@ module NeverBlockBench
       [text, format(digits, ours), format(digits, theirs), format("%.2fx", ours / theirs), ours <= theirs * ratio ? "yes" : "NO"]
     end
 
-    def write_csv(rows)
-      headers = %w[part server label requests concurrency sleep_every sleeps seconds seconds_runs req_per_s errors note
-                   p50_ms p99_ms cpu_us_per_req allocations_per_req gc_us_per_req cpu_us_runs]
-      lines = rows.map do |row|
+    def csv_rows(rows)
+      rows.map do |row|
         fast = row[:part] == "fast"
         sleeps = { "sleeps" => 10, "fast" => 0 }.fetch(row[:part]) { (row[:requests].to_f / row[:every]).ceil }
         [row[:part], row[:setup].name, row[:setup].label, row[:requests], row[:concurrency], row[:every],
@@ -515,10 +479,9 @@ module NeverBlockBench
          fast ? fast_median(row, :gc_us)&.round(1) : nil,
          fast ? Samples.new(row[:fast].map { |run| run[:cpu_us] }).to_s(digits: 0) : nil]
       end
-      CsvFile.write(File.join(@options[:out], "rails.csv"), headers, lines)
     end
 
-    def write_svg(sleeps, mixed, fast)
+    def chart(sleeps, mixed, fast)
       chart = SvgChart.new(title: "Rails #{Machine.gem_version('railties')} on one NeverBlock process vs Puma",
                            subtitle: ["ruby #{RUBY_VERSION}; ActionController::API + ActiveRecord; " \
                                       "neverblock_postgresql (NeverBlock) vs postgresql (Puma)",
@@ -555,7 +518,7 @@ module NeverBlockBench
         chart.add_panel(title: "only GET /fast: p99 latency, ms (lower is better; log scale)",
                         categories: categories, series: cells.call(:p99, 1000), log: true)
       end
-      chart.write(File.join(@options[:out], "rails.svg"))
+      chart
     end
   end
 end
@@ -580,8 +543,9 @@ if $PROGRAM_NAME == __FILE__
     end
     opts.on("--puma-matched-threads N", Integer, "threads of (c)'s second Puma (16)") { |value| options[:puma_matched_threads] = value }
     opts.on("--runs N", Integer, "runs of everything, the median reported (3)") { |value| options[:runs] = value }
-    opts.on("--quick", "smoke run: --every 20,10 --runs 1") { options[:quick] = true }
     NeverBlockBench::CommandLine.shared_options(opts, options, results: "rails", variants: "sleeps,mixed,fast (the parts)")
   end
-  NeverBlockBench::CommandLine.run(parser) { NeverBlockBench::RailsBench.new(options).call }
+  NeverBlockBench::CommandLine.run(parser, options, defaults: NeverBlockBench::RailsBench::DEFAULTS, quick: NeverBlockBench::RailsBench::QUICK) do |opts|
+    NeverBlockBench::RailsBench.new(opts).call
+  end
 end

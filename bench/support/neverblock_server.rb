@@ -21,7 +21,7 @@ config, port, fiber_pool = ARGV
 abort "usage: #{$PROGRAM_NAME} CONFIG_RU PORT [FIBER_POOL]" unless config && port
 
 if (gc_socket = ENV.fetch("NB_BENCH_GC_SOCKET", nil))
-  require_relative "gc_probe"
+  require_relative "servers"
   NeverBlockBench::GcProbe.serve(gc_socket)
 end
 

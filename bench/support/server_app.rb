@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-require_relative "postgres_server"
+require_relative "postgres"
 
 module NeverBlockBench
   # The Rack 3 app every server in bench/server.rb runs (one process each):

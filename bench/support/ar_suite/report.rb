@@ -14,8 +14,7 @@
 require "json"
 require "optparse"
 require "fileutils"
-require_relative "../table"
-require_relative "../csv_file"
+require_relative "../harness"
 
 module ARSuiteReport
   # Tests whose outcome may differ under a neverblock adapter because they

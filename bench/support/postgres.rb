@@ -1,0 +1,123 @@
+# frozen_string_literal: true
+
+require "open3"
+require "tmpdir"
+
+module NeverBlockBench
+  # The PostgreSQL server the benchmarks talk to, as the NEVERBLOCK_PG_*
+  # variables describe it: `bench/run` starts a throwaway one with
+  # bin/databases, which exports them; export them yourself (and
+  # NEVERBLOCK_DATABASES=external) to use another server.
+  module PostgresServer
+    VARIABLES = { "HOST" => :host, "PORT" => :port, "USER" => :user, "PASSWORD" => :password, "DATABASE" => :dbname }.freeze
+
+    module_function
+
+    # @return [String, nil] why the scripts cannot run
+    def problem
+      missing = VARIABLES.keys.map { |name| "NEVERBLOCK_PG_#{name}" }.select { |variable| ENV[variable].to_s.empty? }
+      return nil if missing.empty?
+
+      "no PostgreSQL server: #{missing.join(', ')} not set. Run the benchmark through bench/run " \
+        "(it starts one with bin/databases), or export the NEVERBLOCK_PG_* variables of a server."
+    end
+
+    # @return [Hash{Symbol => String}] for PG.connect and NeverBlock::Postgres.pool
+    def conninfo = VARIABLES.to_h { |name, key| [key, ENV.fetch("NEVERBLOCK_PG_#{name}")] }
+
+    # @param adapter [String] "postgresql" or "neverblock_postgresql"
+    def active_record_config(adapter:, pool:)
+      info = conninfo
+      { adapter: adapter, host: info[:host], port: Integer(info[:port]), username: info[:user],
+        password: info[:password], database: info[:dbname], pool: pool }
+    end
+
+    # The environment of libpq's own programs (pgbench, psql).
+    def libpq_env = conninfo.to_h { |key, value| ["PG#{key == :dbname ? 'DATABASE' : key.upcase}", value.to_s] }
+
+    # @return [String] e.g. "PostgreSQL 15.13 on 127.0.0.1:40213 (max_connections 300, fsync off)"
+    def description
+      require "pg"
+      conn = PG.connect(**conninfo)
+      settings = conn.exec("SELECT current_setting('server_version') AS version, current_setting('max_connections') " \
+                           "AS max_connections, current_setting('fsync') AS fsync").first
+      "PostgreSQL #{settings['version']} on #{conninfo[:host]}:#{conninfo[:port]} " \
+        "(max_connections #{settings['max_connections']}, fsync #{settings['fsync']})"
+    ensure
+      conn&.close
+    end
+
+    # @return [String] e.g. "pg 1.7.0 (libpq 18.6)"
+    def driver_description
+      require "pg"
+      "pg #{PG::VERSION} (libpq #{PG.library_version / 10_000}.#{PG.library_version % 10_000})"
+    end
+  end
+
+  # What bench/db.rb and bench/activerecord.rb do before measuring; included
+  # in a benchmark class with @options[:selector] and a `header` method.
+  module PostgresBench
+    private
+
+    # Checks the server, sets and probes the selector, prints the header; sets @selector and @probe.
+    # @return [Boolean] false, after a warning, when nothing can be measured
+    def ready_to_measure?
+      return warn(PostgresServer.problem) && false if PostgresServer.problem
+
+      @selector = Peers.use_selector(@options[:selector])
+      @probe = Peers.probe
+      puts header
+      return true unless @probe.is_a?(Isolated::Failure) || @probe.neverblock_selector != @selector
+
+      warn "NeverBlock does not run on the #{@selector} selector (see above); not measuring"
+      false
+    end
+
+    def versions_text
+      return "neverblock (version unknown, the probe failed)" if @probe.is_a?(Isolated::Failure)
+
+      "neverblock #{@probe.neverblock}, io-event #{@probe.io_event}"
+    end
+  end
+
+  # pgbench (C, libpq) on a custom script: the reference for a Ruby client's queries/s.
+  module Pgbench
+    Result = Struct.new(:tps, :latency_ms, keyword_init: true)
+
+    module_function
+
+    # @return [String, nil] $PGBENCH or the first pgbench on PATH (none in the Ruby 3.3 chroot)
+    def executable
+      given = ENV.fetch("PGBENCH", nil)
+      return given if given && File.executable?(given)
+
+      ENV.fetch("PATH", "").split(File::PATH_SEPARATOR).map { |dir| File.join(dir, "pgbench") }
+         .find { |path| File.file?(path) && File.executable?(path) }
+    end
+
+    # @return [String, nil] e.g. "pgbench (PostgreSQL) 15.13"
+    def version
+      output, status = Open3.capture2e(executable || (return nil), "--version")
+      status.success? ? output.strip : nil
+    end
+
+    # @param mode [String] -M: "simple", "extended" or "prepared"
+    # @param clients [Integer] -c, with as many threads (-j), at most one per CPU
+    # @param transactions [Integer] -t, per client
+    # @return [Result]
+    # @raise [RuntimeError] when pgbench fails or prints no tps
+    def run(script, mode:, clients:, transactions:, env:, timeout: 120)
+      Dir.mktmpdir("neverblock-pgbench") do |dir|
+        File.write("#{dir}/script.sql", script)
+        output, status = Open3.capture2e(env, "timeout", timeout.to_s, executable || raise("no pgbench"), "--no-vacuum",
+                                         "-f", "#{dir}/script.sql", "-M", mode, "-c", clients.to_s,
+                                         "-j", [clients, Etc.nprocessors].min.to_s, "-t", transactions.to_s)
+        raise "pgbench failed (#{status}): #{output.lines.last(3).join.strip}" unless status.success?
+
+        tps = output[/^tps = ([\d.]+) \(without initial connection time\)/, 1] or
+          raise "pgbench printed no tps: #{output.lines.last(3).join.strip}"
+        Result.new(tps: Float(tps), latency_ms: output[/^latency average = ([\d.]+) ms/, 1]&.to_f)
+      end
+    end
+  end
+end

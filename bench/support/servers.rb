@@ -1,0 +1,352 @@
+# frozen_string_literal: true
+
+require "fileutils"
+require "etc"
+require "open3"
+require "rbconfig"
+require "socket"
+require "tmpdir"
+
+module NeverBlockBench
+  # One HTTP server under test, a process in a session of its own (setsid),
+  # so that stopping it stops everything it forked (Falcon's worker, Puma's
+  # cluster) and nothing is left listening. Its output goes to a log in
+  # {#tmpdir}, which lives until {#stop}.
+  #
+  #   server = ServerProcess.start("puma", ["bundle", "exec", "puma", ...], port: 9292)
+  #   server.wait_until_ready   # GET / answered (any status)
+  #   server.stop               # SIGTERM to the session, SIGKILL after 10 s
+  class ServerProcess
+    STOP_TIMEOUT = 10 # seconds between SIGTERM and SIGKILL
+    @running = []
+
+    class << self
+      # @param command [Array<String>] argv, without setsid
+      # @param env [Hash{String => String, nil}] for Process.spawn
+      # @return [ServerProcess] started, not necessarily ready
+      def start(name, command, port:, env: {}, dir: nil)
+        new(name, command, port, env, dir).tap { |server| @running << server }
+      end
+
+      # Stops every server still running; for `ensure` and signal traps.
+      def stop_all = @running.dup.each(&:stop)
+      def forget(server) = @running.delete(server)
+
+      # @return [Integer] a port on 127.0.0.1 that nothing listens on now
+      def free_port
+        TCPServer.open("127.0.0.1", 0) { |server| server.addr[1] }
+      end
+    end
+
+    attr_reader :name, :port, :pid, :tmpdir
+
+    def initialize(name, command, port, env, dir)
+      @name = name
+      @port = port
+      @tmpdir = Dir.mktmpdir("neverblock-bench-#{name.gsub(/\W+/, '-')}-")
+      @log = File.join(@tmpdir, "server.log")
+      options = { %i[out err] => [@log, "w"], in: File::NULL }
+      options[:chdir] = dir if dir
+      # The session's and process group's id is its pid: one signal reaches all it forks.
+      @pid = Process.spawn(env, "setsid", *command, **options)
+    end
+
+    # Waits until a GET of `path` gets any response.
+    # @raise [RuntimeError] when the process exits or does not answer in `timeout` seconds
+    def wait_until_ready(path: "/", timeout: 60)
+      deadline = NeverBlockBench.now + timeout
+      until answers?(path)
+        raise "#{@name} exited before it answered (#{@status.inspect}):\n#{log_tail}" if exited?
+        raise "#{@name} did not answer within #{timeout} s:\n#{log_tail}" if NeverBlockBench.now > deadline
+
+        sleep 0.1
+      end
+    end
+
+    # Stops the whole session (TERM, then KILL after {STOP_TIMEOUT}). Idempotent.
+    # @return [Boolean] whether the port is free afterwards
+    def stop
+      return true unless @pid
+
+      deadline = NeverBlockBench.now + STOP_TIMEOUT
+      signal("TERM")
+      sleep 0.05 until session_gone? || NeverBlockBench.now > deadline
+      unless session_gone?
+        warn "  #{@name} did not stop within #{STOP_TIMEOUT} s after SIGTERM; SIGKILL"
+        signal("KILL")
+        sleep 0.05 until session_gone? || NeverBlockBench.now > deadline + 5
+      end
+      begin
+        Process.wait(@pid) unless exited?
+      rescue Errno::ECHILD
+        nil
+      end
+      @pid = nil
+      self.class.forget(self)
+      free = port_free_within(5)
+      warn "  #{@name}: port #{@port} still in use after stopping" unless free
+      FileUtils.rm_rf(@tmpdir)
+      free
+    end
+
+    def log = File.exist?(@log) ? File.read(@log) : ""
+    def log_tail(lines = 20) = log.lines.last(lines).join.then { |text| text.empty? ? "(no output)" : text }
+
+    private
+
+    def answers?(path)
+      Socket.tcp("127.0.0.1", @port, connect_timeout: 1) do |socket|
+        socket.write("GET #{path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        socket.wait_readable(5) && !socket.readpartial(64).empty?
+      end
+    rescue SystemCallError, EOFError, IOError
+      false
+    end
+
+    def exited?
+      @status ||= Process.waitpid2(@pid, Process::WNOHANG)&.last
+      !@status.nil?
+    end
+
+    def signal(name)
+      Process.kill(name, -@pid)
+    rescue Errno::ESRCH
+      nil
+    end
+
+    # True when no process of the session is left (the leader reaped, so a zombie does not count).
+    def session_gone?
+      exited?
+      Process.kill(0, -@pid)
+      false
+    rescue Errno::ESRCH
+      true
+    rescue Errno::EPERM
+      false
+    end
+
+    def port_free_within(seconds)
+      deadline = NeverBlockBench.now + seconds
+      loop do
+        TCPServer.new("127.0.0.1", @port).close
+        return true
+      rescue SystemCallError
+        return false if NeverBlockBench.now > deadline
+
+        sleep 0.1
+      end
+    end
+  end
+
+  # How bench/server.rb, rails.rb, faults.rb and debounce.rb start each server,
+  # listening on 127.0.0.1:PORT: NeverBlock::Server under the main bundle (this
+  # checkout); Puma, Falcon, Thin, iodine and agoo under their own bundle,
+  # bench/gemfiles/servers.gemfile (gems in vendor/bundle-servers, installed by
+  # bench/run), so the main Gemfile.lock does not change; nginx with a generated
+  # config as the hardware reference.
+  module PeerServers
+    REPO = File.expand_path("../..", __dir__)
+    GEMFILE = File.join(REPO, "bench/gemfiles/servers.gemfile")
+
+    module_function
+
+    # A peer's `bundle exec` environment: the servers bundle, plus the selector
+    # variables (Bundler.with_unbundled_env restores the environment as it was
+    # before Peers.use_selector set them).
+    def bundle_env(extra = {})
+      { "BUNDLE_GEMFILE" => GEMFILE, "BUNDLE_PATH" => File.join(REPO, "vendor/bundle-servers"),
+        "BUNDLE_FROZEN" => "true", "BUNDLE_SILENCE_ROOT_WARNING" => "1", "RUBYOPT" => nil, "RUBYLIB" => nil,
+        "IO_EVENT_SELECTOR" => ENV.fetch("IO_EVENT_SELECTOR", nil),
+        "NEVERBLOCK_SELECTOR" => ENV.fetch("NEVERBLOCK_SELECTOR", nil) }.merge(extra)
+    end
+
+    def unbundled(&block)
+      defined?(Bundler) ? Bundler.with_unbundled_env(&block) : yield
+    end
+
+    # @return [String, nil] why the peers cannot run
+    def problem
+      out, status = unbundled { Open3.capture2e(bundle_env, "bundle", "check") }
+      return nil if status.success?
+
+      "the peer servers' bundle is not installed (#{out.lines.last&.strip}); run the benchmark through " \
+        "bench/run, which installs bench/gemfiles/servers.gemfile.lock into vendor/bundle-servers"
+    rescue SystemCallError => e
+      "cannot run bundle: #{e.message}"
+    end
+
+    # @return [Hash{String => String}] gem => version locked in the servers bundle
+    def locked_versions
+      File.read("#{GEMFILE}.lock").scan(/^    ([a-z0-9_-]+) \(([^)]+)\)$/).to_h.transform_values { |v| v.sub(/-x86_64-linux.*/, "") }
+    rescue SystemCallError
+      {}
+    end
+
+    # @return [String] e.g. "nginx/1.22.1"
+    def nginx_version
+      Open3.capture2e("nginx", "-v").first[%r{nginx/[\d.]+}] || "nginx (unknown version)"
+    rescue SystemCallError
+      "nginx (not installed)"
+    end
+
+    # NeverBlock::Server in this one process (workers: 0) through
+    # neverblock_server.rb; a child ruby inherits this bundle's RUBYOPT.
+    def neverblock(rackup, port:, fiber_pool: 1000, env: {}, name: "neverblock")
+      ServerProcess.start(name, [RbConfig.ruby, File.join(__dir__, "neverblock_server.rb"), rackup, port.to_s, fiber_pool.to_s],
+                          port: port, env: env)
+    end
+
+    # Puma, production mode: single (workers 0) or a cluster; threads nil is Puma's default (0:5).
+    def puma(rackup, port:, threads: nil, workers: 0, env: {}, name: "puma")
+      command = ["bundle", "exec", "puma", "--environment", "production", "--bind", "tcp://127.0.0.1:#{port}"]
+      command += ["--threads", threads] if threads
+      command += ["--workers", workers.to_s] if workers.positive?
+      peer(name, command + [rackup], port, { "RACK_ENV" => "production" }.merge(env))
+    end
+
+    # Falcon with one forked server process (its supervisor is the other), HTTP/1.1.
+    def falcon(rackup, port:, env: {}, name: "falcon")
+      peer(name, %W[bundle exec falcon serve --bind http://127.0.0.1:#{port} --count 1 --config #{rackup}], port, env)
+    end
+
+    def thin(rackup, port:, env: {}, name: "thin")
+      peer(name, %W[bundle exec thin start --address 127.0.0.1 --port #{port} --rackup #{rackup} --environment production --quiet],
+           port, env)
+    end
+
+    # iodine (C): one worker, one thread for the app.
+    def iodine(rackup, port:, env: {}, name: "iodine")
+      peer(name, %W[bundle exec iodine -b 127.0.0.1 -p #{port} -w 1 -t 1 #{rackup}], port, env)
+    end
+
+    # agoo (C): one worker; the app on the thread that started it, HTTP on agoo's C threads.
+    def agoo(rackup, port:, env: {}, name: "agoo")
+      peer(name, %W[bundle exec agoo -p #{port} -w 1 #{rackup}], port, env)
+    end
+
+    HELLO_LOCATIONS = <<~NGINX
+      location / {
+        default_type text/plain;
+        return 200 "Hello world\\n";
+      }
+    NGINX
+
+    # nginx in one process (no master, one worker), its files under `dir`;
+    # `http` adds to the http block (`%{prefix}` is the server's own directory).
+    def nginx(port:, dir:, name: "nginx", locations: HELLO_LOCATIONS, http: "")
+      prefix = File.join(dir, "nginx-#{port}")
+      FileUtils.mkdir_p(prefix)
+      temp = %w[client_body proxy fastcgi uwsgi scgi].map { |kind| "#{kind}_temp_path #{prefix}/#{kind};" }.join("\n  ")
+      File.write("#{prefix}/nginx.conf", <<~NGINX)
+        worker_processes 1;
+        daemon off;
+        master_process off;
+        pid #{prefix}/nginx.pid;
+        error_log #{prefix}/error.log warn;
+        events { worker_connections 8192; }
+        http {
+          access_log off;
+          #{temp}
+          keepalive_requests 1000000;
+        #{format(http, prefix: prefix).gsub(/^/, '  ')}
+          server {
+            listen 127.0.0.1:#{port};
+        #{locations.gsub(/^/, '    ')}
+          }
+        }
+      NGINX
+      ServerProcess.start(name, ["nginx", "-p", prefix, "-c", "#{prefix}/nginx.conf"], port: port)
+    end
+
+    def peer(name, command, port, env)
+      unbundled { ServerProcess.start(name, command, port: port, env: bundle_env(env)) }
+    end
+  end
+
+  # wrk (Debian's 4.1) against a URL: requests/s, the --latency percentiles
+  # (seconds) and errors (socket errors and non-2xx/3xx responses).
+  module Wrk
+    Result = Struct.new(:requests_per_second, :requests, :p50, :p90, :p99, :errors, :error_text, :output, keyword_init: true)
+    UNITS = { "us" => 1e-6, "ms" => 1e-3, "s" => 1.0, "m" => 60.0 }.freeze
+
+    module_function
+
+    def version
+      Open3.capture2e("wrk", "--version").first[%r{wrk (?:debian/)?([\d.]+)}, 1]&.then { |v| "wrk #{v}" }
+    rescue SystemCallError
+      nil
+    end
+
+    # @param duration [Numeric] seconds (whole)
+    # @return [Result]
+    # @raise [RuntimeError] when wrk fails or prints no requests/s
+    def run(url, connections:, duration:, threads: 1, timeout: 10)
+      command = ["wrk", "-t#{threads}", "-c#{connections}", "-d#{duration.ceil}s", "--timeout", "#{timeout.ceil}s", "--latency", url]
+      output, status = capture(command)
+      raise "#{command.join(' ')} failed (#{status}):\n#{output}" unless status.success?
+
+      parse(output)
+    end
+
+    # Open3.capture2e, except that an interrupt stops wrk at once.
+    def capture(command)
+      Open3.popen2e(*command) do |stdin, out, thread|
+        stdin.close
+        [out.read, thread.value]
+      rescue Exception # rubocop:disable Lint/RescueException -- stop wrk, then re-raise
+        Process.kill("TERM", thread.pid) rescue nil # rubocop:disable Style/RescueModifier
+        raise
+      end
+    end
+
+    def parse(output)
+      rate = output[%r{^Requests/sec:\s+([\d.]+)}, 1] or raise "no Requests/sec in wrk's output:\n#{output}"
+      socket = output[/Socket errors: (.*)$/, 1]
+      non2xx = output[/Non-2xx or 3xx responses: (\d+)/, 1].to_i
+      percentile = lambda do |which|
+        match = output.match(/^\s+#{which}%\s+([\d.]+)(us|ms|s|m)\b/)
+        match && Float(match[1]) * UNITS.fetch(match[2])
+      end
+      Result.new(requests_per_second: Float(rate), requests: output[/(\d+) requests in/, 1].to_i,
+                 p50: percentile.call(50), p90: percentile.call(90), p99: percentile.call(99),
+                 errors: (socket ? socket.scan(/\d+/).sum(&:to_i) : 0) + non2xx,
+                 error_text: [("socket errors: #{socket}" if socket), ("non-2xx/3xx: #{non2xx}" if non2xx.positive?)].compact.join("; "),
+                 output: output)
+    end
+  end
+
+  # CPU seconds (user + system) of every process in a session (a
+  # {ServerProcess}'s workers and threads too, and reaped children through the
+  # leader's cutime/cstime), from /proc. It stays put on a shared machine where
+  # requests/s moves with every other process's load. Resolution: one tick.
+  module ProcessCpu
+    TICKS = Etc.sysconf(Etc::SC_CLK_TCK)
+
+    def self.session_seconds(session)
+      Dir.glob("/proc/[0-9]*/stat").sum do |path|
+        text = File.read(path)
+        fields = text[(text.rindex(")") + 2)..].split # after "pid (comm)": state is [0], session [3]
+        Integer(fields[3]) == session ? fields[11, 4].sum { |value| Integer(value) } : 0
+      rescue SystemCallError
+        0
+      end.to_f / TICKS
+    end
+  end
+
+  # A server's allocation count, asked from outside it: {.serve} (in the
+  # server, from a thread blocked in accept, off the requests' path) answers
+  # each connection to a Unix socket with GC.stat(:total_allocated_objects).
+  module GcProbe
+    def self.serve(path)
+      listener = UNIXServer.new(path)
+      Thread.new { loop { listener.accept.tap { |client| client.write("#{GC.stat(:total_allocated_objects)}\n") }.close } }
+    end
+
+    # @return [Integer, nil] nil when the server does not answer
+    def self.read(path)
+      UNIXSocket.open(path) { |socket| Integer(socket.read, exception: false) }
+    rescue SystemCallError
+      nil
+    end
+  end
+end
