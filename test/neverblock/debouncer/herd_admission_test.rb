@@ -3,30 +3,49 @@
 require_relative "../../test_helper"
 require "neverblock/server"
 require "timeout"
+require "net/http"
+require "json"
+require "tmpdir"
+require "fileutils"
 
 # A herd of identical GETs fired at once, with the adaptive request limit on
-# (the default) and an upstream that takes 0.3 s, not held until the herd has
-# arrived: the followers give their request slots back while they wait
+# (the default): the followers give their request slots back while they wait
 # (env["neverblock.mark_as_io_bound"]), so every request of the herd is
 # admitted while the one call runs and joins it. Before, the followers waited
 # for admission until the leader's answer was gone and then led again: 2
-# upstream calls for 200 requests.
+# upstream calls for 200 requests against a 0.3 s upstream.
+#
+# 200 requests: the upstream takes 0.3 s, as in the report. 2,000: the upstream
+# answers once the server reports the whole herd in flight (at most 15 s), as
+# parsing 2,000 requests on a loaded 2-core machine can itself take longer than
+# 0.3 s (and a request arriving after the answer rightly leads again); before
+# the fix the herd never got in flight and a second call followed.
 class HerdAdmissionTest < PlainTest
   EXE = File.expand_path("../../../exe/neverblock", __dir__)
   FIXTURE = File.expand_path("../../fixtures/server/debounced.ru", __dir__)
+  STATUS = "/_neverblock"
 
   def setup
     @calls = Queue.new
+    @release = Queue.new
     calls = @calls
+    release = @release
+    held = name.include?("2000")
     app = lambda do |_env|
       calls << true
-      sleep 0.3
+      if held
+        deadline = NeverBlock::Clock.now + 15
+        sleep 0.02 while release.empty? && NeverBlock::Clock.now < deadline
+      else
+        sleep 0.3
+      end
       [200, { "content-type" => "text/plain", "content-length" => "5" }, ["slow\n"]]
     end
     @upstream = NeverBlock::Server.new(app, bind: ["tcp://127.0.0.1:0"], workers: 0)
     @upstream_url = @upstream.bound_addresses.first.sub("tcp://", "http://")
     @upstream_thread = Thread.new { @upstream.run }
     @children = []
+    @dir = Dir.mktmpdir("herd")
   end
 
   def teardown
@@ -43,6 +62,7 @@ class HerdAdmissionTest < PlainTest
     end
     @upstream.stop
     @upstream_thread.join(20)
+    FileUtils.rm_rf(@dir)
     super
   end
 
@@ -53,8 +73,9 @@ class HerdAdmissionTest < PlainTest
   end
 
   def test_2000_identical_gets_through_neverblock_debounce_cost_one_upstream_call
-    port = start("debounce", "--upstream", @upstream_url, "--listen", "tcp://127.0.0.1:0", "--workers", "1")
-    assert_one_leader(herd(2000, port))
+    port = start("debounce", "--upstream", @upstream_url, "--listen", "tcp://127.0.0.1:0", "--workers", "1",
+                 "--status", STATUS)
+    assert_one_leader(herd(2000, port) { @release << true })
     assert_equal 1, @calls.size, "upstream calls"
   end
 
@@ -63,15 +84,18 @@ class HerdAdmissionTest < PlainTest
   end
 
   def test_2000_identical_gets_through_the_debouncer_middleware_under_neverblock_serve_cost_one_call
-    assert_one_leader(herd(2000, start("serve", FIXTURE, "-b", "tcp://127.0.0.1:0", "-w", "1")))
+    file = File.join(@dir, "release")
+    port = start("serve", FIXTURE, "-b", "tcp://127.0.0.1:0", "-w", "1", "--status", STATUS,
+                 env: { "HERD_RELEASE_FILE" => file })
+    assert_one_leader(herd(2000, port) { File.write(file, "") })
   end
 
   private
 
   # Starts `neverblock ARGS` and returns the port it printed.
-  def start(*args)
+  def start(*args, env: {})
     reader, writer = IO.pipe
-    pid = Process.spawn(RbConfig.ruby, EXE, *args, out: writer, err: writer)
+    pid = Process.spawn(env, RbConfig.ruby, EXE, *args, out: writer, err: writer)
     writer.close
     child = { pid: pid, out: reader }
     @children << child
@@ -85,16 +109,30 @@ class HerdAdmissionTest < PlainTest
   end
 
   # `count` clients, each on its own connection, send the same GET at once:
-  # every connection is opened first, then every request written in one go (a
-  # herd arriving over longer than the upstream's 0.3 s would rightly cost a
-  # second call for its late part).
-  def herd(count, port)
+  # every connection is opened first, then every request written in one go.
+  # With a block: calls it (to release the upstream) once the server reports
+  # every request in flight, or after 15 s.
+  def herd(count, port, &release)
     NeverBlock.run do
       sockets = NeverBlock.map(1..count, concurrency: 200) { TCPSocket.new("127.0.0.1", port) }
       request = "GET /config HTTP/1.1\r\nHost: config.internal\r\nConnection: close\r\n\r\n"
       sockets.each { |socket| socket.write(request) }
-      NeverBlock.wait_all(sockets.map { |socket| NeverBlock.spawn { socket.read.tap { socket.close } } })
+      readers = sockets.map { |socket| NeverBlock.spawn { socket.read.tap { socket.close } } }
+      if release
+        deadline = now + 15
+        NeverBlock.sleep(0.05) until in_flight(port) >= count || now > deadline
+        release.call
+      end
+      NeverBlock.wait_all(readers)
     end
+  end
+
+  # Requests the server reports in flight (its status request not counted).
+  def in_flight(port)
+    response = Net::HTTP.start("127.0.0.1", port, read_timeout: 2) { |http| http.get(STATUS) }
+    JSON.parse(response.body).fetch("requests_in_flight") - 1
+  rescue Net::ReadTimeout, SystemCallError, JSON::ParserError
+    0
   end
 
   def assert_one_leader(responses)
