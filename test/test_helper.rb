@@ -83,5 +83,6 @@ require_relative "support/postgres"
 require_relative "support/mysql"
 # NeverBlockTest::DatabaseClientContract and ::DatabaseRecoveryContract: one suite, both databases.
 require_relative "support/database_client_contract"
+require_relative "support/database_recovery_contract"
 require_relative "support/server_process"
 require_relative "support/certificates"
