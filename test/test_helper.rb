@@ -63,6 +63,29 @@ module TestSupport
   end
 end
 
+# A count-down latch, to order events without guessing with `sleep`: #wait
+# returns once #count_down was called `count` times. Works between fibers
+# of one loop (Mutex and ConditionVariable go through the scheduler) and
+# between threads.
+class Latch
+  def initialize(count = 1)
+    @count = count
+    @mutex = Thread::Mutex.new
+    @reached = Thread::ConditionVariable.new
+  end
+
+  def count_down
+    @mutex.synchronize do
+      @count -= 1
+      @reached.broadcast if @count <= 0
+    end
+  end
+
+  def wait
+    @mutex.synchronize { @reached.wait(@mutex) while @count.positive? }
+  end
+end
+
 # Base class for tests that run inside the event loop.
 class NeverBlockTest < Minitest::Test
   include TestSupport
