@@ -63,6 +63,29 @@ module TestSupport
   end
 end
 
+# A count-down latch, to order events without guessing with `sleep`: #wait
+# returns once #count_down was called `count` times. Works between fibers
+# of one loop (Mutex and ConditionVariable go through the scheduler) and
+# between threads.
+class Latch
+  def initialize(count = 1)
+    @count = count
+    @mutex = Thread::Mutex.new
+    @reached = Thread::ConditionVariable.new
+  end
+
+  def count_down
+    @mutex.synchronize do
+      @count -= 1
+      @reached.broadcast if @count <= 0
+    end
+  end
+
+  def wait
+    @mutex.synchronize { @reached.wait(@mutex) while @count.positive? }
+  end
+end
+
 # Base class for tests that run inside the event loop.
 class NeverBlockTest < Minitest::Test
   include TestSupport
@@ -81,5 +104,8 @@ require_relative "support/databases"
 require_relative "support/pool_tracking"
 require_relative "support/postgres"
 require_relative "support/mysql"
+# NeverBlockTest::DatabaseClientContract and ::DatabaseRecoveryContract: one suite, both databases.
+require_relative "support/database_client_contract"
+require_relative "support/database_recovery_contract"
 require_relative "support/server_process"
 require_relative "support/certificates"

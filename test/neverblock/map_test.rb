@@ -38,9 +38,11 @@ class MapTest < NeverBlockTest
 
   def test_a_failure_cancels_the_rest_and_raises_the_first_error
     cancelled = 0
+    five_started = Latch.new(5)
     error = assert_raises(KeyError) do
       NeverBlock.map(1..10, concurrency: 5) do |x|
-        sleep 0.01 # let all five start
+        five_started.count_down
+        five_started.wait
         raise KeyError, "item #{x}" if x == 2
 
         sleep 1

@@ -78,12 +78,14 @@ class TaskTest < NeverBlockTest
 
   def test_cancel_raises_cancelled_inside_the_task_and_runs_ensure
     events = []
+    sleeping = Latch.new
     task = NeverBlock.spawn do
+      sleeping.count_down
       sleep 10
     ensure
       events << :ensure
     end
-    sleep 0.01
+    sleeping.wait
     task.cancel
     assert_raises(NeverBlock::Cancelled) { task.value }
     assert_equal [:ensure], events
@@ -139,13 +141,15 @@ class TaskTest < NeverBlockTest
   end
 
   def test_a_task_that_rescues_cancelled_can_clean_up_and_wait
+    sleeping = Latch.new
     task = NeverBlock.spawn do
+      sleeping.count_down
       sleep 10
     rescue NeverBlock::Cancelled
       sleep 0.01 # cleanup may still wait
       :cleaned_up
     end
-    sleep 0.01
+    sleeping.wait
     task.cancel
     assert_equal :cleaned_up, task.value
     assert_equal :completed, task.status
@@ -153,15 +157,17 @@ class TaskTest < NeverBlockTest
 
   def test_cancel_wakes_the_waiters_of_the_task
     task = NeverBlock.spawn { sleep 10 }
-    waiter = NeverBlock.spawn { task.value }
-    sleep 0.01
+    waiting = Latch.new
+    waiter = NeverBlock.spawn { waiting.count_down; task.value }
+    waiting.wait
     task.cancel
     assert_raises(NeverBlock::Cancelled) { waiter.value }
   end
 
   def test_cancel_from_another_thread
-    task = NeverBlock.spawn { sleep 10 }
-    sleep 0.01
+    sleeping = Latch.new
+    task = NeverBlock.spawn { sleeping.count_down; sleep 10 }
+    sleeping.wait
     Thread.new { task.cancel }.join
     assert_raises(NeverBlock::Cancelled) { task.value }
   end

@@ -27,6 +27,64 @@ module NeverBlockTest::MySQLHelpers
     rows(db.query("SELECT CONNECTION_ID()")).first.first
   end
 
+  # A pool on the test database with this driver, closed in teardown.
+  def client(**options)
+    client_from(**mysql_config, **options)
+  end
+
+  # A pool with exactly these options (and this driver), closed in teardown.
+  def client_from(**options)
+    track(NeverBlock::MySQL.pool(driver: driver, **options))
+  end
+
+  # The hooks of NeverBlockTest::DatabaseClientContract and ::DatabaseRecoveryContract.
+
+  # `target`: a Client or the driver's connection.
+  def execute(target, sql)
+    target.query(sql)
+  end
+
+  def value(target, sql)
+    rows(target.query(sql)).first.first&.to_s
+  end
+
+  def session_id(db)
+    connection_id(db)
+  end
+
+  def in_transaction?(db)
+    rows(db.query("SELECT @@in_transaction")) == [[1]]
+  end
+
+  def sql_error
+    driver_error
+  end
+
+  def raw_connection_class
+    driver == :trilogy ? Trilogy : Mysql2::Client
+  end
+
+  def sleep_sql(seconds)
+    "SELECT SLEEP(#{seconds})"
+  end
+
+  def database_url(database)
+    config = mysql_config
+    "mysql://#{config[:username]}:#{config[:password]}@#{config[:host]}:#{config[:port]}/#{database}"
+  end
+
+  def database_option
+    :database
+  end
+
+  def database_name
+    mysql_config[:database]
+  end
+
+  def current_database_sql
+    "SELECT DATABASE()"
+  end
+
   # A session of its own, to look at the server from outside the pool. Opened
   # on the thread pool, as NeverBlock::MySQL opens its own: Trilogy.new on the
   # loop can leave a stale epoll registration behind (see TrilogyConnection).

@@ -37,6 +37,53 @@ module NeverBlockTest::PostgresHelpers
     Integer(db.exec("SELECT pg_backend_pid()").getvalue(0, 0))
   end
 
+  # The hooks of NeverBlockTest::DatabaseClientContract and ::DatabaseRecoveryContract.
+
+  # `target`: a Client or a PG::Connection.
+  def execute(target, sql)
+    target.exec(sql)
+  end
+
+  def value(target, sql)
+    target.exec(sql).getvalue(0, 0)
+  end
+
+  def session_id(db)
+    backend_pid(db)
+  end
+
+  def in_transaction?(db)
+    db.with(&:transaction_status) != PG::PQTRANS_IDLE
+  end
+
+  def sql_error
+    PG::Error
+  end
+
+  def raw_connection_class
+    PG::Connection
+  end
+
+  def sleep_sql(seconds)
+    "SELECT pg_sleep(#{seconds})"
+  end
+
+  def database_url(database)
+    pg_url.sub(%r{/[^/]*\z}, "/#{database}")
+  end
+
+  def database_option
+    :dbname
+  end
+
+  def database_name
+    pg_conninfo[:dbname]
+  end
+
+  def current_database_sql
+    "SELECT current_database()"
+  end
+
   # A real table (temporary ones belong to one pooled connection), dropped in teardown.
   def create_table(db)
     unique_name("t").tap do |table|

@@ -5,10 +5,14 @@ require "securerandom"
 require "neverblock/postgres"
 
 # NeverBlock::Postgres.pool and its Client inside the loop, against the
-# PostgreSQL that bin/test starts: queries, transactions, the raw
-# connection, SQL errors, concurrency, pool exhaustion, LISTEN/NOTIFY.
+# PostgreSQL that bin/test starts. What every database client does
+# (queries, transactions, the raw connection, SQL errors, concurrency, pool
+# exhaustion) is NeverBlockTest::DatabaseClientContract; here are exec and
+# exec_params, PostgreSQL's aborted transactions, prepared statements, a
+# cancel during a hand-over, and LISTEN/NOTIFY.
 class PostgresClientTest < NeverBlockTest
   include NeverBlockTest::PostgresHelpers
+  include NeverBlockTest::DatabaseClientContract
 
   def test_exec_returns_the_result_of_the_sql
     db = client
@@ -19,76 +23,6 @@ class PostgresClientTest < NeverBlockTest
     db = client
     hostile = "'); DROP TABLE pg_class; --"
     assert_equal [[hostile, "42"]], db.exec_params("SELECT $1::text, $2::int", [hostile, 42]).values
-  end
-
-  def test_the_connection_can_be_given_as_a_url
-    db = client_from(url: pg_url)
-    assert_equal pg_conninfo[:dbname], db.exec("SELECT current_database()").getvalue(0, 0)
-  end
-
-  def test_keywords_override_the_url
-    wrong = pg_url.sub(%r{/[^/]*\z}, "/no_such_database")
-    db = client_from(url: wrong, dbname: pg_conninfo[:dbname])
-    assert_equal pg_conninfo[:dbname], db.exec("SELECT current_database()").getvalue(0, 0)
-  end
-
-  def test_transaction_commits_when_the_block_returns
-    db = client
-    table = create_table(db)
-    value = db.transaction do |conn|
-      assert_kind_of PG::Connection, conn
-      conn.exec("INSERT INTO #{table} VALUES (1)")
-      :done
-    end
-    assert_equal :done, value
-    assert_equal [1], rows_seen_by_another_session(table)
-  end
-
-  def test_a_transaction_that_raises_inside_with_is_rolled_back_at_once
-    db = client
-    table = create_table(db)
-    db.with do
-      assert_raises(KeyError) do
-        db.transaction do |conn|
-          conn.exec("INSERT INTO #{table} VALUES (1)")
-          raise KeyError
-        end
-      end
-      db.transaction { |conn| conn.exec("INSERT INTO #{table} VALUES (2)") }
-    end
-    assert_equal [2], rows_seen_by_another_session(table).map(&:to_i)
-  end
-
-  def test_transaction_rolls_back_and_reraises_when_the_block_raises
-    db = client
-    table = create_table(db)
-    assert_raises(KeyError) do
-      db.transaction do |conn|
-        conn.exec("INSERT INTO #{table} VALUES (1)")
-        raise KeyError
-      end
-    end
-    assert_equal [], rows_seen_by_another_session(table)
-  end
-
-  def test_calls_on_the_client_inside_a_transaction_run_in_it
-    db = client(size: 4)
-    ids = db.transaction do
-      2.times.map { db.exec("SELECT txid_current(), pg_backend_pid()").values.first }
-    end
-    assert_equal 1, ids.uniq.size, "both statements ran in the same transaction on one connection"
-  end
-
-  def test_a_nested_transaction_joins_the_outer_one
-    db = client
-    table = create_table(db)
-    assert_raises(KeyError) do
-      db.transaction do
-        db.transaction { db.exec("INSERT INTO #{table} VALUES (1)") }
-        raise KeyError
-      end
-    end
-    assert_equal [], rows_seen_by_another_session(table), "the inner block did not commit on its own"
   end
 
   def test_a_rescued_sql_error_inside_a_transaction_raises_transaction_rolled_back
@@ -109,93 +43,16 @@ class PostgresClientTest < NeverBlockTest
     assert_equal [], rows_seen_by_another_session(table)
   end
 
-  def test_with_lends_the_raw_pg_connection
+  def test_the_raw_connection_runs_prepared_statements
     db = client
     db.with do |conn|
-      assert_kind_of PG::Connection, conn
       conn.prepare("nb_double", "SELECT $1::int * 2")
       assert_equal "42", conn.exec_prepared("nb_double", [21]).getvalue(0, 0)
-      assert_same conn, db.with { |inner| inner }, "with is re-entrant"
     end
   end
 
-  def test_an_sql_error_raises_in_the_calling_fiber_only
-    db = client(size: 3)
-    outcomes = 6.times.map do |i|
-      NeverBlock.spawn do
-        i == 3 ? db.exec("SELECT 1/0") : db.exec_params("SELECT $1::int", [i]).getvalue(0, 0)
-      rescue PG::Error => e
-        e
-      end
-    end.map(&:value)
-    assert_kind_of PG::DivisionByZero, outcomes.delete_at(3)
-    assert_equal %w[0 1 2 4 5], outcomes
-  end
-
-  def test_after_an_sql_error_the_same_connection_is_reused
-    db = client(size: 1)
-    pid = backend_pid(db)
-    assert_raises(PG::UndefinedTable) { db.exec("SELECT * FROM nb_no_such_table") }
-    assert_equal pid, backend_pid(db)
-    assert_equal PG::PQTRANS_IDLE, db.with(&:transaction_status)
-  end
-
-  def test_an_sql_error_in_a_transaction_rolls_it_back_and_the_connection_is_reused
-    db = client(size: 1)
-    table = create_table(db)
-    pid = backend_pid(db)
-    assert_raises(PG::UniqueViolation) do
-      db.transaction do |conn|
-        conn.exec("INSERT INTO #{table} VALUES (1)")
-        conn.exec("INSERT INTO #{table} VALUES (1)")
-      end
-    end
-    assert_equal pid, backend_pid(db), "the same connection, not in an aborted transaction"
-    assert_equal [], rows_seen_by_another_session(table)
-  end
-
-  def test_a_transaction_left_open_inside_with_is_rolled_back_before_reuse
-    db = client(size: 1)
-    table = create_table(db)
-    assert_raises(KeyError) do
-      db.with do |conn|
-        conn.exec("BEGIN")
-        conn.exec("INSERT INTO #{table} VALUES (1)")
-        raise KeyError
-      end
-    end
-    assert_equal PG::PQTRANS_IDLE, db.with(&:transaction_status)
-    assert_equal [], rows_seen_by_another_session(table)
-  end
-
-  def test_ten_concurrent_one_second_sleeps_through_a_pool_of_ten_take_about_a_second
-    db = client(size: 10)
-    time = elapsed do
-      10.times.map { NeverBlock.spawn { db.exec("SELECT pg_sleep(1)") } }.each(&:value)
-    end
-    assert_operator time, :<, 3, "ten one-second queries ran one after another"
-    assert_equal 10, db.stats[:idle]
-  end
-
-  def test_other_fibers_run_while_a_query_waits
-    db = client
-    ticks = 0
-    ticker = NeverBlock.spawn { loop { sleep 0.01; ticks += 1 } }
-    db.exec("SELECT pg_sleep(0.3)")
-    ticker.cancel
-    ticker.wait
-    assert_operator ticks, :>=, 5, "the loop was blocked during the query"
-  end
-
-  def test_an_exhausted_pool_raises_pool_timeout
-    db = client(size: 1, timeout: 0.1)
-    holder = NeverBlock.spawn { db.exec("SELECT pg_sleep(0.5)") }
-    error = assert_raises(NeverBlock::PoolTimeout) { db.exec("SELECT 1") }
-    assert_match(/size: 1, in_use: 1/, error.message)
-    holder.value
-    assert_equal "1", db.exec("SELECT 1").getvalue(0, 0), "usable again once the holder is done"
-  end
-
+  # (Not in the contract: with trilogy, the waiters were sometimes served
+  # last-first, 1 run in 2 on 2026-11-23.)
   def test_queries_waiting_for_the_pool_are_served_in_order_by_hand_over
     db = client(size: 1)
     pid = backend_pid(db)
@@ -226,16 +83,6 @@ class PostgresClientTest < NeverBlockTest
     assert_equal "served", patient.value
     assert_equal({ size: 1, in_use: 0, idle: 1, waiting: 0 }, db.stats)
     assert_equal pid, backend_pid(db), "the connection was passed on, not closed"
-  end
-
-  def test_a_query_timing_out_while_waiting_for_the_pool_leaks_nothing
-    db = client(size: 1, timeout: 5)
-    holder = NeverBlock.spawn { db.exec("SELECT pg_sleep(0.3)") }
-    assert_raises(NeverBlock::TimeoutError) { NeverBlock.timeout(0.05) { db.exec("SELECT 1") } }
-    assert_equal 0, db.stats[:waiting]
-    holder.value
-    assert_equal({ size: 1, in_use: 0, idle: 1, waiting: 0 }, db.stats)
-    assert_equal "1", db.exec("SELECT 1").getvalue(0, 0)
   end
 
   def test_listen_yields_notifications_without_blocking_the_loop
@@ -318,30 +165,15 @@ class PostgresClientTest < NeverBlockTest
   end
 end
 
-# The same client from plain threads, with no event loop: it blocks the
-# calling thread only, and forked children get connections of their own.
+# The same client from plain threads, with no event loop
+# (NeverBlockTest::DatabaseClientThreadsContract), and shared by fibers and
+# threads at once.
 class PostgresClientThreadsTest < PlainTest
-  include NeverBlockTest::Databases
-
-  def setup
-    @db = NeverBlock::Postgres.pool(size: 5, **pg_conninfo)
-  end
-
-  def teardown
-    @db.close
-  end
-
-  def test_plain_threads_share_the_pool_and_wait_concurrently
-    time = elapsed do
-      5.times.map { Thread.new { @db.exec("SELECT pg_sleep(1)") } }.each(&:join)
-    end
-    assert_operator time, :<, 3, "five one-second queries from five threads ran one after another"
-    assert_equal 5, @db.stats[:idle]
-  end
+  include NeverBlockTest::PostgresHelpers
+  include NeverBlockTest::DatabaseClientThreadsContract
 
   def test_fibers_and_plain_threads_share_one_client
-    @db.close
-    @db = NeverBlock::Postgres.pool(size: 2, **pg_conninfo) # closed in teardown
+    @db = client(size: 2)
     loops = 2.times.map do |n|
       Thread.new do
         NeverBlock.run do
@@ -356,54 +188,11 @@ class PostgresClientThreadsTest < PlainTest
     assert_equal({ size: 2, in_use: 0, idle: 2, waiting: 0 }, @db.stats)
   end
 
-  def test_a_transaction_from_a_plain_thread
-    ids = Thread.new do
-      @db.transaction { 2.times.map { @db.exec("SELECT txid_current()").getvalue(0, 0) } }
-    end.value
-    assert_equal 1, ids.uniq.size
-  end
-
-  def test_a_forked_child_gets_fresh_connections
-    parent = backend_pid # an idle connection in the parent's pool
-    child = in_child do
-      [backend_pid, NeverBlock.run { backend_pid }].uniq.join(",")
-    end
-    refute_equal parent.to_s, child
-    refute_includes child, ",", "the child reused its own connection"
-  end
-
-  def test_the_parents_idle_connection_survives_a_forked_childs_exit
-    parent = backend_pid
-    in_child { backend_pid } # the child opens its own, uses it and exits normally
-    assert_equal parent, backend_pid, "the child's exit ended the parent's session, so the pool opened another"
-  end
-
   private
-
-  def backend_pid
-    Integer(@db.exec("SELECT pg_backend_pid()").getvalue(0, 0))
-  end
 
   # A short query that waits for the pool as often as not: [sent, got back].
   def query(*ids)
     sent = ids.join(".")
     [sent, @db.exec_params("SELECT $1::text, pg_sleep(0.001)", [sent]).getvalue(0, 0)]
-  end
-
-  # Runs the block in a forked child that then exits normally (at_exit
-  # handlers and finalizers run, as in a real worker); returns its value as a String.
-  def in_child
-    reader, writer = IO.pipe
-    pid = fork do
-      reader.close
-      writer.write(yield.to_s)
-      writer.close
-    end
-    writer.close
-    _, status = Process.wait2(pid)
-    assert status.success?, "the child failed"
-    reader.read
-  ensure
-    reader&.close
   end
 end

@@ -136,9 +136,13 @@ class PostgresConnectTest < NeverBlockTest
     server&.close
   end
 
-  # Opens `count` connections at once; @return [Array<Integer>] their backend pids.
+  # Opens `count` connections at once (each task holds one until all have
+  # one); @return [Array<Integer>] their backend pids.
   def open_connections(db, count)
-    count.times.map { NeverBlock.spawn { db.with { |conn| sleep 0.05; conn.backend_pid } } }.map(&:value)
+    all_hold_one = Latch.new(count)
+    count.times.map do
+      NeverBlock.spawn { db.with { |conn| all_hold_one.count_down; all_hold_one.wait; conn.backend_pid } }
+    end.map(&:value)
   end
 end
 

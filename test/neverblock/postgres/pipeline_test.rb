@@ -158,7 +158,8 @@ class PostgresPipelineTest < NeverBlockTest
 
   # Opens `count` connections and leaves them idle in the pool.
   def open_connections(db, count)
-    count.times.map { NeverBlock.spawn { db.with { sleep 0.05 } } }.each(&:value)
+    all_hold_one = Latch.new(count) # each task holds one until all have one
+    count.times.map { NeverBlock.spawn { db.with { all_hold_one.count_down; all_hold_one.wait } } }.each(&:value)
     assert_equal count, db.stats[:idle]
   end
 
