@@ -194,6 +194,7 @@ class ConnectionPoolTest < NeverBlockTest
   end
 
   def test_a_hand_over_between_fibers_allocates_at_most_the_waits_timer
+    known_failure_on :select, bug: "io-event's pure-Ruby Select selector allocates ~10 objects per wait, over this test's limit of 2"
     pool = NeverBlock::ConnectionPool.new(size: 1, timeout: 5) { PairConnection.new }
     rounds = 200
     ping_pong = lambda do
@@ -205,7 +206,7 @@ class ConnectionPoolTest < NeverBlockTest
     per_checkout = (GC.stat(:total_allocated_objects) - before).fdiv(2 * rounds)
     assert_operator per_checkout, :<, 2, "a checkout that waits allocates its deadline timer, not a waiter or a lock"
   ensure
-    pool.disconnect_all
+    pool&.disconnect_all
   end
 
   def test_a_connection_back_moments_ago_skips_the_health_check

@@ -111,6 +111,7 @@ end
 # When Ruby cannot allocate another fiber stack, that task fails alone.
 class FiberExhaustionTest < PlainTest
   def test_a_task_whose_fiber_cannot_be_created_fails_without_stopping_the_loop
+    known_failure_on :select, bug: "with the select selector no task reports the failed fiber creation (run_test.rb expects > 0)"
     if RUBY_VERSION >= "3.3"
       skip "Ruby 3.3 itself spins (in its backtrace walker, building the FiberError) when a fiber " \
            "switch from inside a task cannot allocate a stack; seen under RLIMIT_AS with gdb"

@@ -44,6 +44,7 @@ class ConformanceHooksTest < ConformanceTest
   end
 
   def test_io_pread_on_a_pipe_returns_the_negated_errno
+    known_failure_on :uring, bug: "io_pread on a pipe hangs in io-event's URing selector instead of returning -ESPIPE"
     reader, writer = IO.pipe
     result = quietly_experimental do
       on_scheduler_thread { hook_result { Fiber.scheduler.io_pread(reader, IO::Buffer.new(1), 0, 1, 0) } }

@@ -127,6 +127,7 @@ class ServerConcurrencyTest < PlainTest
   RUBY
 
   def test_ten_thousand_idle_keep_alive_connections_are_cheap
+    known_failure_on :select, bug: "the Select selector's per-IO bookkeeping takes 10,000 connections to 302-306 MB, over the 300 MB bound"
     soft, hard = Process.getrlimit(:NOFILE)
     needed = CONNECTIONS + 256
     skip "needs an open-file hard limit of #{needed} (ulimit -Hn is #{hard})" if hard < needed
