@@ -54,11 +54,12 @@ module NeverBlockBench
       abort "unknown variants: #{unknown.join(', ')}" unless unknown.empty?
     end
 
-    def run
+    # @return [true] (a failed storm shows in its row)
+    def call
       Machine.raise_fd_limit(@options[:clients] * 4 + 256)
       @dir = Dir.mktmpdir("nb-debounce-bench")
-      results = @options[:only].filter_map { |variant| measure(variant) }
-      report(results)
+      report(@options[:only].filter_map { |variant| measure(variant) })
+      true
     ensure
       ServerProcess.stop_all
       FileUtils.rm_rf(@dir) if @dir
@@ -230,17 +231,9 @@ module NeverBlockBench
 end
 
 if $PROGRAM_NAME == __FILE__
-  options = {}
-  parser = OptionParser.new do |o|
-    o.banner = "Usage: bench/run debounce [options]"
-    o.on("--clients N", Integer, "clients in the storm (default 500)") { |n| options[:clients] = n }
-    o.on("--delay SECONDS", Float, "the upstream's answer time (default 0.2)") { |s| options[:delay] = s }
-    o.on("--runs N", Integer, "runs per variant; the median is reported (default 3)") { |n| options[:runs] = n }
-    NeverBlockBench::CommandLine.shared_options(o, options, results: "debounce", variants: NeverBlockBench::DebounceBench::VARIANTS.join(","))
-  end
-  NeverBlockBench::CommandLine.run(parser, options, defaults: NeverBlockBench::DebounceBench::DEFAULTS,
-                                                    quick: NeverBlockBench::DebounceBench::QUICK) do |opts|
-    NeverBlockBench::DebounceBench.new(opts).run
-    true
+  NeverBlockBench::CommandLine.main(NeverBlockBench::DebounceBench, "debounce", variants: NeverBlockBench::DebounceBench::VARIANTS.join(",")) do |opts, options|
+    opts.on("--clients N", Integer, "clients in the storm (default 500)") { |n| options[:clients] = n }
+    opts.on("--delay SECONDS", Float, "the upstream's answer time (default 0.2)") { |s| options[:delay] = s }
+    opts.on("--runs N", Integer, "runs per variant; the median is reported (default 3)") { |n| options[:runs] = n }
   end
 end

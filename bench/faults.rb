@@ -226,16 +226,10 @@ end
 
 if $PROGRAM_NAME == __FILE__
   require "neverblock"
-  options = {}
-  parser = OptionParser.new do |opts|
-    opts.banner = "Usage: ruby bench/faults.rb [options]"
+  NeverBlockBench::CommandLine.main(NeverBlockBench::FaultsBench, "faults", variants: "neverblock,puma (servers)") do |opts, options|
     opts.on("--duration SECONDS", Integer, "seconds of the slowloris and crash cells (10)") { |v| options[:duration] = v }
     opts.on("--loris N", Integer, "partial-head connections (2000)") { |v| options[:loris] = v }
     opts.on("--restarts N", Integer, "rolling restarts per server (10)") { |v| options[:restarts] = v }
     opts.on("--scenarios LIST", Array, "slowloris,restart,crash (all)") { |list| options[:scenarios] = list }
-    NeverBlockBench::CommandLine.shared_options(opts, options, results: "faults", variants: "neverblock,puma (servers)")
-  end
-  NeverBlockBench::CommandLine.run(parser, options, defaults: NeverBlockBench::FaultsBench::DEFAULTS, quick: NeverBlockBench::FaultsBench::QUICK) do |opts|
-    NeverBlockBench::FaultsBench.new(opts).call
   end
 end

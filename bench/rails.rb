@@ -62,9 +62,7 @@ module NeverBlockBench
 
     def initialize(options)
       @options = options
-      @parts = @options[:only] || PARTS
-      unknown = @parts - PARTS
-      raise OptionParser::InvalidArgument, "unknown part(s) #{unknown.join(', ')}; use #{PARTS.join(',')}" unless unknown.empty?
+      @parts = CommandLine.parts(@options[:only], PARTS)
     end
 
     # @return [Boolean] true when every request of every measurement got a 200
@@ -76,7 +74,7 @@ module NeverBlockBench
       end
 
       puts header
-      cells = (PARTS & @parts).flat_map { |part| send("measure_#{part}") }
+      cells = @parts.flat_map { |part| send("measure_#{part}") }
       report(cells)
       cells.all? { |cell| cell.failures.empty? && cell[:errors].empty? }
     ensure
@@ -406,23 +404,15 @@ module NeverBlockBench
 end
 
 if $PROGRAM_NAME == __FILE__
-  $stdout.sync = true
-  options = {}
-  list = ->(key) { ->(values) { options[key] = values.map { |value| Integer(value) } } }
-  parser = OptionParser.new do |opts|
-    opts.banner = "Usage: ruby bench/rails.rb [options]"
+  NeverBlockBench::CommandLine.main(NeverBlockBench::RailsBench, "rails", variants: "sleeps,mixed,fast (the parts)") do |opts, options|
     opts.on("--requests N", Integer, "requests per mixed-workload cell (1000)") { |value| options[:requests] = value }
     opts.on("--concurrency N", Integer, "requests at once in the mixed workload (200)") { |value| options[:concurrency] = value }
-    opts.on("--every LIST", Array, "N values: one in N requests sleeps (200,100,50,20,10)", &list.call(:every))
-    opts.on("--puma-workers LIST", Array, "Puma cluster sizes (1,2,4)", &list.call(:puma_workers))
+    opts.on("--every LIST", Array, "N values: one in N requests sleeps (200,100,50,20,10)") { |list| options[:every] = NeverBlockBench::CommandLine.integers(list) }
+    opts.on("--puma-workers LIST", Array, "Puma cluster sizes (1,2,4)") { |list| options[:puma_workers] = NeverBlockBench::CommandLine.integers(list) }
     opts.on("--nb-pool N", Integer, "NeverBlock's ActiveRecord pool (200)") { |value| options[:nb_pool] = value }
     opts.on("--fast-requests N", Integer, "requests per cell of (c), only /fast (4000)") { |value| options[:fast_requests] = value }
-    opts.on("--fast-concurrency LIST", Array, "client concurrencies of (c) (16,200)", &list.call(:fast_concurrency))
+    opts.on("--fast-concurrency LIST", Array, "client concurrencies of (c) (16,200)") { |list| options[:fast_concurrency] = NeverBlockBench::CommandLine.integers(list) }
     opts.on("--puma-matched-threads N", Integer, "threads of (c)'s second Puma (16)") { |value| options[:puma_matched_threads] = value }
     opts.on("--runs N", Integer, "runs of everything, the median reported (3)") { |value| options[:runs] = value }
-    NeverBlockBench::CommandLine.shared_options(opts, options, results: "rails", variants: "sleeps,mixed,fast (the parts)")
-  end
-  NeverBlockBench::CommandLine.run(parser, options, defaults: NeverBlockBench::RailsBench::DEFAULTS, quick: NeverBlockBench::RailsBench::QUICK) do |opts|
-    NeverBlockBench::RailsBench.new(opts).call
   end
 end
