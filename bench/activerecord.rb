@@ -48,9 +48,7 @@ module NeverBlockBench
 
     def initialize(options)
       @options = options
-      @parts = @options[:only] || PARTS
-      unknown = @parts - PARTS
-      raise OptionParser::InvalidArgument, "unknown part(s) #{unknown.join(', ')}; use #{PARTS.join(',')}" unless unknown.empty?
+      @parts = CommandLine.parts(@options[:only], PARTS)
 
       @variants = [Variant.new(name: "blocking", label: SLEEP_LABELS["blocking"], adapter: "postgresql", series: "postgresql adapter, in order"),
                    Variant.new(name: "blocking_awake", label: "the same, CPUs kept awake", adapter: "postgresql", awake: true,
@@ -72,7 +70,7 @@ module NeverBlockBench
         conn.exec("CREATE INDEX #{TABLE}_group_id ON #{TABLE} (group_id)")
       end
       begin
-        cells = PARTS.select { |part| @parts.include?(part) }.flat_map { |part| send("measure_#{part}") }
+        cells = @parts.flat_map { |part| send("measure_#{part}") }
       ensure
         begin
           with_pg { |conn| conn.exec("DROP TABLE IF EXISTS #{TABLE}") }
@@ -340,23 +338,15 @@ module NeverBlockBench
 end
 
 if $PROGRAM_NAME == __FILE__
-  options = {}
-  integers = ->(list) { list.map { |value| Integer(value.delete("_")) } }
-  parser = OptionParser.new do |opts|
-    opts.banner = "Usage: ruby bench/activerecord.rb [options]"
+  NeverBlockBench::CommandLine.main(NeverBlockBench::ActiveRecordBench, "activerecord", variants: "workloads,scaling,sleeps (the parts)") do |opts, options|
     opts.on("--units N", Integer, "units of each workload (1000)") { |value| options[:units] = value }
     opts.on("--rows N", Integer, "rows in the table at the start of each measurement (5000)") { |value| options[:rows] = value }
     opts.on("--pool-size N", Integer, "NeverBlock's pool for the workloads (12)") { |value| options[:pool_size] = value }
     opts.on("--fibers N", Integer, "NeverBlock tasks running the workloads (100)") { |value| options[:fibers] = value }
     opts.on("--threads N", Integer, "threads (and pool size) of the threaded stock runs (12)") { |value| options[:threads] = value }
-    opts.on("--scaling-pools LIST", Array, "pool sizes for the scaling part (2,4,8,16,32)") { |list| options[:scaling_pools] = integers.call(list) }
+    opts.on("--scaling-pools LIST", Array, "pool sizes for the scaling part (2,4,8,16,32)") { |list| options[:scaling_pools] = NeverBlockBench::CommandLine.integers(list) }
     opts.on("--sleeps N", Integer, "concurrent pg_sleep queries in the scaling part (64)") { |value| options[:sleeps] = value }
     opts.on("--selects N", Integer, "select 1 queries in the scaling part (5000)") { |value| options[:selects] = value }
     opts.on("--runs N", Integer, "runs per workload and scaling cell, median reported (3)") { |value| options[:runs] = value }
-    NeverBlockBench::CommandLine.shared_options(opts, options, results: "activerecord", variants: "workloads,scaling,sleeps (the parts)")
-  end
-  NeverBlockBench::CommandLine.run(parser, options, defaults: NeverBlockBench::ActiveRecordBench::DEFAULTS,
-                                                    quick: NeverBlockBench::ActiveRecordBench::QUICK) do |opts|
-    NeverBlockBench::ActiveRecordBench.new(opts).call
   end
 end

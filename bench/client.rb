@@ -163,18 +163,11 @@ module NeverBlockBench
 end
 
 if $PROGRAM_NAME == __FILE__
-  options = {}
-  parser = OptionParser.new do |opts|
-    opts.banner = "Usage: ruby bench/client.rb [options]"
+  NeverBlockBench::CommandLine.main(NeverBlockBench::ClientBench, "client", variants: "blocking,threads,async,neverblock,pool") do |opts, options|
     opts.on("--requests N", Integer, "requests per cell (1000)") { |value| options[:requests] = value }
     opts.on("--delays LIST", Array, "server delays in ms (0,10,50,100,500)") { |list| options[:delays_ms] = list.map { |v| Integer(v) } }
     opts.on("--pool-size N", Integer, "FiberPool size (default: --requests)") { |value| options[:pool_size] = value }
     opts.on("--blocking-budget SECONDS", Float, "seconds the blocking client may take per cell (10)") { |value| options[:blocking_budget] = value }
     opts.on("--runs N", Integer, "runs per cell, best reported (1)") { |value| options[:runs] = value }
-    NeverBlockBench::CommandLine.shared_options(opts, options, results: "client", variants: "blocking,threads,async,neverblock,pool")
-  end
-  NeverBlockBench::CommandLine.run(parser, options, defaults: NeverBlockBench::ClientBench::DEFAULTS,
-                                                    quick: NeverBlockBench::ClientBench::QUICK) do |opts|
-    NeverBlockBench::ClientBench.new(opts).call
   end
 end

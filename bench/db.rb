@@ -58,9 +58,7 @@ module NeverBlockBench
 
     def initialize(options)
       @options = options
-      @parts = @options[:only] || PARTS
-      unknown = @parts - PARTS
-      raise OptionParser::InvalidArgument, "unknown part(s) #{unknown.join(', ')}; use #{PARTS.join(',')}" unless unknown.empty?
+      @parts = CommandLine.parts(@options[:only], PARTS)
     end
 
     # @return [Boolean] true when every measurement succeeded
@@ -368,24 +366,17 @@ module NeverBlockBench
 end
 
 if $PROGRAM_NAME == __FILE__
-  options = {}
-  integers = ->(list) { list.map { |value| Integer(value.delete("_")) } }
-  parser = OptionParser.new do |opts|
-    opts.banner = "Usage: ruby bench/db.rb [options]"
-    opts.on("--longs LIST", Array, "long queries per cell (10,50,100)") { |list| options[:longs] = integers.call(list) }
-    opts.on("--ratios LIST", Array, "short queries per long one (2,5,10,20,50,100)") { |list| options[:ratios] = integers.call(list) }
+  NeverBlockBench::CommandLine.main(NeverBlockBench::DbBench, "db", variants: "longshort,short (the parts)") do |opts, options|
+    opts.on("--longs LIST", Array, "long queries per cell (10,50,100)") { |list| options[:longs] = NeverBlockBench::CommandLine.integers(list) }
+    opts.on("--ratios LIST", Array, "short queries per long one (2,5,10,20,50,100)") { |list| options[:ratios] = NeverBlockBench::CommandLine.integers(list) }
     opts.on("--long-seconds SECONDS", Float, "pg_sleep of a long query (0.05)") { |value| options[:long_seconds] = value }
     opts.on("--pool-size N", Integer, "NeverBlock pool size for the unpipelined runs (12)") { |value| options[:pool_size] = value }
     opts.on("--runs N", Integer, "runs per long/short cell, median reported (3)") { |value| options[:runs] = value }
     opts.on("--queries N", Integer, "short queries per all-short run (10000)") { |value| options[:queries] = value }
     opts.on("--fibers N", Integer, "fibers issuing the short queries (100)") { |value| options[:fibers] = value }
     opts.on("--threads N", Integer, "threads (a connection each) in the all-short peer (12)") { |value| options[:threads] = value }
-    opts.on("--pipeline-sizes LIST", Array, "pool sizes with pipeline: true (2,4,12)") { |list| options[:pipeline_sizes] = integers.call(list) }
-    opts.on("--pgbench-clients LIST", Array, "pgbench -c values (1,12)") { |list| options[:pgbench_clients] = integers.call(list) }
+    opts.on("--pipeline-sizes LIST", Array, "pool sizes with pipeline: true (2,4,12)") { |list| options[:pipeline_sizes] = NeverBlockBench::CommandLine.integers(list) }
+    opts.on("--pgbench-clients LIST", Array, "pgbench -c values (1,12)") { |list| options[:pgbench_clients] = NeverBlockBench::CommandLine.integers(list) }
     opts.on("--short-runs N", Integer, "runs per all-short client, median reported (5)") { |value| options[:short_runs] = value }
-    NeverBlockBench::CommandLine.shared_options(opts, options, results: "db", variants: "longshort,short (the parts)")
-  end
-  NeverBlockBench::CommandLine.run(parser, options, defaults: NeverBlockBench::DbBench::DEFAULTS, quick: NeverBlockBench::DbBench::QUICK) do |opts|
-    NeverBlockBench::DbBench.new(opts).call
   end
 end

@@ -29,6 +29,7 @@
 # skipped). Writes <out>/debounce.csv and <out>/debounce.svg.
 
 require_relative "support/harness"
+require "net/http"
 require "tmpdir"
 require "neverblock"
 require_relative "support/servers"
@@ -53,11 +54,12 @@ module NeverBlockBench
       abort "unknown variants: #{unknown.join(', ')}" unless unknown.empty?
     end
 
-    def run
+    # @return [true] (a failed storm shows in its row)
+    def call
       Machine.raise_fd_limit(@options[:clients] * 4 + 256)
       @dir = Dir.mktmpdir("nb-debounce-bench")
-      results = @options[:only].filter_map { |variant| measure(variant) }
-      report(results)
+      report(@options[:only].filter_map { |variant| measure(variant) })
+      true
     ensure
       ServerProcess.stop_all
       FileUtils.rm_rf(@dir) if @dir
@@ -99,14 +101,11 @@ module NeverBlockBench
       server =
         case variant
         when "none", "middleware" then return nil
-        when "proxy"
-          ServerProcess.start(variant, [RbConfig.ruby, EXE, "debounce", "--upstream", upstream, "-w", "0",
-                                        "--listen", "tcp://127.0.0.1:#{port}"], port: port)
-        when "proxy+redis"
-          ServerProcess.start(variant, [RbConfig.ruby, EXE, "debounce", "--upstream", upstream, "-w", "2",
-                                        "--redis", ENV.fetch("NEVERBLOCK_REDIS_URL"),
-                                        "--listen", "tcp://127.0.0.1:#{port}"], port: port)
         when "nginx" then nginx(port, upstream_port)
+        else
+          workers = variant == "proxy" ? %w[-w 0] : ["-w", "2", "--redis", ENV.fetch("NEVERBLOCK_REDIS_URL")]
+          ServerProcess.start(variant, [RbConfig.ruby, EXE, "debounce", "--upstream", upstream, *workers,
+                                        "--listen", "tcp://127.0.0.1:#{port}"], port: port)
         end
       server.wait_until_ready(path: "/count")
       server
@@ -168,13 +167,8 @@ module NeverBlockBench
       [latencies, errors]
     end
 
-    def get(port, path)
-      socket = TCPSocket.new("127.0.0.1", port)
-      socket.write("GET #{path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-      socket.read.split("\r\n\r\n", 2).last.strip
-    ensure
-      socket&.close
-    end
+    # @return [String] the body, stripped
+    def get(port, path) = Net::HTTP.start("127.0.0.1", port, nil) { |http| http.get(path).body.strip }
 
     def summarize(variant, runs)
       median = ->(values) { values.sort[values.size / 2] }
@@ -190,12 +184,13 @@ module NeverBlockBench
     def report(results)
       delay = @options[:delay]
       nginx = results.find { |result| result.variant == "nginx" }
-      puts "# Restart storm: #{@options[:clients]} clients at once, upstream answers in #{(delay * 1000).round} ms " \
-           "(median of #{@options[:runs]} runs)"
-      puts "# #{Machine.description} - #{Machine.ruby_description}"
-      puts "# server, proxies and clients share the machine; connections opened first, then every GET at once;"
-      puts "# latency = request sent to last byte"
-      puts
+      puts <<~TEXT
+        # Restart storm: #{@options[:clients]} clients at once, upstream answers in #{(delay * 1000).round} ms (median of #{@options[:runs]} runs)
+        # #{Machine.description} - #{Machine.ruby_description}
+        # server, proxies and clients share the machine; connections opened first, then every GET at once;
+        # latency = request sent to last byte
+
+      TEXT
       table = Table.new(["variant", "upstream requests", "p50 ms", "p99 ms", "max ms", "p99 / upstream call",
                          "errors", "targets"])
       results.each do |result|
@@ -215,9 +210,7 @@ module NeverBlockBench
       checks.join(", ")
     end
 
-    def ms(seconds)
-      seconds.nan? ? "n/a" : format("%.0f", seconds * 1000)
-    end
+    def ms(seconds) = seconds.nan? ? "n/a" : format("%.0f", seconds * 1000)
 
     def write_files(results)
       chart = SvgChart.new(title: "Restart storm: #{@options[:clients]} identical GETs at once",
@@ -238,17 +231,9 @@ module NeverBlockBench
 end
 
 if $PROGRAM_NAME == __FILE__
-  options = {}
-  parser = OptionParser.new do |o|
-    o.banner = "Usage: bench/run debounce [options]"
-    o.on("--clients N", Integer, "clients in the storm (default 500)") { |n| options[:clients] = n }
-    o.on("--delay SECONDS", Float, "the upstream's answer time (default 0.2)") { |s| options[:delay] = s }
-    o.on("--runs N", Integer, "runs per variant; the median is reported (default 3)") { |n| options[:runs] = n }
-    NeverBlockBench::CommandLine.shared_options(o, options, results: "debounce", variants: NeverBlockBench::DebounceBench::VARIANTS.join(","))
-  end
-  NeverBlockBench::CommandLine.run(parser, options, defaults: NeverBlockBench::DebounceBench::DEFAULTS,
-                                                    quick: NeverBlockBench::DebounceBench::QUICK) do |opts|
-    NeverBlockBench::DebounceBench.new(opts).run
-    true
+  NeverBlockBench::CommandLine.main(NeverBlockBench::DebounceBench, "debounce", variants: NeverBlockBench::DebounceBench::VARIANTS.join(",")) do |opts, options|
+    opts.on("--clients N", Integer, "clients in the storm (default 500)") { |n| options[:clients] = n }
+    opts.on("--delay SECONDS", Float, "the upstream's answer time (default 0.2)") { |s| options[:delay] = s }
+    opts.on("--runs N", Integer, "runs per variant; the median is reported (default 3)") { |n| options[:runs] = n }
   end
 end

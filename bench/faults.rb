@@ -71,28 +71,21 @@ module NeverBlockBench
       TEXT
     end
 
-    def start(name)
-      port = ServerProcess.free_port
-      server =
-        if name == "neverblock"
-          ServerProcess.start("neverblock", [RbConfig.ruby, File.join(PeerServers::REPO, "exe/neverblock"), "serve", APP,
-                                             "-w", "2", "-b", "tcp://127.0.0.1:#{port}", "-E", "production"], port: port)
-        else
-          PeerServers.puma(APP, port: port, workers: 2)
-        end
-      server.wait_until_ready
-      sleep 1 # both workers up
-      server
-    end
-
+    # Starts each server of --only in turn, a two-worker cluster, yields its name and ServerProcess, stops it.
     def each_server
       @options[:only].each do |name|
-        server = start(name)
-        begin
-          yield name, server
-        ensure
-          server.stop
-        end
+        port = ServerProcess.free_port
+        server = if name == "neverblock"
+                   ServerProcess.start("neverblock", [RbConfig.ruby, File.join(PeerServers::REPO, "exe/neverblock"), "serve", APP,
+                                                      "-w", "2", "-b", "tcp://127.0.0.1:#{port}", "-E", "production"], port: port)
+                 else
+                   PeerServers.puma(APP, port: port, workers: 2)
+                 end
+        server.wait_until_ready
+        sleep 1 # both workers up
+        yield name, server
+      ensure
+        server&.stop
       end
     end
 
@@ -147,7 +140,7 @@ module NeverBlockBench
       end
 
       def trickle
-        deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 2
+        deadline = NeverBlockBench.now + 2
         @sockets.map!.with_index do |socket, i|
           break @sockets if @stop
 
@@ -160,7 +153,7 @@ module NeverBlockBench
             open
           end
         end
-        remaining = deadline - Process.clock_gettime(Process::CLOCK_MONOTONIC)
+        remaining = deadline - NeverBlockBench.now
         sleep(remaining) if remaining.positive? && !@stop
       end
     end
@@ -226,16 +219,10 @@ end
 
 if $PROGRAM_NAME == __FILE__
   require "neverblock"
-  options = {}
-  parser = OptionParser.new do |opts|
-    opts.banner = "Usage: ruby bench/faults.rb [options]"
+  NeverBlockBench::CommandLine.main(NeverBlockBench::FaultsBench, "faults", variants: "neverblock,puma (servers)") do |opts, options|
     opts.on("--duration SECONDS", Integer, "seconds of the slowloris and crash cells (10)") { |v| options[:duration] = v }
     opts.on("--loris N", Integer, "partial-head connections (2000)") { |v| options[:loris] = v }
     opts.on("--restarts N", Integer, "rolling restarts per server (10)") { |v| options[:restarts] = v }
     opts.on("--scenarios LIST", Array, "slowloris,restart,crash (all)") { |list| options[:scenarios] = list }
-    NeverBlockBench::CommandLine.shared_options(opts, options, results: "faults", variants: "neverblock,puma (servers)")
-  end
-  NeverBlockBench::CommandLine.run(parser, options, defaults: NeverBlockBench::FaultsBench::DEFAULTS, quick: NeverBlockBench::FaultsBench::QUICK) do |opts|
-    NeverBlockBench::FaultsBench.new(opts).call
   end
 end

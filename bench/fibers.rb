@@ -258,17 +258,9 @@ module NeverBlockBench
 end
 
 if $PROGRAM_NAME == __FILE__
-  options = {}
-  parser = OptionParser.new do |opts|
-    opts.banner = "Usage: ruby bench/fibers.rb [options]"
+  NeverBlockBench::CommandLine.main(NeverBlockBench::FibersBench, "fibers", variants: "threads,fibers,neverblock,pool,async") do |opts, options|
     opts.on("--counts LIST", Array, "concurrent tasks per run (10000,100000)") { |list| options[:counts] = list.map { |v| Integer(v.delete("_")) } }
     opts.on("--sleep SECONDS", Float, "how long each task sleeps (2 s, or 1 s per 10_000 tasks)") { |value| options[:sleep] = value }
     opts.on("--spawns N", Integer, "empty tasks per micro-benchmark run (100000)") { |value| options[:spawns] = value }
-    NeverBlockBench::CommandLine.shared_options(opts, options, results: "fibers", variants: "threads,fibers,neverblock,pool,async")
-    opts.on("--[no-]raise-map-count", "raise vm.max_map_count when too low for the counts (as root; on)") { |value| options[:raise_map_count] = value }
-  end
-  NeverBlockBench::CommandLine.run(parser, options, defaults: NeverBlockBench::FibersBench::DEFAULTS,
-                                                    quick: NeverBlockBench::FibersBench::QUICK) do |opts|
-    NeverBlockBench::FibersBench.new(opts).call
   end
 end

@@ -291,11 +291,8 @@ module NeverBlockBench
 end
 
 if $PROGRAM_NAME == __FILE__
-  $stdout.sync = true
   require "neverblock"
-  options = {}
-  parser = OptionParser.new do |opts|
-    opts.banner = "Usage: ruby bench/server.rb [options]"
+  NeverBlockBench::CommandLine.main(NeverBlockBench::ServerBench, "server", variants: "neverblock,puma,falcon,thin,iodine,agoo,nginx") do |opts, options|
     opts.on("--duration SECONDS", Integer, "measured seconds per cell (10)") { |value| options[:duration] = value }
     opts.on("--warmup SECONDS", Integer, "wrk warm-up seconds before each cell, 0 for none (2)") { |value| options[:warmup] = value }
     opts.on("--connections N", Integer, "keep-alive connections for hello (100)") { |value| options[:connections] = value }
@@ -304,9 +301,5 @@ if $PROGRAM_NAME == __FILE__
     opts.on("--fiber-pool N", Integer, "NeverBlock::Server fiber_pool: requests at once (1000)") { |value| options[:fiber_pool] = value }
     opts.on("--runs N", Integer, "runs per cell; the median one is reported (1)") { |value| options[:runs] = value }
     opts.on("--scenarios LIST", Array, "hello,sleep,pg (all)") { |list| options[:scenarios] = list }
-    NeverBlockBench::CommandLine.shared_options(opts, options, results: "server", variants: "neverblock,puma,falcon,thin,iodine,agoo,nginx")
-  end
-  NeverBlockBench::CommandLine.run(parser, options, defaults: NeverBlockBench::ServerBench::DEFAULTS, quick: NeverBlockBench::ServerBench::QUICK) do |opts|
-    NeverBlockBench::ServerBench.new(opts).call
   end
 end

@@ -135,6 +135,35 @@ module NeverBlockBench
       abort "#{e.message}\n#{parser}"
     end
 
+    # A script's entry point: its options (the block adds its own to `opts`,
+    # storing into `options`), the shared ones, then `bench.new(options).call`
+    # with its DEFAULTS and QUICK; exits 0 when that returns true.
+    # @param bench [Class] e.g. ClientBench
+    # @param name [String] the script's and its result files' base name, e.g. "client"
+    # @yieldparam opts [OptionParser]
+    # @yieldparam options [Hash]
+    def main(bench, name, variants:)
+      $stdout.sync = true
+      options = {}
+      parser = OptionParser.new do |opts|
+        opts.banner = "Usage: ruby bench/#{name}.rb [options]"
+        yield opts, options
+        shared_options(opts, options, results: name, variants: variants)
+      end
+      run(parser, options, defaults: bench::DEFAULTS, quick: bench::QUICK) { |opts| bench.new(opts).call }
+    end
+
+    # "2,4,1_000" split by OptionParser's Array => [2, 4, 1000]
+    def integers(list) = list.map { |value| Integer(value.delete("_")) }
+
+    # The parts of a script that --only names (all without it), in the script's order.
+    def parts(only, all)
+      unknown = (only || all) - all
+      raise OptionParser::InvalidArgument, "unknown part(s) #{unknown.join(', ')}; use #{all.join(',')}" unless unknown.empty?
+
+      all & (only || all)
+    end
+
     # The entries of `all` (each with #name) that --only names; all without it.
     def select(all, only)
       return all unless only

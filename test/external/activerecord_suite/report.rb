@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-# Compares the runs of bench/activerecord_suite test by test: prints a table
+# Compares the runs of bin/activerecord-suite test by test: prints a table
 # (runs, passes, failures, errors, skips per mode), every test whose outcome
 # differs from the stock adapter's under the same conditions (see
 # baseline_for), and writes the same to <out>/activerecord_suite.txt and a
@@ -14,7 +14,7 @@
 require "json"
 require "optparse"
 require "fileutils"
-require_relative "../harness"
+require_relative "../../../bench/support/harness" # its Table and CsvFile
 
 module ARSuiteReport
   # Tests whose outcome may differ under a neverblock adapter because they
@@ -115,7 +115,7 @@ module ARSuiteReport
   def report(meta, runs, out)
     baseline = runs.first
     text = +""
-    text << "ActiveRecord's own PostgreSQL test suite, adapter by adapter (bench/activerecord_suite)\n\n"
+    text << "ActiveRecord's own PostgreSQL test suite, adapter by adapter (bin/activerecord-suite)\n\n"
     meta.each { |key, value| text << "#{key}: #{value}\n" }
     text << "\n"
 

@@ -1,13 +1,13 @@
 # frozen_string_literal: true
 
-# One run of ActiveRecord's own test suite for bench/activerecord_suite: the
+# One run of ActiveRecord's own test suite for bin/activerecord-suite: the
 # PostgreSQL adapter's test set (what `rake test:postgresql` runs in Rails'
 # activerecord/ directory) in one process, with one result per test written
-# as a JSON line. Started by bench/activerecord_suite as
+# as a JSON line. Started by bin/activerecord-suite as
 #
 #   cd <rails source>/activerecord && bundle exec ruby -w -Itest runner.rb [minitest options]
 #
-# under bench/gemfiles/activerecord_suite*.gemfile, so ActiveRecord is the
+# under ruby31.gemfile or ruby33.gemfile beside it, so ActiveRecord is the
 # bundled gem, not the source's lib (unless ARSUITE_AGAINST=source).
 #
 # Environment:
