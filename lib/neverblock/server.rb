@@ -151,7 +151,7 @@ module NeverBlock
       @access_log = AccessLog.build(access_log)
 
       @limits = Limits.build(limits)
-      @admission = Admission.new(size: fiber_pool, adaptive_limit: adaptive_limit, on_release: method(:room_freed))
+      @admission = Admission.new(size: fiber_pool, adaptive_limit: adaptive_limit, on_release: self)
       @sweeper = nil # the task running the IdleSweeper, while serving
       @listeners = Array(bind).map { |spec| Listener.new(spec) }
       raise ArgumentError, "bind needs at least one address" if @listeners.empty?
@@ -318,6 +318,14 @@ module NeverBlock
     # @return [AccessLog, nil]
     attr_reader :access_log
 
+    # A request slot (from {Admission#release}) or a connection was given
+    # back: acceptors waiting for room look again.
+    # @api private
+    # @return [void]
+    def room_freed
+      @waiters.each { |fiber| @scheduler.wake(fiber) } unless @waiters.empty?
+    end
+
     private
 
     # The app took the connection's socket (rack.hijack, see
@@ -368,11 +376,6 @@ module NeverBlock
       !@admission.full? && @connections.size < @limits.max_connections && !@pool.full?
     end
 
-    # A request slot or a connection was given back: acceptors waiting for
-    # room look again.
-    def room_freed
-      @waiters.each { |fiber| @scheduler.wake(fiber) } unless @waiters.empty?
-    end
 
     def wait_for_room
       return if room?

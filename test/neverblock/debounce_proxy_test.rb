@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require_relative "../test_helper"
+require_relative "../support/child_processes"
 require "neverblock/server"
 require "timeout"
 require "net/http"
@@ -11,6 +12,7 @@ require "digest"
 # of identical requests costs one upstream request, in one proxy process and
 # across two that share Redis; every client gets the same answer.
 class DebounceProxyTest < PlainTest
+  include ChildProcesses
   include NeverBlockTest::Databases
 
   EXE = File.expand_path("../../exe/neverblock", __dir__)
@@ -40,17 +42,7 @@ class DebounceProxyTest < PlainTest
 
   def teardown
     @release << true while @release.num_waiting.positive?
-    @proxies.each do |proxy|
-      Process.kill("TERM", proxy[:pid])
-      Timeout.timeout(20) { Process.wait(proxy[:pid]) }
-    rescue Errno::ESRCH, Errno::ECHILD
-      nil
-    rescue Timeout::Error
-      Process.kill("KILL", proxy[:pid])
-      Process.wait(proxy[:pid])
-    ensure
-      proxy[:out].close
-    end
+    stop_children(@proxies)
     @upstream.stop
     @upstream_thread.join(20)
     super

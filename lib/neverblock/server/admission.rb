@@ -20,8 +20,8 @@ module NeverBlock
     #   long poll, a stream) gives its slot back early: the app calls
     #   `env["neverblock.mark_as_io_bound"]` ({Server::MARK_AS_IO_BOUND}),
     #   its {Connection} releases the slot and calls {#marked_io_bound}.
-    # - Whenever a slot becomes free (not handed to a waiter), `on_release`
-    #   is called: the server's acceptors, which stop accepting while every
+    # - Whenever a slot becomes free (not handed to a waiter),
+    #   `on_release.room_freed` is called: the server's acceptors, which stop accepting while every
     #   slot is taken ({#full?}), look again.
     #
     # Not thread-safe: the server and its connections use it from their
@@ -38,8 +38,9 @@ module NeverBlock
       # @param adaptive_limit [Boolean, Hash] true: a {ConcurrencyLimit} with
       #   its defaults; a Hash: its options (`min:`, `initial:`, `target_lag:`);
       #   false or nil: no adaptive limit (`size` slots whatever the load).
-      # @param on_release [#call, nil] called with no argument when a slot
-      #   is given back to the free ones.
+      # @param on_release [#room_freed, nil] told when a slot is given back
+      #   to the free ones (the {Server}: a plain call, not a Method object's,
+      #   as it is on every request's path).
       # @raise [ArgumentError] for an invalid size or `adaptive_limit`.
       def initialize(size:, adaptive_limit: true, on_release: nil)
         @size = NeverBlock.validate_size!(size, :fiber_pool)
@@ -94,14 +95,14 @@ module NeverBlock
 
       # Gives a slot taken with {#acquire} back: to the request that has
       # waited longest for one, else (or when the adaptive limit fell below
-      # the slots taken) to the free ones, calling `on_release`.
+      # the slots taken) to the free ones, calling `on_release.room_freed`.
       # @return [void]
       def release
         if !@waiters.empty? && @taken <= limit
           grant(@waiters.shift)
         else
           @taken -= 1
-          @on_release&.call
+          @on_release&.room_freed
         end
       end
 

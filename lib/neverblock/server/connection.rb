@@ -44,6 +44,7 @@ module NeverBlock
       # @param listener [Listener] that accepted it.
       def initialize(context, socket, listener)
         @context = context
+        @admission = context.admission # on every request's path: one read, not two
         @socket = socket
         @listener = listener
         @idle = false
@@ -221,7 +222,7 @@ module NeverBlock
       # A request's head is complete: acquires a request slot, waiting (FIFO,
       # reading nothing more meanwhile) while every one is taken.
       def acquire_slot
-        @context.admission.acquire
+        @admission.acquire
         @slot = true
       end
 
@@ -229,7 +230,7 @@ module NeverBlock
         return unless @slot
 
         @slot = false
-        @context.admission.release
+        @admission.release
       end
 
       # The app called `env["neverblock.mark_as_io_bound"]`: the request gives
@@ -237,10 +238,10 @@ module NeverBlock
       # @return [Boolean] whether it held one (false when called twice, or
       #   after the response, or from a request already without one).
       def mark_as_io_bound
-        return false unless @slot && @context.admission.on_loop? # not from another thread: Admission is the loop's
+        return false unless @slot && @admission.on_loop? # not from another thread: Admission is the loop's
 
         release_slot
-        @context.admission.marked_io_bound
+        @admission.marked_io_bound
         true
       end
 
@@ -248,7 +249,6 @@ module NeverBlock
       # @return [Boolean] whether the connection stays open.
       def serve(request)
         env = request.finish
-        env[MARK_AS_IO_BOUND] = (@io_bound ||= method(:mark_as_io_bound))
         @context.request_started
         if (access_log = @context.access_log)
           started = Clock.now
@@ -393,6 +393,7 @@ module NeverBlock
           "rack.errors" => $stderr,
           "rack.hijack?" => true,
           "rack.hijack" => method(:hijack),
+          MARK_AS_IO_BOUND => method(:mark_as_io_bound),
           "rack.multithread" => false,
           "rack.multiprocess" => false,
           "rack.run_once" => false,

@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require_relative "../../test_helper"
+require_relative "../../support/child_processes"
 require "neverblock/server"
 require "timeout"
 require "net/http"
@@ -21,6 +22,7 @@ require "fileutils"
 # 0.3 s (and a request arriving after the answer rightly leads again); before
 # the fix the herd never got in flight and a second call followed.
 class HerdAdmissionTest < PlainTest
+  include ChildProcesses
   EXE = File.expand_path("../../../exe/neverblock", __dir__)
   FIXTURE = File.expand_path("../../fixtures/server/debounced.ru", __dir__)
   STATUS = "/_neverblock"
@@ -49,17 +51,7 @@ class HerdAdmissionTest < PlainTest
   end
 
   def teardown
-    @children.each do |child|
-      Process.kill("TERM", child[:pid])
-      Timeout.timeout(20) { Process.wait(child[:pid]) }
-    rescue Errno::ESRCH, Errno::ECHILD
-      nil
-    rescue Timeout::Error
-      Process.kill("KILL", child[:pid])
-      Process.wait(child[:pid])
-    ensure
-      child[:out].close
-    end
+    stop_children(@children)
     @upstream.stop
     @upstream_thread.join(20)
     FileUtils.rm_rf(@dir)
