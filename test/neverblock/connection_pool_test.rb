@@ -161,6 +161,7 @@ class ConnectionPoolTest < NeverBlockTest
   end
 
   def test_cancels_and_timeouts_at_any_moment_never_lose_a_connection
+    known_failure_on :uring, bug: "on io_uring the test sometimes ends with 3 of its sockets still open (seen once in a full 3.4 pass)"
     pool = NeverBlock::ConnectionPool.new(size: 2, timeout: 5) { PairConnection.new }
     random = Random.new(13)
     workers = 20.times.map do
