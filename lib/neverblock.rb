@@ -110,7 +110,7 @@ module NeverBlock
     # Sleeps for `seconds`: inside NeverBlock only the calling fiber waits.
     #
     # @param seconds [Numeric] >= 0.
-    # @return [Integer] seconds slept, rounded, like Kernel#sleep.
+    # @return [Integer] whole seconds slept by the wall clock, like Kernel#sleep.
     # @raise [ArgumentError] for a negative, NaN or non-numeric value.
     def sleep(seconds)
       Kernel.sleep(validate_timeout!(seconds, :seconds))
