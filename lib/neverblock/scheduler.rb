@@ -517,6 +517,10 @@ module NeverBlock
       interval = @ready.empty? && @inbox.empty? && !@selector.ready? ? @timers.wait_interval : 0
       interval = 0 if interval&.negative?
       @failures.report if @failures.due?(interval)
+      # The loop is about to wait: no fiber holds it, whatever ran last (the
+      # wake-up's watcher reads its pipe through the io_read hook, which marks
+      # it running, and parks in the selector without going through #suspend).
+      @running = nil
       if interval.nil? && @io_waiting.zero?
         @wakeup.park(@stall_detector)
       else
