@@ -15,7 +15,10 @@ require_relative "server/access_log"
 require_relative "server/context"
 require_relative "server/connection"
 require_relative "server/cluster"
+require_relative "server/cluster/settings"
+require_relative "server/cluster/memory"
 require_relative "server/cluster/worker"
+require_relative "server/task_dump"
 require_relative "server/status_endpoint"
 require_relative "server/lazy_app"
 require_relative "rails_integration"
@@ -123,6 +126,28 @@ module NeverBlock
     # @param on_worker_boot [#call, nil] called with the worker index in each
     #   worker before it accepts (open per-process resources; load the app
     #   when it was not preloaded). An exception fails the worker's boot.
+    # @param before_worker_shutdown [#call, nil] called with the worker index
+    #   in each worker that stops, once its requests are answered, before it
+    #   exits (Puma's `before_worker_shutdown`).
+    # @param after_worker_exit [#call, nil] called in the master with the
+    #   index and Process::Status of every worker that exits (Puma's
+    #   `after_worker_shutdown`).
+    # @param on_booted [#call, nil] called once in the master when every
+    #   worker accepts for the first time (with `workers: 0`, once the
+    #   process accepts).
+    # @param on_restart [#call, nil] called in the master when a rolling
+    #   restart (USR2, {#restart}) begins.
+    # @param worker_timeout [Numeric, nil] seconds a worker's loop may stay
+    #   held by one fiber before the master kills and replaces it (see
+    #   {Cluster::Settings}; default 60, nil: never).
+    # @param worker_boot_timeout [Numeric, nil] seconds a new worker may
+    #   take to accept (default `worker_timeout`).
+    # @param max_requests [Integer, nil] replace a worker after this many
+    #   requests (plus `max_requests_jitter`), the new one booted first.
+    # @param max_requests_jitter [Integer, nil] default `max_requests / 10`.
+    # @param max_memory [Integer, nil] bytes; replace a worker that uses more
+    #   (`memory_metric` :rss or :pss), the new one booted first.
+    # @param memory_metric [Symbol] `:rss` (default) or `:pss`.
     # @param status_path [String, nil] a path (like `"/_neverblock/status"`)
     #   answered by the server itself with {#stats} as JSON, for GET only;
     #   nil (the default) answers nothing there.
@@ -134,12 +159,21 @@ module NeverBlock
     #   `shutdown_timeout:`.
     # @raise [ArgumentError] for an invalid bind spec or option.
     def initialize(app, bind: ["tcp://0.0.0.0:9292"], workers: Etc.nprocessors, fiber_pool: 1000,
-                   adaptive_limit: true, before_fork: nil, on_worker_boot: nil, status_path: nil, access_log: nil, **limits)
+                   adaptive_limit: true, before_fork: nil, on_worker_boot: nil, before_worker_shutdown: nil,
+                   after_worker_exit: nil, on_booted: nil, on_restart: nil, status_path: nil, access_log: nil,
+                   worker_timeout: 60, worker_boot_timeout: nil, max_requests: nil, max_requests_jitter: nil,
+                   max_memory: nil, memory_metric: :rss, **limits)
       raise ArgumentError, "app must respond to call" unless app.respond_to?(:call)
 
       @app = app
       @workers = NeverBlock.validate_size!(workers, :workers, minimum: 0)
-      @hooks = { before_fork: before_fork, on_worker_boot: on_worker_boot }.freeze
+      @hooks = { before_fork: before_fork, on_worker_boot: on_worker_boot, before_worker_shutdown: before_worker_shutdown,
+                 after_worker_exit: after_worker_exit, on_booted: on_booted, on_restart: on_restart }
+      @hooks.each { |name, hook| raise ArgumentError, "#{name} must respond to call" unless hook.nil? || hook.respond_to?(:call) }
+      @hooks.freeze
+      @supervision = Cluster::Settings.build(worker_timeout: worker_timeout, worker_boot_timeout: worker_boot_timeout,
+                                             max_requests: max_requests, max_requests_jitter: max_requests_jitter,
+                                             max_memory: max_memory, memory_metric: memory_metric)
       if status_path
         raise ArgumentError, "status_path must start with /, got #{status_path.inspect}" unless status_path.to_s.start_with?("/")
 
@@ -148,6 +182,8 @@ module NeverBlock
       @cluster = nil
       @worker_index = nil
       @on_ready = nil
+      @heartbeat = nil # [seconds, callable] while a worker of a Cluster
+      @beats = nil # the task calling it
       @access_log = AccessLog.build(access_log)
 
       @limits = Limits.build(limits)
@@ -192,7 +228,7 @@ module NeverBlock
       return serve_here if @workers.zero?
 
       begin
-        Cluster.new(self, @workers, @listeners).run
+        Cluster.new(self, @workers, @listeners, @supervision).run
       ensure
         @cluster = nil
         @listeners.each(&:close)
@@ -206,10 +242,11 @@ module NeverBlock
 
     # A master always handles its signals ({Cluster}); in one process, with
     # `handle_signals: true`, TERM and INT stop the server gracefully while
-    # it runs (what a command-line server wants), and the previous handlers
-    # come back afterwards.
+    # it runs (what a command-line server wants), QUIT logs a {#task_dump},
+    # and the previous handlers come back afterwards.
     def serve_here_handling_signals
       previous = %w[TERM INT].to_h { |name| [name, trap(name) { stop }] }
+      previous["QUIT"] = trap("QUIT") { log_task_dump }
       begin
         serve_here
       ensure
@@ -234,7 +271,9 @@ module NeverBlock
         # Before the acceptors: a connection already in the backlog is served at once.
         @sweeper = NeverBlock.spawn { @context.idle_sweeper.run }
         acceptors = @listeners.map { |listener| NeverBlock.spawn { accept_loop(listener) } }
+        @beats = NeverBlock.spawn { beat(*@heartbeat) } if @heartbeat
         @on_ready&.call
+        call_hook(:on_booted) if @workers.zero?
         @wake_reader.wait_readable until @stop_requested
         shutdown(acceptors)
       end
@@ -300,6 +339,53 @@ module NeverBlock
 
     # @api private
     attr_writer :cluster, :worker_index, :on_ready
+
+    # @api private
+    # A worker's heartbeat: while serving, `callable` is called with the
+    # requests started so far every `seconds`, from a task of the loop, so
+    # that it stops when the loop stops turning ({Cluster::Worker}).
+    # @param value [Array(Numeric, #call), nil]
+    attr_writer :heartbeat
+
+    # @api private
+    # @return [Cluster::Settings] how a master supervises its workers.
+    attr_reader :supervision
+
+    # What this process's tasks are doing: the one holding the loop and
+    # every request in flight with its backtrace ({TaskDump}). Safe from
+    # any thread; meant for one other than the loop's, which may be stuck.
+    # @return [String] several lines; one saying so when not serving.
+    def task_dump
+      scheduler = @scheduler
+      unless scheduler && !@wake_reader.closed?
+        return "not serving (yet); the main thread is here:\n    #{(Thread.main.backtrace || []).first(TaskDump::FRAMES).join("\n    ")}"
+      end
+
+      TaskDump.new(scheduler, @connections.keys).to_s
+    end
+
+    # @api private
+    # Logs {#task_dump} from a thread of its own (a signal handler may not
+    # take the logger's lock, and the loop may be stuck), then calls `after`
+    # there.
+    # @return [Thread]
+    def log_task_dump(after = nil)
+      Thread.new do
+        NeverBlock.logger.warn { "NeverBlock::Server: #{@worker_index ? "worker #{@worker_index} " : ''}(pid #{Process.pid}) tasks:\n#{task_dump}" }
+      ensure
+        after&.call
+      end
+    end
+
+    # @api private
+    # Calls the hook `name` with `args`; one that raises is logged, not
+    # let through (a master, or a stopping worker, must go on).
+    # @return [void]
+    def call_hook(name, *args)
+      @hooks[name]&.call(*args)
+    rescue StandardError => e
+      NeverBlock.logger.error { "NeverBlock::Server: the #{name} hook raised #{e.class}: #{e.message}\n#{(e.backtrace || []).first(10).join("\n")}" }
+    end
 
     # @api private
     # Gives a forked worker a wake pipe of its own. The one made in
@@ -415,6 +501,7 @@ module NeverBlock
 
     def shutdown(acceptors)
       @context.stopping = true
+      @beats&.cancel
       @admission.stop
       @listeners.zip(acceptors) { |listener, acceptor| acceptor.cancel if @accepting[listener] }
       acceptors.each(&:wait)
@@ -433,6 +520,15 @@ module NeverBlock
     # connections get up to STOP_IDLE_GRACE seconds (at most `idle_timeout`)
     # for a request already on its way, which is answered with
     # `connection: close`; those still idle after that are closed.
+    # The heartbeat task: a turn of the loop every `seconds` (a loop held by
+    # one fiber cannot run it, which is what the master watches for).
+    def beat(seconds, callable)
+      loop do
+        callable.call(@context.requests_total)
+        NeverBlock.sleep(seconds)
+      end
+    end
+
     def drain_idle_connections
       deadline = Clock.now + [STOP_IDLE_GRACE, @limits.idle_timeout].min
       while @connections.each_key.any?(&:idle?) && Clock.now < deadline

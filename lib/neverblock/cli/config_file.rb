@@ -22,12 +22,28 @@ module NeverBlock
     #   pidfile "tmp/pids/neverblock.pid"
     #   log "log/neverblock.log"           # stdout and stderr, appended, line by line
     #   fiber_stack_size "4M"
+    #   worker_timeout 30                  # false: never kill a worker whose loop is held
+    #   max_requests 10_000                # replace a worker after that many (plus jitter)
+    #   max_memory "512M"                  # or bytes; memory_metric :pss to count shared pages shared
     #   before_fork { ActiveRecord::Base.connection_handler.clear_all_connections! }
     #   on_worker_boot { |index| MyStats.reconnect }
+    #   before_worker_shutdown { |index| MyStats.flush }
+    #   after_worker_exit { |index, status| warn "worker #{index}: #{status}" }
+    #   on_booted { puts "all workers accept" }
+    #   on_restart { puts "rolling restart" }
     class ConfigFile
       # Settings the file may make => the option they set.
       SETTINGS = %i[workers preload fiber_pool max_connections max_body shutdown_timeout access_log
-                    environment pidfile log fiber_stack_size].freeze
+                    environment pidfile log fiber_stack_size worker_timeout worker_boot_timeout max_requests
+                    max_requests_jitter max_memory memory_metric].freeze
+
+      # Blocks the file may give => what they are called with (see {Server#initialize}).
+      HOOKS = { before_fork: "in the master, before the first worker is forked",
+                on_worker_boot: "with the worker index, in each worker before it accepts",
+                before_worker_shutdown: "with the worker index, in a worker that stops, once its requests are answered",
+                after_worker_exit: "with the index and Process::Status, in the master, of each worker that exits",
+                on_booted: "in the master, once every worker accepts",
+                on_restart: "in the master, as a rolling restart (USR2) begins" }.freeze
 
       # @param path [String]
       # @return [Hash] the options the file sets (`:bind` an Array, `:limits`
@@ -93,25 +109,18 @@ module NeverBlock
         (@options[:limits] ||= {}).merge!(values)
       end
 
-      # @yield in the master, before the first worker is forked.
-      def before_fork(&block)
-        raise ArgumentError, "before_fork needs a block" unless block
+      HOOKS.each_key do |name|
+        define_method(name) do |&block|
+          raise ArgumentError, "#{name} needs a block" unless block
 
-        @options[:before_fork] = block
-      end
-
-      # @yieldparam index [Integer] in each worker, before it loads the app
-      #   (unless preloaded) and accepts.
-      def on_worker_boot(&block)
-        raise ArgumentError, "on_worker_boot needs a block" unless block
-
-        @options[:on_worker_boot] = block
+          @options[name] = block
+        end
       end
 
       # An unknown setting: an error naming the known ones.
       def method_missing(name, *_args)
-        raise ArgumentError, "unknown setting #{name} (known: #{(SETTINGS + %i[bind port status limits before_fork
-                                                                              on_worker_boot adaptive_limit]).sort.join(', ')})"
+        known = SETTINGS + HOOKS.keys + %i[bind ssl_bind port status limits adaptive_limit]
+        raise ArgumentError, "unknown setting #{name} (known: #{known.sort.join(', ')})"
       end
 
       def respond_to_missing?(_name, _include_private = false)

@@ -104,6 +104,13 @@ module NeverBlock
           end
           o.on("--max-body BYTES", Integer, "largest request body, else 413; spooled to a temp file past 64 KiB " \
                                             "(default 10 MiB)") { |n| set(:max_body, n) }
+          o.on("--worker-timeout SECONDS", Float, "kill and replace a worker whose event loop is held that long " \
+                                                  "by one request (default 60)") { |seconds| set(:worker_timeout, seconds) }
+          o.on("--max-requests N", Integer, "replace a worker after about N requests (plus up to a tenth), " \
+                                            "its successor booted first") { |n| set(:max_requests, n) }
+          o.on("--max-memory BYTES", "replace a worker whose RSS passes BYTES (like 512M), its successor booted first") do |size|
+            set(:max_memory, parse_size(size, "--max-memory"))
+          end
           o.on("--status PATH", "answer GET PATH with the server's stats as JSON") { |path| set(:status_path, path) }
           o.on("-E", "--env ENV", "RACK_ENV (and RAILS_ENV) for the app") { |env| set(:environment, env) }
           o.on("--pidfile FILE", "write the master's pid there (removed on exit)") do |file|
@@ -133,8 +140,8 @@ module NeverBlock
         @options[:bind] = binds if binds && @options[:bind].empty?
         @options[:limits] = config.delete(:limits).merge(@options[:limits]) if config.key?(:limits)
         %i[pidfile log].each { |key| config[key] &&= File.expand_path(config[key], File.dirname(file)) }
-        if config[:fiber_stack_size].is_a?(String)
-          config[:fiber_stack_size] = parse_size(config[:fiber_stack_size], "fiber_stack_size")
+        %i[fiber_stack_size max_memory].each do |key|
+          config[key] = parse_size(config[key], key.to_s) if config[key].is_a?(String)
         end
         config.each { |key, value| @options[key] = value unless @given.include?(key) }
       end
@@ -250,8 +257,11 @@ module NeverBlock
                     fiber_pool: opts[:fiber_pool], adaptive_limit: opts[:adaptive_limit], status_path: opts[:status_path],
                     **opts[:limits] }
         options[:access_log] = $stdout if opts[:access_log]
-        %i[shutdown_timeout max_connections max_body].each { |key| options[key] = opts[key] if opts[key] }
-        options[:before_fork] = opts[:before_fork] if opts[:before_fork]
+        %i[shutdown_timeout max_connections max_body max_requests max_requests_jitter max_memory memory_metric
+           worker_boot_timeout before_fork before_worker_shutdown after_worker_exit on_booted on_restart].each do |key|
+          options[key] = opts[key] if opts[key]
+        end
+        options[:worker_timeout] = opts[:worker_timeout] if opts.key?(:worker_timeout)
         hook = opts[:on_worker_boot]
         build = !opts[:preload]
         if hook || build

@@ -16,6 +16,18 @@ module NeverBlock
     #   asked to stop. The listening sockets stay open in the master the
     #   whole time, so no connection is refused.
     # - `TTIN`, `TTOU` :: one worker more, one fewer.
+    # - `QUIT` :: every worker logs what its tasks are doing ({TaskDump}).
+    #
+    # It also watches each worker ({Settings}): one whose loop has sent no
+    # heartbeat for `worker_timeout` (held by one fiber: `loop {}`, a C call
+    # holding the GVL, a deadlock) is asked for its task dump (QUIT), which
+    # names the request and shows where it is, and killed (KILL) once that
+    # is logged or after {DUMP_GRACE} seconds, then replaced; one that booted
+    # for longer than `worker_boot_timeout` without accepting is killed
+    # too. One that served `max_requests` (plus jitter) or uses more than
+    # `max_memory` is replaced gracefully: its successor boots first, as in
+    # a rolling restart, and only then is it stopped; one such replacement
+    # at a time, none during a rolling restart.
     #
     # A worker that dies is replaced at once, however often: an app whose
     # requests crash their worker never takes the master down. Only a
@@ -38,11 +50,17 @@ module NeverBlock
       # Longest delay between boot retries (seconds).
       MAX_BOOT_DELAY = 10
 
-      SIGNALS = %w[TERM INT USR2 TTIN TTOU CHLD].freeze
+      # Seconds a hung worker gets to log its task dump before it is killed.
+      DUMP_GRACE = 2
+
+      # Seconds between two looks at the workers' memory (with `max_memory`).
+      MEMORY_CHECK_INTERVAL = 1.0
+
+      SIGNALS = %w[TERM INT USR2 TTIN TTOU QUIT CHLD].freeze
       # What the master logs it does on each signal.
       SIGNAL_ACTIONS = { "TERM" => "stopping gracefully", "INT" => "stopping gracefully",
                          "USR2" => "rolling restart", "TTIN" => "one worker more",
-                         "TTOU" => "one worker fewer" }.freeze
+                         "TTOU" => "one worker fewer", "QUIT" => "asking every worker for its task dump" }.freeze
       # A worker's status lines are shorter (one write each, atomic on a pipe).
       STATUS_READ = 4096
       private_constant :SIGNALS, :STATUS_READ
@@ -50,17 +68,30 @@ module NeverBlock
       # One forked worker process, as the master sees it.
       # `booted`: its app is loaded (deaths after that are not boot
       # failures); `ready`: it accepts connections (a rolling restart waits
-      # for that before stopping its predecessor).
+      # for that before stopping its predecessor). `spawned`: when it was
+      # forked, `beat_at`: its last heartbeat (monotonic seconds);
+      # `requests`: started, as of that beat; `max_requests`: its share of
+      # `max_requests` with jitter. `hung_at`: when the watchdog asked it for
+      # its dump, `killed`: it was then killed; `partial`: the start of a
+      # status line not yet read whole; `retiring`: why it is being replaced gracefully
+      # (`:requests`, `:memory`); `successor_of`: the pid it replaces.
       Child = Struct.new(:index, :pid, :generation, :started_at, :booted, :ready, :status_reader, :stopping,
-                         :failure, keyword_init: true)
+                         :failure, :spawned, :beat_at, :requests, :max_requests, :hung_at, :retiring,
+                         :successor_of, :partial, :killed, keyword_init: true)
 
       # @param server [Server]
       # @param count [Integer] workers to keep running.
       # @param listeners [Array<Listener>]
-      def initialize(server, count, listeners)
+      # @param settings [Settings] the watchdog and recycling.
+      def initialize(server, count, listeners, settings = Settings.build)
         @server = server
         @count = count
         @listeners = listeners
+        @settings = settings
+        @retiring = [] # workers to replace gracefully, one at a time
+        @restarts = Hash.new(0) # cause => workers replaced for it
+        @memory_checked_at = 0.0
+        @booted = false # every worker accepted once (on_booted was called)
         @workers = {} # pid => Worker
         @generation = 0
         @signals = Thread::Queue.new
@@ -109,13 +140,17 @@ module NeverBlock
         signal("USR2")
       end
 
-      # @return [Hash] `{workers: [{index:, pid:, generation:, ready:, started_at:}], ...}`
+      # @return [Hash] `{master_pid:, workers: [{index:, pid:, generation:, ready:, started_at:, requests:,
+      #   retiring:}], generation:, stopping:, restarts: {crash:, watchdog:, boot_timeout:, requests:, memory:}}`:
+      #   `requests` as of the worker's last heartbeat; `restarts` counts
+      #   workers replaced, by cause.
       def stats
         workers = @workers.values.sort_by(&:index).map do |worker|
           { index: worker.index, pid: worker.pid, generation: worker.generation, ready: worker.ready,
-            started_at: worker.started_at }
+            started_at: worker.started_at, requests: worker.requests, retiring: worker.retiring }
         end
-        { master_pid: Process.pid, workers: workers, generation: @generation, stopping: @stopping }
+        restarts = %i[crash watchdog boot_timeout requests memory].to_h { |cause| [cause, @restarts[cause]] }
+        { master_pid: Process.pid, workers: workers, generation: @generation, stopping: @stopping, restarts: restarts }
       end
 
       # @api private
@@ -162,8 +197,11 @@ module NeverBlock
             next
           end
 
+          watch_workers
           replace_missing
           continue_restart
+          continue_retiring
+          notice_booted
         end
       end
 
@@ -185,12 +223,14 @@ module NeverBlock
       def select_timeout
         return 0.5 if @stopping
 
+        longest = [@settings.heartbeat_interval, DUMP_GRACE.to_f].min
         wait = @next_boot_at - Clock.now
-        wait.positive? ? [[wait, 0.05].max, 1.0].min : 1.0
+        wait.positive? ? wait.clamp(0.05, longest) : longest
       end
 
-      # A worker writes "booted" once its app is loaded and "ready" once it
-      # accepts connections; EOF means it exited.
+      # A worker writes "booted" once its app is loaded, "ready" once it
+      # accepts connections, then "beat REQUESTS" while its loop turns and
+      # "dumped" when it logged its tasks; EOF means it exited.
       def read_status(io)
         data = io.read_nonblock(STATUS_READ, exception: false)
         worker = @workers.each_value.find { |w| w.status_reader.equal?(io) }
@@ -201,14 +241,33 @@ module NeverBlock
         end
       end
 
+      # `data` may end in the middle of a line (a read stops at STATUS_READ
+      # bytes): that part waits for the rest.
       def note_status(worker, data)
-        if (failure = data[/^boot-failed (.*)$/, 1])
-          worker.failure = failure
-        elsif data.include?("booted") && !worker.booted
-          worker.booted = true
-          @boot_failures = 0
+        data = "#{worker.partial}#{data}"
+        complete = data.end_with?("\n")
+        lines = data.split("\n")
+        worker.partial = complete ? nil : lines.pop
+        lines.each { |line| note_line(worker, line) }
+      end
+
+      def note_line(worker, line)
+        case line
+        when /\Abeat (\d+)\z/
+          worker.beat_at = Clock.now
+          worker.requests = Integer(Regexp.last_match(1))
+          retire(worker, :requests) if worker.max_requests && worker.requests >= worker.max_requests
+        when /\Aboot-failed (.*)\z/ then worker.failure = Regexp.last_match(1)
+        when "booted"
+          unless worker.booted
+            worker.booted = true
+            @boot_failures = 0
+          end
+        when "ready"
+          worker.ready = true
+          worker.beat_at = Clock.now
+        when "dumped" then kill_hung(worker) if worker.hung_at
         end
-        worker.ready = true if data.include?("ready")
       end
 
       # What a dead worker wrote that the master had not read yet (it may
@@ -234,25 +293,35 @@ module NeverBlock
 
           drain_status(worker)
           worker_exited(worker, status)
+          @server.call_hook(:after_worker_exit, worker.index, status)
         end
       rescue Errno::ECHILD
         nil
       end
 
+      # A worker that exited without being asked to. Killed by the watchdog,
+      # or dead after its app booted: replaced at once. Dead before that
+      # (also killed for `worker_boot_timeout`): a boot failure, retried after
+      # a growing delay.
       def worker_exited(worker, status)
         return if worker.stopping
 
-        if worker.booted
+        if worker.hung_at
+          @restarts[worker.ready ? :watchdog : :boot_timeout] += 1
+          NeverBlock.logger.warn { "NeverBlock::Server: worker #{worker.index} (pid #{worker.pid}) killed by the watchdog" }
+        elsif worker.booted
+          @restarts[:crash] += 1
           NeverBlock.logger.warn { "NeverBlock::Server: worker #{worker.index} (pid #{worker.pid}) died (#{describe(status)}); starting a new one" }
-        else
-          @boot_failures += 1
-          @last_boot_failure = worker.failure if worker.failure
-          delay = [0.2 * (2**(@boot_failures - 1)), MAX_BOOT_DELAY].min
-          @next_boot_at = Clock.now + delay
-          NeverBlock.logger.error do
-            "NeverBlock::Server: worker #{worker.index} (pid #{worker.pid}) exited before its app booted (#{describe(status)}); " \
-              "#{@boot_failures} boot failure(s) in a row, retrying in #{delay} s"
-          end
+        end
+        return if worker.booted
+
+        @boot_failures += 1
+        @last_boot_failure = worker.failure if worker.failure
+        delay = [0.2 * (2**(@boot_failures - 1)), MAX_BOOT_DELAY].min
+        @next_boot_at = Clock.now + delay
+        NeverBlock.logger.error do
+          "NeverBlock::Server: worker #{worker.index} (pid #{worker.pid}) exited before its app booted (#{describe(status)}); " \
+            "#{@boot_failures} boot failure(s) in a row, retrying in #{delay} s"
         end
       end
 
@@ -268,6 +337,7 @@ module NeverBlock
           when "USR2" then begin_restart
           when "TTIN" then @count += 1
           when "TTOU" then @count = [@count - 1, 1].max
+          when "QUIT" then @workers.each_value { |worker| send_signal(worker, "QUIT") }
           else next
           end
           NeverBlock.logger.info { "NeverBlock::Server: master got #{name}: #{SIGNAL_ACTIONS.fetch(name)} (#{@count} workers)" }
@@ -286,6 +356,7 @@ module NeverBlock
       def begin_restart
         return if @stopping
 
+        @server.call_hook(:on_restart)
         @generation += 1
         @restart_queue = (0...@count).to_a
       end
@@ -324,9 +395,104 @@ module NeverBlock
 
       def terminate(worker)
         worker.stopping = true
-        Process.kill("TERM", worker.pid)
+        send_signal(worker, "TERM")
+      end
+
+      def send_signal(worker, name)
+        Process.kill(name, worker.pid)
       rescue Errno::ESRCH
         nil
+      end
+
+      # --- The watchdog and graceful replacement ---------------------------
+
+      # Each turn: a worker that booted for too long, or whose loop sent no
+      # heartbeat for `worker_timeout`, is asked for its dump (and killed
+      # after DUMP_GRACE); memory is looked at once a MEMORY_CHECK_INTERVAL.
+      def watch_workers
+        now = Clock.now
+        @workers.each_value do |worker|
+          next if worker.stopping
+
+          if worker.hung_at
+            kill_hung(worker) if now - worker.hung_at > DUMP_GRACE
+          elsif !worker.ready
+            boot_timeout = @settings.worker_boot_timeout
+            hung(worker, "has not accepted #{boot_timeout} s after it was started (worker_boot_timeout)") if boot_timeout && now - worker.spawned > boot_timeout
+          elsif (timeout = @settings.worker_timeout) && now - worker.beat_at > timeout
+            hung(worker, "has not turned its event loop for #{timeout} s (worker_timeout): a request holds it " \
+                         "(computing, a C call holding the GVL, a deadlock)")
+          end
+        end
+        check_memory(now) if @settings.max_memory && now - @memory_checked_at >= MEMORY_CHECK_INTERVAL
+      end
+
+      def hung(worker, why)
+        worker.hung_at = Clock.now
+        NeverBlock.logger.error do
+          "NeverBlock::Server: worker #{worker.index} (pid #{worker.pid}) #{why}; asking it for its tasks (QUIT), " \
+            "then killing it"
+        end
+        send_signal(worker, "QUIT")
+      end
+
+      def kill_hung(worker)
+        return if worker.killed
+
+        worker.killed = true
+        send_signal(worker, "KILL")
+      end
+
+      def check_memory(now)
+        @memory_checked_at = now
+        @workers.each_value do |worker|
+          next unless worker.ready && !worker.stopping && !worker.retiring && !worker.hung_at
+
+          used = Memory.of(worker.pid, @settings.memory_metric) or next
+          retire(worker, :memory, used) if used > @settings.max_memory
+        end
+      end
+
+      # Queues `worker` for a graceful replacement ({#continue_retiring}).
+      def retire(worker, cause, used = nil)
+        return if worker.retiring || worker.stopping || @stopping
+
+        worker.retiring = cause
+        @retiring << worker
+        NeverBlock.logger.info do
+          why = if cause == :memory
+                  "uses #{Memory.mb(used)} MB of #{@settings.memory_metric.upcase}, over max_memory #{Memory.mb(@settings.max_memory)} MB"
+                else
+                  "served #{worker.requests} requests (max_requests #{worker.max_requests})"
+                end
+          "NeverBlock::Server: worker #{worker.index} (pid #{worker.pid}) #{why}: replacing it, its successor first"
+        end
+      end
+
+      # One graceful replacement at a time, none during a rolling restart
+      # (which replaces every worker anyway): start the successor, and stop
+      # the old worker once the successor accepts.
+      def continue_retiring
+        return unless @restart_queue.empty?
+
+        @retiring.reject! { |worker| worker.stopping || !@workers.key?(worker.pid) }
+        old = @retiring.first or return
+        successor = @workers.each_value.find { |worker| worker.successor_of == old.pid }
+        if successor.nil?
+          spawn_worker(old.index, successor_of: old.pid) if Clock.now >= @next_boot_at
+        elsif successor.ready
+          @restarts[old.retiring] += 1
+          terminate(old)
+          @retiring.shift
+        end
+      end
+
+      # on_booted, once every worker accepted for the first time.
+      def notice_booted
+        return if @booted || @workers.each_value.count(&:ready) < @count
+
+        @booted = true
+        @server.call_hook(:on_booted)
       end
 
       # Stops every worker and waits for them (killing those still there
@@ -369,12 +535,14 @@ module NeverBlock
       # they go on; otherwise the master stops and {Server#run} raises.
       def give_up_booting
         old = @workers.each_value.select { |worker| worker.ready && !worker.stopping }
-        if @restart_queue.any? && old.any?
+        if (@restart_queue.any? || @retiring.any?) && old.any?
           NeverBlock.logger.error do
-            "NeverBlock::Server: rolling restart abandoned: new workers exited #{@boot_failures} times in a row before their app " \
-              "booted; the #{old.size} running worker(s) keep serving"
+            "NeverBlock::Server: #{@restart_queue.any? ? 'rolling restart' : 'replacing a worker'} abandoned: new workers " \
+              "exited #{@boot_failures} times in a row before their app booted; the #{old.size} running worker(s) keep serving"
           end
           @restart_queue.clear
+          @retiring.each { |worker| worker.retiring = :abandoned } # not queued again
+          @retiring.clear
           @generation = old.map(&:generation).max
           @boot_failures = 0
           return
@@ -386,7 +554,7 @@ module NeverBlock
                          "#{@last_boot_failure ? " (#{@last_boot_failure})" : ''}; giving up (details in the log above)"
       end
 
-      def spawn_worker(index)
+      def spawn_worker(index, successor_of: nil)
         status_reader, status_writer = IO.pipe
         generation = @generation
         pid = fork do
@@ -397,7 +565,9 @@ module NeverBlock
         end
         status_writer.close
         @workers[pid] = Child.new(index: index, pid: pid, generation: generation, started_at: Time.now,
-                                   booted: false, ready: false, status_reader: status_reader, stopping: false)
+                                   booted: false, ready: false, status_reader: status_reader, stopping: false,
+                                   spawned: Clock.now, requests: 0, max_requests: @settings.draw_max_requests,
+                                   successor_of: successor_of)
       end
     end
   end

@@ -140,6 +140,12 @@ module NeverBlock
         app_io
       end
 
+      # @return [Hash, nil] the env of the request the app is handling, while
+      #   it is (for {TaskDump}).
+      def request_env
+        @app_env
+      end
+
       # @return [Boolean] true once the app took the socket (full or partial
       #   hijack): the server must not close it.
       def hijacked?

@@ -9,7 +9,11 @@ module NeverBlock
       # {Server} into one that serves: its own wake pipe and signal
       # handlers, the `on_worker_boot` hook, a thread that stops it when the
       # master dies, then {Server#serve_here}. It tells the master how far
-      # it got ("booted", "ready", "boot-failed ...") on its status pipe.
+      # it got ("booted", "ready", "boot-failed ...") on its status pipe,
+      # then, while serving, "beat REQUESTS" from a task of its loop every
+      # {Settings#heartbeat_interval} (a loop held by one fiber sends none:
+      # the master's watchdog), and "dumped" once it logged its tasks on
+      # QUIT (the watchdog's last question before it kills).
       class Worker
         # @api private
         # Serves until told to stop (TERM/INT, or the master's pipe closing),
@@ -25,7 +29,8 @@ module NeverBlock
           trap("TERM") { server.stop }
           trap("INT") { server.stop }
           server.stop if cluster.stop_before_trap? # TERM came between fork and the traps above
-          (SIGNALS - %w[TERM INT]).each { |name| trap(name, "DEFAULT") }
+          (SIGNALS - %w[TERM INT QUIT]).each { |name| trap(name, "DEFAULT") }
+          trap("QUIT") { server.log_task_dump(-> { report(status_writer, "dumped") }) }
           # Meant for the master; a signal sent to the whole process group must not end a worker.
           %w[USR2 TTIN TTOU].each { |name| trap(name, "IGNORE") }
           master_only.each { |io| io.close unless io.closed? }
@@ -39,7 +44,9 @@ module NeverBlock
             report(status_writer, "booted")
             watch_master(server, alive_reader)
             server.on_ready = -> { report(status_writer, "ready") }
+            server.heartbeat = [server.supervision.heartbeat_interval, ->(requests) { beat(status_writer, requests) }]
             server.serve_here
+            server.call_hook(:before_worker_shutdown, index)
             status = 0
           rescue Exception => e # rubocop:disable Lint/RescueException -- a worker reports every death
             if booted
@@ -75,6 +82,14 @@ module NeverBlock
         # (the pipe broken) is noticed by {.watch_master}.
         def self.report(status_writer, status)
           status_writer.write("#{status}\n")
+        rescue Errno::EPIPE, IOError
+          nil
+        end
+
+        # One heartbeat; skipped when the pipe is full (the master is behind:
+        # it has beats to read) rather than let the loop wait on it.
+        def self.beat(status_writer, requests)
+          status_writer.write_nonblock("beat #{requests}\n", exception: false)
         rescue Errno::EPIPE, IOError
           nil
         end

@@ -1,0 +1,75 @@
+# frozen_string_literal: true
+
+module NeverBlock
+  class Server
+    class Cluster
+      # How the master looks after its workers: when one counts as hung,
+      # and when one is replaced for its memory or its age. {Server#initialize}
+      # builds it from its options (so a bad value fails there, not in the
+      # master later); {Cluster} and {Worker} read it.
+      #
+      # - `worker_timeout` :: seconds a worker's event loop may go without
+      #   turning (a request computing in `loop {}`, a C call holding the
+      #   GVL, a deadlock) before the master kills and replaces it, after
+      #   asking it to log its tasks (default 60, like Puma's; nil: never).
+      #   A loop that waits for IO turns: only one held by a fiber counts.
+      # - `worker_boot_timeout` :: seconds a new worker may take to boot and
+      #   accept (default: `worker_timeout`).
+      # - `max_requests` :: requests after which a worker is replaced, the
+      #   new one booted first (default nil: never).
+      # - `max_requests_jitter` :: up to this many more, drawn per worker, so
+      #   that workers started together are not replaced together (default
+      #   a tenth of `max_requests`).
+      # - `max_memory` :: bytes of memory (`memory_metric`) above which a
+      #   worker is replaced, the new one booted first (default nil: never).
+      # - `memory_metric` :: `:rss` (the default: resident pages, counting
+      #   those shared with the master) or `:pss` (shared pages divided among
+      #   their sharers: what `--preload`ed workers really cost; reading it
+      #   costs the master more).
+      Settings = Struct.new(:worker_timeout, :worker_boot_timeout, :max_requests, :max_requests_jitter,
+                            :max_memory, :memory_metric, keyword_init: true) do
+        # @param options [Hash] any of the members.
+        # @return [Settings] frozen, with defaults filled in.
+        # @raise [ArgumentError] for an invalid value.
+        def self.build(worker_timeout: 60, worker_boot_timeout: nil, max_requests: nil, max_requests_jitter: nil,
+                       max_memory: nil, memory_metric: :rss)
+          worker_timeout = nil if worker_timeout == false
+          positive!(worker_timeout, :worker_timeout) if worker_timeout
+          worker_boot_timeout ||= worker_timeout
+          positive!(worker_boot_timeout, :worker_boot_timeout) if worker_boot_timeout
+          NeverBlock.validate_size!(max_requests, :max_requests) if max_requests
+          max_requests_jitter ||= max_requests ? max_requests / 10 : 0
+          NeverBlock.validate_size!(max_requests_jitter, :max_requests_jitter, minimum: 0)
+          NeverBlock.validate_size!(max_memory, :max_memory) if max_memory
+          unless %i[rss pss].include?(memory_metric)
+            raise ArgumentError, "memory_metric must be :rss or :pss, got #{memory_metric.inspect}"
+          end
+
+          new(worker_timeout: worker_timeout, worker_boot_timeout: worker_boot_timeout, max_requests: max_requests,
+              max_requests_jitter: max_requests_jitter, max_memory: max_memory, memory_metric: memory_metric).freeze
+        end
+
+        def self.positive!(seconds, name)
+          NeverBlock.validate_timeout!(seconds, name)
+          raise ArgumentError, "#{name} must be more than 0 seconds (nil turns it off), got #{seconds.inspect}" if seconds.zero?
+        end
+        private_class_method :positive!
+
+        # @return [Float] seconds between a worker's heartbeats: often enough
+        #   that a quarter of `worker_timeout` passes between two, at most one
+        #   a second (they also carry its request count for `max_requests`).
+        def heartbeat_interval
+          return 1.0 unless worker_timeout
+
+          (worker_timeout / 4.0).clamp(0.05, 1.0)
+        end
+
+        # @return [Integer, nil] the request count after which a new worker
+        #   is replaced: `max_requests` plus its jitter.
+        def draw_max_requests
+          max_requests && max_requests + rand(0..max_requests_jitter)
+        end
+      end
+    end
+  end
+end
