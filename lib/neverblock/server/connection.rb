@@ -36,8 +36,12 @@ module NeverBlock
       GONE = Response::GONE
       private_constant :GONE
 
-      # @return [Task, nil] the task serving it (set by the server).
+      # @return [Task, nil] the task serving it (set by the server once its
+      #   spawn returns, which is at the connection's first wait).
       attr_accessor :task
+
+      # @return [Fiber, nil] the fiber serving it, from its start.
+      attr_reader :fiber
 
       # @param context [Context] its server's app, limits, request slots...
       # @param socket [Socket] an accepted client socket.
@@ -58,6 +62,7 @@ module NeverBlock
       # error closes it, or the server stops. Does not close the socket.
       # @return [void]
       def run
+        @fiber = Fiber.current
         # Responses go out in as few writes as possible; Nagle would only delay them.
         @socket.setsockopt(Socket::IPPROTO_TCP, Socket::TCP_NODELAY, 1) unless @listener.unix?
         limits = @context.limits

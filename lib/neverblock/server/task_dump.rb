@@ -33,9 +33,9 @@ module NeverBlock
         busy = @connections.select(&:request_env)
         lines = ["#{tasks.size} tasks, #{@connections.size} connections, #{busy.size} requests in flight; " \
                  "#{running ? 'the loop is held by the first one below' : 'the loop is not held (it waits for IO or timers)'}"]
-        busy = busy.sort_by { |connection| connection.task&.fiber.equal?(running) ? 0 : 1 }
-        busy.each { |connection| lines.concat(request(connection, running)) }
-        if running && busy.none? { |connection| connection.task&.fiber.equal?(running) }
+        busy = busy.sort_by { |connection| connection.fiber.equal?(running) ? 0 : 1 }
+        busy.each { |connection| lines.concat(request(connection, running, tasks)) }
+        if running && busy.none? { |connection| connection.fiber.equal?(running) }
           task = tasks.find { |candidate| candidate.fiber.equal?(running) }
           lines << "#{(task || running).inspect} holds the loop:"
           lines.concat(frames(@scheduler.thread.backtrace))
@@ -45,14 +45,14 @@ module NeverBlock
 
       private
 
-      def request(connection, running)
+      def request(connection, running, tasks)
         env = connection.request_env
-        task = connection.task
-        fiber = task&.fiber
+        fiber = connection.fiber
+        task = tasks.find { |candidate| candidate.fiber.equal?(fiber) }
         holds = fiber.equal?(running)
         query = env["QUERY_STRING"].to_s
         target = "#{env['PATH_INFO']}#{"?#{query}" unless query.empty?}"
-        head = "#{env['REQUEST_METHOD']} #{target} from #{env['REMOTE_ADDR']}, #{task.inspect}"
+        head = "#{env['REQUEST_METHOD']} #{target} from #{env['REMOTE_ADDR']}, in #{(task || fiber).inspect},"
         backtrace = holds ? @scheduler.thread.backtrace : fiber&.backtrace
         [holds ? "#{head} holds the loop:" : "#{head} waits:", *frames(backtrace)]
       end
