@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require_relative "rails_integration/interlock"
+
 module NeverBlock
   # @api private
   # {Railtie} for apps that NeverBlock loads itself, after it was loaded
@@ -112,7 +114,20 @@ module NeverBlock
     def before_serving
       after_load
       isolate_active_support_per_fiber
+      use_a_fiber_interlock
       warn_about_blocking_adapters
+    end
+
+    # An app that reloads code (Rails' development mode) gets an {Interlock}
+    # that counts requests by fiber: Rails' own counts them by thread, and
+    # would unload constants under requests still running (see {Interlock}).
+    def use_a_fiber_interlock
+      return unless defined?(::ActiveSupport::Dependencies) && ::ActiveSupport::Dependencies.respond_to?(:interlock=)
+      return unless defined?(::Rails) && ::Rails.respond_to?(:application) && ::Rails.application
+      return unless ::Rails.application.config.respond_to?(:reloading_enabled?) && ::Rails.application.config.reloading_enabled?
+      return if ::ActiveSupport::Dependencies.interlock.is_a?(Interlock)
+
+      ::ActiveSupport::Dependencies.interlock = Interlock.new
     end
 
     # The keys {Server#stats} ends with (in a serving process).
