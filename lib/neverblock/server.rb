@@ -17,6 +17,7 @@ require_relative "server/connection"
 require_relative "server/cluster"
 require_relative "server/cluster/settings"
 require_relative "server/cluster/memory"
+require_relative "server/cluster/sidecars"
 require_relative "server/cluster/worker"
 require_relative "server/task_dump"
 require_relative "server/status_endpoint"
@@ -148,6 +149,10 @@ module NeverBlock
     # @param max_memory [Integer, nil] bytes; replace a worker that uses more
     #   (`memory_metric` :rss or :pss), the new one booted first.
     # @param memory_metric [Symbol] `:rss` (default) or `:pss`.
+    # @param supervise [Array<String, Array<String>>] commands a master keeps
+    #   running beside its workers (restarted when they exit, stopped with
+    #   TERM when it stops), like Solid Queue's `"bin/jobs"`; see
+    #   {Cluster::Sidecars}. Ignored, with a warning, with `workers: 0`.
     # @param status_path [String, nil] a path (like `"/_neverblock/status"`)
     #   answered by the server itself with {#stats} as JSON, for GET only;
     #   nil (the default) answers nothing there.
@@ -162,7 +167,7 @@ module NeverBlock
                    adaptive_limit: true, before_fork: nil, on_worker_boot: nil, before_worker_shutdown: nil,
                    after_worker_exit: nil, on_booted: nil, on_restart: nil, status_path: nil, access_log: nil,
                    worker_timeout: 60, worker_boot_timeout: nil, max_requests: nil, max_requests_jitter: nil,
-                   max_memory: nil, memory_metric: :rss, **limits)
+                   max_memory: nil, memory_metric: :rss, supervise: [], **limits)
       raise ArgumentError, "app must respond to call" unless app.respond_to?(:call)
 
       @app = app
@@ -173,7 +178,11 @@ module NeverBlock
       @hooks.freeze
       @supervision = Cluster::Settings.build(worker_timeout: worker_timeout, worker_boot_timeout: worker_boot_timeout,
                                              max_requests: max_requests, max_requests_jitter: max_requests_jitter,
-                                             max_memory: max_memory, memory_metric: memory_metric)
+                                             max_memory: max_memory, memory_metric: memory_metric, supervise: supervise)
+      if @workers.zero? && @supervision.supervise.any?
+        NeverBlock.logger.warn("NeverBlock::Server: supervise needs a master (workers: 1 or more); with workers: 0 " \
+                               "nothing runs #{@supervision.supervise.map { |command| Array(command).join(' ') }.join(', ')}")
+      end
       if status_path
         raise ArgumentError, "status_path must start with /, got #{status_path.inspect}" unless status_path.to_s.start_with?("/")
 

@@ -31,6 +31,8 @@ module NeverBlock
     #   after_worker_exit { |index, status| warn "worker #{index}: #{status}" }
     #   on_booted { puts "all workers accept" }
     #   on_restart { puts "rolling restart" }
+    #   solid_queue true                   # supervise bin/jobs (as SOLID_QUEUE_IN_PUMA does)
+    #   supervise "bin/sidekiq -C config/sidekiq.yml"   # any command kept running; repeatable
     class ConfigFile
       # Settings the file may make => the option they set.
       SETTINGS = %i[workers preload fiber_pool max_connections max_body shutdown_timeout access_log
@@ -104,6 +106,18 @@ module NeverBlock
         @options[:adaptive_limit] = enabled && (options.empty? || options)
       end
 
+      # @param command [String, Array<String>] kept running by the master
+      #   beside its workers (see {NeverBlock::Server::Cluster::Sidecars}).
+      def supervise(command)
+        (@options[:supervise] ||= []) << command
+      end
+
+      # @param enabled [Boolean] true: supervise the app's `bin/jobs` (Solid
+      #   Queue's supervisor), as SOLID_QUEUE_IN_PUMA does.
+      def solid_queue(enabled = true)
+        supervise("bin/jobs") if enabled
+      end
+
       # @param values [Hash] any {NeverBlock::Server::Limits} member.
       def limits(**values)
         (@options[:limits] ||= {}).merge!(values)
@@ -119,7 +133,7 @@ module NeverBlock
 
       # An unknown setting: an error naming the known ones.
       def method_missing(name, *_args)
-        known = SETTINGS + HOOKS.keys + %i[bind ssl_bind port status limits adaptive_limit]
+        known = SETTINGS + HOOKS.keys + %i[bind ssl_bind port status limits adaptive_limit supervise solid_queue]
         raise ArgumentError, "unknown setting #{name} (known: #{known.sort.join(', ')})"
       end
 

@@ -25,7 +25,7 @@ module NeverBlock
       def initialize(out:, err:)
         @out = out
         @err = err
-        @options = { bind: [], workers: Etc.nprocessors, preload: false, access_log: false,
+        @options = { bind: [], supervise: [], workers: Etc.nprocessors, preload: false, access_log: false,
                      shutdown_timeout: nil, fiber_pool: 1000, adaptive_limit: true, status_path: nil, environment: nil, limits: {} }
         @given = [] # options set on the command line, which win over a config file
       end
@@ -111,6 +111,10 @@ module NeverBlock
           o.on("--max-memory BYTES", "replace a worker whose RSS passes BYTES (like 512M), its successor booted first") do |size|
             set(:max_memory, parse_size(size, "--max-memory"))
           end
+          o.on("--supervise COMMAND", "keep COMMAND running beside the workers (like bin/jobs); repeatable. " \
+                                      "SOLID_QUEUE_IN_PUMA set: bin/jobs") do |command|
+            options[:supervise] << command
+          end
           o.on("--status PATH", "answer GET PATH with the server's stats as JSON") { |path| set(:status_path, path) }
           o.on("-E", "--env ENV", "RACK_ENV (and RAILS_ENV) for the app") { |env| set(:environment, env) }
           o.on("--pidfile FILE", "write the master's pid there (removed on exit)") do |file|
@@ -137,6 +141,7 @@ module NeverBlock
         require_relative "config_file"
         config = ConfigFile.load(file)
         binds = config.delete(:bind)&.map { |url| expand_tls_paths(url, File.dirname(file)) }
+        @options[:supervise] = config.delete(:supervise) + @options[:supervise] if config.key?(:supervise)
         @options[:bind] = binds if binds && @options[:bind].empty?
         @options[:limits] = config.delete(:limits).merge(@options[:limits]) if config.key?(:limits)
         %i[pidfile log].each { |key| config[key] &&= File.expand_path(config[key], File.dirname(file)) }
@@ -193,6 +198,7 @@ module NeverBlock
           ENV["RAILS_ENV"] ||= opts[:environment]
         end
         Dir.chdir(File.dirname(path))
+        supervise_solid_queue if ENV["SOLID_QUEUE_IN_PUMA"]
         NeverBlock::RailsIntegration.default_rails_max_threads(@out)
         require_relative "../server"
         # Rack itself (not the app) loads once, in the master: a worker that
@@ -211,6 +217,21 @@ module NeverBlock
         0
       ensure
         remove_pidfile(opts[:pidfile]) if opts && opts[:pidfile]
+      end
+
+      # Rails 8's generated config/puma.rb runs Solid Queue in the server
+      # (`plugin :solid_queue if ENV["SOLID_QUEUE_IN_PUMA"]`, which Kamal's
+      # deploy.yml sets): the same variable has the master supervise the
+      # app's bin/jobs, as a -C file's `solid_queue` does.
+      def supervise_solid_queue
+        return if @options[:supervise].any? { |command| command.to_s.split.first&.end_with?("bin/jobs") }
+
+        if File.file?("bin/jobs")
+          @options[:supervise] << "bin/jobs"
+        else
+          @err.puts("neverblock serve: SOLID_QUEUE_IN_PUMA is set but #{File.expand_path('bin/jobs')} does not exist; " \
+                    "not running Solid Queue")
+        end
       end
 
       # stdout and stderr (the banner, NeverBlock's log, the access log)
@@ -262,6 +283,7 @@ module NeverBlock
           options[key] = opts[key] if opts[key]
         end
         options[:worker_timeout] = opts[:worker_timeout] if opts.key?(:worker_timeout)
+        options[:supervise] = opts[:supervise] if opts[:supervise].any?
         hook = opts[:on_worker_boot]
         build = !opts[:preload]
         if hook || build

@@ -18,6 +18,9 @@ module NeverBlock
     # - `TTIN`, `TTOU` :: one worker more, one fewer.
     # - `QUIT` :: every worker logs what its tasks are doing ({TaskDump}).
     #
+    # Beside the workers it keeps the `supervise` commands running
+    # ({Sidecars}: Solid Queue's `bin/jobs`), and stops them when it stops.
+    #
     # It also watches each worker ({Settings}): one whose loop has sent no
     # heartbeat for `worker_timeout` (held by one fiber: `loop {}`, a C call
     # holding the GVL, a deadlock) is asked for its task dump (QUIT), which
@@ -92,6 +95,7 @@ module NeverBlock
         @restarts = Hash.new(0) # cause => workers replaced for it
         @memory_checked_at = 0.0
         @booted = false # every worker accepted once (on_booted was called)
+        @sidecars = Sidecars.new(settings.supervise)
         @workers = {} # pid => Worker
         @generation = 0
         @signals = Thread::Queue.new
@@ -119,6 +123,7 @@ module NeverBlock
         @server.cluster = self
         @server.hooks[:before_fork]&.call
         @count.times { |index| spawn_worker(index) }
+        @sidecars.start_due
         supervise
       ensure
         stop_all
@@ -150,7 +155,8 @@ module NeverBlock
             started_at: worker.started_at, requests: worker.requests, retiring: worker.retiring }
         end
         restarts = %i[crash watchdog boot_timeout requests memory].to_h { |cause| [cause, @restarts[cause]] }
-        { master_pid: Process.pid, workers: workers, generation: @generation, stopping: @stopping, restarts: restarts }
+        { master_pid: Process.pid, workers: workers, generation: @generation, stopping: @stopping, restarts: restarts,
+          supervised: @sidecars.stats }
       end
 
       # @api private
@@ -187,7 +193,7 @@ module NeverBlock
       # The master's loop: waits for a signal, a worker's readiness or
       # death, or the next boot retry, and acts on it.
       def supervise
-        until @stopping && @workers.empty?
+        until @stopping && @workers.empty? && !@sidecars.running?
           wait_for_events
           reap
           handle_signals
@@ -198,6 +204,7 @@ module NeverBlock
           end
 
           watch_workers
+          @sidecars.start_due
           replace_missing
           continue_restart
           continue_retiring
@@ -223,7 +230,7 @@ module NeverBlock
       def select_timeout
         return 0.5 if @stopping
 
-        longest = [@settings.heartbeat_interval, DUMP_GRACE.to_f].min
+        longest = [@settings.heartbeat_interval, DUMP_GRACE.to_f, @sidecars.next_due_in].compact.min
         wait = @next_boot_at - Clock.now
         wait.positive? ? wait.clamp(0.05, longest) : longest
       end
@@ -289,6 +296,7 @@ module NeverBlock
           break unless pid
 
           worker = @workers.delete(pid)
+          @sidecars.reaped(pid, status, stopping: @stopping) unless worker
           next unless worker
 
           drain_status(worker)
@@ -351,6 +359,7 @@ module NeverBlock
         @stopping = true
         @stop_deadline = Clock.now + @server.limits.shutdown_timeout + KILL_GRACE
         @workers.each_value { |worker| terminate(worker) }
+        @sidecars.stop
       end
 
       def begin_restart
@@ -498,10 +507,10 @@ module NeverBlock
       # Stops every worker and waits for them (killing those still there
       # after the deadline); for when {#supervise} did not get to the end.
       def stop_all
-        return if @workers.empty?
+        return if @workers.empty? && !@sidecars.running?
 
         begin_stop unless @stopping
-        until @workers.empty?
+        until @workers.empty? && !@sidecars.running?
           if Clock.now > @stop_deadline
             kill_stragglers
             break
@@ -515,6 +524,19 @@ module NeverBlock
         @workers.each_value { |worker| kill(worker) }
         @workers.each_key { |pid| wait_quietly(pid) }
         @workers.clear
+        @sidecars.kill
+        while @sidecars.running?
+          break unless wait_any
+        end
+      end
+
+      # Waits for any child; false when none is left.
+      def wait_any
+        pid, status = Process.wait2(-1)
+        @sidecars.reaped(pid, status, stopping: true)
+        true
+      rescue Errno::ECHILD
+        false
       end
 
       def kill(worker)

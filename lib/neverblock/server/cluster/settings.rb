@@ -26,13 +26,15 @@ module NeverBlock
       #   those shared with the master) or `:pss` (shared pages divided among
       #   their sharers: what `--preload`ed workers really cost; reading it
       #   costs the master more).
+      # - `supervise` :: commands the master keeps running beside its
+      #   workers ({Sidecars}), like Solid Queue's `bin/jobs` (default none).
       Settings = Struct.new(:worker_timeout, :worker_boot_timeout, :max_requests, :max_requests_jitter,
-                            :max_memory, :memory_metric, keyword_init: true) do
+                            :max_memory, :memory_metric, :supervise, keyword_init: true) do
         # @param options [Hash] any of the members.
         # @return [Settings] frozen, with defaults filled in.
         # @raise [ArgumentError] for an invalid value.
         def self.build(worker_timeout: 60, worker_boot_timeout: nil, max_requests: nil, max_requests_jitter: nil,
-                       max_memory: nil, memory_metric: :rss)
+                       max_memory: nil, memory_metric: :rss, supervise: [])
           worker_timeout = nil if worker_timeout == false
           positive!(worker_timeout, :worker_timeout) if worker_timeout
           worker_boot_timeout ||= worker_timeout
@@ -45,8 +47,12 @@ module NeverBlock
             raise ArgumentError, "memory_metric must be :rss or :pss, got #{memory_metric.inspect}"
           end
 
+          supervise = Array(supervise).map { |command| command.is_a?(Array) ? command.map(&:to_s).freeze : command.to_s }
+          Sidecars.new(supervise) # raises for an empty command
+
           new(worker_timeout: worker_timeout, worker_boot_timeout: worker_boot_timeout, max_requests: max_requests,
-              max_requests_jitter: max_requests_jitter, max_memory: max_memory, memory_metric: memory_metric).freeze
+              max_requests_jitter: max_requests_jitter, max_memory: max_memory, memory_metric: memory_metric,
+              supervise: supervise.freeze).freeze
         end
 
         def self.positive!(seconds, name)
