@@ -177,8 +177,9 @@ module NeverBlock
       return unless defined?(::ActiveRecord::Base) && ::ActiveRecord::Base.respond_to?(:configurations)
 
       env = ::ActiveRecord::ConnectionHandling::DEFAULT_ENV.call.to_s
-      ::ActiveRecord::Base.configurations.configs_for(env_name: env).each do |config|
-        warn_about_a_small_pool(config, env)
+      configs = ::ActiveRecord::Base.configurations.configs_for(env_name: env)
+      warn_about_small_pools(configs, env)
+      configs.each do |config|
         next unless config.adapter.to_s == "mysql2"
 
         NeverBlock.logger.warn("NeverBlock::Server: ActiveRecord database #{config.name.inspect} (#{env}) uses the " \
@@ -193,16 +194,19 @@ module NeverBlock
     # ActiveRecord's pool is sized for threads (Rails generates 5); here a
     # request holds a connection from its first query to its end, and the
     # sixth request using the database at once waits `checkout_timeout`
-    # and fails. Warn with the fix when the pool is that small.
-    def warn_about_a_small_pool(config, env)
-      size = config.respond_to?(:max_connections) ? config.max_connections : config.pool
-      return if size.nil? || size >= SMALL_ACTIVE_RECORD_POOL
+    # and fails. One line per process names the small pools (a Rails 8 app
+    # has four databases) and the database.yml key its Rails reads
+    # (`max_connections:` from 8.1, which deprecates `pool:`).
+    def warn_about_small_pools(configs, env)
+      small = configs.filter_map do |config|
+        size = config.respond_to?(:max_connections) ? config.max_connections : config.pool
+        "#{config.name} #{size}" if size && size < SMALL_ACTIVE_RECORD_POOL
+      end
+      return if small.empty?
 
-      NeverBlock.logger.warn("NeverBlock::Server: ActiveRecord database #{config.name.inspect} (#{env}) has a pool of " \
-                             "#{size} connections, and each request holds one from its first query to its end: " \
-                             "request #{size + 1} using the database at once waits checkout_timeout, then fails with " \
-                             "ActiveRecord::ConnectionTimeoutError. Set pool: 25 or more in config/database.yml " \
-                             "(a generated one reads RAILS_MAX_THREADS)")
+      key = configs.first.respond_to?(:max_connections) ? "max_connections" : "pool"
+      NeverBlock.logger.warn("NeverBlock::Server: small ActiveRecord pools (#{env}: #{small.join(', ')}): each request " \
+                             "holds a connection to its end; set #{key}: 25 in config/database.yml")
     end
 
     # Once Active Support's load hooks exist: the adapters register when
