@@ -96,6 +96,12 @@ module NeverBlock
       callback ? callback.call : false
     end
 
+    # @api private
+    # @return [String] "1 worker", "4 workers" (for logs and titles).
+    def self.workers_phrase(count)
+      "#{count} worker#{'s' unless count == 1}"
+    end
+
     # Seconds a stopping server keeps idle keep-alive connections open for a
     # request already on its way (see {#stop}).
     STOP_IDLE_GRACE = 1.0

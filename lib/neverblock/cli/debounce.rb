@@ -115,7 +115,7 @@ module NeverBlock
         server = NeverBlock::Server.new(app, **server_options)
         addresses = server.bound_addresses
         @out.puts("NeverBlock #{VERSION} debouncing #{opts[:upstream]} on #{addresses.join(', ')} " \
-                  "(#{opts[:workers].zero? ? 'no workers' : "#{opts[:workers]} workers"}, " \
+                  "(#{opts[:workers].zero? ? 'no workers' : NeverBlock::Server.workers_phrase(opts[:workers])}, " \
                   "#{opts[:redis] ? "shared through #{opts[:redis]}" : 'per process'}, pid #{Process.pid})")
         @out.flush
         server.run(handle_signals: true)

@@ -211,7 +211,7 @@ module NeverBlock
         addresses = server.bound_addresses
         write_pidfile(opts[:pidfile]) if opts[:pidfile]
         @out.puts("NeverBlock #{VERSION} serving #{path} on #{addresses.join(', ')} " \
-                  "(#{opts[:workers].zero? ? 'no workers' : "#{opts[:workers]} workers"}, pid #{Process.pid})")
+                  "(#{opts[:workers].zero? ? 'no workers' : NeverBlock::Server.workers_phrase(opts[:workers])}, pid #{Process.pid})")
         @out.flush
         server.run(handle_signals: true)
         0

@@ -115,7 +115,7 @@ module NeverBlock
 
         @listeners.each(&:listen)
         @master_pid = Process.pid
-        Process.setproctitle("neverblock master (#{@count} workers) #{@listeners.map(&:address).join(' ')}")
+        Process.setproctitle("neverblock master (#{Server.workers_phrase(@count)}) #{@listeners.map(&:address).join(' ')}")
         @stop_before_trap = false
         @wake_reader, @wake_writer = IO.pipe
         @alive_reader, @alive_writer = IO.pipe # workers see EOF when the master is gone
@@ -348,7 +348,7 @@ module NeverBlock
           when "QUIT" then @workers.each_value { |worker| send_signal(worker, "QUIT") }
           else next
           end
-          NeverBlock.logger.info { "NeverBlock::Server: master got #{name}: #{SIGNAL_ACTIONS.fetch(name)} (#{@count} workers)" }
+          NeverBlock.logger.info { "NeverBlock::Server: master got #{name}: #{SIGNAL_ACTIONS.fetch(name)} (#{Server.workers_phrase(@count)})" }
         end
         retire_surplus unless @stopping
       end

@@ -228,7 +228,7 @@ class ServerClusterTest < PlainTest
       assert_match(%r{on tcp://0\.0\.0\.0:#{port} }, File.read(log))
       worker = eventually { (w = worker_pids(pid)).size == 1 && w.first }
       eventually { File.read("/proc/#{worker}/cmdline").include?("neverblock worker 0") }
-      assert_includes File.read("/proc/#{pid}/cmdline"), "neverblock master (1 workers)"
+      assert_includes File.read("/proc/#{pid}/cmdline"), "neverblock master (1 worker)"
       assert_equal "200", Net::HTTP.get_response(URI("http://127.0.0.1:#{port}/")).code
       eventually { File.read(log).include?('"GET / HTTP/1.1" 200') } # the access log, line by line
       Process.kill("TTIN", pid)
