@@ -61,6 +61,36 @@ module NeverBlock
         raise ArgumentError, "#{path}#{":#{line}" if line}: #{e.message}"
       end
 
+      # Settings that only `neverblock serve` acts on (the rackup handler's
+      # process is already running and has its app loaded and its binds).
+      SERVE_ONLY = %i[bind preload environment pidfile log fiber_stack_size].freeze
+
+      # The {NeverBlock::Server#initialize} options of a loaded file, for a
+      # caller other than `neverblock serve` (the rackup handler, which
+      # `rails server -u neverblock` uses). What only `neverblock serve`
+      # does (see SERVE_ONLY) is left out.
+      # @param options [Hash] what {.load} returned.
+      # @return [Hash] Server options; `:ignored`, the settings left out.
+      def self.server_options(options)
+        options = options.dup
+        ignored = SERVE_ONLY.select { |key| options.key?(key) }
+        ignored.each { |key| options.delete(key) }
+        limits = options.delete(:limits) || {}
+        options[:access_log] = options[:access_log] ? $stdout : nil if options.key?(:access_log)
+        options[:max_memory] = bytes(options[:max_memory], "max_memory") if options[:max_memory].is_a?(String)
+        { **limits, **options, ignored: ignored }
+      end
+
+      # @param text [String, Integer] `4194304`, `4096K`, `4M`, `1G` (binary units).
+      # @param name [String] the setting, for the error.
+      # @return [Integer] bytes.
+      # @raise [ArgumentError] for anything else.
+      def self.bytes(text, name)
+        match = /\A(\d+)([KMG]?)\z/i.match(text.to_s.strip) or
+          raise ArgumentError, "#{name} #{text} (bytes, or a number with K, M or G)"
+        Integer(match[1], 10) * { "" => 1, "K" => 1024, "M" => 1024**2, "G" => 1024**3 }.fetch(match[2].upcase)
+      end
+
       # @return [Hash]
       attr_reader :options
 

@@ -160,9 +160,10 @@ module NeverBlock
 
       # @return [Integer] bytes, from `4194304`, `4096K`, `4M` (binary units).
       def parse_size(text, option)
-        match = /\A(\d+)([KMG]?)\z/i.match(text.to_s.strip) or
-          raise OptionParser::InvalidArgument, "#{option} #{text} (bytes, or a number with K, M or G)"
-        Integer(match[1], 10) * { "" => 1, "K" => 1024, "M" => 1024**2, "G" => 1024**3 }.fetch(match[2].upcase)
+        require_relative "config_file"
+        ConfigFile.bytes(text, option)
+      rescue ArgumentError => e
+        raise OptionParser::InvalidArgument, e.message
       end
 
       # Ruby sizes fiber stacks once, at boot, from RUBY_FIBER_VM_STACK_SIZE

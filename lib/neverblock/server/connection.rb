@@ -359,6 +359,7 @@ module NeverBlock
       def refuse(error)
         return unless error.status
 
+        @context.refusal_log.refused(error, remote_addr)
         @response.write_error(error.status)
         linger
       rescue Response::ClientGone

@@ -33,6 +33,9 @@ module NeverBlock
       # @return [IdleSweeper] ends idle keep-alive waits (while serving).
       attr_reader :idle_sweeper
 
+      # @return [RefusalLog] logs the requests the server refuses itself.
+      attr_reader :refusal_log
+
       # @return [String] the loop's read buffer: every connection reads into
       #   it and parses at once, so idle connections hold no buffer.
       attr_reader :read_buffer
@@ -57,6 +60,7 @@ module NeverBlock
         @access_log = access_log
         @idle_sweeper = idle_sweeper
         @on_hijack = on_hijack
+        @refusal_log = RefusalLog.new
         @read_buffer = String.new(capacity: Connection::READ_SIZE, encoding: Encoding::BINARY)
         @requests_in_flight = 0
         @requests_total = 0

@@ -22,7 +22,7 @@ module Rackup
         # @yieldparam server [::NeverBlock::Server] before it runs.
         # @return [void] once the server has stopped (INT/TERM or {shutdown}).
         def run(app, **options)
-          server = ::NeverBlock::Server.new(app, **server_options(options))
+          server = ::NeverBlock::Server.new(app, workers: 0, **config_file_options, **server_options(options))
           @server = server
           yield server if block_given?
           server.run(handle_signals: true)
@@ -49,14 +49,33 @@ module Rackup
           }
         end
 
+        # The file `rails server` would read for Puma is config/puma.rb;
+        # for NeverBlock it is config/neverblock.rb (from the directory the
+        # server starts in, the app's root), the file `neverblock serve -C`
+        # reads: its limits, workers, hooks, timeouts... apply, and rackup's
+        # own options (`-p`, `-b`, `-O`) win. What only `neverblock serve`
+        # does with it (bind, preload, pidfile, log...) is left out, saying so.
+        CONFIG_FILE = "config/neverblock.rb"
+
         private
+
+        def config_file_options
+          return {} unless File.file?(CONFIG_FILE)
+
+          require "neverblock/cli/config_file"
+          options = ::NeverBlock::CLI::ConfigFile.server_options(::NeverBlock::CLI::ConfigFile.load(File.expand_path(CONFIG_FILE)))
+          ignored = options.delete(:ignored)
+          $stdout.puts("NeverBlock: reading #{CONFIG_FILE}#{"; #{ignored.join(', ')} apply to `neverblock serve -C` only" if ignored.any?}")
+          options
+        end
 
         def server_options(options)
           host = options[:Host] || "localhost"
           host = "[#{host}]" if host.include?(":") && !host.start_with?("[")
           bind = options[:Bind] || "tcp://#{host == 'localhost' ? '127.0.0.1' : host}:#{Integer(options[:Port] || 9292)}"
-          result = { bind: [bind], workers: Integer(options[:Workers] || 0),
-                     fiber_pool: Integer(options[:FiberPool] || 1000) }
+          result = { bind: [bind] }
+          result[:workers] = Integer(options[:Workers]) if options[:Workers]
+          result[:fiber_pool] = Integer(options[:FiberPool]) if options[:FiberPool]
           result[:status_path] = options[:Status] if options[:Status]
           result[:access_log] = $stdout if %w[true yes 1].include?(options[:AccessLog].to_s)
           result

@@ -55,6 +55,24 @@ class ServerHandlerTest < PlainTest
     assert_match(/Booting NeverBlock/, @output)
   end
 
+  # As `rails server` reads config/puma.rb for Puma, the handler reads
+  # config/neverblock.rb (what `neverblock serve -C` reads): an upload limit
+  # raised there applies, and what only `neverblock serve` does is named.
+  def test_rails_server_u_neverblock_reads_config_neverblock_rb
+    @dir = Dir.mktmpdir("nb-rails")
+    FileUtils.cp_r(File.join(FIXTURES, "rails_app", "."), @dir)
+    File.write(File.join(@dir, "config", "neverblock.rb"), "limits max_body: 16\npidfile 'tmp/x.pid'\n")
+    port = free_port
+    start(RbConfig.ruby, "bin/rails", "server", "-u", "neverblock", "-b", "127.0.0.1", "-p", port.to_s,
+          "-P", File.join(@dir, "server.pid"), chdir: @dir)
+    assert_equal "200", wait_for_answer(port, timeout: 90).code
+    response = Net::HTTP.start("127.0.0.1", port) { |http| http.post("/", "x" * 17, "content-type" => "text/plain") }
+    assert_equal "413", response.code
+    stop_and_wait
+    assert_match(%r{NeverBlock: reading config/neverblock.rb; pidfile apply to `neverblock serve -C` only}, @output)
+    assert_match(/refused a request from 127\.0\.0\.1 with 413: Content-Length 17 over 16; to raise the limit: --max-body/, @output)
+  end
+
   def test_rails_server_u_neverblock_keeps_a_rails_max_threads_it_finds
     @dir = Dir.mktmpdir("nb-rails")
     FileUtils.cp_r(File.join(FIXTURES, "rails_app", "."), @dir)

@@ -71,6 +71,24 @@ class ServerLimitsTest < PlainTest
     assert_refused 413, "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 1001\r\n\r\n"
   end
 
+  # An upload over max_body is no mystery in the log: one line names the
+  # limit and how to raise it; more of the same status within a second are
+  # counted into the next line, not each logged.
+  def test_a_refused_request_logs_one_line_naming_the_limit_and_floods_are_counted
+    start_server(@app, max_body: 1000)
+    raw = "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 1001\r\n\r\n"
+    log = capture_log do
+      assert_refused 413, raw
+      3.times { exchange(raw) }
+    end
+    lines = log.lines
+    assert_equal 1, lines.size, log
+    assert_match(/refused a request from 127\.0\.0\.1 with 413: Content-Length 1001 over 1000; to raise the limit: --max-body BYTES, or limits max_body: in a -C file/, lines.first)
+    sleep NeverBlock::Server::RefusalLog::INTERVAL # the next refusal, a second later, is logged with the count
+    log = capture_log { exchange(raw) }
+    assert_match(/with 413: .* \(and 3 more 413s since the last line for it\)$/, log)
+  end
+
   def test_content_length_over_the_limit_with_expect_gets_413_not_100
     start_server(@app, max_body: 1000)
     response = assert_refused 413, "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5000\r\nExpect: 100-continue\r\n\r\n"
