@@ -24,6 +24,8 @@ module NeverBlock
         debounce --upstream URL [options]
                              a reverse proxy that coalesces identical concurrent requests
                              (see `neverblock debounce --help`)
+        ctl COMMAND [-C URL] talk to a running server's control listener: stats, tasks, metrics,
+                             restart, phased-restart, stop, halt, gc (see `neverblock ctl --help`)
         run FILE [ARGS...]   run a Ruby script inside NeverBlock.run (blocking calls in it
                              suspend only their fiber; use NeverBlock.spawn for concurrency)
         -e CODE              run Ruby code inside NeverBlock.run
@@ -70,6 +72,9 @@ module NeverBlock
       when "debounce"
         require_relative "cli/debounce"
         Debounce.new(out: @out, err: @err).call(argv)
+      when "ctl"
+        require_relative "cli/ctl"
+        catch(:done) { Ctl.new(out: @out, err: @err).call(argv) }
       when "run" then run_file(argv)
       when "-e" then run_code(argv)
       when "version", "--version", "-v" then @out.puts("neverblock #{VERSION}") || 0

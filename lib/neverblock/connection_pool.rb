@@ -269,6 +269,10 @@ module NeverBlock
       idle.each { |connection| close_quietly(connection) }
     end
 
+    # @return [Integer] checkouts that raised {PoolTimeout} so far (read
+    #   without the lock: a count for metrics).
+    attr_reader :timeouts
+
     # @return [String, nil] the name given to {#initialize}, for logs and stats.
     attr_reader :name
 
@@ -287,6 +291,7 @@ module NeverBlock
       @holds = {}.compare_by_identity # owner => Hold
       @waiters = [] # Waiters, oldest first
       @spare = [] # Waiters to reuse
+      @timeouts = 0 # checkouts that raised PoolTimeout, ever
       @expiry = {}.compare_by_identity # NeverBlock scheduler => its waiters' expiry timer, while armed
       @expire_callback = method(:expire_waiters)
       @generation = 0 # bumped by disconnect_all

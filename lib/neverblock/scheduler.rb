@@ -180,6 +180,11 @@ module NeverBlock
       @closed
     end
 
+    # @return [Integer] stalls its stall detector reported (0 without one).
+    def stalls
+      @stall_detector ? @stall_detector.stalls : 0
+    end
+
     # @return [Array<Task>] the tasks that are pending or running.
     def tasks
       @tasks.keys

@@ -13,12 +13,15 @@ require_relative "server/parser"
 require_relative "server/response"
 require_relative "server/access_log"
 require_relative "server/refusal_log"
+require_relative "server/metrics"
 require_relative "server/context"
 require_relative "server/connection"
 require_relative "server/cluster"
 require_relative "server/cluster/settings"
 require_relative "server/cluster/memory"
 require_relative "server/cluster/sidecars"
+require_relative "server/cluster/control"
+require_relative "server/cluster/prometheus"
 require_relative "server/cluster/worker"
 require_relative "server/task_dump"
 require_relative "server/status_endpoint"
@@ -160,6 +163,11 @@ module NeverBlock
     #   running beside its workers (restarted when they exit, stopped with
     #   TERM when it stops), like Solid Queue's `"bin/jobs"`; see
     #   {Cluster::Sidecars}. Ignored, with a warning, with `workers: 0`.
+    # @param control [String, nil] `tcp://HOST:PORT` or `unix://PATH`: the
+    #   master's control listener (`/metrics`, `/stats`, `/tasks`, commands;
+    #   see {Cluster::Control}); nil (the default): none.
+    # @param control_token [String, nil] what a TCP control listener wants
+    #   (default: one is made and logged).
     # @param status_path [String, nil] a path (like `"/_neverblock/status"`)
     #   answered by the server itself with {#stats} as JSON, for GET only;
     #   nil (the default) answers nothing there.
@@ -174,7 +182,7 @@ module NeverBlock
                    adaptive_limit: true, before_fork: nil, on_worker_boot: nil, before_worker_shutdown: nil,
                    after_worker_exit: nil, on_booted: nil, on_restart: nil, status_path: nil, access_log: nil,
                    worker_timeout: 60, worker_boot_timeout: nil, max_requests: nil, max_requests_jitter: nil,
-                   max_memory: nil, memory_metric: :rss, supervise: [], **limits)
+                   max_memory: nil, memory_metric: :rss, supervise: [], control: nil, control_token: nil, **limits)
       raise ArgumentError, "app must respond to call" unless app.respond_to?(:call)
 
       @app = app
@@ -185,7 +193,8 @@ module NeverBlock
       @hooks.freeze
       @supervision = Cluster::Settings.build(worker_timeout: worker_timeout, worker_boot_timeout: worker_boot_timeout,
                                              max_requests: max_requests, max_requests_jitter: max_requests_jitter,
-                                             max_memory: max_memory, memory_metric: memory_metric, supervise: supervise)
+                                             max_memory: max_memory, memory_metric: memory_metric, supervise: supervise,
+                                             control: control, control_token: control_token)
       if @workers.zero? && @supervision.supervise.any?
         NeverBlock.logger.warn("NeverBlock::Server: supervise needs a master (workers: 1 or more); with workers: 0 " \
                                "nothing runs #{@supervision.supervise.map { |command| Array(command).join(' ') }.join(', ')}")
@@ -200,6 +209,10 @@ module NeverBlock
       @on_ready = nil
       @heartbeat = nil # [seconds, callable] while a worker of a Cluster
       @beats = nil # the task calling it
+      @metrics = nil # Metrics, when the master serves /metrics
+      @probe = nil # the task measuring the loop's lag for it
+      @commands = nil # [IO, callable]: the master's commands to a worker
+      @command_reader = nil # the task reading them
       @access_log = AccessLog.build(access_log)
 
       @limits = Limits.build(limits)
@@ -288,6 +301,8 @@ module NeverBlock
         @sweeper = NeverBlock.spawn { @context.idle_sweeper.run }
         acceptors = @listeners.map { |listener| NeverBlock.spawn { accept_loop(listener) } }
         @beats = NeverBlock.spawn { beat(*@heartbeat) } if @heartbeat
+        @probe = NeverBlock.spawn { @metrics.probe_loop_lag } if @metrics
+        @command_reader = NeverBlock.spawn { read_commands(*@commands) } if @commands
         @on_ready&.call
         call_hook(:on_booted) if @workers.zero?
         @wake_reader.wait_readable until @stop_requested
@@ -366,6 +381,28 @@ module NeverBlock
     # @api private
     # @return [Cluster::Settings] how a master supervises its workers.
     attr_reader :supervision
+
+    # @api private
+    # A worker whose master serves `/metrics` counts its requests
+    # ({Metrics}); set before {#serve_here}.
+    # @param metrics [Metrics]
+    def metrics=(metrics)
+      @metrics = metrics
+      @context.metrics = metrics
+      @admission.metrics = metrics
+    end
+
+    # @api private
+    # The master's commands to a worker: each line read from `io` is
+    # passed to `callable` in a task of the loop, while serving.
+    # @param value [Array(IO, #call)]
+    attr_writer :commands
+
+    # @api private
+    # @return [Hash, nil] {Metrics#snapshot} (nil without metrics).
+    def metrics_snapshot
+      @metrics&.snapshot(stats, @scheduler)
+    end
 
     # What this process's tasks are doing: the one holding the loop and
     # every request in flight with its backtrace ({TaskDump}). Safe from
@@ -517,7 +554,7 @@ module NeverBlock
 
     def shutdown(acceptors)
       @context.stopping = true
-      @beats&.cancel
+      [@beats, @probe, @command_reader].each { |task| task&.cancel }
       @admission.stop
       @listeners.zip(acceptors) { |listener, acceptor| acceptor.cancel if @accepting[listener] }
       acceptors.each(&:wait)
@@ -543,6 +580,14 @@ module NeverBlock
         callable.call(@context.requests_total)
         NeverBlock.sleep(seconds)
       end
+    end
+
+    def read_commands(io, callable)
+      while (line = io.gets)
+        callable.call(line.chomp)
+      end
+    rescue IOError
+      nil
     end
 
     def drain_idle_connections

@@ -19,6 +19,9 @@ module NeverBlock
     # @return [Float] seconds a fiber may hold the loop before a warning.
     attr_reader :threshold
 
+    # @return [Integer] stalls reported so far.
+    attr_reader :stalls
+
     # @param scheduler [Scheduler]
     # @param threshold [Numeric] seconds.
     def initialize(scheduler, threshold)
@@ -30,6 +33,7 @@ module NeverBlock
       @idle = false
       @thread = nil
       @stopping = false
+      @stalls = 0
     end
 
     # Starts the watchdog thread (once).
@@ -104,6 +108,7 @@ module NeverBlock
     # A stall is logged with its backtrace, at most once a QUIET_PERIOD;
     # the ones in between in one line each, naming the innermost frame.
     def report(fiber, held)
+      @stalls += 1
       backtrace = @scheduler.thread.backtrace || []
       task = @scheduler.tasks.find { |candidate| candidate.fiber.equal?(fiber) }
       summary = "#{task ? task.inspect : fiber.inspect} has held the event loop for at least " \

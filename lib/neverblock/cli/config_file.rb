@@ -32,12 +32,13 @@ module NeverBlock
     #   on_booted { puts "all workers accept" }
     #   on_restart { puts "rolling restart" }
     #   solid_queue true                   # supervise bin/jobs (as SOLID_QUEUE_IN_PUMA does)
+    #   control "tcp://127.0.0.1:9293"     # /metrics, /stats, /tasks, neverblock ctl; control_token "secret"
     #   supervise "bin/sidekiq -C config/sidekiq.yml"   # any command kept running; repeatable
     class ConfigFile
       # Settings the file may make => the option they set.
       SETTINGS = %i[workers preload fiber_pool max_connections max_body shutdown_timeout access_log
                     environment pidfile log fiber_stack_size worker_timeout worker_boot_timeout max_requests
-                    max_requests_jitter max_memory memory_metric].freeze
+                    max_requests_jitter max_memory memory_metric control control_token].freeze
 
       # Blocks the file may give => what they are called with (see {Server#initialize}).
       HOOKS = { before_fork: "in the master, before the first worker is forked",

@@ -115,6 +115,11 @@ module NeverBlock
                                       "SOLID_QUEUE_IN_PUMA set: bin/jobs") do |command|
             options[:supervise] << command
           end
+          o.on("--control URL", "the master's control listener, tcp://127.0.0.1:9293 or unix://PATH: " \
+                                "/metrics (Prometheus), /stats, /tasks and neverblock ctl") { |url| set(:control, url) }
+          o.on("--control-token TOKEN", "the token a tcp:// control listener wants (default: made and logged)") do |token|
+            set(:control_token, token)
+          end
           o.on("--status PATH", "answer GET PATH with the server's stats as JSON") { |path| set(:status_path, path) }
           o.on("-E", "--env ENV", "RACK_ENV (and RAILS_ENV) for the app") { |env| set(:environment, env) }
           o.on("--pidfile FILE", "write the master's pid there (removed on exit)") do |file|
@@ -280,7 +285,8 @@ module NeverBlock
                     **opts[:limits] }
         options[:access_log] = $stdout if opts[:access_log]
         %i[shutdown_timeout max_connections max_body max_requests max_requests_jitter max_memory memory_metric
-           worker_boot_timeout before_fork before_worker_shutdown after_worker_exit on_booted on_restart].each do |key|
+           worker_boot_timeout before_fork before_worker_shutdown after_worker_exit on_booted on_restart control
+           control_token].each do |key|
           options[key] = opts[key] if opts[key]
         end
         options[:worker_timeout] = opts[:worker_timeout] if opts.key?(:worker_timeout)

@@ -76,6 +76,7 @@ module NeverBlock
         unless handed
           @waiters.delete(waiter)
           recycle(waiter)
+          @timeouts += 1
           raise PoolTimeout, "no connection free within #{@timeout} s (#{describe(stats_held)}); " \
                              "raise size or timeout, or hold connections for less time"
         end

@@ -34,6 +34,9 @@ module NeverBlock
       #   those handed a slot and about to run).
       attr_reader :taken
 
+      # @return [Metrics, nil] told how long each request waited for its slot.
+      attr_accessor :metrics
+
       # @param size [Integer] the most requests answered at once (`fiber_pool`).
       # @param adaptive_limit [Boolean, Hash] true: a {ConcurrencyLimit} with
       #   its defaults; a Hash: its options (`min:`, `initial:`, `target_lag:`);
@@ -80,11 +83,16 @@ module NeverBlock
       # without one.
       # @return [void]
       def acquire
-        return if try_acquire
+        if try_acquire
+          @metrics&.admitted(0.0)
+          return
+        end
 
         fiber = Fiber.current
         @waiters << fiber
+        started = Clock.now if @metrics
         @scheduler.suspend until @granted.delete(fiber)
+        @metrics&.admitted(Clock.now - started)
         fiber = nil
       ensure
         if fiber # the wait was interrupted: pass on a slot handed over meanwhile

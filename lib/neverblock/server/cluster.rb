@@ -63,7 +63,8 @@ module NeverBlock
       # What the master logs it does on each signal.
       SIGNAL_ACTIONS = { "TERM" => "stopping gracefully", "INT" => "stopping gracefully",
                          "USR2" => "rolling restart", "TTIN" => "one worker more",
-                         "TTOU" => "one worker fewer", "QUIT" => "asking every worker for its task dump" }.freeze
+                         "TTOU" => "one worker fewer", "QUIT" => "asking every worker for its task dump",
+                         "HALT" => "halting: killing every worker now" }.freeze
       # A worker's status lines are shorter (one write each, atomic on a pipe).
       STATUS_READ = 4096
       private_constant :SIGNALS, :STATUS_READ
@@ -76,11 +77,14 @@ module NeverBlock
       # `requests`: started, as of that beat; `max_requests`: its share of
       # `max_requests` with jitter. `hung_at`: when the watchdog asked it for
       # its dump, `killed`: it was then killed; `partial`: the start of a
-      # status line not yet read whole; `retiring`: why it is being replaced gracefully
+      # status line not yet read whole; `commands`: the pipe of the master's
+      # commands to it; `metrics`: its last {Metrics#snapshot}; `tasks`,
+      # `tasks_at`: its last task dump and when it came; `retiring`: why it is being replaced gracefully
       # (`:requests`, `:memory`); `successor_of`: the pid it replaces.
       Child = Struct.new(:index, :pid, :generation, :started_at, :booted, :ready, :status_reader, :stopping,
                          :failure, :spawned, :beat_at, :requests, :max_requests, :hung_at, :retiring,
-                         :successor_of, :partial, :killed, keyword_init: true)
+                         :successor_of, :partial, :killed, :commands, :metrics, :tasks, :tasks_at,
+                         keyword_init: true)
 
       # @param server [Server]
       # @param count [Integer] workers to keep running.
@@ -96,6 +100,7 @@ module NeverBlock
         @memory_checked_at = 0.0
         @booted = false # every worker accepted once (on_booted was called)
         @sidecars = Sidecars.new(settings.supervise)
+        @control = nil # the Control listener, while running
         @workers = {} # pid => Worker
         @generation = 0
         @signals = Thread::Queue.new
@@ -120,6 +125,7 @@ module NeverBlock
         @wake_reader, @wake_writer = IO.pipe
         @alive_reader, @alive_writer = IO.pipe # workers see EOF when the master is gone
         previous = trap_signals
+        @control = Control.new(self, @settings.control, @settings.control_token).start if @settings.control
         @server.cluster = self
         @server.hooks[:before_fork]&.call
         @count.times { |index| spawn_worker(index) }
@@ -127,6 +133,7 @@ module NeverBlock
         supervise
       ensure
         stop_all
+        @control&.stop
         restore_signals(previous) if previous
         [@wake_reader, @wake_writer, @alive_reader, @alive_writer].each { |io| io.close if io && !io.closed? }
         @workers.each_value { |worker| worker.status_reader.close unless worker.status_reader.closed? }
@@ -154,9 +161,33 @@ module NeverBlock
           { index: worker.index, pid: worker.pid, generation: worker.generation, ready: worker.ready,
             started_at: worker.started_at, requests: worker.requests, retiring: worker.retiring }
         end
-        restarts = %i[crash watchdog boot_timeout requests memory].to_h { |cause| [cause, @restarts[cause]] }
         { master_pid: Process.pid, workers: workers, generation: @generation, stopping: @stopping, restarts: restarts,
           supervised: @sidecars.stats }
+      end
+
+      # @api private
+      # What the control listener asks for ({Control}): `"TERM"` (stop),
+      # `"USR2"` (rolling restart), `"HALT"`. Safe from any thread.
+      # @return [void]
+      def command(name)
+        signal(name)
+      end
+
+      # @api private
+      # @return [Array<Child>] the workers now (one C call: safe to read
+      #   from another thread, unlike iterating the Hash).
+      def children
+        @workers.values
+      end
+
+      # @api private
+      # @return [Cluster::Settings]
+      attr_reader :settings
+
+      # @api private
+      # @return [Hash{Symbol => Integer}] workers replaced, by cause.
+      def restarts
+        %i[crash watchdog boot_timeout requests memory].to_h { |cause| [cause, @restarts[cause]] }
       end
 
       # @api private
@@ -274,6 +305,10 @@ module NeverBlock
           worker.ready = true
           worker.beat_at = Clock.now
         when "dumped" then kill_hung(worker) if worker.hung_at
+        when /\Ametrics (.*)\z/ then worker.metrics = JSON.parse(Regexp.last_match(1))
+        when /\Atasks (.*)\z/
+          worker.tasks = JSON.parse(Regexp.last_match(1))
+          worker.tasks_at = Clock.now
         end
       end
 
@@ -300,6 +335,7 @@ module NeverBlock
           next unless worker
 
           drain_status(worker)
+          worker.commands&.close
           worker_exited(worker, status)
           @server.call_hook(:after_worker_exit, worker.index, status)
         end
@@ -346,6 +382,7 @@ module NeverBlock
           when "TTIN" then @count += 1
           when "TTOU" then @count = [@count - 1, 1].max
           when "QUIT" then @workers.each_value { |worker| send_signal(worker, "QUIT") }
+          when "HALT" then halt
           else next
           end
           NeverBlock.logger.info { "NeverBlock::Server: master got #{name}: #{SIGNAL_ACTIONS.fetch(name)} (#{Server.workers_phrase(@count)})" }
@@ -360,6 +397,12 @@ module NeverBlock
         @stop_deadline = Clock.now + @server.limits.shutdown_timeout + KILL_GRACE
         @workers.each_value { |worker| terminate(worker) }
         @sidecars.stop
+      end
+
+      # `neverblock ctl halt`: every worker and sidecar is killed now.
+      def halt
+        begin_stop
+        @stop_deadline = Clock.now
       end
 
       def begin_restart
@@ -578,18 +621,21 @@ module NeverBlock
 
       def spawn_worker(index, successor_of: nil)
         status_reader, status_writer = IO.pipe
+        command_reader, command_writer = IO.pipe
         generation = @generation
         pid = fork do
-          status_reader.close
-          master_only = [@wake_reader, @wake_writer, @alive_writer] + @workers.each_value.map(&:status_reader)
-          Worker.run(@server, index, status_writer, @alive_reader, master_only, self,
+          master_only = [status_reader, command_writer, @wake_reader, @wake_writer, @alive_writer] +
+                        @workers.each_value.flat_map { |worker| [worker.status_reader, worker.commands] } +
+                        (@control ? @control.ios : [])
+          Worker.run(@server, index, status_writer, @alive_reader, master_only, self, commands: command_reader,
                      explain_failure: @boot_failures.zero? && index.zero?)
         end
         status_writer.close
+        command_reader.close
         @workers[pid] = Child.new(index: index, pid: pid, generation: generation, started_at: Time.now,
                                    booted: false, ready: false, status_reader: status_reader, stopping: false,
                                    spawned: Clock.now, requests: 0, max_requests: @settings.draw_max_requests,
-                                   successor_of: successor_of)
+                                   successor_of: successor_of, commands: command_writer)
       end
     end
   end

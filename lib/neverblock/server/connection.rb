@@ -261,10 +261,10 @@ module NeverBlock
       def serve(request)
         env = request.finish
         @context.request_started
-        if (access_log = @context.access_log)
-          started = Clock.now
-          line = access_log.request_line(env)
-        end
+        access_log = @context.access_log
+        metrics = @context.metrics
+        started = Clock.now if access_log || metrics
+        line = access_log.request_line(env) if access_log
         begin
           @app_env = env
           status, headers, body = @context.app.call(env)
@@ -290,6 +290,7 @@ module NeverBlock
         write_response(request, env, status, headers, body, keep_alive)
       ensure
         @context.request_finished
+        metrics.request(env["REQUEST_METHOD"], status, Clock.now - started) if metrics && started
         if line && status
           bytes = @hijacked ? "-" : @response.body_bytes
           access_log.write(env["REMOTE_ADDR"], line, status, bytes, Clock.now - started)

@@ -36,6 +36,10 @@ module NeverBlock
       # @return [RefusalLog] logs the requests the server refuses itself.
       attr_reader :refusal_log
 
+      # @return [Metrics, nil] what the server counts for its master's
+      #   `/metrics` (nil: nothing is counted).
+      attr_accessor :metrics
+
       # @return [String] the loop's read buffer: every connection reads into
       #   it and parses at once, so idle connections hold no buffer.
       attr_reader :read_buffer

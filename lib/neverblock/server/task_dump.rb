@@ -29,6 +29,7 @@ module NeverBlock
       # @return [String] the report, several lines.
       def to_s
         running = @scheduler.running
+        running = nil if running.equal?(Fiber.current) # made in the loop itself (neverblock ctl tasks)
         tasks = @scheduler.tasks
         busy = @connections.select(&:request_env)
         lines = ["#{tasks.size} tasks, #{@connections.size} connections, #{busy.size} requests in flight; " \

@@ -28,13 +28,17 @@ module NeverBlock
       #   costs the master more).
       # - `supervise` :: commands the master keeps running beside its
       #   workers ({Sidecars}), like Solid Queue's `bin/jobs` (default none).
+      # - `control` :: `tcp://HOST:PORT` or `unix://PATH` where the master
+      #   answers `/metrics`, `/stats`, `/tasks` and commands ({Control};
+      #   default nil: none), `control_token` the token a TCP one wants
+      #   (default: one is made and logged).
       Settings = Struct.new(:worker_timeout, :worker_boot_timeout, :max_requests, :max_requests_jitter,
-                            :max_memory, :memory_metric, :supervise, keyword_init: true) do
+                            :max_memory, :memory_metric, :supervise, :control, :control_token, keyword_init: true) do
         # @param options [Hash] any of the members.
         # @return [Settings] frozen, with defaults filled in.
         # @raise [ArgumentError] for an invalid value.
         def self.build(worker_timeout: 60, worker_boot_timeout: nil, max_requests: nil, max_requests_jitter: nil,
-                       max_memory: nil, memory_metric: :rss, supervise: [])
+                       max_memory: nil, memory_metric: :rss, supervise: [], control: nil, control_token: nil)
           worker_timeout = nil if worker_timeout == false
           positive!(worker_timeout, :worker_timeout) if worker_timeout
           worker_boot_timeout ||= worker_timeout
@@ -52,7 +56,8 @@ module NeverBlock
 
           new(worker_timeout: worker_timeout, worker_boot_timeout: worker_boot_timeout, max_requests: max_requests,
               max_requests_jitter: max_requests_jitter, max_memory: max_memory, memory_metric: memory_metric,
-              supervise: supervise.freeze).freeze
+              supervise: supervise.freeze, control: control && Control.validate!(control),
+              control_token: control_token&.to_s).freeze
         end
 
         def self.positive!(seconds, name)

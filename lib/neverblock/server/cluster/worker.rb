@@ -23,7 +23,7 @@ module NeverBlock
         # A boot failure is logged with its backtrace when `explain_failure`
         # (the first worker of a boot round), else in one line: the master
         # retries, and every retry usually fails the same way.
-        def self.run(server, index, status_writer, alive_reader, master_only, cluster, explain_failure: true)
+        def self.run(server, index, status_writer, alive_reader, master_only, cluster, commands: nil, explain_failure: true)
           server.cluster = nil # this process serves; Server#stop stops it
           server.own_wake_pipe
           trap("TERM") { server.stop }
@@ -44,7 +44,9 @@ module NeverBlock
             report(status_writer, "booted")
             watch_master(server, alive_reader)
             server.on_ready = -> { report(status_writer, "ready") }
-            server.heartbeat = [server.supervision.heartbeat_interval, ->(requests) { beat(status_writer, requests) }]
+            server.metrics = Metrics.new if server.supervision.control
+            server.heartbeat = [server.supervision.heartbeat_interval, ->(requests) { beat(server, status_writer, requests) }]
+            server.commands = [commands, ->(command) { obey(server, status_writer, command) }] if commands
             server.serve_here
             server.call_hook(:before_worker_shutdown, index)
             status = 0
@@ -86,12 +88,23 @@ module NeverBlock
           nil
         end
 
-        # One heartbeat; skipped when the pipe is full (the master is behind:
-        # it has beats to read) rather than let the loop wait on it.
-        def self.beat(status_writer, requests)
-          status_writer.write_nonblock("beat #{requests}\n", exception: false)
+        # One heartbeat, with the metrics when the master serves them (a
+        # write the beat task waits for if the pipe is full: the loop does
+        # not).
+        def self.beat(server, status_writer, requests)
+          snapshot = server.metrics_snapshot
+          status_writer.write("beat #{requests}\n#{"metrics #{JSON.generate(snapshot)}\n" if snapshot}")
         rescue Errno::EPIPE, IOError
           nil
+        end
+
+        # A command from the master's control listener: `gc` runs a full
+        # GC; `tasks` answers with {Server#task_dump} on the status pipe.
+        def self.obey(server, status_writer, command)
+          case command
+          when "gc" then GC.start
+          when "tasks" then report(status_writer, "tasks #{JSON.generate(server.task_dump)}")
+          end
         end
 
         # A thread that stops the server when the master's end of the pipe

@@ -1,0 +1,107 @@
+# frozen_string_literal: true
+
+require "optparse"
+require "net/http"
+require "socket"
+require "uri"
+require "json"
+
+module NeverBlock
+  class CLI
+    # `neverblock ctl COMMAND`: talks to a master's control listener
+    # (`neverblock serve --control URL`, {NeverBlock::Server::Cluster::Control}),
+    # as `pumactl` does to Puma's control app.
+    class Ctl
+      # Command => [HTTP method, path].
+      COMMANDS = { "stats" => %w[GET /stats], "tasks" => %w[GET /tasks], "metrics" => %w[GET /metrics],
+                   "restart" => %w[POST /restart], "phased-restart" => %w[POST /phased-restart],
+                   "stop" => %w[POST /stop], "halt" => %w[POST /halt], "gc" => %w[POST /gc] }.freeze
+
+      USAGE = <<~TEXT
+        Usage: neverblock ctl COMMAND [-C URL] [-T TOKEN]
+
+        Talks to the control listener of a running `neverblock serve --control URL`.
+        Commands: #{COMMANDS.keys.join(', ')}
+          stats            the master's and every worker's state, as JSON
+          tasks            every worker's requests in flight with their backtraces
+          metrics          the cluster's metrics in Prometheus's text format
+          restart, phased-restart   replace the workers one at a time (as USR2)
+          stop             stop gracefully (as TERM); halt: kill every worker now
+          gc               a full GC in every worker
+
+      TEXT
+
+      # @param out [IO]
+      # @param err [IO]
+      def initialize(out:, err:)
+        @out = out
+        @err = err
+        @url = ENV["NEVERBLOCK_CONTROL_URL"]
+        @token = ENV["NEVERBLOCK_CONTROL_TOKEN"]
+      end
+
+      # @param argv [Array<String>]
+      # @return [Integer] the exit status.
+      def call(argv)
+        rest = parser.parse(argv)
+        command = rest.first
+        return usage_error("which command? (#{COMMANDS.keys.join(', ')})") unless command
+        return usage_error("unknown command #{command.inspect}") unless COMMANDS.key?(command)
+        return usage_error("where is the control listener? -C tcp://127.0.0.1:9293 (or NEVERBLOCK_CONTROL_URL)") unless @url
+
+        method, path = COMMANDS.fetch(command)
+        status, body = request(method, path)
+        (status == 200 ? @out : @err).puts(pretty(body))
+        status == 200 ? 0 : 1
+      rescue OptionParser::ParseError => e
+        usage_error(e.message)
+      rescue SystemCallError, IOError, SocketError => e
+        @err.puts("neverblock ctl: cannot reach #{@url}: #{e.message}")
+        1
+      end
+
+      private
+
+      def parser
+        OptionParser.new do |o|
+          o.banner = USAGE
+          o.on("-C", "--control URL", "tcp://HOST:PORT or unix://PATH (default $NEVERBLOCK_CONTROL_URL)") { |url| @url = url }
+          o.on("-T", "--token TOKEN", "the control token (default $NEVERBLOCK_CONTROL_TOKEN)") { |token| @token = token }
+          o.on("-h", "--help", "this help") do
+            @out.puts(o)
+            throw :done, 0
+          end
+        end
+      end
+
+      # One HTTP/1.0 exchange, over TCP or a unix socket.
+      # @return [Array(Integer, String)] status and body.
+      def request(method, path)
+        socket = @url.start_with?("unix://") ? UNIXSocket.new(@url.delete_prefix("unix://")) : tcp_socket
+        auth = @token ? "authorization: Bearer #{@token}\r\n" : ""
+        socket.write("#{method} #{path} HTTP/1.0\r\nhost: neverblock\r\n#{auth}content-length: 0\r\n\r\n")
+        response = socket.read
+        head, body = response.split("\r\n\r\n", 2)
+        [Integer(head[%r{\AHTTP/1\.[01] (\d{3})}, 1]), body.to_s]
+      ensure
+        socket&.close
+      end
+
+      def tcp_socket
+        uri = URI.parse(@url.sub(%r{\Atcp://}, "http://"))
+        Socket.tcp(uri.host, uri.port, connect_timeout: 5)
+      end
+
+      def pretty(body)
+        JSON.pretty_generate(JSON.parse(body))
+      rescue JSON::ParserError
+        body
+      end
+
+      def usage_error(message)
+        @err.puts("neverblock ctl: #{message}\n\n#{USAGE}")
+        64
+      end
+    end
+  end
+end

@@ -1,0 +1,228 @@
+# frozen_string_literal: true
+
+require "json"
+require "openssl"
+require "securerandom"
+require "socket"
+require "uri"
+
+module NeverBlock
+  class Server
+    class Cluster
+      # The master's control listener (`control: "tcp://127.0.0.1:9293"` or
+      # `"unix:///run/app/control.sock"`; off by default), what `neverblock
+      # ctl` talks to, as Puma's control app is what `pumactl` does:
+      #
+      # - `GET /metrics` :: the whole cluster in Prometheus's text format,
+      #   every worker's series labelled `worker` ({Prometheus}), from what
+      #   each sent with its last heartbeat ({Metrics}): never one worker's
+      #   view, whichever took the connection;
+      # - `GET /stats` :: {Cluster#stats} with each worker's metrics, as JSON;
+      # - `GET /tasks` :: every worker's {Server#task_dump}, asked for now;
+      # - `POST /phased-restart` (USR2), `/restart` (the same: workers one at
+      #   a time), `/stop` (TERM), `/halt` (every worker killed now), `/gc`
+      #   (a full GC in every worker).
+      #
+      # A TCP listener wants the token (`Authorization: Bearer TOKEN` or
+      # `?token=TOKEN`): `control_token`, else one made at start and logged.
+      # A unix socket is guarded by its file's permissions (0600) instead.
+      #
+      # It serves on a thread of the master (a slow client must not hold up
+      # supervision), one short HTTP/1.0 exchange per connection, reading
+      # the master's state only through calls that copy it in one step
+      # ({Cluster#children}) and acting through {Cluster#command}, which the
+      # master's loop carries out.
+      class Control
+        # Seconds a client has to send its request.
+        READ_TIMEOUT = 5
+        # Seconds `/tasks` waits for the workers' answers.
+        TASKS_TIMEOUT = 3
+        # Longest request head read (bytes).
+        MAX_HEAD = 8192
+
+        COMMANDS = { "/phased-restart" => "USR2", "/restart" => "USR2", "/stop" => "TERM", "/halt" => "HALT" }.freeze
+
+        # @param url [String]
+        # @return [String] `url`, when it is `tcp://HOST:PORT` or `unix://PATH`.
+        # @raise [ArgumentError] otherwise.
+        def self.validate!(url)
+          url = url.to_s
+          return url if url.match?(%r{\Atcp://[^/]+:\d+\z}) || url.match?(%r{\Aunix://.+\z})
+
+          raise ArgumentError, "control must look like tcp://127.0.0.1:9293 or unix:///path/to/control.sock, got #{url.inspect}"
+        end
+
+        # @return [String, nil] the token a TCP listener wants.
+        attr_reader :token
+
+        # @param cluster [Cluster]
+        # @param url [String] see {.validate!}.
+        # @param token [String, nil]
+        def initialize(cluster, url, token)
+          @cluster = cluster
+          @url = url
+          @unix = url.start_with?("unix://")
+          @token = @unix ? nil : (token || SecureRandom.hex(16))
+          @generated = token.nil?
+          @server = nil
+          @thread = nil
+        end
+
+        # Opens the listener and starts its thread.
+        # @return [self]
+        def start
+          @server = listen
+          NeverBlock.logger.info do
+            "NeverBlock::Server: control listener on #{address}#{" (token #{@token})" if @token && @generated}"
+          end
+          @thread = Thread.new { serve }
+          @thread.name = "neverblock-control"
+          self
+        end
+
+        # @return [String] where it listens (the real port for port 0).
+        def address
+          return @url if @unix
+
+          addr = @server.local_address
+          "tcp://#{addr.ip_address}:#{addr.ip_port}"
+        end
+
+        # @return [Array<IO>] what a forked worker must close.
+        def ios
+          [@server].compact
+        end
+
+        # Closes the listener; its thread ends.
+        # @return [void]
+        def stop
+          @server&.close
+          @thread&.join(2)
+          File.unlink(@url.delete_prefix("unix://")) if @unix && File.socket?(@url.delete_prefix("unix://"))
+        rescue IOError, SystemCallError
+          nil
+        end
+
+        private
+
+        def listen
+          if @unix
+            path = @url.delete_prefix("unix://")
+            File.unlink(path) if File.socket?(path)
+            server = UNIXServer.new(path)
+            File.chmod(0o600, path)
+            server
+          else
+            host, port = @url.delete_prefix("tcp://").then { |rest| [rest[/\A\[?(.*?)\]?:\d+\z/, 1], Integer(rest[/:(\d+)\z/, 1])] }
+            TCPServer.new(host, port)
+          end
+        end
+
+        def serve
+          loop do
+            client = @server.accept
+            begin
+              answer(client)
+            rescue StandardError => e
+              NeverBlock.logger.warn { "NeverBlock::Server: control request failed: #{e.class}: #{e.message}" }
+            ensure
+              client.close
+            end
+          end
+        rescue IOError, SystemCallError
+          nil # closed by #stop
+        end
+
+        def answer(client)
+          head = read_head(client) or return
+          method, target = head.lines.first.to_s.split(" ", 3)
+          uri = URI.parse(target.to_s)
+          return respond(client, 401, "a token is needed (Authorization: Bearer TOKEN)\n") unless authorized?(head, uri)
+
+          status, type, body = route(method, uri.path)
+          respond(client, status, body, type)
+        rescue URI::InvalidURIError
+          respond(client, 400, "bad request\n")
+        end
+
+        def route(method, path)
+          case [method, path]
+          in ["GET", "/metrics"] then [200, "text/plain; version=0.0.4; charset=utf-8", Prometheus.render(@cluster)]
+          in ["GET", "/stats"] then [200, "application/json", "#{JSON.generate(stats)}\n"]
+          in ["GET", "/tasks"] then [200, "application/json", "#{JSON.generate(tasks)}\n"]
+          in ["POST", "/gc"]
+            each_worker_command("gc")
+            [200, "application/json", %({"gc":"started"}\n)]
+          in ["POST", command] if COMMANDS.key?(command)
+            @cluster.command(COMMANDS.fetch(command))
+            [200, "application/json", "#{JSON.generate(command: command.delete_prefix('/'), sent: true)}\n"]
+          else [404, "text/plain", "unknown: #{method} #{path} (GET /metrics /stats /tasks; POST /phased-restart " \
+                                    "/restart /stop /halt /gc)\n"]
+          end
+        end
+
+        def stats
+          metrics = @cluster.children.to_h { |worker| [worker.pid, worker.metrics] }
+          stats = @cluster.stats
+          stats[:workers].each { |worker| worker[:metrics] = metrics[worker[:pid]] }
+          stats
+        end
+
+        # Asks every worker for its task dump and waits (TASKS_TIMEOUT at
+        # most) for their answers; a worker that does not answer (its loop
+        # held) is listed with `tasks: nil`.
+        def tasks
+          asked = Clock.now
+          workers = @cluster.children.select(&:ready)
+          each_worker_command("tasks", workers)
+          deadline = asked + TASKS_TIMEOUT
+          sleep 0.02 until workers.all? { |worker| worker.tasks_at.to_f > asked } || Clock.now > deadline
+          { workers: workers.map { |w| { index: w.index, pid: w.pid, tasks: w.tasks_at.to_f > asked ? w.tasks : nil } } }
+        end
+
+        def each_worker_command(command, workers = @cluster.children)
+          workers.each do |worker|
+            worker.commands.write("#{command}\n")
+          rescue IOError, SystemCallError
+            nil # it exited meanwhile
+          end
+        end
+
+        def authorized?(head, uri)
+          return true unless @token
+
+          given = head[/^authorization:\s*bearer\s+(\S+)\r?$/i, 1] || URI.decode_www_form(uri.query.to_s).to_h["token"]
+          given && given.bytesize == @token.bytesize && OpenSSL.fixed_length_secure_compare(given, @token)
+        rescue ArgumentError
+          false
+        end
+
+        def read_head(client)
+          head = +""
+          deadline = Clock.now + READ_TIMEOUT
+          until head.include?("\r\n\r\n") || head.include?("\n\n")
+            return nil if head.bytesize > MAX_HEAD
+
+            chunk = client.read_nonblock(4096, exception: false)
+            case chunk
+            when :wait_readable
+              remaining = deadline - Clock.now
+              return nil unless remaining.positive? && client.wait_readable(remaining)
+            when nil then return nil
+            else head << chunk
+            end
+          end
+          head
+        end
+
+        def respond(client, status, body, type = "text/plain")
+          reason = { 200 => "OK", 400 => "Bad Request", 401 => "Unauthorized", 404 => "Not Found" }.fetch(status)
+          client.write("HTTP/1.0 #{status} #{reason}\r\ncontent-type: #{type}\r\ncontent-length: #{body.bytesize}\r\n" \
+                       "connection: close\r\n\r\n#{body}")
+        rescue IOError, SystemCallError
+          nil
+        end
+      end
+    end
+  end
+end

@@ -1,0 +1,145 @@
+# frozen_string_literal: true
+
+require_relative "../../test_helper"
+require_relative "../../support/serve_processes"
+require "tmpdir"
+require "open3"
+require "neverblock/server"
+
+# The master's control listener (`--control`) and `neverblock ctl`, on real
+# processes: /metrics for the whole cluster, checked by Debian's promtool and
+# scraped by a real Prometheus; stats, tasks and the commands.
+class ServerControlTest < PlainTest
+  include ServeProcesses
+  include NeverBlockTest::Databases
+
+  TOKEN = "s3cret-token"
+
+  def test_metrics_cover_every_worker_need_the_token_and_pass_promtool
+    server = serve("postgres.ru", "-w", "2", "--control", "tcp://127.0.0.1:0", "--control-token", TOKEN, env: pg_env)
+    port = control_port(server)
+    eventually { worker_pids(server[:pid]).size == 2 }
+    40.times { assert_equal "200", get(server, "/").code }
+    assert_equal "401", control_get(port, "/metrics", token: nil).code
+    assert_equal "401", control_get(port, "/metrics", token: "wrong").code
+    text = eventually(timeout: 10) do
+      body = control_get(port, "/metrics").body
+      body if requests_total(body) == 40 # every worker's last heartbeat counted them
+    end
+    assert_equal 2, text.scan(/^neverblock_worker_up\{worker="\d"\} 1$/).size
+    assert_match(/^neverblock_resident_memory_bytes\{worker="0"\} \d+$/, text)
+    assert_match(/^neverblock_request_duration_seconds_bucket\{worker="\d",le="\+Inf"\} \d+$/, text)
+    assert_match(/^neverblock_admission_wait_seconds_count\{worker="\d"\} \d+$/, text)
+    assert_match(/^neverblock_loop_lag_seconds_count\{worker="\d"\} \d+$/, text)
+    assert_match(/^neverblock_db_pool_size\{worker="\d",pool="[^"]*"\} \d+$/, text)
+    assert_match(/^neverblock_worker_restarts_total\{cause="watchdog"\} 0$/, text)
+    output, status = Open3.capture2e("promtool", "check", "metrics", stdin_data: text)
+    assert status.success?, "promtool check metrics:\n#{output}"
+  end
+
+  def test_a_real_prometheus_scrapes_the_cluster
+    server = serve("pids.ru", "-w", "2", "--control", "tcp://127.0.0.1:0", "--control-token", TOKEN)
+    port = control_port(server)
+    5.times { get(server) }
+    Dir.mktmpdir do |dir|
+      prometheus_port = free_port
+      File.write(File.join(dir, "prometheus.yml"), <<~YAML)
+        global: { scrape_interval: 1s }
+        scrape_configs:
+          - job_name: neverblock
+            authorization: { credentials: #{TOKEN} }
+            static_configs: [{ targets: ["127.0.0.1:#{port}"] }]
+      YAML
+      prometheus = Process.spawn("prometheus", "--config.file=#{dir}/prometheus.yml", "--storage.tsdb.path=#{dir}/data",
+                                 "--web.listen-address=127.0.0.1:#{prometheus_port}", out: File::NULL, err: File::NULL)
+      begin
+        result = eventually(timeout: 60) do
+          body = Net::HTTP.get(URI("http://127.0.0.1:#{prometheus_port}/api/v1/query?query=sum(neverblock_requests_total)")) rescue nil # rubocop:disable Style/RescueModifier
+          data = body && JSON.parse(body).dig("data", "result")
+          data if data && !data.empty? && data.first["value"].last.to_i == 5
+        end
+        assert_equal "5", result.first["value"].last
+        up = JSON.parse(Net::HTTP.get(URI("http://127.0.0.1:#{prometheus_port}/api/v1/query?query=up"))).dig("data", "result")
+        assert_equal "1", up.first["value"].last, "Prometheus reached the target with the token"
+      ensure
+        Process.kill("TERM", prometheus)
+        Process.wait(prometheus)
+      end
+    end
+  end
+
+  def test_ctl_stats_tasks_gc_phased_restart_and_stop_over_a_unix_socket
+    Dir.mktmpdir do |dir|
+      socket = File.join(dir, "control.sock")
+      server = serve("hang.ru", "-w", "2", "--control", "unix://#{socket}")
+      eventually { File.socket?(socket) && worker_pids(server[:pid]).size == 2 }
+      assert_equal 0o600, File.stat(socket).mode & 0o777, "guarded by its permissions, not a token"
+
+      out, status = ctl(socket, "stats")
+      assert status.success?, out
+      stats = JSON.parse(out)
+      assert_equal server[:pid], stats["master_pid"]
+      assert_equal [0, 1], stats["workers"].map { |worker| worker["index"] }.sort
+
+      slow = Thread.new { get(server, "/slow?3") }
+      out = eventually { (text, = ctl(socket, "tasks")) && text.include?("GET /slow?3") && text }
+      assert_match(/GET \/slow\?3 from 127\.0\.0\.1, in .* waits:/, JSON.parse(out)["workers"].map { |w| w["tasks"] }.join)
+      assert_equal "200", slow.value.code
+
+      out, status = ctl(socket, "gc")
+      assert status.success?, out
+
+      before = worker_pids(server[:pid])
+      out, status = ctl(socket, "phased-restart")
+      assert status.success?, out
+      eventually(timeout: 30) { (now = worker_pids(server[:pid])).size == 2 && (now & before).empty? }
+
+      out, status = ctl(socket, "stop")
+      assert status.success?, out
+      assert wait_exit(server).success?
+      refute File.exist?(socket), "the socket file is removed"
+    end
+  end
+
+  def test_ctl_usage_errors_and_an_unreachable_listener
+    out, status = Open3.capture2e(RbConfig.ruby, EXE, "ctl", "-C", "tcp://127.0.0.1:1", "stats")
+    assert_equal 1, status.exitstatus
+    assert_match(/cannot reach tcp:\/\/127\.0\.0\.1:1/, out)
+    out, status = Open3.capture2e(RbConfig.ruby, EXE, "ctl", "-C", "tcp://127.0.0.1:1", "reboot")
+    assert_equal 64, status.exitstatus
+    assert_match(/unknown command "reboot"/, out)
+    assert_raises(ArgumentError) { NeverBlock::Server.new(->(_) {}, workers: 1, control: "http://x") }
+  end
+
+  private
+
+  def pg_env
+    { "NB_TEST_PG" => JSON.generate(pg_conninfo) }
+  end
+
+  # The port a `tcp://127.0.0.1:0` control listener got, from the log.
+  def control_port(server)
+    Integer(wait_for_line(server, /control listener on tcp:/)[/127\.0\.0\.1:(\d+)/, 1])
+  end
+
+  def free_port
+    server = TCPServer.new("127.0.0.1", 0)
+    server.addr[1]
+  ensure
+    server&.close
+  end
+
+  def control_get(port, path, token: TOKEN)
+    Net::HTTP.start("127.0.0.1", port, open_timeout: 5, read_timeout: 10) do |http|
+      http.get(path, token ? { "authorization" => "Bearer #{token}" } : {})
+    end
+  end
+
+  def requests_total(text)
+    text.scan(/^neverblock_requests_total\{[^}]*\} (\d+)$/).flatten.sum(&:to_i)
+  end
+
+  def ctl(socket, command)
+    Open3.capture2e(RbConfig.ruby, EXE, "ctl", "-C", "unix://#{socket}", command)
+  end
+end
