@@ -465,6 +465,18 @@ module NeverBlock
       @waiters.each { |fiber| @scheduler.wake(fiber) } unless @waiters.empty?
     end
 
+    # Connections the acceptors leave in the kernel's accept queues while
+    # they wait for room: demand the adaptive limit counts like requests
+    # waiting for a slot ({Admission}). A listener whose queue cannot be read
+    # (a unix socket) counts as one while its acceptor waits.
+    # @api private
+    # @return [Integer]
+    def pending_connections
+      return 0 if @waiters.empty?
+
+      @listeners.sum { |listener| listener.pending_connections || 1 }
+    end
+
     private
 
     # The app took the connection's socket (rack.hijack, see

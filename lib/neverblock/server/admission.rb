@@ -20,9 +20,14 @@ module NeverBlock
     #   long poll, a stream) gives its slot back early: the app calls
     #   `env["neverblock.mark_as_io_bound"]` ({Server::MARK_AS_IO_BOUND}),
     #   its {Connection} releases the slot and calls {#marked_io_bound}.
-    # - Whenever a slot becomes free (not handed to a waiter),
-    #   `on_release.room_freed` is called: the server's acceptors, which stop accepting while every
-    #   slot is taken ({#full?}), look again.
+    # - Whenever a slot becomes free (not handed to a waiter), or the
+    #   adaptive limit rises, `on_release.room_freed` is called: the server's
+    #   acceptors, which stop accepting while the slots the limit allows are
+    #   taken ({#full?}), look again. So a busy worker leaves new connections
+    #   in the kernel's accept queue, where a less busy worker of the same
+    #   listening socket takes them; the limit sees them waiting there
+    #   (`on_release.pending_connections`) as it sees requests waiting for a
+    #   slot, and rises for them while the loop keeps up.
     #
     # Not thread-safe: the server and its connections use it from their
     # loop only.
@@ -41,9 +46,10 @@ module NeverBlock
       # @param adaptive_limit [Boolean, Hash] true: a {ConcurrencyLimit} with
       #   its defaults; a Hash: its options (`min:`, `initial:`, `target_lag:`);
       #   false or nil: no adaptive limit (`size` slots whatever the load).
-      # @param on_release [#room_freed, nil] told when a slot is given back
-      #   to the free ones (the {Server}: a plain call, not a Method object's,
-      #   as it is on every request's path).
+      # @param on_release [#room_freed, #pending_connections, nil] told when a
+      #   slot is given back to the free ones or the limit rises, and asked
+      #   how many connections wait to be accepted (the {Server}: a plain call,
+      #   not a Method object's, as it is on every request's path).
       # @raise [ArgumentError] for an invalid size or `adaptive_limit`.
       def initialize(size:, adaptive_limit: true, on_release: nil)
         @size = NeverBlock.validate_size!(size, :fiber_pool)
@@ -127,10 +133,10 @@ module NeverBlock
         @scheduler ? @scheduler.loop_thread? : false
       end
 
-      # @return [Boolean] whether all `size` slots are taken (whatever the
-      #   adaptive limit): the server then stops accepting.
+      # @return [Boolean] whether the slots that may be taken now ({#limit})
+      #   are: the server then stops accepting.
       def full?
-        @taken >= @size
+        @taken >= limit
       end
 
       # @return [Integer] slots that may be taken now: the adaptive limit,
@@ -206,7 +212,11 @@ module NeverBlock
           started = Clock.now
           NeverBlock.sleep(interval)
           lag = Clock.now - started - interval
-          admit_waiters if @limiter.sample(lag, busy: @taken, waiting: @waiters.size)
+          waiting = @waiters.size + (@on_release ? @on_release.pending_connections : 0)
+          next unless @limiter.sample(lag, busy: @taken, waiting: waiting)
+
+          admit_waiters
+          @on_release&.room_freed if @taken < limit
         end
       end
 

@@ -116,6 +116,18 @@ module NeverBlock
         @server.wait_readable
       end
 
+      # Connections waiting in the kernel's accept queue, from Linux's
+      # TCP_INFO of the listening socket (`tcpi_unacked`, the queue's length
+      # on a socket in LISTEN): one getsockopt(2), nothing accepted.
+      # @return [Integer, nil] nil for a unix socket, or where it cannot be read.
+      def pending_connections
+        return nil if @path
+
+        @server.getsockopt(Socket::IPPROTO_TCP, Socket::TCP_INFO).data.unpack1("@24L")
+      rescue SystemCallError, NameError, ArgumentError
+        nil
+      end
+
       # Closes the socket (and, in the process that bound it, removes a unix
       # socket's file: a forked worker closing its inherited copy leaves the
       # file to the master, which still listens on it).
