@@ -171,6 +171,10 @@ module NeverBlock
     # @param status_path [String, nil] a path (like `"/_neverblock/status"`)
     #   answered by the server itself with {#stats} as JSON, for GET only;
     #   nil (the default) answers nothing there.
+    # @param access_log_format [Symbol, #call] `:common` (the default),
+    #   `:json` (one object per line, with the request id, admission wait,
+    #   worker and queue time), or a callable given each entry's Hash that
+    #   returns the line (see {AccessLog}).
     # @param access_log [nil, false, true, IO, Logger] one line per request
     #   (see {AccessLog}); true logs to `$stdout`; nil or false (the default): none.
     # @param limits [Hash] see {Limits}: `max_request_target:`, `max_header_bytes:`,
@@ -180,7 +184,7 @@ module NeverBlock
     # @raise [ArgumentError] for an invalid bind spec or option.
     def initialize(app, bind: ["tcp://0.0.0.0:9292"], workers: Etc.nprocessors, fiber_pool: 1000,
                    adaptive_limit: true, before_fork: nil, on_worker_boot: nil, before_worker_shutdown: nil,
-                   after_worker_exit: nil, on_booted: nil, on_restart: nil, status_path: nil, access_log: nil,
+                   after_worker_exit: nil, on_booted: nil, on_restart: nil, status_path: nil, access_log: nil, access_log_format: :common,
                    worker_timeout: 60, worker_boot_timeout: nil, max_requests: nil, max_requests_jitter: nil,
                    max_memory: nil, memory_metric: :rss, supervise: [], control: nil, control_token: nil, **limits)
       raise ArgumentError, "app must respond to call" unless app.respond_to?(:call)
@@ -213,7 +217,7 @@ module NeverBlock
       @probe = nil # the task measuring the loop's lag for it
       @commands = nil # [IO, callable]: the master's commands to a worker
       @command_reader = nil # the task reading them
-      @access_log = AccessLog.build(access_log)
+      @access_log = AccessLog.build(access_log, format: access_log_format)
 
       @limits = Limits.build(limits)
       @admission = Admission.new(size: fiber_pool, adaptive_limit: adaptive_limit, on_release: self)

@@ -18,6 +18,7 @@ module NeverBlock
     #   shutdown_timeout 20
     #   status "/_neverblock/status"
     #   access_log true
+    #   access_log_format :json            # or a block given each entry's Hash, returning the line
     #   environment "production"
     #   pidfile "tmp/pids/neverblock.pid"
     #   log "log/neverblock.log"           # stdout and stderr, appended, line by line
@@ -137,6 +138,15 @@ module NeverBlock
         @options[:adaptive_limit] = enabled && (options.empty? || options)
       end
 
+      # @param format [Symbol, nil] `:common` or `:json`.
+      # @yieldparam entry [Hash] instead of a format: the line's fields
+      #   (see {NeverBlock::Server::AccessLog}); the block returns the line.
+      def access_log_format(format = nil, &block)
+        raise ArgumentError, "access_log_format takes :common, :json or a block" unless format.nil? ^ block.nil?
+
+        @options[:access_log_format] = block || format.to_sym
+      end
+
       # @param command [String, Array<String>] kept running by the master
       #   beside its workers (see {NeverBlock::Server::Cluster::Sidecars}).
       def supervise(command)
@@ -164,7 +174,8 @@ module NeverBlock
 
       # An unknown setting: an error naming the known ones.
       def method_missing(name, *_args)
-        known = SETTINGS + HOOKS.keys + %i[bind ssl_bind port status limits adaptive_limit supervise solid_queue]
+        known = SETTINGS + HOOKS.keys + %i[bind ssl_bind port status limits adaptive_limit supervise solid_queue
+                                           access_log_format]
         raise ArgumentError, "unknown setting #{name} (known: #{known.sort.join(', ')})"
       end
 

@@ -85,6 +85,10 @@ module NeverBlock
           end
           o.on("--preload", "load the app once in the master, before forking (copy-on-write)") { set(:preload, true) }
           o.on("--access-log", "log one line per request to stdout") { set(:access_log, true) }
+          o.on("--access-log-format FORMAT", %w[common json], "common (the default) or json: one object per line, " \
+                                                              "with the request id") do |format|
+            set(:access_log_format, format.to_sym)
+          end
           o.on("--shutdown-timeout S", Float, "seconds in-flight requests get on TERM/INT (default 30)") do |seconds|
             set(:shutdown_timeout, seconds)
           end
@@ -284,6 +288,7 @@ module NeverBlock
                     fiber_pool: opts[:fiber_pool], adaptive_limit: opts[:adaptive_limit], status_path: opts[:status_path],
                     **opts[:limits] }
         options[:access_log] = $stdout if opts[:access_log]
+        options[:access_log_format] = opts[:access_log_format] if opts[:access_log_format]
         %i[shutdown_timeout max_connections max_body max_requests max_requests_jitter max_memory memory_metric
            worker_boot_timeout before_fork before_worker_shutdown after_worker_exit on_booted on_restart control
            control_token].each do |key|

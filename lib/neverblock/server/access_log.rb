@@ -1,51 +1,101 @@
 # frozen_string_literal: true
 
+require "json"
+require "securerandom"
+require "time"
+
 module NeverBlock
   class Server
     # The access log (off by default; Server's `access_log:` option): one
-    # line per request in the Common Log Format, plus the seconds from the
-    # request's parse to the end of its response:
+    # line per request. Its format (`access_log_format:`):
     #
-    #   127.0.0.1 - - [22/Nov/2026:09:00:00 +0000] "GET /path?q HTTP/1.1" 200 6 0.0012
+    # - `:common` (the default): the Common Log Format plus the seconds from
+    #   the request's parse to the end of its response,
+    #
+    #     127.0.0.1 - - [22/Nov/2026:09:00:00 +0000] "GET /path?q HTTP/1.1" 200 6 0.0012
+    #
+    # - `:json`: one object per line, `{"time", "id", "remote", "method",
+    #   "path", "query", "status", "bytes", "duration", "admission_wait",
+    #   "worker", "queue_time"}` (seconds; `queue_time` from a front proxy's
+    #   `X-Request-Start` or `X-Queue-Start`, `t=SECONDS` or microseconds or
+    #   milliseconds since the epoch, else null);
+    # - a callable: given that Hash (Symbol keys, `time` a Time), it returns
+    #   the line.
+    #
+    # Every request gets an id: the client's (or front proxy's) `X-Request-Id`
+    # when it is one (up to 255 letters, digits, `-`, `_`, `.`, as Rails'
+    # RequestId middleware accepts), else a new UUID, which the app then finds
+    # in `env["HTTP_X_REQUEST_ID"]` (and Rails uses for its logs).
     #
     # The bytes are the response body's (without chunk framing); a hijacked
-    # connection logs `-`. Each line is one `<<` to the target, so a Logger
-    # writes it as is (no Logger prefix). A target that fails never fails
-    # the request: the first failure is reported to {NeverBlock.logger} and
-    # later lines are tried again, silently.
+    # connection logs `-` (null in JSON). Each line is one `<<` to the
+    # target, so a Logger writes it as is (no Logger prefix). A target or a
+    # formatter that fails never fails the request: the first failure is
+    # reported to {NeverBlock.logger} and later lines are tried again, silently.
     class AccessLog
       # Bytes of the request line that are escaped (quote, backslash, controls, non-ASCII).
       UNSAFE = /["\\\x00-\x1f\x7f-\xff]/n
-      private_constant :UNSAFE
+      # A request id kept as the client sent it.
+      REQUEST_ID = /\A[A-Za-z0-9\-_.]{1,255}\z/
+      FORMATS = %i[common json].freeze
+      private_constant :UNSAFE, :REQUEST_ID
+
+      # What {#start} keeps of a request until {#write} (formats but :common).
+      Entry = Struct.new(:method, :path, :query, :id, :queue_time)
 
       # @param target [nil, false, true, IO, Logger, #<<] nil or false: no
       #   log; true: `$stdout`; anything else that responds to `<<`.
+      # @param format [Symbol, #call] `:common`, `:json` or a formatter (see the class comment).
       # @return [AccessLog, nil]
-      # @raise [ArgumentError] for a target without `<<` (or a String: a path is not opened for you).
-      def self.build(target)
+      # @raise [ArgumentError] for a target without `<<` (or a String: a
+      #   path is not opened for you), or an unknown format.
+      def self.build(target, format: :common)
         case target
         when nil, false then nil
-        when true then new($stdout)
+        when true then new($stdout, format: format)
         else
           if target.is_a?(String) || !target.respond_to?(:<<)
             raise ArgumentError, "access_log must be nil, false, true ($stdout), an IO or a Logger, got " \
                                  "#{target.inspect} (for a file, pass File.open(path, \"a\"))"
           end
 
-          new(target)
+          new(target, format: format)
         end
       end
 
+      # @return [Integer, nil] the worker index the JSON lines carry (set in a worker).
+      attr_accessor :worker
+
       # @param target [IO, Logger, #<<]
-      def initialize(target)
+      # @param format [Symbol, #call]
+      # @raise [ArgumentError] for an unknown format.
+      def initialize(target, format: :common)
+        format = format.to_sym if format.is_a?(String)
+        unless FORMATS.include?(format) || format.respond_to?(:call)
+          raise ArgumentError, "access_log_format must be :common, :json or a callable, got #{format.inspect}"
+        end
+
         @target = target
+        @format = format
         @failed = false
         @second = nil
         @stamp = nil
+        @worker = nil
       end
 
-      # The quoted part of a line, taken before the app runs (apps may
-      # rewrite PATH_INFO).
+      # Before the app runs (apps may rewrite PATH_INFO): gives the request
+      # its id and notes what the line needs.
+      # @param env [Hash] a request's Rack env.
+      # @return [String, Entry] for :common, the quoted request line.
+      def start(env)
+        id = env["HTTP_X_REQUEST_ID"]
+        env["HTTP_X_REQUEST_ID"] = id = SecureRandom.uuid unless id&.match?(REQUEST_ID)
+        return request_line(env) if @format == :common
+
+        Entry.new(env["REQUEST_METHOD"], env["PATH_INFO"], env["QUERY_STRING"], id, queue_time(env))
+      end
+
+      # The quoted part of a Common Log Format line.
       # @param env [Hash] a request's Rack env.
       # @return [String] like `GET /path?q HTTP/1.1`.
       def request_line(env)
@@ -57,13 +107,14 @@ module NeverBlock
 
       # Writes one line. Never raises (see the class comment).
       # @param remote [String] the client address.
-      # @param line [String] from {#request_line}.
+      # @param started [String, Entry] what {#start} returned.
       # @param status [Integer]
       # @param bytes [Integer, String] body bytes, or "-".
       # @param seconds [Float]
+      # @param waited [Float] seconds the request waited for its slot.
       # @return [void]
-      def write(remote, line, status, bytes, seconds)
-        @target << "#{remote} - - [#{timestamp}] \"#{line}\" #{status.to_i} #{bytes} #{format('%.4f', seconds)}\n"
+      def write(remote, started, status, bytes, seconds, waited = 0.0)
+        @target << line(remote, started, status, bytes, seconds, waited)
       rescue StandardError => e
         return if @failed
 
@@ -73,6 +124,29 @@ module NeverBlock
       end
 
       private
+
+      def line(remote, started, status, bytes, seconds, waited)
+        return "#{remote} - - [#{timestamp}] \"#{started}\" #{status.to_i} #{bytes} #{format('%.4f', seconds)}\n" if @format == :common
+
+        entry = { time: Time.now, id: started.id, remote: remote, method: started.method, path: started.path,
+                  query: started.query, status: status.to_i, bytes: bytes.is_a?(Integer) ? bytes : nil,
+                  duration: seconds.round(6), admission_wait: waited.round(6), worker: @worker,
+                  queue_time: started.queue_time&.round(6) }
+        return "#{JSON.generate(entry.merge(time: entry[:time].utc.iso8601(3)))}\n" if @format == :json
+
+        text = @format.call(entry).to_s
+        text.end_with?("\n") ? text : "#{text}\n"
+      end
+
+      # Seconds since a front proxy's X-Request-Start / X-Queue-Start
+      # (`t=1700000000.123`, or the same in milliseconds or microseconds).
+      def queue_time(env)
+        header = env["HTTP_X_REQUEST_START"] || env["HTTP_X_QUEUE_START"] or return nil
+        value = Float(header.delete_prefix("t="), exception: false) or return nil
+        value /= 1_000_000.0 if value > 1e14 # microseconds
+        value /= 1000.0 if value > 1e11 # milliseconds
+        [Time.now.to_f - value, 0.0].max
+      end
 
       def timestamp
         second = Process.clock_gettime(Process::CLOCK_REALTIME, :second)

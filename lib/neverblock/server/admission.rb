@@ -87,19 +87,21 @@ module NeverBlock
       # is handed over if none is free. The caller gives it back with
       # {#release}; a cancel (or any exception) during the wait leaves it
       # without one.
-      # @return [void]
+      # @return [Float] seconds it waited (0.0 when a slot was free).
       def acquire
         if try_acquire
           @metrics&.admitted(0.0)
-          return
+          return 0.0
         end
 
         fiber = Fiber.current
         @waiters << fiber
-        started = Clock.now if @metrics
+        started = Clock.now
         @scheduler.suspend until @granted.delete(fiber)
-        @metrics&.admitted(Clock.now - started)
         fiber = nil
+        waited = Clock.now - started
+        @metrics&.admitted(waited)
+        waited
       ensure
         if fiber # the wait was interrupted: pass on a slot handed over meanwhile
           @waiters.delete(fiber)

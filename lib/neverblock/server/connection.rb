@@ -54,6 +54,7 @@ module NeverBlock
         @idle = false
         @idle_deadline = nil
         @slot = false
+        @waited = 0.0 # seconds the request being answered waited for its slot
         @app_env = nil # the env of the request the app is handling, while it does
         @hijacked = false
       end
@@ -233,7 +234,7 @@ module NeverBlock
       # A request's head is complete: acquires a request slot, waiting (FIFO,
       # reading nothing more meanwhile) while every one is taken.
       def acquire_slot
-        @admission.acquire
+        @waited = @admission.acquire
         @slot = true
       end
 
@@ -264,7 +265,7 @@ module NeverBlock
         access_log = @context.access_log
         metrics = @context.metrics
         started = Clock.now if access_log || metrics
-        line = access_log.request_line(env) if access_log
+        line = access_log.start(env) if access_log
         begin
           @app_env = env
           status, headers, body = @context.app.call(env)
@@ -293,8 +294,9 @@ module NeverBlock
         metrics.request(env["REQUEST_METHOD"], status, Clock.now - started) if metrics && started
         if line && status
           bytes = @hijacked ? "-" : @response.body_bytes
-          access_log.write(env["REMOTE_ADDR"], line, status, bytes, Clock.now - started)
+          access_log.write(env["REMOTE_ADDR"], line, status, bytes, Clock.now - started, @waited)
         end
+        @waited = 0.0
       end
 
       def write_response(request, env, status, headers, body, keep_alive)

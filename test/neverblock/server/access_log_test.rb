@@ -2,6 +2,7 @@
 
 require_relative "server_helper"
 require "logger"
+require "json"
 
 class ServerAccessLogTest < PlainTest
   include ServerHelper
@@ -100,6 +101,51 @@ class ServerAccessLogTest < PlainTest
     env = { "REQUEST_METHOD" => "GET", "PATH_INFO" => "/a\"b\\", "QUERY_STRING" => "x=\xff".b,
             "SERVER_PROTOCOL" => "HTTP/1.1" }
     assert_equal 'GET /a\x22b\x5C?x=\xFF HTTP/1.1', access_log.request_line(env)
+  end
+
+  # JSON lines: one object per request with its id (the client's, kept, or
+  # a new one the app sees too), the admission wait and a front proxy's
+  # queue time.
+  def test_json_lines_carry_the_request_id_the_app_sees_and_the_queue_time
+    log = StringIO.new
+    seen = []
+    app = lambda do |env|
+      seen << env["HTTP_X_REQUEST_ID"]
+      [200, { "content-type" => "text/plain" }, ["ok"]]
+    end
+    start_server(app, access_log: log, access_log_format: :json)
+    socket = connect
+    start = format("t=%.3f", Time.now.to_f - 0.25)
+    socket.write("GET /a?b=1 HTTP/1.1\r\nHost: x\r\nX-Request-Id: abc-123.X_y\r\nX-Request-Start: #{start}\r\n\r\n" \
+                 "GET /c HTTP/1.1\r\nHost: x\r\nX-Request-Id: not valid!\r\n\r\n" + get("/d"))
+    3.times { read_response(socket) }
+    first, second, third = log_lines(log, 3).map { |line| JSON.parse(line) }
+    assert_equal({ "id" => "abc-123.X_y", "remote" => "127.0.0.1", "method" => "GET", "path" => "/a", "query" => "b=1",
+                   "status" => 200, "bytes" => 2, "worker" => nil },
+                 first.slice("id", "remote", "method", "path", "query", "status", "bytes", "worker"))
+    assert_in_delta 0.25, first["queue_time"], 0.2
+    assert_kind_of Float, first["duration"]
+    assert_equal 0.0, first["admission_wait"]
+    assert_match(/\A\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z\z/, first["time"])
+    uuid = /\A\h{8}-\h{4}-\h{4}-\h{4}-\h{12}\z/
+    assert_match uuid, second["id"], "an invalid id is replaced"
+    assert_match uuid, third["id"], "a missing one is made"
+    assert_nil third["queue_time"]
+    assert_equal [first["id"], second["id"], third["id"]], seen, "the app sees the id the log has"
+  end
+
+  def test_a_custom_formatter_gets_each_entry
+    log = StringIO.new
+    start_server(access_log: log, access_log_format: ->(entry) { "#{entry[:method]} #{entry[:path]} #{entry[:status]}" })
+    socket = connect
+    socket.write(get("/x"))
+    read_response(socket)
+    assert_equal ["GET /x 200\n"], log_lines(log, 1)
+  end
+
+  def test_an_unknown_format_is_refused
+    error = assert_raises(ArgumentError) { NeverBlock::Server.new(ServerHelper::HELLO, workers: 0, access_log: true, access_log_format: :xml) }
+    assert_match(/access_log_format must be :common, :json or a callable/, error.message)
   end
 
   def test_a_target_without_append_is_refused

@@ -25,6 +25,13 @@ class ServerClusterTest < PlainTest
     refute_includes answered.map(&:first), server[:pid]
   end
 
+  def test_json_access_log_lines_name_the_worker
+    server = serve("pids.ru", "-w", "1", "--access-log", "--access-log-format", "json")
+    pids(server)
+    line = wait_for_line(server, /"path":"\/"/)
+    assert_equal 0, JSON.parse(line)["worker"]
+  end
+
   def test_preload_loads_the_app_once_in_the_master
     server = serve("pids.ru", "-w", "2", "--preload")
     by, loaded_in = pids(server)
