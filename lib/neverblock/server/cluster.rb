@@ -125,7 +125,7 @@ module NeverBlock
         @wake_reader, @wake_writer = IO.pipe
         @alive_reader, @alive_writer = IO.pipe # workers see EOF when the master is gone
         previous = trap_signals
-        @control = Control.new(self, @settings.control, @settings.control_token).start if @settings.control
+        @control = start_control if @settings.control
         @server.cluster = self
         @server.hooks[:before_fork]&.call
         @count.times { |index| spawn_worker(index) }
@@ -397,6 +397,12 @@ module NeverBlock
         @stop_deadline = Clock.now + @server.limits.shutdown_timeout + KILL_GRACE
         @workers.each_value { |worker| terminate(worker) }
         @sidecars.stop
+      end
+
+      def start_control
+        require_relative "cluster/control"
+        require_relative "cluster/prometheus"
+        Control.new(self, @settings.control, @settings.control_token).start
       end
 
       # `neverblock ctl halt`: every worker and sidecar is killed now.

@@ -23,6 +23,9 @@ module NeverBlock
       #   a time), `/stop` (TERM), `/halt` (every worker killed now), `/gc`
       #   (a full GC in every worker).
       #
+      # Loaded only by a master that has one (it needs OpenSSL, ~7 MB of RSS
+      # that no other process should pay for).
+      #
       # A TCP listener wants the token (`Authorization: Bearer TOKEN` or
       # `?token=TOKEN`): `control_token`, else one made at start and logged.
       # A unix socket is guarded by its file's permissions (0600) instead.
@@ -41,16 +44,6 @@ module NeverBlock
         MAX_HEAD = 8192
 
         COMMANDS = { "/phased-restart" => "USR2", "/restart" => "USR2", "/stop" => "TERM", "/halt" => "HALT" }.freeze
-
-        # @param url [String]
-        # @return [String] `url`, when it is `tcp://HOST:PORT` or `unix://PATH`.
-        # @raise [ArgumentError] otherwise.
-        def self.validate!(url)
-          url = url.to_s
-          return url if url.match?(%r{\Atcp://[^/]+:\d+\z}) || url.match?(%r{\Aunix://.+\z})
-
-          raise ArgumentError, "control must look like tcp://127.0.0.1:9293 or unix:///path/to/control.sock, got #{url.inspect}"
-        end
 
         # @return [String, nil] the token a TCP listener wants.
         attr_reader :token

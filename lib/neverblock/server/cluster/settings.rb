@@ -56,7 +56,7 @@ module NeverBlock
 
           new(worker_timeout: worker_timeout, worker_boot_timeout: worker_boot_timeout, max_requests: max_requests,
               max_requests_jitter: max_requests_jitter, max_memory: max_memory, memory_metric: memory_metric,
-              supervise: supervise.freeze, control: control && Control.validate!(control),
+              supervise: supervise.freeze, control: control && control_url!(control),
               control_token: control_token&.to_s).freeze
         end
 
@@ -65,6 +65,16 @@ module NeverBlock
           raise ArgumentError, "#{name} must be more than 0 seconds (nil turns it off), got #{seconds.inspect}" if seconds.zero?
         end
         private_class_method :positive!
+
+        # @return [String] `url`, when it is `tcp://HOST:PORT` or `unix://PATH`.
+        # @raise [ArgumentError] otherwise.
+        def self.control_url!(url)
+          url = url.to_s
+          return url if url.match?(%r{\Atcp://[^/]+:\d+\z}) || url.match?(%r{\Aunix://.+\z})
+
+          raise ArgumentError, "control must look like tcp://127.0.0.1:9293 or unix:///path/to/control.sock, got #{url.inspect}"
+        end
+        private_class_method :control_url!
 
         # @return [Float] seconds between a worker's heartbeats: often enough
         #   that a quarter of `worker_timeout` passes between two, at most one
