@@ -131,7 +131,9 @@ module NeverBlock
     # @param limits [Hash] see {Limits}: `max_request_target:`, `max_header_bytes:`,
     #   `max_headers:`, `max_body:`, `max_body_in_memory:`, `max_connections:`,
     #   `header_timeout:`, `body_timeout:`, `idle_timeout:`, `write_timeout:`,
-    #   `shutdown_timeout:`.
+    #   `shutdown_timeout:`, `request_timeout:` (seconds from the end of a
+    #   request's head to the end of its response; past it the request is
+    #   unwound at its next wait and answered 503; nil, the default: none).
     # @raise [ArgumentError] for an invalid bind spec or option.
     def initialize(app, bind: ["tcp://0.0.0.0:9292"], workers: Etc.nprocessors, fiber_pool: 1000,
                    adaptive_limit: true, before_fork: nil, on_worker_boot: nil, status_path: nil, access_log: nil, **limits)
@@ -271,15 +273,15 @@ module NeverBlock
     # `connections` are open ones (at most `max_connections`), of which
     # `idle_connections` wait for their next request's first bytes;
     # `requests_in_flight` are in the app or having their response
-    # written; `fiber_pool` is `{size:, limit:, busy:, queued:}`: the
-    # `fiber_pool` request slots, how many of them may be taken now (the
+    # written; `requests_timed_out` outlived `request_timeout`;
+    # `fiber_pool` is `{size:, limit:, busy:, queued:}`: the `fiber_pool` request slots, how many of them may be taken now (the
     # adaptive limit, else `size`), those taken (from the end of a
     # request's head to its response's end) and the complete heads waiting
     # for one; `adaptive_limit` is {ConcurrencyLimit#stats} (nil when
     # disabled); and `connection_fibers` is {FiberPool#stats} of the
     # connections' fibers. The last keys are {RailsIntegration.server_stats}.
     # @return [Hash] `{pid:, worker:, connections:, idle_connections:,
-    #   requests_in_flight:, requests_total:, fiber_pool:, adaptive_limit:, connection_fibers:,
+    #   requests_in_flight:, requests_total:, requests_timed_out:, fiber_pool:, adaptive_limit:, connection_fibers:,
     #   database_pools:, active_record_pools:}` (connection_fibers nil when
     #   not running); or {Cluster#stats} in the master.
     def stats
@@ -288,6 +290,7 @@ module NeverBlock
       { pid: Process.pid, worker: @worker_index, connections: @connections.size,
         idle_connections: @connections.each_key.count(&:idle?),
         requests_in_flight: @context.requests_in_flight, requests_total: @context.requests_total,
+        requests_timed_out: @context.requests_timed_out,
         **@admission.stats,
         connection_fibers: @pool&.stats,
         database_pools: ConnectionPool.active.map { |pool| { name: pool.name, **pool.stats } },

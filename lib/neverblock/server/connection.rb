@@ -36,6 +36,12 @@ module NeverBlock
       GONE = Response::GONE
       private_constant :GONE
 
+      # Seconds a client is told to wait (Retry-After) before it retries a
+      # request answered 503 for outliving `request_timeout`: the server is
+      # not down, that request was slow, and one second spreads the retries
+      # of a burst without making a user wait long.
+      RETRY_AFTER = 1
+
       # @return [Task, nil] the task serving it (set by the server).
       attr_accessor :task
 
@@ -62,6 +68,8 @@ module NeverBlock
         @socket.setsockopt(Socket::IPPROTO_TCP, Socket::TCP_NODELAY, 1) unless @listener.unix?
         limits = @context.limits
         @limits = limits
+        @request_timeout = limits.request_timeout
+        @expiry = nil # the RequestTimeout of the request being served, under request_timeout
         if @listener.tls # the handshake, like a request head, holds no request slot
           @socket = @listener.secure(@socket, Clock.now + limits.header_timeout)
           return unless @socket
@@ -254,39 +262,103 @@ module NeverBlock
           started = Clock.now
           line = access_log.request_line(env)
         end
+        @status = nil # what the access log shows: set once the response is known
+        respond(request, env, (request.head_at + @request_timeout if @request_timeout))
+      ensure
+        @expiry = nil
+        @context.request_finished
+        if line && (status = @status)
+          bytes = @hijacked ? "-" : @response.body_bytes
+          access_log.write(env["REMOTE_ADDR"], line, status, bytes, Clock.now - started)
+        end
+      end
+
+      # The app's call, then its response. With a `deadline` (monotonic
+      # seconds, from `request_timeout`) each runs under it: the app's call
+      # and the writing of its body are unwound at their first wait past it
+      # ({RequestTimeout}), and the request is answered 503 (see {#timed_out}).
+      # A request whose deadline passed before the app was called (it waited
+      # that long for a slot, or for its body) is answered 503 without it.
+      def respond(request, env, deadline)
+        if deadline
+          @expiry = RequestTimeout.new(@request_timeout)
+          return timed_out(request, env, nil) if deadline <= Clock.now
+        end
         begin
           @app_env = env
-          status, headers, body = @context.app.call(env)
+          status, headers, body = deadline ? before(deadline) { @context.app.call(env) } : @context.app.call(env)
         rescue StandardError => e
           raise if e.is_a?(Cancelled)
+          return timed_out(request, env, e) if deadline && expiry?(e)
 
           app_failed(e, env)
           return finished(env, nil, nil, e) && false if @hijacked # the socket is the app's, even now
 
-          status = 500
+          @status = 500
           keep_alive = request.keep_alive && !@context.stopping?
           @response.write_error(500, keep_alive: keep_alive, head: request.head)
           return finished(env, 500, {}, e) && keep_alive
         ensure
           @app_env = nil
         end
+        @status = status
         if @hijacked
           close_body(body, env)
           return finished(env, status, headers, nil) && false
         end
 
         keep_alive = request.keep_alive && !@context.stopping? # a stop during the app closes after it
-        write_response(request, env, status, headers, body, keep_alive)
-      ensure
-        @context.request_finished
-        if line && status
-          bytes = @hijacked ? "-" : @response.body_bytes
-          access_log.write(env["REMOTE_ADDR"], line, status, bytes, Clock.now - started)
+        # An app that answered past its deadline (it rescued the expiry, or
+        # computed past it without waiting) has its answer written, bounded
+        # by write_timeout only; a partial hijack's socket is the app's.
+        if deadline && deadline > Clock.now && !headers["rack.hijack"]
+          before(deadline) { write_response(request, env, status, headers, body, keep_alive) }
+        else
+          write_response(request, env, status, headers, body, keep_alive)
         end
+      end
+
+      # Runs the block until `deadline`: past it, its next wait raises @expiry.
+      def before(deadline, &block)
+        Fiber.scheduler.timeout_after(deadline - Clock.now, @expiry, &block)
+      end
+
+      # Whether `error` is this request's {RequestTimeout}, or wraps it (a
+      # library that rescued it and raised its own error, with it as the cause).
+      def expiry?(error)
+        expiry = @expiry or return false
+        4.times do
+          return true if error.equal?(expiry)
+
+          error = error.cause or return false
+        end
+        false
+      end
+
+      # The request outlived `request_timeout` (`error` is the expiry; nil
+      # when the app was not called): one warning, a count in the stats,
+      # and a 503 with Retry-After and `connection: close` if no byte of the
+      # response was sent; otherwise the connection just closes (the client
+      # sees a cut response, not a complete wrong one).
+      # @return [false] the connection closes.
+      def timed_out(request, env, error)
+        @context.request_timed_out
+        NeverBlock.logger.warn("NeverBlock::Server: #{env['REQUEST_METHOD']} #{env['PATH_INFO']} timed out after " \
+                               "#{(Clock.now - request.head_at).round(3)} s (request_timeout #{@request_timeout} s, " \
+                               "pid #{Process.pid})#{' before the app was called' unless error}")
+        return finished(env, nil, nil, error) && false if @hijacked
+
+        unless @response.started
+          @status = 503
+          @response.write_error(503, head: request.head, retry_after: RETRY_AFTER)
+        end
+        finished(env, @status, {}, error)
+        false
       end
 
       def write_response(request, env, status, headers, body, keep_alive)
         error = nil
+        expired = false
         begin
           if (hijack = headers["rack.hijack"])
             partial_hijack(hijack, status, headers)
@@ -302,15 +374,19 @@ module NeverBlock
 
           error = e
           keep_alive = false
-          app_failed(e, env)
-          # Before the first byte a clean 500 is still possible; after it, only
-          # closing the connection tells the client the response is incomplete.
-          @response.write_error(500, head: request.head) unless @response.started
+          # Under request_timeout, the body's each or call(stream) waited past the deadline.
+          expired = expiry?(e)
+          unless expired
+            app_failed(e, env)
+            # Before the first byte a clean 500 is still possible; after it, only
+            # closing the connection tells the client the response is incomplete.
+            @response.write_error(500, head: request.head) unless @response.started
+          end
         ensure
           close_body(body, env)
-          finished(env, status, headers, error)
+          finished(env, status, headers, error) unless expired
         end
-        keep_alive
+        expired ? timed_out(request, env, error) : keep_alive
       end
 
       # The Rack partial hijack (a `rack.hijack` response header): the status

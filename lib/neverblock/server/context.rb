@@ -43,6 +43,10 @@ module NeverBlock
       # @return [Integer] requests started since the server started.
       attr_reader :requests_total
 
+      # @return [Integer] requests that outlived `request_timeout` (answered
+      #   503, or cut off if their response had begun).
+      attr_reader :requests_timed_out
+
       # @param app [#call]
       # @param limits [Limits]
       # @param admission [Admission]
@@ -60,6 +64,7 @@ module NeverBlock
         @read_buffer = String.new(capacity: Connection::READ_SIZE, encoding: Encoding::BINARY)
         @requests_in_flight = 0
         @requests_total = 0
+        @requests_timed_out = 0
         @stopping = false
       end
 
@@ -83,6 +88,12 @@ module NeverBlock
       # @return [void]
       def request_finished
         @requests_in_flight -= 1
+      end
+
+      # A request outlived `request_timeout`.
+      # @return [void]
+      def request_timed_out
+        @requests_timed_out += 1
       end
 
       # The app took the connection's socket (rack.hijack): it is no longer

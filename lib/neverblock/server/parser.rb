@@ -63,6 +63,7 @@ module NeverBlock
         @host = nil # the last Host seen on this connection, already checked
         @server_name = nil
         @server_port = nil
+        @timed = !limits.request_timeout.nil? # requests need their head's time
         @llhttp = LLHttp::Parser.new(self, type: :request)
       end
 
@@ -159,6 +160,7 @@ module NeverBlock
       # status travels in @error (see {#fail_with}).
       def on_headers_complete
         @current = build_request
+        @current.head_at = Clock.now if @timed
         @headers = nil # trailers after a chunked body are counted, not kept
         @raw_body = 0
         @requests << @current

@@ -88,11 +88,13 @@ module NeverBlock
       # connection to be closed unless `keep_alive`.
       # @param head [Boolean] it answers a HEAD request: no body follows the
       #   headers (one would be read as the start of the next response).
+      # @param retry_after [Integer, nil] seconds, sent as Retry-After.
       # @return [void]
-      def write_error(status, keep_alive: false, head: false)
+      def write_error(status, keep_alive: false, head: false, retry_after: nil)
         text = "#{REASONS.fetch(status, 'Error')}\n"
         @body_bytes = head ? 0 : text.bytesize
         write_all("#{STATUS_LINES[status]}content-type: text/plain\r\ncontent-length: #{text.bytesize}\r\n" \
+                  "#{"retry-after: #{retry_after}\r\n" if retry_after}" \
                   "#{self.class.date_line}#{keep_alive ? '' : "connection: close\r\n"}\r\n#{head ? '' : text}")
       end
 

@@ -1,0 +1,154 @@
+# frozen_string_literal: true
+
+require_relative "server_helper"
+
+# `request_timeout:`: a request still waiting past it is unwound at that
+# wait (its ensure clauses run) and answered 503 with Retry-After; the
+# server and its other requests go on.
+class ServerRequestTimeoutTest < PlainTest
+  include ServerHelper
+
+  # Sleeps 10 s on /slow (recording that its ensure ran), answers at once elsewhere.
+  def setup
+    @unwound = Queue.new
+    unwound = @unwound
+    @app = lambda do |env|
+      if env["PATH_INFO"] == "/slow"
+        begin
+          sleep 10
+        ensure
+          unwound << true
+        end
+      end
+      [200, { "content-type" => "text/plain", "content-length" => "5" }, ["fast\n"]]
+    end
+  end
+
+  def test_a_request_still_waiting_past_the_timeout_gets_503_with_retry_after_and_a_log_line
+    log = capture_log do
+      start_server(@app, request_timeout: 0.5)
+      socket = connect
+      socket.write(get("/slow"))
+      status, headers, = nil
+      took = elapsed { status, headers, = read_response(socket) }
+      assert_equal 503, status
+      assert_equal "1", headers["retry-after"]
+      assert_equal "close", headers["connection"]
+      assert_operator took, :<, 5, "answered after #{took.round(2)} s"
+      assert_equal "", read_all(socket), "the connection closes after the 503"
+      assert @unwound.pop(timeout: 5), "the app's ensure ran"
+      assert_equal 1, @server.stats[:requests_timed_out]
+    end
+    assert_match(%r{WARN .*GET /slow timed out after 0\.\d+ s \(request_timeout 0\.5 s, pid #{Process.pid}\)}, log)
+  end
+
+  def test_a_fast_request_on_the_same_server_is_unaffected_and_the_next_connection_is_served
+    start_server(@app, request_timeout: 0.5)
+    slow = connect
+    slow.write(get("/slow"))
+    fast = connect
+    3.times do # keep-alive: three requests on one connection, while /slow waits
+      fast.write(get("/fast"))
+      assert_equal [200, "fast\n"], read_response(fast).values_at(0, 2)
+    end
+    assert_equal 503, read_response(slow).first
+    again = connect
+    again.write(get("/fast"))
+    assert_equal [200, "fast\n"], read_response(again).values_at(0, 2)
+    assert_equal 1, @server.stats[:requests_timed_out]
+  end
+
+  def test_an_app_that_rescues_the_expiry_and_answers_gets_its_answer_through
+    app = lambda do |_env|
+      sleep 10
+      [200, {}, ["never"]]
+    rescue NeverBlock::Server::RequestTimeout => e
+      [504, { "content-type" => "text/plain" }, ["gave up: #{e.message}\n"]]
+    end
+    log = capture_log do
+      start_server(app, request_timeout: 0.3)
+      socket = connect
+      socket.write(get)
+      status, _headers, body = read_response(socket)
+      assert_equal 504, status
+      assert_equal "gave up: request_timeout of 0.3 s expired\n", body
+    end
+    assert_equal 0, @server.stats[:requests_timed_out], "the app answered: not counted as a timeout"
+    refute_match(/timed out/, log)
+  end
+
+  def test_the_expiry_is_not_a_timeout_error_but_rescue_standard_error_cleanup_sees_it
+    seen = Queue.new
+    app = lambda do |_env|
+      begin
+        sleep 10
+      rescue Timeout::Error
+        seen << :timeout_error # Net::HTTP's retry would take it for its own
+      rescue StandardError => e
+        seen << e.class
+        raise
+      end
+      [200, {}, []]
+    end
+    start_server(app, request_timeout: 0.3)
+    socket = connect
+    socket.write(get)
+    assert_equal 503, read_response(socket).first
+    assert_equal NeverBlock::Server::RequestTimeout, seen.pop(timeout: 5)
+  end
+
+  def test_a_body_that_waits_past_the_deadline_before_its_first_chunk_gets_503
+    body = Object.new
+    def body.each
+      sleep 10
+      yield "late"
+    end
+    start_server(->(_env) { [200, { "content-type" => "text/plain" }, body] }, request_timeout: 0.3)
+    socket = connect
+    socket.write(get)
+    assert_equal 503, read_response(socket).first
+  end
+
+  def test_a_response_already_started_is_cut_by_closing_the_connection
+    body = Object.new
+    def body.each
+      yield "first\n"
+      sleep 10
+      yield "never\n"
+    end
+    start_server(->(_env) { [200, { "content-type" => "text/plain" }, body] }, request_timeout: 0.3)
+    socket = connect
+    socket.write(get)
+    response = read_all(socket)
+    assert_match(%r{\AHTTP/1\.1 200 OK\r\n}, response)
+    assert_includes response, "first\n"
+    refute_includes response, "never"
+    refute_includes response, "0\r\n\r\n", "no last chunk: the client sees the response is incomplete"
+    assert_equal 1, @server.stats[:requests_timed_out]
+  end
+
+  def test_a_head_request_gets_503_without_a_body
+    start_server(@app, request_timeout: 0.3)
+    socket = connect
+    socket.write("HEAD /slow HTTP/1.1\r\nHost: a\r\n\r\n")
+    status, headers, = read_response(socket, head: true)
+    assert_equal 503, status
+    assert_equal "", read_all(socket)
+    assert_equal "close", headers["connection"]
+  end
+
+  def test_off_by_default
+    start_server(@app)
+    assert_nil @server.limits.request_timeout
+  end
+
+  def test_invalid_values_are_refused
+    [-1, Float::NAN, Float::INFINITY, "1", 0, true].each do |value|
+      error = assert_raises(ArgumentError, value.inspect) do
+        NeverBlock::Server.new(@app, bind: "tcp://127.0.0.1:0", workers: 0, request_timeout: value)
+      end
+      assert_match(/request_timeout/, error.message)
+    end
+    assert_nil NeverBlock::Server.new(@app, workers: 0, request_timeout: false).limits.request_timeout
+  end
+end
