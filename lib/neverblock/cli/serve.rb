@@ -88,6 +88,10 @@ module NeverBlock
           o.on("--shutdown-timeout S", Float, "seconds in-flight requests get on TERM/INT (default 30)") do |seconds|
             set(:shutdown_timeout, seconds)
           end
+          o.on("--request-timeout SECONDS", Float, "answer 503 to a request still waiting this long after its " \
+                                                   "head, unwinding it at that wait (default: none)") do |seconds|
+            set(:request_timeout, seconds)
+          end
           o.on("--fiber-pool N", Integer, "requests served at once per worker (default 1000)") { |n| set(:fiber_pool, n) }
           # Two switches, not --[no-]: require_exact refuses the --no- form on Ruby 3.1.
           o.on("--adaptive-limit", "admit fewer than --fiber-pool requests at once while the event loop is " \
@@ -250,7 +254,7 @@ module NeverBlock
                     fiber_pool: opts[:fiber_pool], adaptive_limit: opts[:adaptive_limit], status_path: opts[:status_path],
                     **opts[:limits] }
         options[:access_log] = $stdout if opts[:access_log]
-        %i[shutdown_timeout max_connections max_body].each { |key| options[key] = opts[key] if opts[key] }
+        %i[shutdown_timeout request_timeout max_connections max_body].each { |key| options[key] = opts[key] if opts[key] }
         options[:before_fork] = opts[:before_fork] if opts[:before_fork]
         hook = opts[:on_worker_boot]
         build = !opts[:preload]

@@ -12,7 +12,7 @@ module Rackup
     # N workers.
     #
     #   rackup -s neverblock -o 127.0.0.1 -p 9292 config.ru
-    #   rackup -s neverblock -O Workers=2 -O Status=/_status
+    #   rackup -s neverblock -O Workers=2 -O Status=/_status -O RequestTimeout=15
     #   bin/rails server -u neverblock
     module NeverBlock
       class << self
@@ -45,6 +45,7 @@ module Rackup
             "Workers=N" => "worker processes to fork (default: 0, serve in this process)",
             "FiberPool=N" => "requests served at once per process (default: 1000)",
             "Status=PATH" => "answer GET PATH with the server's stats as JSON",
+            "RequestTimeout=SECONDS" => "answer 503 to a request still waiting this long (default: none)",
             "AccessLog=BOOL" => "log one line per request to stdout (default: false)"
           }
         end
@@ -58,6 +59,7 @@ module Rackup
           result = { bind: [bind], workers: Integer(options[:Workers] || 0),
                      fiber_pool: Integer(options[:FiberPool] || 1000) }
           result[:status_path] = options[:Status] if options[:Status]
+          result[:request_timeout] = Float(options[:RequestTimeout]) if options[:RequestTimeout]
           result[:access_log] = $stdout if %w[true yes 1].include?(options[:AccessLog].to_s)
           result
         end

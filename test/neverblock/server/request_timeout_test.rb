@@ -1,6 +1,8 @@
 # frozen_string_literal: true
 
 require_relative "server_helper"
+require "open3"
+require "fileutils"
 
 # `request_timeout:`: a request still waiting past it is unwound at that
 # wait (its ensure clauses run) and answered 503 with Retry-After; the
@@ -150,5 +152,71 @@ class ServerRequestTimeoutTest < PlainTest
       assert_match(/request_timeout/, error.message)
     end
     assert_nil NeverBlock::Server.new(@app, workers: 0, request_timeout: false).limits.request_timeout
+  end
+end
+
+# Setting it from `neverblock serve` (option and -C file) and rackup, as
+# real processes serving test/fixtures/server/pids.ru (`/slow?SECONDS`).
+class ServerRequestTimeoutSettingsTest < PlainTest
+  include ServerProcess
+
+  EXE = File.expand_path("../../../exe/neverblock", __dir__)
+  PIDS_RU = File.expand_path("../../fixtures/server/pids.ru", __dir__)
+
+  def teardown
+    super
+    FileUtils.rm_rf(@dir) if @dir
+  end
+
+  # The server on `port` answers /slow?10 with a 503 well before 10 s, and logs it.
+  def assert_times_out(port)
+    wait_for_answer(port)
+    response = nil
+    took = elapsed do
+      response = Net::HTTP.start("127.0.0.1", port, read_timeout: 20) { |http| http.get("/slow?10") }
+    end
+    assert_equal "503", response.code
+    assert_equal "1", response["retry-after"]
+    assert_operator took, :<, 5
+    eventually { output.include?("GET /slow timed out after") }
+  end
+
+  def eventually(timeout: 10)
+    deadline = now + timeout
+    sleep 0.02 until yield || now > deadline
+    assert yield, "not within #{timeout} s; output:\n#{output}"
+  end
+
+  def test_neverblock_serve_request_timeout
+    port = free_port
+    start(RbConfig.ruby, EXE, "serve", PIDS_RU, "-b", "tcp://127.0.0.1:#{port}", "-w", "0", "--request-timeout", "0.5")
+    assert_times_out(port)
+  end
+
+  def test_a_config_file_request_timeout
+    require "tmpdir"
+    @dir = Dir.mktmpdir("nb-rt")
+    File.write(File.join(@dir, "neverblock.rb"), "workers 0\nrequest_timeout 0.5\n")
+    port = free_port
+    start(RbConfig.ruby, EXE, "serve", PIDS_RU, "-b", "tcp://127.0.0.1:#{port}", "-C", File.join(@dir, "neverblock.rb"))
+    assert_times_out(port)
+  end
+
+  def test_rackup_o_request_timeout
+    port = free_port
+    start(RbConfig.ruby, Gem.bin_path("rackup", "rackup"), "-s", "neverblock", "-o", "127.0.0.1", "-p", port.to_s,
+          "-E", "none", "-O", "RequestTimeout=0.5", PIDS_RU)
+    assert_times_out(port)
+  end
+
+  def test_invalid_values_are_usage_errors
+    { "-1" => /request_timeout must be a finite number of seconds >= 0, got -1\.0/,
+      "0" => /request_timeout must be > 0 seconds/,
+      "soon" => /invalid argument: --request-timeout soon/ }.each do |value, message|
+      out, status = Open3.capture2e(RbConfig.ruby, EXE, "serve", PIDS_RU, "-b", "tcp://127.0.0.1:0", "-w", "0",
+                                    "--request-timeout", value)
+      assert_equal 64, status.exitstatus, out
+      assert_match message, out
+    end
   end
 end
