@@ -301,6 +301,10 @@ module NeverBlock
         ensure
           @app_env = nil
         end
+        if deadline && expiry?(framework_error(env))
+          close_body(body, env) # an error page for the expiry, not an answer of the app's
+          return timed_out(request, env, framework_error(env))
+        end
         @status = status
         if @hijacked
           close_body(body, env)
@@ -323,10 +327,21 @@ module NeverBlock
         Fiber.scheduler.timeout_after(deadline - Clock.now, @expiry, &block)
       end
 
+      # @return [Exception, nil] the exception a framework rendered its own
+      #   error page for (Rails' ShowExceptions, Sinatra), when it says so in
+      #   the env. Rails renders a 500 page for any exception, the expiry
+      #   included: that is no answer of the app's to its timeout, so the
+      #   server answers 503 instead.
+      def framework_error(env)
+        env["action_dispatch.exception"] || env["sinatra.error"]
+      end
+
       # Whether `error` is this request's {RequestTimeout}, or wraps it (a
       # library that rescued it and raised its own error, with it as the cause).
       def expiry?(error)
         expiry = @expiry or return false
+        return false unless error
+
         4.times do
           return true if error.equal?(expiry)
 

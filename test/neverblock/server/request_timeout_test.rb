@@ -79,6 +79,26 @@ class ServerRequestTimeoutTest < PlainTest
     refute_match(/timed out/, log)
   end
 
+  # Rails' ShowExceptions renders a 500 page for any exception and says
+  # which in env["action_dispatch.exception"]: for the expiry, that page
+  # is no answer of the app's, and the client gets the server's 503.
+  def test_a_framework_error_page_for_the_expiry_becomes_the_503
+    app = lambda do |env|
+      sleep 10
+      [200, {}, []]
+    rescue Exception => e # rubocop:disable Lint/RescueException -- as ShowExceptions does
+      env["action_dispatch.exception"] = e
+      [500, { "content-type" => "text/html" }, ["<h1>We're sorry, but something went wrong.</h1>"]]
+    end
+    start_server(app, request_timeout: 0.3)
+    socket = connect
+    socket.write(get)
+    status, headers, = read_response(socket)
+    assert_equal 503, status
+    assert_equal "1", headers["retry-after"]
+    assert_equal 1, @server.stats[:requests_timed_out]
+  end
+
   def test_the_expiry_is_not_a_timeout_error_but_rescue_standard_error_cleanup_sees_it
     seen = Queue.new
     app = lambda do |_env|
