@@ -128,6 +128,12 @@ module NeverBlock
     #   nil (the default) answers nothing there.
     # @param access_log [nil, false, true, IO, Logger] one line per request
     #   (see {AccessLog}); true logs to `$stdout`; nil or false (the default): none.
+    # @param early_hints [Boolean] give HTTP/1.1 requests `env["rack.early_hints"]`
+    #   (Rack 3; Rails' `request.send_early_hints` and its preload links call
+    #   it), which sends `103 Early Hints` ahead of the response. Off by
+    #   default, as in Puma: once the key is there Rails sends a 103 for
+    #   every page with preload links, and a proxy or client written before
+    #   1xx hints (RFC 8297) may take it for the final response.
     # @param limits [Hash] see {Limits}: `max_request_target:`, `max_header_bytes:`,
     #   `max_headers:`, `max_body:`, `max_body_in_memory:`, `max_connections:`,
     #   `header_timeout:`, `body_timeout:`, `idle_timeout:`, `write_timeout:`,
@@ -136,8 +142,10 @@ module NeverBlock
     #   unwound at its next wait and answered 503; nil, the default: none).
     # @raise [ArgumentError] for an invalid bind spec or option.
     def initialize(app, bind: ["tcp://0.0.0.0:9292"], workers: Etc.nprocessors, fiber_pool: 1000,
-                   adaptive_limit: true, before_fork: nil, on_worker_boot: nil, status_path: nil, access_log: nil, **limits)
+                   adaptive_limit: true, before_fork: nil, on_worker_boot: nil, status_path: nil, access_log: nil,
+                   early_hints: false, **limits)
       raise ArgumentError, "app must respond to call" unless app.respond_to?(:call)
+      raise ArgumentError, "early_hints must be true or false, got #{early_hints.inspect}" unless [true, false].include?(early_hints)
 
       @app = app
       @workers = NeverBlock.validate_size!(workers, :workers, minimum: 0)
@@ -162,7 +170,7 @@ module NeverBlock
       # What every connection gets (see Context).
       @context = Context.new(app: @app, limits: @limits, admission: @admission, access_log: @access_log,
                              idle_sweeper: IdleSweeper.new(@connections, @limits.idle_timeout),
-                             on_hijack: method(:connection_hijacked))
+                             on_hijack: method(:connection_hijacked), early_hints: early_hints)
       @pool = nil
       @scheduler = nil
       @waiters = [] # acceptors waiting for room

@@ -17,6 +17,7 @@ module NeverBlock
     #   limits header_timeout: 5, idle_timeout: 10, max_body: 50 * 1024**2
     #   shutdown_timeout 20
     #   request_timeout 15                 # seconds; 503 past it (see NeverBlock::Server::Limits)
+    #   early_hints true                   # env["rack.early_hints"]: 103 Early Hints (default false)
     #   status "/_neverblock/status"
     #   access_log true
     #   environment "production"
@@ -27,7 +28,7 @@ module NeverBlock
     #   on_worker_boot { |index| MyStats.reconnect }
     class ConfigFile
       # Settings the file may make => the option they set.
-      SETTINGS = %i[workers preload fiber_pool max_connections max_body shutdown_timeout request_timeout access_log
+      SETTINGS = %i[workers preload fiber_pool max_connections max_body shutdown_timeout request_timeout early_hints access_log
                     environment pidfile log fiber_stack_size].freeze
 
       # @param path [String]

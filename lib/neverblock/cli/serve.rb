@@ -26,7 +26,8 @@ module NeverBlock
         @out = out
         @err = err
         @options = { bind: [], workers: Etc.nprocessors, preload: false, access_log: false,
-                     shutdown_timeout: nil, fiber_pool: 1000, adaptive_limit: true, status_path: nil, environment: nil, limits: {} }
+                     shutdown_timeout: nil, fiber_pool: 1000, adaptive_limit: true, status_path: nil, environment: nil,
+                     early_hints: false, limits: {} }
         @given = [] # options set on the command line, which win over a config file
       end
 
@@ -99,6 +100,9 @@ module NeverBlock
           o.on("--no-adaptive-limit", "admit up to --fiber-pool requests at once whatever the load") do
             set(:adaptive_limit, false)
           end
+          o.on("--early-hints", "give HTTP/1.1 requests env[\"rack.early_hints\"]: 103 Early Hints for " \
+                                "Rails' preload links (default: off)") { set(:early_hints, true) }
+          o.on("--no-early-hints", "no rack.early_hints (the default)") { set(:early_hints, false) }
           o.on("--target-lag SECONDS", Float, "event-loop lag above which the adaptive limit falls " \
                                               "(default #{NeverBlock::Server::ConcurrencyLimit::DEFAULT_TARGET_LAG})") do |seconds|
             set(:adaptive_limit, { target_lag: seconds })
@@ -252,6 +256,7 @@ module NeverBlock
         opts = @options
         options = { bind: opts[:bind].empty? ? ["tcp://0.0.0.0:9292"] : opts[:bind], workers: opts[:workers],
                     fiber_pool: opts[:fiber_pool], adaptive_limit: opts[:adaptive_limit], status_path: opts[:status_path],
+                    early_hints: opts[:early_hints],
                     **opts[:limits] }
         options[:access_log] = $stdout if opts[:access_log]
         %i[shutdown_timeout request_timeout max_connections max_body].each { |key| options[key] = opts[key] if opts[key] }

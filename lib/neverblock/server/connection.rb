@@ -36,6 +36,9 @@ module NeverBlock
       GONE = Response::GONE
       private_constant :GONE
 
+      # The Rack env key of the early-hints callable.
+      EARLY_HINTS = "rack.early_hints"
+
       # Seconds a client is told to wait (Retry-After) before it retries a
       # request answered 503 for outliving `request_timeout`: the server is
       # not down, that request was slow, and one second spreads the retries
@@ -253,6 +256,20 @@ module NeverBlock
         true
       end
 
+      # The `rack.early_hints` callable (Rack 3; Rails' `request.send_early_hints`):
+      # sends `103 Early Hints` with `headers` at once, ahead of the final
+      # response. Only while the app's call runs (after it, the response is
+      # being written) and the socket is still the server's; HTTP/1.0
+      # requests do not have the key ({Parser}).
+      # @param headers [Hash{String => String, Array<String>}]
+      # @return [nil]
+      # @raise [ArgumentError] for a header name that is not an HTTP token or
+      #   a value with CR, LF or NUL (nothing is written).
+      def early_hints(headers)
+        @response.write_early_hints(headers) if @app_env && !@hijacked
+        nil
+      end
+
       # Calls the app for one request and writes its response.
       # @return [Boolean] whether the connection stays open.
       def serve(request)
@@ -281,6 +298,7 @@ module NeverBlock
       # that long for a slot, or for its body) is answered 503 without it.
       def respond(request, env, deadline)
         if deadline
+          @response.started = false # not the last request's response: nothing of this one's is sent yet
           @expiry = RequestTimeout.new(@request_timeout)
           return timed_out(request, env, nil) if deadline <= Clock.now
         end
@@ -489,7 +507,7 @@ module NeverBlock
           "rack.multiprocess" => false,
           "rack.run_once" => false,
           "SERVER_SOFTWARE" => SOFTWARE
-        }
+        }.tap { |env| env[EARLY_HINTS] = method(:early_hints) if @context.early_hints }
       end
 
       def remote_addr

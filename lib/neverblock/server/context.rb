@@ -30,6 +30,9 @@ module NeverBlock
       # @return [AccessLog, nil]
       attr_reader :access_log
 
+      # @return [Boolean] whether requests get `rack.early_hints`.
+      attr_reader :early_hints
+
       # @return [IdleSweeper] ends idle keep-alive waits (while serving).
       attr_reader :idle_sweeper
 
@@ -54,13 +57,15 @@ module NeverBlock
       # @param idle_sweeper [IdleSweeper]
       # @param on_hijack [#call] called with a {Connection} whose socket the
       #   app took.
-      def initialize(app:, limits:, admission:, access_log:, idle_sweeper:, on_hijack:)
+      # @param early_hints [Boolean] see {Server#initialize}.
+      def initialize(app:, limits:, admission:, access_log:, idle_sweeper:, on_hijack:, early_hints: false)
         @app = app
         @limits = limits
         @admission = admission
         @access_log = access_log
         @idle_sweeper = idle_sweeper
         @on_hijack = on_hijack
+        @early_hints = early_hints
         @read_buffer = String.new(capacity: Connection::READ_SIZE, encoding: Encoding::BINARY)
         @requests_in_flight = 0
         @requests_total = 0

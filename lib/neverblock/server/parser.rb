@@ -296,6 +296,7 @@ module NeverBlock
         env = @headers
         env["REQUEST_METHOD"] = method
         env["SERVER_PROTOCOL"] = http10 ? "HTTP/1.0" : "HTTP/1.1"
+        env.delete(Connection::EARLY_HINTS) if http10 # 1xx responses are HTTP/1.1's (RFC 9110 15.2)
         set_target(env, method, @url || "")
         set_host(env, http10)
         request = Request.new(env, method == "HEAD", http10, @limits.max_body_in_memory)

@@ -65,6 +65,11 @@ module NeverBlock
       #   (an error can then no longer become a clean 500).
       attr_reader :started
 
+      # @param value [Boolean] false at the start of a request whose app may
+      #   be interrupted (request_timeout), so that the last response's
+      #   bytes do not count as this one's.
+      attr_writer :started
+
       # @return [Integer] body bytes of the last response (without chunk
       #   framing), for the access log.
       attr_reader :body_bytes
@@ -82,6 +87,44 @@ module NeverBlock
       # @return [void]
       def write_continue
         write_all("HTTP/1.1 100 Continue\r\n\r\n")
+      end
+
+      # A header name: an HTTP token (RFC 9110).
+      TOKEN = /\A[!#$%&'*+\-.^_`|~0-9A-Za-z]+\z/
+      private_constant :TOKEN
+
+      # Sends `103 Early Hints` with `headers` (Rack 3's `rack.early_hints`).
+      # Nothing is written unless every name is an HTTP token and every value
+      # (a String, or an Array of them: one line each) is free of CR, LF and
+      # NUL: a hint cannot split the response. Does not count as the start of
+      # the response ({#started}): the final response may still be an error.
+      # @param headers [Hash{String => String, Array<String>}]
+      # @return [void]
+      # @raise [ArgumentError] for an invalid name or value, before writing.
+      # @raise [ClientGone]
+      def write_early_hints(headers)
+        raise ArgumentError, "rack.early_hints takes a Hash of headers, got #{headers.class}" unless headers.is_a?(Hash)
+
+        hints = +"HTTP/1.1 103 Early Hints\r\n"
+        headers.each do |name, values|
+          unless name.is_a?(String) && name.match?(TOKEN)
+            raise ArgumentError, "rack.early_hints: invalid header name #{name.inspect}"
+          end
+
+          Array(values).each do |value|
+            unless value.is_a?(String) && !value.match?(/[\r\n\0]/)
+              raise ArgumentError, "rack.early_hints: invalid value for #{name}: #{value.inspect} (a String without CR, LF or NUL)"
+            end
+
+            hints << name << ": " << value << "\r\n"
+          end
+        end
+        started = @started
+        begin
+          write_all(hints << "\r\n")
+        ensure
+          @started = started
+        end
       end
 
       # Sends one of the server's own responses (an error) and asks for the

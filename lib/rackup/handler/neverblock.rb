@@ -46,6 +46,7 @@ module Rackup
             "FiberPool=N" => "requests served at once per process (default: 1000)",
             "Status=PATH" => "answer GET PATH with the server's stats as JSON",
             "RequestTimeout=SECONDS" => "answer 503 to a request still waiting this long (default: none)",
+            "EarlyHints=BOOL" => "env[\"rack.early_hints\"]: 103 Early Hints (default: false; rails server --early-hints)",
             "AccessLog=BOOL" => "log one line per request to stdout (default: false)"
           }
         end
@@ -61,6 +62,8 @@ module Rackup
           result[:status_path] = options[:Status] if options[:Status]
           result[:request_timeout] = Float(options[:RequestTimeout]) if options[:RequestTimeout]
           result[:access_log] = $stdout if %w[true yes 1].include?(options[:AccessLog].to_s)
+          # `rails server --early-hints` passes early_hints: true.
+          result[:early_hints] = true if options[:early_hints] || %w[true yes 1].include?(options[:EarlyHints].to_s)
           result
         end
       end

@@ -10,8 +10,19 @@ require "fileutils"
 class ServerRequestTimeoutTest < PlainTest
   include ServerHelper
 
-  # Sleeps 10 s on /slow (recording that its ensure ran), answers at once elsewhere.
+  # Idle keep-alive clients would hold the server's stop for its 1 s grace.
+  def teardown
+    @sockets&.each { |socket| socket.close unless socket.closed? }
+    super
+  ensure
+    NeverBlock.logger = @logger
+  end
+
+  # Sleeps 10 s on /slow (recording that its ensure ran), answers at once
+  # elsewhere. The log goes to @log.
   def setup
+    @logger = NeverBlock.logger
+    NeverBlock.logger = Logger.new(@log = StringIO.new)
     @unwound = Queue.new
     unwound = @unwound
     @app = lambda do |env|
@@ -26,22 +37,25 @@ class ServerRequestTimeoutTest < PlainTest
     end
   end
 
+  # Queue#pop(timeout:) is Ruby 3.2's: on 3.1 the Hash reads as non_block.
+  def pop(queue, timeout: 5)
+    Timeout.timeout(timeout) { queue.pop }
+  end
+
   def test_a_request_still_waiting_past_the_timeout_gets_503_with_retry_after_and_a_log_line
-    log = capture_log do
-      start_server(@app, request_timeout: 0.5)
-      socket = connect
-      socket.write(get("/slow"))
-      status, headers, = nil
-      took = elapsed { status, headers, = read_response(socket) }
-      assert_equal 503, status
-      assert_equal "1", headers["retry-after"]
-      assert_equal "close", headers["connection"]
-      assert_operator took, :<, 5, "answered after #{took.round(2)} s"
-      assert_equal "", read_all(socket), "the connection closes after the 503"
-      assert @unwound.pop(timeout: 5), "the app's ensure ran"
-      assert_equal 1, @server.stats[:requests_timed_out]
-    end
-    assert_match(%r{WARN .*GET /slow timed out after 0\.\d+ s \(request_timeout 0\.5 s, pid #{Process.pid}\)}, log)
+    start_server(@app, request_timeout: 0.5)
+    socket = connect
+    socket.write(get("/slow"))
+    status, headers, = nil
+    took = elapsed { status, headers, = read_response(socket) }
+    assert_equal 503, status
+    assert_equal "1", headers["retry-after"]
+    assert_equal "close", headers["connection"]
+    assert_operator took, :<, 5, "answered after #{took.round(2)} s"
+    assert_equal "", read_all(socket), "the connection closes after the 503"
+    assert pop(@unwound), "the app's ensure ran"
+    assert_equal 1, @server.stats[:requests_timed_out]
+    assert_match(%r{WARN .*GET /slow timed out after 0\.\d+ s \(request_timeout 0\.5 s, pid #{Process.pid}\)}, @log.string)
   end
 
   def test_a_fast_request_on_the_same_server_is_unaffected_and_the_next_connection_is_served
@@ -67,16 +81,14 @@ class ServerRequestTimeoutTest < PlainTest
     rescue NeverBlock::Server::RequestTimeout => e
       [504, { "content-type" => "text/plain" }, ["gave up: #{e.message}\n"]]
     end
-    log = capture_log do
-      start_server(app, request_timeout: 0.3)
-      socket = connect
-      socket.write(get)
-      status, _headers, body = read_response(socket)
-      assert_equal 504, status
-      assert_equal "gave up: request_timeout of 0.3 s expired\n", body
-    end
+    start_server(app, request_timeout: 0.3)
+    socket = connect
+    socket.write(get)
+    status, _headers, body = read_response(socket)
+    assert_equal 504, status
+    assert_equal "gave up: request_timeout of 0.3 s expired\n", body
     assert_equal 0, @server.stats[:requests_timed_out], "the app answered: not counted as a timeout"
-    refute_match(/timed out/, log)
+    refute_match(/timed out/, @log.string)
   end
 
   # Rails' ShowExceptions renders a 500 page for any exception and says
@@ -116,7 +128,7 @@ class ServerRequestTimeoutTest < PlainTest
     socket = connect
     socket.write(get)
     assert_equal 503, read_response(socket).first
-    assert_equal NeverBlock::Server::RequestTimeout, seen.pop(timeout: 5)
+    assert_equal NeverBlock::Server::RequestTimeout, pop(seen)
   end
 
   def test_a_body_that_waits_past_the_deadline_before_its_first_chunk_gets_503
@@ -147,6 +159,58 @@ class ServerRequestTimeoutTest < PlainTest
     refute_includes response, "never"
     refute_includes response, "0\r\n\r\n", "no last chunk: the client sees the response is incomplete"
     assert_equal 1, @server.stats[:requests_timed_out]
+  end
+
+  # The response before it on the connection does not count as this one's start.
+  def test_a_request_after_another_on_a_keep_alive_connection_still_gets_its_503
+    start_server(@app, request_timeout: 0.3)
+    socket = connect
+    socket.write(get("/fast"))
+    assert_equal 200, read_response(socket).first
+    socket.write(get("/slow"))
+    assert_equal 503, read_response(socket).first
+  end
+
+  # Early hints are not the response: a timeout after them still gets a 503.
+  def test_a_request_that_sent_early_hints_still_gets_its_503
+    app = lambda do |env|
+      env["rack.early_hints"].call({ "link" => "</a.css>; rel=preload; as=style" })
+      sleep 10
+      [200, {}, []]
+    end
+    start_server(app, request_timeout: 0.3, early_hints: true)
+    socket = connect
+    socket.write(get)
+    assert_equal 103, read_response(socket).first
+    assert_equal 503, read_response(socket).first
+  end
+
+  # The clock starts at the end of the head: a request that waited its
+  # whole time for a request slot is answered 503 without the app. (The
+  # one that held the slot waited, then computed past its deadline without
+  # waiting: it cannot be interrupted, and its answer is sent.)
+  def test_a_request_whose_deadline_passed_while_it_waited_for_a_slot_gets_503_without_the_app
+    calls = Queue.new
+    app = lambda do |env|
+      calls << env["PATH_INFO"]
+      if env["PATH_INFO"] == "/busy"
+        sleep 0.3
+        computed_until = NeverBlock::Clock.now + 0.4
+        nil while NeverBlock::Clock.now < computed_until
+      end
+      [200, { "content-type" => "text/plain" }, ["done\n"]]
+    end
+    start_server(app, request_timeout: 0.5, fiber_pool: 1, adaptive_limit: false)
+    waiting = connect # accepted now: with the one slot taken, the server accepts no more
+    eventually { @server.stats[:connections] == 1 }
+    busy = connect
+    busy.write(get("/busy"))
+    assert_equal "/busy", pop(calls)
+    waiting.write(get("/waiting"))
+    assert_equal 503, read_response(waiting).first
+    assert_equal 200, read_response(busy).first
+    assert_equal 0, calls.size, "the app was called for the request that waited"
+    assert_match(%r{GET /waiting timed out after 0\.\d+ s .* before the app was called}, @log.string)
   end
 
   def test_a_head_request_gets_503_without_a_body
