@@ -332,12 +332,9 @@ module NeverBlock
         keep_alive = request.keep_alive && !@context.stopping? # a stop during the app closes after it
         # An app that answered past its deadline (it rescued the expiry, or
         # computed past it without waiting) has its answer written, bounded
-        # by write_timeout only; a partial hijack's socket is the app's.
-        if deadline && deadline > Clock.now && !headers["rack.hijack"]
-          before(deadline) { write_response(request, env, status, headers, body, keep_alive) }
-        else
-          write_response(request, env, status, headers, body, keep_alive)
-        end
+        # by write_timeout only.
+        deadline = nil if deadline && deadline <= Clock.now
+        write_response(request, env, status, headers, body, keep_alive, deadline)
       end
 
       # Runs the block until `deadline`: past it, its next wait raises @expiry.
@@ -389,13 +386,20 @@ module NeverBlock
         false
       end
 
-      def write_response(request, env, status, headers, body, keep_alive)
+      # Writes the app's response; with a `deadline`, the writing (the
+      # body's each or call(stream)) is unwound at its first wait past it.
+      # Closing the body and the rack.response_finished callbacks run
+      # without it (Rails releases its database connections there), and so
+      # does a partial hijack (the socket is the app's).
+      def write_response(request, env, status, headers, body, keep_alive, deadline)
         error = nil
         expired = false
         begin
           if (hijack = headers["rack.hijack"])
             partial_hijack(hijack, status, headers)
             keep_alive = false
+          elsif deadline
+            keep_alive = before(deadline) { @response.write(request, status, headers, body, keep_alive) }
           else
             keep_alive = @response.write(request, status, headers, body, keep_alive)
           end

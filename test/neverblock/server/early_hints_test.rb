@@ -142,3 +142,38 @@ class ServerEarlyHintsTest < PlainTest
     assert_match(/early_hints must be true or false/, error.message)
   end
 end
+
+# `neverblock serve --early-hints` and `--no-early-hints`, as real processes.
+class ServerEarlyHintsCommandTest < PlainTest
+  include ServerProcess
+
+  EXE = File.expand_path("../../../exe/neverblock", __dir__)
+  APP = File.expand_path("../../fixtures/server/early_hints.ru", __dir__)
+
+  # What a raw HTTP/1.1 client reads for GET / on `port`, up to the final body.
+  def raw_exchange(port)
+    wait_for_answer(port)
+    socket = TCPSocket.new("127.0.0.1", port)
+    socket.write("GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+    socket.read
+  ensure
+    socket&.close
+  end
+
+  def test_early_hints_switch_on
+    port = free_port
+    start(RbConfig.ruby, EXE, "serve", APP, "-b", "tcp://127.0.0.1:#{port}", "-w", "0", "--early-hints")
+    response = raw_exchange(port)
+    assert response.start_with?("HTTP/1.1 103 Early Hints\r\nlink: </style.css>; rel=preload; as=style\r\n\r\n" \
+                                "HTTP/1.1 200 OK\r\n"), response
+    assert response.end_with?("hinted\n"), response
+  end
+
+  def test_no_early_hints_wins_when_given_last
+    port = free_port
+    start(RbConfig.ruby, EXE, "serve", APP, "-b", "tcp://127.0.0.1:#{port}", "-w", "0", "--early-hints", "--no-early-hints")
+    response = raw_exchange(port)
+    assert response.start_with?("HTTP/1.1 200 OK\r\n"), response
+    assert response.end_with?("no hints\n"), response
+  end
+end
