@@ -23,6 +23,12 @@ module NeverBlock
     # waits (a debouncer follower, a long poll, a stream), which costs the
     # loop nothing, so it must not hold back new arrivals. A pipelined request
     # after it acquires a slot again.
+    #
+    # Under `request_timeout` ({Limits}) a request is served against a
+    # deadline counted from the end of its head: the app's call and the
+    # writing of its response run under the scheduler's `timeout_after`,
+    # which raises a {RequestTimeout} at their first wait past it, and the
+    # request is answered 503 (see #respond and #timed_out).
     class Connection
       # Bytes read from the socket at a time.
       READ_SIZE = 16 * 1024
