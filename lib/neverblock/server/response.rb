@@ -96,8 +96,9 @@ module NeverBlock
       # Sends `103 Early Hints` with `headers` (Rack 3's `rack.early_hints`).
       # Nothing is written unless every name is an HTTP token and every value
       # (a String, or an Array of them: one line each) is free of CR, LF and
-      # NUL: a hint cannot split the response. Does not count as the start of
-      # the response ({#started}): the final response may still be an error.
+      # NUL: a hint cannot split the response. Once written whole, it does
+      # not count as the start of the response ({#started}): the final
+      # response may still be an error.
       # @param headers [Hash{String => String, Array<String>}]
       # @return [void]
       # @raise [ArgumentError] for an invalid name or value, before writing.
@@ -120,11 +121,8 @@ module NeverBlock
           end
         end
         started = @started
-        begin
-          write_all(hints << "\r\n")
-        ensure
-          @started = started
-        end
+        write_all(hints << "\r\n")
+        @started = started # a whole 103 is not the response's start (one cut short by an error is)
       end
 
       # Sends one of the server's own responses (an error) and asks for the
