@@ -78,7 +78,6 @@ module NeverBlock
         limits = @context.limits
         @limits = limits
         @request_timeout = limits.request_timeout
-        @expiry = nil # the RequestTimeout of the request being served, under request_timeout
         if @listener.tls # the handshake, like a request head, holds no request slot
           @socket = @listener.secure(@socket, Clock.now + limits.header_timeout)
           return unless @socket
@@ -288,7 +287,6 @@ module NeverBlock
         @status = nil # what the access log shows: set once the response is known
         respond(request, env, (request.head_at + @request_timeout if @request_timeout))
       ensure
-        @expiry = nil
         @context.request_finished
         if line && (status = @status)
           bytes = @hijacked ? "-" : @response.body_bytes
@@ -305,7 +303,6 @@ module NeverBlock
       def respond(request, env, deadline)
         if deadline
           @response.started = false # not the last request's response: nothing of this one's is sent yet
-          @expiry = RequestTimeout.new(@request_timeout)
           return timed_out(request, env, nil) if deadline <= Clock.now
         end
         begin
@@ -343,9 +340,10 @@ module NeverBlock
         write_response(request, env, status, headers, body, keep_alive, deadline)
       end
 
-      # Runs the block until `deadline`: past it, its next wait raises @expiry.
+      # Runs the block until `deadline`: past it, its next wait raises a
+      # {RequestTimeout} (made only then: a request in time allocates none).
       def before(deadline, &block)
-        Fiber.scheduler.timeout_after(deadline - Clock.now, @expiry, &block)
+        Fiber.scheduler.timeout_after(deadline - Clock.now, RequestTimeout, @request_timeout, &block)
       end
 
       # @return [Exception, nil] the exception a framework rendered its own
@@ -357,14 +355,15 @@ module NeverBlock
         env["action_dispatch.exception"] || env["sinatra.error"]
       end
 
-      # Whether `error` is this request's {RequestTimeout}, or wraps it (a
-      # library that rescued it and raised its own error, with it as the cause).
+      # Whether `error` is a {RequestTimeout}, or wraps one (a library that
+      # rescued it and raised its own error, with it as the cause). Only
+      # this request's deadline raises one in its fiber (an app's own
+      # NeverBlock.timeout raises another class).
       def expiry?(error)
-        expiry = @expiry or return false
         return false unless error
 
         4.times do
-          return true if error.equal?(expiry)
+          return true if error.is_a?(RequestTimeout)
 
           error = error.cause or return false
         end
@@ -418,7 +417,7 @@ module NeverBlock
           error = e
           keep_alive = false
           # Under request_timeout, the body's each or call(stream) waited past the deadline.
-          expired = expiry?(e)
+          expired = deadline && expiry?(e)
           unless expired
             app_failed(e, env)
             # Before the first byte a clean 500 is still possible; after it, only
