@@ -169,6 +169,13 @@ class ServerEarlyHintsCommandTest < PlainTest
     assert response.end_with?("hinted\n"), response
   end
 
+  def test_rackup_o_early_hints
+    port = free_port
+    start(RbConfig.ruby, Gem.bin_path("rackup", "rackup"), "-s", "neverblock", "-o", "127.0.0.1", "-p", port.to_s,
+          "-E", "none", "-O", "EarlyHints=true", APP)
+    assert_match(/\AHTTP\/1\.1 103 Early Hints\r\n.*HTTP\/1\.1 200 OK\r\n.*hinted\n\z/m, raw_exchange(port))
+  end
+
   def test_no_early_hints_wins_when_given_last
     port = free_port
     start(RbConfig.ruby, EXE, "serve", APP, "-b", "tcp://127.0.0.1:#{port}", "-w", "0", "--early-hints", "--no-early-hints")

@@ -213,6 +213,27 @@ class ServerRequestTimeoutTest < PlainTest
     assert_match(%r{GET /waiting timed out after 0\.\d+ s .* before the app was called}, @log.string)
   end
 
+  # The body's close (where Rails releases its connections) and the
+  # response_finished callbacks run, after the deadline, to their end.
+  def test_the_body_is_closed_and_response_finished_callbacks_run_with_the_expiry
+    finished = Queue.new
+    body = Object.new
+    body.define_singleton_method(:each) { |&_| sleep 10 }
+    body.define_singleton_method(:close) do
+      sleep 0.05 # a wait past the deadline: not interrupted
+      finished << :closed
+    end
+    app = lambda do |env|
+      env["rack.response_finished"] << ->(_env, status, _headers, error) { finished << [status, error.class] }
+      [200, { "content-type" => "text/plain" }, body]
+    end
+    start_server(app, request_timeout: 0.3, lint: false)
+    socket = connect
+    socket.write(get)
+    assert_equal 503, read_response(socket).first
+    assert_equal [:closed, [503, NeverBlock::Server::RequestTimeout]], [pop(finished), pop(finished)]
+  end
+
   def test_a_head_request_gets_503_without_a_body
     start_server(@app, request_timeout: 0.3)
     socket = connect
