@@ -175,17 +175,27 @@ module NeverBlock
     #   returns the line (see {AccessLog}).
     # @param access_log [nil, false, true, IO, Logger] one line per request
     #   (see {AccessLog}); true logs to `$stdout`; nil or false (the default): none.
+    # @param early_hints [Boolean] give HTTP/1.1 requests `env["rack.early_hints"]`
+    #   (Rack 3; Rails' `request.send_early_hints` and its preload links call
+    #   it), which sends `103 Early Hints` ahead of the response. Off by
+    #   default, as in Puma: once the key is there Rails sends a 103 for
+    #   every page with preload links, and a proxy or client written before
+    #   1xx hints (RFC 8297) may take it for the final response.
     # @param limits [Hash] see {Limits}: `max_request_target:`, `max_header_bytes:`,
     #   `max_headers:`, `max_body:`, `max_body_in_memory:`, `max_connections:`,
     #   `header_timeout:`, `body_timeout:`, `idle_timeout:`, `write_timeout:`,
-    #   `shutdown_timeout:`.
+    #   `shutdown_timeout:`, `request_timeout:` (seconds from the end of a
+    #   request's head to the end of its response; past it the request is
+    #   unwound at its next wait and answered 503; nil, the default: none).
     # @raise [ArgumentError] for an invalid bind spec or option.
     def initialize(app, bind: ["tcp://0.0.0.0:9292"], workers: Etc.nprocessors, fiber_pool: 1000,
                    adaptive_limit: true, before_fork: nil, on_worker_boot: nil, before_worker_shutdown: nil,
                    after_worker_exit: nil, on_booted: nil, on_restart: nil, status_path: nil, access_log: nil, access_log_format: :common,
                    worker_timeout: 60, worker_boot_timeout: nil, max_requests: nil, max_requests_jitter: nil,
-                   max_memory: nil, memory_metric: :rss, supervise: [], control: nil, control_token: nil, **limits)
+                   max_memory: nil, memory_metric: :rss, supervise: [], control: nil, control_token: nil, early_hints: false,
+                   **limits)
       raise ArgumentError, "app must respond to call" unless app.respond_to?(:call)
+      raise ArgumentError, "early_hints must be true or false, got #{early_hints.inspect}" unless [true, false].include?(early_hints)
 
       @app = app
       @workers = NeverBlock.validate_size!(workers, :workers, minimum: 0)
@@ -227,7 +237,7 @@ module NeverBlock
       # What every connection gets (see Context).
       @context = Context.new(app: @app, limits: @limits, admission: @admission, access_log: @access_log,
                              idle_sweeper: IdleSweeper.new(@connections, @limits.idle_timeout),
-                             on_hijack: method(:connection_hijacked))
+                             on_hijack: method(:connection_hijacked), early_hints: early_hints)
       @pool = nil
       @scheduler = nil
       @waiters = [] # acceptors waiting for room
@@ -343,15 +353,15 @@ module NeverBlock
     # `connections` are open ones (at most `max_connections`), of which
     # `idle_connections` wait for their next request's first bytes;
     # `requests_in_flight` are in the app or having their response
-    # written; `fiber_pool` is `{size:, limit:, busy:, queued:}`: the
-    # `fiber_pool` request slots, how many of them may be taken now (the
+    # written; `requests_timed_out` outlived `request_timeout`;
+    # `fiber_pool` is `{size:, limit:, busy:, queued:}`: the `fiber_pool` request slots, how many of them may be taken now (the
     # adaptive limit, else `size`), those taken (from the end of a
     # request's head to its response's end) and the complete heads waiting
     # for one; `adaptive_limit` is {ConcurrencyLimit#stats} (nil when
     # disabled); and `connection_fibers` is {FiberPool#stats} of the
     # connections' fibers. The last keys are {RailsIntegration.server_stats}.
     # @return [Hash] `{pid:, worker:, connections:, idle_connections:,
-    #   requests_in_flight:, requests_total:, fiber_pool:, adaptive_limit:, connection_fibers:,
+    #   requests_in_flight:, requests_total:, requests_timed_out:, fiber_pool:, adaptive_limit:, connection_fibers:,
     #   database_pools:, active_record_pools:}` (connection_fibers nil when
     #   not running); or {Cluster#stats} in the master.
     def stats
@@ -360,6 +370,7 @@ module NeverBlock
       { pid: Process.pid, worker: @worker_index, connections: @connections.size,
         idle_connections: @connections.each_key.count(&:idle?),
         requests_in_flight: @context.requests_in_flight, requests_total: @context.requests_total,
+        requests_timed_out: @context.requests_timed_out,
         **@admission.stats,
         connection_fibers: @pool&.stats,
         database_pools: ConnectionPool.active.map { |pool| { name: pool.name, **pool.stats } },

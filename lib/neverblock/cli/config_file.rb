@@ -16,6 +16,8 @@ module NeverBlock
     #   adaptive_limit target_lag: 0.01    # or: adaptive_limit false (see NeverBlock::Server::ConcurrencyLimit)
     #   limits header_timeout: 5, idle_timeout: 10, max_body: 50 * 1024**2
     #   shutdown_timeout 20
+    #   request_timeout 15                 # seconds; 503 past it (see NeverBlock::Server::Limits)
+    #   early_hints true                   # env["rack.early_hints"]: 103 Early Hints (default false)
     #   status "/_neverblock/status"
     #   access_log true
     #   access_log_format :json            # or a block given each entry's Hash, returning the line
@@ -37,7 +39,7 @@ module NeverBlock
     #   supervise "bin/sidekiq -C config/sidekiq.yml"   # any command kept running; repeatable
     class ConfigFile
       # Settings the file may make => the option they set.
-      SETTINGS = %i[workers preload fiber_pool max_connections max_body shutdown_timeout access_log
+      SETTINGS = %i[workers preload fiber_pool max_connections max_body shutdown_timeout request_timeout early_hints access_log
                     environment pidfile log fiber_stack_size worker_timeout worker_boot_timeout max_requests
                     max_requests_jitter max_memory memory_metric control control_token].freeze
 

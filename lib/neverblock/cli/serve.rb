@@ -26,7 +26,8 @@ module NeverBlock
         @out = out
         @err = err
         @options = { bind: [], supervise: [], workers: Etc.nprocessors, preload: false, access_log: false,
-                     shutdown_timeout: nil, fiber_pool: 1000, adaptive_limit: true, status_path: nil, environment: nil, limits: {} }
+                     shutdown_timeout: nil, fiber_pool: 1000, adaptive_limit: true, status_path: nil, environment: nil,
+                     early_hints: false, limits: {} }
         @given = [] # options set on the command line, which win over a config file
       end
 
@@ -92,6 +93,10 @@ module NeverBlock
           o.on("--shutdown-timeout S", Float, "seconds in-flight requests get on TERM/INT (default 30)") do |seconds|
             set(:shutdown_timeout, seconds)
           end
+          o.on("--request-timeout SECONDS", Float, "answer 503 to a request still waiting this long after its " \
+                                                   "head, unwinding it at that wait (default: none)") do |seconds|
+            set(:request_timeout, seconds)
+          end
           o.on("--fiber-pool N", Integer, "requests served at once per worker (default 1000)") { |n| set(:fiber_pool, n) }
           # Two switches, not --[no-]: require_exact refuses the --no- form on Ruby 3.1.
           o.on("--adaptive-limit", "admit fewer than --fiber-pool requests at once while the event loop is " \
@@ -99,6 +104,9 @@ module NeverBlock
           o.on("--no-adaptive-limit", "admit up to --fiber-pool requests at once whatever the load") do
             set(:adaptive_limit, false)
           end
+          o.on("--early-hints", "give HTTP/1.1 requests env[\"rack.early_hints\"]: 103 Early Hints for " \
+                                "Rails' preload links (default: off)") { set(:early_hints, true) }
+          o.on("--no-early-hints", "no rack.early_hints (the default)") { set(:early_hints, false) }
           o.on("--target-lag SECONDS", Float, "event-loop lag above which the adaptive limit falls " \
                                               "(default #{NeverBlock::Server::ConcurrencyLimit::DEFAULT_TARGET_LAG})") do |seconds|
             set(:adaptive_limit, { target_lag: seconds })
@@ -286,10 +294,11 @@ module NeverBlock
         opts = @options
         options = { bind: opts[:bind].empty? ? ["tcp://0.0.0.0:9292"] : opts[:bind], workers: opts[:workers],
                     fiber_pool: opts[:fiber_pool], adaptive_limit: opts[:adaptive_limit], status_path: opts[:status_path],
+                    early_hints: opts[:early_hints],
                     **opts[:limits] }
         options[:access_log] = $stdout if opts[:access_log]
         options[:access_log_format] = opts[:access_log_format] if opts[:access_log_format]
-        %i[shutdown_timeout max_connections max_body max_requests max_requests_jitter max_memory memory_metric
+        %i[shutdown_timeout request_timeout max_connections max_body max_requests max_requests_jitter max_memory memory_metric
            worker_boot_timeout before_fork before_worker_shutdown after_worker_exit on_booted on_restart control
            control_token].each do |key|
           options[key] = opts[key] if opts[key]

@@ -528,8 +528,9 @@ module NeverBlock
       end
 
       # One graceful replacement at a time, none during a rolling restart
-      # (which replaces every worker anyway): start the successor, and stop
-      # the old worker once the successor accepts.
+      # (which replaces every worker anyway): start the successor (once the
+      # worker replaced before has exited), and stop the old worker once the
+      # successor accepts.
       def continue_retiring
         return unless @restart_queue.empty?
 
@@ -537,6 +538,10 @@ module NeverBlock
         old = @retiring.first or return
         successor = @workers.each_value.find { |worker| worker.successor_of == old.pid }
         if successor.nil?
+          # Not while the last one replaced is still on its way out: never more
+          # than one process beyond the workers (memory is often why).
+          return if @workers.each_value.any?(&:stopping)
+
           spawn_worker(old.index, successor_of: old.pid) if Clock.now >= @next_boot_at
         elsif successor.ready
           @restarts[old.retiring] += 1

@@ -23,6 +23,12 @@ module NeverBlock
     # waits (a debouncer follower, a long poll, a stream), which costs the
     # loop nothing, so it must not hold back new arrivals. A pipelined request
     # after it acquires a slot again.
+    #
+    # Under `request_timeout` ({Limits}) a request is served against a
+    # deadline counted from the end of its head: the app's call and the
+    # writing of its response run under the scheduler's `timeout_after`,
+    # which raises a {RequestTimeout} at their first wait past it, and the
+    # request is answered 503 (see #respond and #timed_out).
     class Connection
       # Bytes read from the socket at a time.
       READ_SIZE = 16 * 1024
@@ -35,6 +41,15 @@ module NeverBlock
 
       GONE = Response::GONE
       private_constant :GONE
+
+      # The Rack env key of the early-hints callable.
+      EARLY_HINTS = "rack.early_hints"
+
+      # Seconds a client is told to wait (Retry-After) before it retries a
+      # request answered 503 for outliving `request_timeout`: the server is
+      # not down, that request was slow, and one second spreads the retries
+      # of a burst without making a user wait long.
+      RETRY_AFTER = 1
 
       # @return [Task, nil] the task serving it (set by the server once its
       #   spawn returns, which is at the connection's first wait).
@@ -68,6 +83,7 @@ module NeverBlock
         @socket.setsockopt(Socket::IPPROTO_TCP, Socket::TCP_NODELAY, 1) unless @listener.unix?
         limits = @context.limits
         @limits = limits
+        @request_timeout = limits.request_timeout
         if @listener.tls # the handshake, like a request head, holds no request slot
           @socket = @listener.secure(@socket, Clock.now + limits.header_timeout)
           return unless @socket
@@ -257,6 +273,20 @@ module NeverBlock
         true
       end
 
+      # The `rack.early_hints` callable (Rack 3; Rails' `request.send_early_hints`):
+      # sends `103 Early Hints` with `headers` at once, ahead of the final
+      # response. Only while the app's call runs (after it, the response is
+      # being written) and the socket is still the server's; HTTP/1.0
+      # requests do not have the key ({Parser}).
+      # @param headers [Hash{String => String, Array<String>}]
+      # @return [nil]
+      # @raise [ArgumentError] for a header name that is not an HTTP token or
+      #   a value with CR, LF or NUL (nothing is written).
+      def early_hints(headers)
+        @response.write_early_hints(headers) if @app_env && !@hijacked
+        nil
+      end
+
       # Calls the app for one request and writes its response.
       # @return [Boolean] whether the connection stays open.
       def serve(request)
@@ -266,45 +296,129 @@ module NeverBlock
         metrics = @context.metrics
         started = Clock.now if access_log || metrics
         line = access_log.start(env) if access_log
-        begin
-          @app_env = env
-          status, headers, body = @context.app.call(env)
-        rescue StandardError => e
-          raise if e.is_a?(Cancelled)
-
-          app_failed(e, env)
-          return finished(env, nil, nil, e) && false if @hijacked # the socket is the app's, even now
-
-          status = 500
-          keep_alive = request.keep_alive && !@context.stopping?
-          @response.write_error(500, keep_alive: keep_alive, head: request.head)
-          return finished(env, 500, {}, e) && keep_alive
-        ensure
-          @app_env = nil
-        end
-        if @hijacked
-          close_body(body, env)
-          return finished(env, status, headers, nil) && false
-        end
-
-        keep_alive = request.keep_alive && !@context.stopping? # a stop during the app closes after it
-        write_response(request, env, status, headers, body, keep_alive)
+        @status = nil # what the access log shows: set once the response is known
+        respond(request, env, (request.head_at + @request_timeout if @request_timeout))
       ensure
         @context.request_finished
-        metrics.request(env["REQUEST_METHOD"], status, Clock.now - started) if metrics && started
-        if line && status
+        metrics.request(env["REQUEST_METHOD"], @status, Clock.now - started) if metrics && started
+        if line && (status = @status)
           bytes = @hijacked ? "-" : @response.body_bytes
           access_log.write(env["REMOTE_ADDR"], line, status, bytes, Clock.now - started, @waited)
         end
         @waited = 0.0
       end
 
-      def write_response(request, env, status, headers, body, keep_alive)
+      # The app's call, then its response. With a `deadline` (monotonic
+      # seconds, from `request_timeout`) each runs under it: the app's call
+      # and the writing of its body are unwound at their first wait past it
+      # ({RequestTimeout}), and the request is answered 503 (see {#timed_out}).
+      # A request whose deadline passed before the app was called (it waited
+      # that long for a slot, or for its body) is answered 503 without it.
+      def respond(request, env, deadline)
+        if deadline
+          @response.started = false # not the last request's response: nothing of this one's is sent yet
+          return timed_out(request, env, nil) if deadline <= Clock.now
+        end
+        begin
+          @app_env = env
+          status, headers, body = deadline ? before(deadline) { @context.app.call(env) } : @context.app.call(env)
+        rescue StandardError => e
+          raise if e.is_a?(Cancelled)
+          return timed_out(request, env, e) if deadline && expiry?(e)
+
+          app_failed(e, env)
+          return finished(env, nil, nil, e) && false if @hijacked # the socket is the app's, even now
+
+          @status = 500
+          keep_alive = request.keep_alive && !@context.stopping?
+          @response.write_error(500, keep_alive: keep_alive, head: request.head)
+          return finished(env, 500, {}, e) && keep_alive
+        ensure
+          @app_env = nil
+        end
+        if deadline && expiry?(framework_error(env))
+          close_body(body, env) # an error page for the expiry, not an answer of the app's
+          return timed_out(request, env, framework_error(env))
+        end
+        @status = status
+        if @hijacked
+          close_body(body, env)
+          return finished(env, status, headers, nil) && false
+        end
+
+        keep_alive = request.keep_alive && !@context.stopping? # a stop during the app closes after it
+        # An app that answered past its deadline (it rescued the expiry, or
+        # computed past it without waiting) has its answer written, bounded
+        # by write_timeout only.
+        deadline = nil if deadline && deadline <= Clock.now
+        write_response(request, env, status, headers, body, keep_alive, deadline)
+      end
+
+      # Runs the block until `deadline`: past it, its next wait raises a
+      # {RequestTimeout} (made only then: a request in time allocates none).
+      def before(deadline, &block)
+        Fiber.scheduler.timeout_after(deadline - Clock.now, RequestTimeout, @request_timeout, &block)
+      end
+
+      # @return [Exception, nil] the exception a framework rendered its own
+      #   error page for (Rails' ShowExceptions, Sinatra), when it says so in
+      #   the env. Rails renders a 500 page for any exception, the expiry
+      #   included: that is no answer of the app's to its timeout, so the
+      #   server answers 503 instead.
+      def framework_error(env)
+        env["action_dispatch.exception"] || env["sinatra.error"]
+      end
+
+      # Whether `error` is a {RequestTimeout}, or wraps one (a library that
+      # rescued it and raised its own error, with it as the cause). Only
+      # this request's deadline raises one in its fiber (an app's own
+      # NeverBlock.timeout raises another class).
+      def expiry?(error)
+        return false unless error
+
+        4.times do
+          return true if error.is_a?(RequestTimeout)
+
+          error = error.cause or return false
+        end
+        false
+      end
+
+      # The request outlived `request_timeout` (`error` is the expiry; nil
+      # when the app was not called): one warning, a count in the stats,
+      # and a 503 with Retry-After and `connection: close` if no byte of the
+      # response was sent; otherwise the connection just closes (the client
+      # sees a cut response, not a complete wrong one).
+      # @return [false] the connection closes.
+      def timed_out(request, env, error)
+        @context.request_timed_out
+        NeverBlock.logger.warn("NeverBlock::Server: #{env['REQUEST_METHOD']} #{env['PATH_INFO']} timed out after " \
+                               "#{(Clock.now - request.head_at).round(3)} s (request_timeout #{@request_timeout} s, " \
+                               "pid #{Process.pid})#{' before the app was called' unless error}")
+        return finished(env, nil, nil, error) && false if @hijacked
+
+        unless @response.started
+          @status = 503
+          @response.write_error(503, head: request.head, retry_after: RETRY_AFTER)
+        end
+        finished(env, @status, {}, error)
+        false
+      end
+
+      # Writes the app's response; with a `deadline`, the writing (the
+      # body's each or call(stream)) is unwound at its first wait past it.
+      # Closing the body and the rack.response_finished callbacks run
+      # without it (Rails releases its database connections there), and so
+      # does a partial hijack (the socket is the app's).
+      def write_response(request, env, status, headers, body, keep_alive, deadline)
         error = nil
+        expired = false
         begin
           if (hijack = headers["rack.hijack"])
             partial_hijack(hijack, status, headers)
             keep_alive = false
+          elsif deadline
+            keep_alive = before(deadline) { @response.write(request, status, headers, body, keep_alive) }
           else
             keep_alive = @response.write(request, status, headers, body, keep_alive)
           end
@@ -316,15 +430,19 @@ module NeverBlock
 
           error = e
           keep_alive = false
-          app_failed(e, env)
-          # Before the first byte a clean 500 is still possible; after it, only
-          # closing the connection tells the client the response is incomplete.
-          @response.write_error(500, head: request.head) unless @response.started
+          # Under request_timeout, the body's each or call(stream) waited past the deadline.
+          expired = deadline && expiry?(e)
+          unless expired
+            app_failed(e, env)
+            # Before the first byte a clean 500 is still possible; after it, only
+            # closing the connection tells the client the response is incomplete.
+            @response.write_error(500, head: request.head) unless @response.started
+          end
         ensure
           close_body(body, env)
-          finished(env, status, headers, error)
+          finished(env, status, headers, error) unless expired
         end
-        keep_alive
+        expired ? timed_out(request, env, error) : keep_alive
       end
 
       # The Rack partial hijack (a `rack.hijack` response header): the status
@@ -413,7 +531,7 @@ module NeverBlock
           "rack.multiprocess" => false,
           "rack.run_once" => false,
           "SERVER_SOFTWARE" => SOFTWARE
-        }
+        }.tap { |env| env[EARLY_HINTS] = method(:early_hints) if @context.early_hints }
       end
 
       def remote_addr

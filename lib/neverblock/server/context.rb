@@ -30,6 +30,9 @@ module NeverBlock
       # @return [AccessLog, nil]
       attr_reader :access_log
 
+      # @return [Boolean] whether requests get `rack.early_hints`.
+      attr_reader :early_hints
+
       # @return [IdleSweeper] ends idle keep-alive waits (while serving).
       attr_reader :idle_sweeper
 
@@ -50,6 +53,10 @@ module NeverBlock
       # @return [Integer] requests started since the server started.
       attr_reader :requests_total
 
+      # @return [Integer] requests that outlived `request_timeout` (answered
+      #   503, or cut off if their response had begun).
+      attr_reader :requests_timed_out
+
       # @param app [#call]
       # @param limits [Limits]
       # @param admission [Admission]
@@ -57,7 +64,8 @@ module NeverBlock
       # @param idle_sweeper [IdleSweeper]
       # @param on_hijack [#call] called with a {Connection} whose socket the
       #   app took.
-      def initialize(app:, limits:, admission:, access_log:, idle_sweeper:, on_hijack:)
+      # @param early_hints [Boolean] see {Server#initialize}.
+      def initialize(app:, limits:, admission:, access_log:, idle_sweeper:, on_hijack:, early_hints: false)
         @app = app
         @limits = limits
         @admission = admission
@@ -65,9 +73,11 @@ module NeverBlock
         @idle_sweeper = idle_sweeper
         @on_hijack = on_hijack
         @refusal_log = RefusalLog.new
+        @early_hints = early_hints
         @read_buffer = String.new(capacity: Connection::READ_SIZE, encoding: Encoding::BINARY)
         @requests_in_flight = 0
         @requests_total = 0
+        @requests_timed_out = 0
         @stopping = false
       end
 
@@ -91,6 +101,12 @@ module NeverBlock
       # @return [void]
       def request_finished
         @requests_in_flight -= 1
+      end
+
+      # A request outlived `request_timeout`.
+      # @return [void]
+      def request_timed_out
+        @requests_timed_out += 1
       end
 
       # The app took the connection's socket (rack.hijack): it is no longer

@@ -26,16 +26,20 @@ module NeverBlock
     #                           before the connection is dropped (default 30)
     # - `shutdown_timeout`   :: seconds {Server#stop} lets in-flight requests run
     #                           before they are cancelled (default 30)
+    # - `request_timeout`    :: seconds a request may take from the end of its head
+    #                           to the end of its response, else it is unwound at its
+    #                           next wait and answered 503 (nil, the default: no limit;
+    #                           see {Connection} and docs/server.md)
     Limits = Struct.new(:max_request_target, :max_header_bytes, :max_headers, :max_body,
                         :max_body_in_memory, :max_connections,
                         :header_timeout, :body_timeout, :idle_timeout, :write_timeout,
-                        :shutdown_timeout, keyword_init: true) do
+                        :shutdown_timeout, :request_timeout, keyword_init: true) do
       # @return [Hash{Symbol => Numeric}]
       def self.defaults
         { max_request_target: 8 * 1024, max_header_bytes: 64 * 1024, max_headers: 100,
           max_body: 10 * 1024 * 1024, max_body_in_memory: 64 * 1024, max_connections: default_max_connections,
           header_timeout: 10, body_timeout: 10, idle_timeout: 5,
-          write_timeout: 30, shutdown_timeout: 30 }
+          write_timeout: 30, shutdown_timeout: 30, request_timeout: nil }
       end
 
       # @return [Integer] the `max_connections` default: 16,384, or the soft
@@ -54,14 +58,30 @@ module NeverBlock
         raise ArgumentError, "unknown Server option(s): #{unknown.join(', ')} (known: #{members.join(', ')})" if unknown.any?
 
         values = defaults.merge(options)
+        values[:request_timeout] = validate_request_timeout(values[:request_timeout])
         values.each do |key, value|
-          if key.to_s.end_with?("timeout")
+          if key == :request_timeout
+            next
+          elsif key.to_s.end_with?("timeout")
             NeverBlock.validate_timeout!(value, key)
           else
             NeverBlock.validate_size!(value, key)
           end
         end
         new(**values).freeze
+      end
+
+      # @return [Numeric, nil] `request_timeout` in seconds, nil when off
+      #   (nil or false). Zero is refused: every request would fail.
+      # @raise [ArgumentError] for anything but nil, false or a finite
+      #   number of seconds > 0.
+      def self.validate_request_timeout(value)
+        return nil if value.nil? || value == false
+
+        NeverBlock.validate_timeout!(value, :request_timeout)
+        raise ArgumentError, "request_timeout must be > 0 seconds, or nil for none; got #{value.inspect}" if value.zero?
+
+        value
       end
     end
   end

@@ -63,6 +63,7 @@ module NeverBlock
         @host = nil # the last Host seen on this connection, already checked
         @server_name = nil
         @server_port = nil
+        @timed = !limits.request_timeout.nil? # requests need their head's time
         @llhttp = LLHttp::Parser.new(self, type: :request)
       end
 
@@ -159,6 +160,7 @@ module NeverBlock
       # status travels in @error (see {#fail_with}).
       def on_headers_complete
         @current = build_request
+        @current.head_at = Clock.now if @timed
         @headers = nil # trailers after a chunked body are counted, not kept
         @raw_body = 0
         @requests << @current
@@ -294,6 +296,7 @@ module NeverBlock
         env = @headers
         env["REQUEST_METHOD"] = method
         env["SERVER_PROTOCOL"] = http10 ? "HTTP/1.0" : "HTTP/1.1"
+        env.delete(Connection::EARLY_HINTS) if http10 # 1xx responses are HTTP/1.1's (RFC 9110 15.2)
         set_target(env, method, @url || "")
         set_host(env, http10)
         request = Request.new(env, method == "HEAD", http10, @limits.max_body_in_memory)

@@ -41,6 +41,10 @@ module NeverBlock
       # @return [Boolean] true for HTTP/1.0.
       attr_reader :http10
 
+      # @return [Float, nil] when its head was complete (monotonic seconds),
+      #   where `request_timeout` counts from; set only when that is on.
+      attr_accessor :head_at
+
       # Positional arguments: the parser makes one per request, and
       # keywords through Class#new would allocate a Hash each time.
       # @param env [Hash]
@@ -57,6 +61,7 @@ module NeverBlock
         @complete = false
         @keep_alive = false
         @expects_continue = false
+        @head_at = nil
       end
 
       # Appends (de-chunked) body bytes, moving the body to a Tempfile when

@@ -65,6 +65,11 @@ module NeverBlock
       #   (an error can then no longer become a clean 500).
       attr_reader :started
 
+      # @param value [Boolean] false at the start of a request whose app may
+      #   be interrupted (request_timeout), so that the last response's
+      #   bytes do not count as this one's.
+      attr_writer :started
+
       # @return [Integer] body bytes of the last response (without chunk
       #   framing), for the access log.
       attr_reader :body_bytes
@@ -84,15 +89,53 @@ module NeverBlock
         write_all("HTTP/1.1 100 Continue\r\n\r\n")
       end
 
+      # A header name: an HTTP token (RFC 9110).
+      TOKEN = /\A[!#$%&'*+\-.^_`|~0-9A-Za-z]+\z/
+      private_constant :TOKEN
+
+      # Sends `103 Early Hints` with `headers` (Rack 3's `rack.early_hints`).
+      # Nothing is written unless every name is an HTTP token and every value
+      # (a String, or an Array of them: one line each) is free of CR, LF and
+      # NUL: a hint cannot split the response. Once written whole, it does
+      # not count as the start of the response ({#started}): the final
+      # response may still be an error.
+      # @param headers [Hash{String => String, Array<String>}]
+      # @return [void]
+      # @raise [ArgumentError] for an invalid name or value, before writing.
+      # @raise [ClientGone]
+      def write_early_hints(headers)
+        raise ArgumentError, "rack.early_hints takes a Hash of headers, got #{headers.class}" unless headers.is_a?(Hash)
+
+        hints = +"HTTP/1.1 103 Early Hints\r\n"
+        headers.each do |name, values|
+          unless name.is_a?(String) && name.match?(TOKEN)
+            raise ArgumentError, "rack.early_hints: invalid header name #{name.inspect}"
+          end
+
+          Array(values).each do |value|
+            unless value.is_a?(String) && !value.match?(/[\r\n\0]/)
+              raise ArgumentError, "rack.early_hints: invalid value for #{name}: #{value.inspect} (a String without CR, LF or NUL)"
+            end
+
+            hints << name << ": " << value << "\r\n"
+          end
+        end
+        started = @started
+        write_all(hints << "\r\n")
+        @started = started # a whole 103 is not the response's start (one cut short by an error is)
+      end
+
       # Sends one of the server's own responses (an error) and asks for the
       # connection to be closed unless `keep_alive`.
       # @param head [Boolean] it answers a HEAD request: no body follows the
       #   headers (one would be read as the start of the next response).
+      # @param retry_after [Integer, nil] seconds, sent as Retry-After.
       # @return [void]
-      def write_error(status, keep_alive: false, head: false)
+      def write_error(status, keep_alive: false, head: false, retry_after: nil)
         text = "#{REASONS.fetch(status, 'Error')}\n"
         @body_bytes = head ? 0 : text.bytesize
         write_all("#{STATUS_LINES[status]}content-type: text/plain\r\ncontent-length: #{text.bytesize}\r\n" \
+                  "#{"retry-after: #{retry_after}\r\n" if retry_after}" \
                   "#{self.class.date_line}#{keep_alive ? '' : "connection: close\r\n"}\r\n#{head ? '' : text}")
       end
 

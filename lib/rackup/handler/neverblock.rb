@@ -12,7 +12,7 @@ module Rackup
     # N workers.
     #
     #   rackup -s neverblock -o 127.0.0.1 -p 9292 config.ru
-    #   rackup -s neverblock -O Workers=2 -O Status=/_status
+    #   rackup -s neverblock -O Workers=2 -O Status=/_status -O RequestTimeout=15
     #   bin/rails server -u neverblock
     module NeverBlock
       class << self
@@ -45,6 +45,8 @@ module Rackup
             "Workers=N" => "worker processes to fork (default: 0, serve in this process)",
             "FiberPool=N" => "requests served at once per process (default: 1000)",
             "Status=PATH" => "answer GET PATH with the server's stats as JSON",
+            "RequestTimeout=SECONDS" => "answer 503 to a request still waiting this long (default: none)",
+            "EarlyHints=BOOL" => "env[\"rack.early_hints\"]: 103 Early Hints (default: false; rails server --early-hints)",
             "AccessLog=BOOL" => "log one line per request to stdout (default: false)"
           }
         end
@@ -77,7 +79,10 @@ module Rackup
           result[:workers] = Integer(options[:Workers]) if options[:Workers]
           result[:fiber_pool] = Integer(options[:FiberPool]) if options[:FiberPool]
           result[:status_path] = options[:Status] if options[:Status]
+          result[:request_timeout] = Float(options[:RequestTimeout]) if options[:RequestTimeout]
           result[:access_log] = $stdout if %w[true yes 1].include?(options[:AccessLog].to_s)
+          # `rails server --early-hints` passes early_hints: true.
+          result[:early_hints] = true if options[:early_hints] || %w[true yes 1].include?(options[:EarlyHints].to_s)
           result
         end
       end

@@ -33,10 +33,10 @@ class ActiveRecordRailsAppTest < PlainTest
     super
   end
 
-  def start(env = {})
+  def start(env = {}, *options)
     @reader, writer = IO.pipe
     @pid = Process.spawn(@env.merge(env), RbConfig.ruby, EXE, "serve", APP, "-b", "tcp://127.0.0.1:0", "-w", "0",
-                         "-E", "production", out: writer, err: writer)
+                         "-E", "production", *options, out: writer, err: writer)
     writer.close
     @lines = []
     line = read_until(/serving .* on tcp:/)
@@ -107,5 +107,42 @@ class ActiveRecordRailsAppTest < PlainTest
     assert_operator fast.first, :<, 300, completed.join
     assert_operator fast.last, :<, 100, "the fast request was charged other requests' database time:\n#{completed.join}"
     times.each { |total, active_record| assert_operator active_record, :<=, total + 2, completed.join }
+  end
+
+  # --request-timeout 1 on an action that inserted a row in a transaction
+  # and then waits 10 s in pg_sleep: a 503 in about a second, the query
+  # cancelled on the server, the row rolled back, and the pool's one
+  # connection (RAILS_MAX_THREADS=1) answers the next request.
+  [%w[stock postgresql], %w[neverblock neverblock_postgresql]].each do |name, adapter|
+    define_method(:"test_request_timeout_cancels_the_query_and_rolls_back_on_the_#{name}_adapter") do
+      require "pg"
+      database = PG.connect(**pg_conninfo)
+      database.exec("SET client_min_messages TO warning") # no NOTICE for DROP TABLE IF EXISTS
+      database.exec("DROP TABLE IF EXISTS nb_rt_rows")
+      database.exec("CREATE TABLE nb_rt_rows (id serial PRIMARY KEY, note text)")
+      start({ "RAILS_MAX_THREADS" => "1", "NB_TEST_ADAPTER" => adapter }, "--request-timeout", "1")
+      response = nil
+      took = elapsed { response = get("/doomed") }
+      assert_equal "503", response.code, response.body
+      assert_equal "1", response["retry-after"]
+      assert_operator took, :<, 5, "the 503 took #{took.round(2)} s"
+      backend = Integer(read_until(/doomed on backend \d+/)[/backend (\d+)/, 1])
+      read_until(%r{GET /doomed timed out after 1\.\d+ s \(request_timeout 1\.0 s, pid #{@pid}\)})
+      deadline = now + 5
+      until (running = database.exec("SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%nb_rt_doomed%' " \
+                                      "AND state = 'active' AND pid <> pg_backend_pid()").getvalue(0, 0).to_i).zero?
+        break if now > deadline
+
+        sleep 0.02
+      end
+      assert_equal 0, running, "pg_sleep(10) still runs on the server"
+      assert_equal "0", database.exec("SELECT count(*) FROM nb_rt_rows").getvalue(0, 0), "the insert was not rolled back"
+      after = get("/pid")
+      assert_equal "200", after.code, after.body
+      assert_equal backend, Integer(after.body), "the pool's one connection should be the same, healthy"
+    ensure
+      database&.exec("DROP TABLE IF EXISTS nb_rt_rows")
+      database&.close
+    end
   end
 end
