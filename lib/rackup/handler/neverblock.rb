@@ -21,11 +21,15 @@ module Rackup
         #   handler's own (see {valid_options}) as Strings.
         # @yieldparam server [::NeverBlock::Server] before it runs.
         # @return [void] once the server has stopped (INT/TERM or {shutdown}).
+        # An address it cannot listen on ends the process with one line
+        # (exit 1), as `neverblock serve` does, not a backtrace.
         def run(app, **options)
           server = ::NeverBlock::Server.new(app, workers: 0, **config_file_options, **server_options(options))
           @server = server
           yield server if block_given?
           server.run(handle_signals: true)
+        rescue Errno::EADDRINUSE, Errno::EACCES, Errno::EADDRNOTAVAIL => e
+          abort("NeverBlock: #{e.message}")
         ensure
           @server = nil
         end

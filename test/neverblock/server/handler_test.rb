@@ -3,6 +3,7 @@
 require_relative "../../test_helper"
 require "tmpdir"
 require "fileutils"
+require "open3"
 
 # `rackup -s neverblock` and `bin/rails server -u neverblock`, as real
 # processes (lib/rackup/handler/neverblock.rb).
@@ -71,6 +72,20 @@ class ServerHandlerTest < PlainTest
     stop_and_wait
     assert_match(%r{NeverBlock: reading config/neverblock.rb; pidfile apply to `neverblock serve -C` only}, @output)
     assert_match(/refused a request from 127\.0\.0\.1 with 413: Content-Length 17 over 16; to raise the limit: --max-body/, @output)
+  end
+
+  def test_rails_server_u_neverblock_on_a_port_in_use_says_so_in_one_line
+    @dir = Dir.mktmpdir("nb-rails")
+    FileUtils.cp_r(File.join(FIXTURES, "rails_app", "."), @dir)
+    taken = TCPServer.new("127.0.0.1", 0)
+    port = taken.addr[1]
+    out, status = Open3.capture2e(RbConfig.ruby, "bin/rails", "server", "-u", "neverblock", "-b", "127.0.0.1", "-p", port.to_s,
+                                  "-P", File.join(@dir, "server.pid"), chdir: @dir)
+    assert_equal 1, status.exitstatus, out
+    assert_includes out, "NeverBlock: Address already in use - cannot listen on tcp://127.0.0.1:#{port}"
+    refute_match(/^\s+(from )?\S+\.rb:\d+:in /, out, "no backtrace")
+  ensure
+    taken&.close
   end
 
   def test_rails_server_u_neverblock_keeps_a_rails_max_threads_it_finds
