@@ -191,6 +191,8 @@ chroot_ruby_clean_stale_mounts() {
   _chroot_ruby_umount_all "$CR_ROOT"
 }
 
+CR_HOST_TOOLS=(/usr/bin/prometheus /usr/bin/promtool)
+
 _chroot_ruby_mount() {
   _chroot_ruby_umount_all "$CR_ROOT"         # anything inherited or stale: start clean
   mkdir -p "$CR_ROOT/src"
@@ -198,6 +200,14 @@ _chroot_ruby_mount() {
   mount -t proc proc "$CR_ROOT/proc"
   mount --bind /dev/pts "$CR_ROOT/dev/pts"
   mount -t tmpfs -o mode=1777,size=256m tmpfs "$CR_ROOT/dev/shm"
+  # Host tools the tests run, as they are on the host (Go binaries that need only libc):
+  # Debian 12's prometheus and promtool (test/neverblock/server/control_test.rb).
+  local tool
+  for tool in "${CR_HOST_TOOLS[@]}"; do
+    [[ -x "$tool" ]] || continue
+    touch "$CR_ROOT/usr/local/bin/${tool##*/}"
+    mount --bind "$tool" "$CR_ROOT/usr/local/bin/${tool##*/}"
+  done
 }
 
 # Mount, run CMD in the chroot, unmount (trap: also on error or signal). Runs in a subshell
