@@ -225,12 +225,25 @@ module NeverBlock
         require "rack/builder"
         loader = NeverBlock::Server::LazyApp.new { load_config(path) }
         loader.build if opts[:preload] || opts[:workers].zero?
-        server = NeverBlock::Server.new(loader, **server_options(loader))
-        addresses = server.bound_addresses
+        # "serving" once the app answers (every worker accepts: on_booted), not
+        # before a worker has loaded it, which may still fail.
+        banner = nil
+        options = server_options(loader)
+        user_hook = options[:on_booted]
+        options[:on_booted] = lambda do
+          @out.puts(banner)
+          @out.flush
+          user_hook&.call
+        end
+        server = NeverBlock::Server.new(loader, **options)
+        addresses = server.bound_addresses.join(", ")
         write_pidfile(opts[:pidfile]) if opts[:pidfile]
-        @out.puts("NeverBlock #{VERSION} serving #{path} on #{addresses.join(', ')} " \
-                  "(#{opts[:workers].zero? ? 'no workers' : NeverBlock::Server.workers_phrase(opts[:workers])}, pid #{Process.pid})")
-        @out.flush
+        who = "(#{opts[:workers].zero? ? 'no workers' : NeverBlock::Server.workers_phrase(opts[:workers])}, pid #{Process.pid})"
+        banner = "NeverBlock #{VERSION} serving #{path} on #{addresses} #{who}"
+        unless opts[:workers].zero?
+          @out.puts("NeverBlock #{VERSION} listening on #{addresses} #{who}; the workers are booting")
+          @out.flush
+        end
         server.run(handle_signals: true)
         0
       ensure

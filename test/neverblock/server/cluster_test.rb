@@ -401,9 +401,16 @@ class ServerClusterTest < PlainTest
   # The first failure comes with its backtrace, the retries in one line
   # each, and the command ends with one line saying why.
   def test_an_app_that_cannot_boot_makes_the_master_give_up_in_one_clear_line
-    server = serve("broken.ru", "-w", "2")
+    reader, writer = IO.pipe
+    pid = Process.spawn(RbConfig.ruby, EXE, "serve", File.join(FIXTURES, "broken.ru"), "-b", "tcp://127.0.0.1:0", "-w", "2",
+                        out: writer, err: writer, pgroup: true)
+    writer.close
+    server = { pid: pid, out: reader, lines: [] }
+    (@servers ||= []) << server
     status = wait_exit(server, timeout: 60)
-    output = server[:lines].join + server[:out].read
+    output = server[:out].read
+    assert_match(/\ANeverBlock \S+ listening on tcp:\S+ \(2 workers, pid \d+\); the workers are booting$/, output.lines.first)
+    refute_match(/serving/, output, "not said before the app answers")
     refute status.success?
     assert_match(/broken on purpose/, output)
     assert_match(/\Aneverblock serve: the app failed to boot \d+ times in a row \(RuntimeError: this app is broken on purpose \(\S*broken\.ru:4\)\); giving up/,
