@@ -225,6 +225,8 @@ module NeverBlock
       @probe = nil # the task measuring the loop's lag for it
       @commands = nil # [IO, callable]: the master's commands to a worker
       @command_reader = nil # the task reading them
+      @systemd = nil # Systemd::Notifier, with workers: 0 under systemd
+      @watchdog_pings = nil # its task
       @access_log = AccessLog.build(access_log, format: access_log_format)
 
       @limits = Limits.build(limits)
@@ -250,7 +252,7 @@ module NeverBlock
     # where they listen, with the real port for a port-0 bind.
     # @return [Array<String>] like `["tcp://127.0.0.1:34567"]`.
     def bound_addresses
-      @listeners.each(&:listen).map(&:address)
+      listen_all.map(&:address)
     end
 
     # Serves until {#stop}. With `workers: 0` it runs its own NeverBlock
@@ -302,7 +304,7 @@ module NeverBlock
     def serve_here
       raise Error, "this NeverBlock::Server has already run; create a new one" if @wake_reader.closed?
 
-      @listeners.each(&:listen)
+      listen_all
       RailsIntegration.before_serving
       NeverBlock.run do
         @scheduler = NeverBlock.current_scheduler!
@@ -316,7 +318,10 @@ module NeverBlock
         @probe = NeverBlock.spawn { @metrics.probe_loop_lag } if @metrics
         @command_reader = NeverBlock.spawn { read_commands(*@commands) } if @commands
         @on_ready&.call
-        call_hook(:on_booted) if @workers.zero?
+        if @workers.zero?
+          call_hook(:on_booted)
+          notify_systemd
+        end
         @wake_reader.wait_readable until @stop_requested
         shutdown(acceptors)
       end
@@ -390,6 +395,17 @@ module NeverBlock
     # that it stops when the loop stops turning ({Cluster::Worker}).
     # @param value [Array(Numeric, #call), nil]
     attr_writer :heartbeat
+
+    # @api private
+    # Opens the listening sockets (or takes those systemd passed, see
+    # {Systemd}); a passed socket that no bind address names gets a listener
+    # of its own.
+    # @return [Array<Listener>]
+    def listen_all
+      @listeners.each(&:listen)
+      Systemd.unclaimed.each { |server| @listeners << Listener.adopt(server) }
+      @listeners
+    end
 
     # @api private
     # @return [Cluster::Settings] how a master supervises its workers.
@@ -579,7 +595,8 @@ module NeverBlock
 
     def shutdown(acceptors)
       @context.stopping = true
-      [@beats, @probe, @command_reader].each { |task| task&.cancel }
+      @systemd&.stopping
+      [@beats, @probe, @command_reader, @watchdog_pings].each { |task| task&.cancel }
       @admission.stop
       @listeners.zip(acceptors) { |listener, acceptor| acceptor.cancel if @accepting[listener] }
       acceptors.each(&:wait)
@@ -604,6 +621,23 @@ module NeverBlock
       loop do
         callable.call(@context.requests_total)
         NeverBlock.sleep(seconds)
+      end
+    end
+
+    # With `workers: 0` this process is the service systemd watches (a
+    # master does it for its workers, see {Cluster}): READY=1 now, STOPPING=1
+    # when it stops, and WATCHDOG=1 from a task of the loop.
+    def notify_systemd
+      @systemd = Systemd::Notifier.new
+      return (@systemd = nil) unless @systemd.enabled?
+
+      @systemd.ready("serving on #{@listeners.map(&:address).join(', ')}")
+      interval = @systemd.watchdog_interval or return
+      @watchdog_pings = NeverBlock.spawn do
+        loop do
+          @systemd.watchdog
+          NeverBlock.sleep(interval)
+        end
       end
     end
 

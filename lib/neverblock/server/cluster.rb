@@ -100,6 +100,8 @@ module NeverBlock
         @memory_checked_at = 0.0
         @booted = false # every worker accepted once (on_booted was called)
         @sidecars = Sidecars.new(settings.supervise)
+        @systemd = Systemd::Notifier.new # quiet unless NOTIFY_SOCKET is set
+        @reloading = false # a rolling restart told systemd RELOADING=1
         @control = nil # the Control listener, while running
         @workers = {} # pid => Worker
         @generation = 0
@@ -118,7 +120,7 @@ module NeverBlock
       def run
         raise Error, "a Server with workers forks and blocks: call #run outside NeverBlock.run, or pass workers: 0" if Fiber.scheduler
 
-        @listeners.each(&:listen)
+        @server.listen_all
         @master_pid = Process.pid
         Process.setproctitle("neverblock master (#{Server.workers_phrase(@count)}) #{@listeners.map(&:address).join(' ')}")
         @stop_before_trap = false
@@ -235,6 +237,7 @@ module NeverBlock
           end
 
           watch_workers
+          @systemd.watchdog
           @sidecars.start_due
           replace_missing
           continue_restart
@@ -261,7 +264,7 @@ module NeverBlock
       def select_timeout
         return 0.5 if @stopping
 
-        longest = [@settings.heartbeat_interval, DUMP_GRACE.to_f, @sidecars.next_due_in].compact.min
+        longest = [@settings.heartbeat_interval, DUMP_GRACE.to_f, @sidecars.next_due_in, @systemd.watchdog_due_in].compact.min
         wait = @next_boot_at - Clock.now
         wait.positive? ? wait.clamp(0.05, longest) : longest
       end
@@ -395,6 +398,7 @@ module NeverBlock
 
         @stopping = true
         @stop_deadline = Clock.now + @server.limits.shutdown_timeout + KILL_GRACE
+        @systemd.stopping("stopping #{Server.workers_phrase(@count)}")
         @workers.each_value { |worker| terminate(worker) }
         @sidecars.stop
       end
@@ -415,6 +419,8 @@ module NeverBlock
         return if @stopping
 
         @server.call_hook(:on_restart)
+        @systemd.reloading("rolling restart of #{Server.workers_phrase(@count)}")
+        @reloading = true
         @generation += 1
         @restart_queue = (0...@count).to_a
       end
@@ -550,12 +556,18 @@ module NeverBlock
         end
       end
 
-      # on_booted, once every worker accepted for the first time.
+      # on_booted (and READY=1 to systemd), once every worker accepted for
+      # the first time; READY=1 again when a rolling restart is done.
       def notice_booted
+        if @reloading && @restart_queue.empty?
+          @reloading = false
+          @systemd.ready("#{Server.workers_phrase(@count)} serving (restarted)")
+        end
         return if @booted || @workers.each_value.count(&:ready) < @count
 
         @booted = true
         @server.call_hook(:on_booted)
+        @systemd.ready("#{Server.workers_phrase(@count)} serving on #{@listeners.map(&:address).join(', ')}")
       end
 
       # Stops every worker and waits for them (killing those still there
@@ -635,6 +647,7 @@ module NeverBlock
         command_reader, command_writer = IO.pipe
         generation = @generation
         pid = fork do
+          @systemd.close # only the master speaks to systemd
           master_only = [status_reader, command_writer, @wake_reader, @wake_writer, @alive_writer] +
                         @workers.each_value.flat_map { |worker| [worker.status_reader, worker.commands] } +
                         (@control ? @control.ios : [])

@@ -2,6 +2,7 @@
 
 require "socket"
 require "io/wait"
+require_relative "systemd"
 
 module NeverBlock
   class Server
@@ -17,6 +18,23 @@ module NeverBlock
 
       # @return [OpenSSL::SSL::SSLContext, nil] for an ssl:// bind.
       attr_reader :tls
+
+      # A listener for a socket systemd passed that no bind address named
+      # ({Systemd.unclaimed}): it serves plain HTTP there.
+      # @param server [TCPServer, UNIXServer]
+      # @return [Listener]
+      def self.adopt(server)
+        address = server.local_address
+        listener = new(address.unix? ? "unix://#{address.unix_path}" : "tcp://#{address.inspect_sockaddr}")
+        listener.instance_variable_set(:@server, server)
+        listener.instance_variable_set(:@inherited, true)
+        listener
+      end
+
+      # @return [Boolean] whether systemd opened its socket (socket activation).
+      def inherited?
+        @inherited
+      end
 
       # @param spec [String]
       # @raise [ArgumentError] for a spec that is not tcp://, unix:// or
@@ -41,15 +59,21 @@ module NeverBlock
                                "ssl://HOST:PORT?cert=PATH&key=PATH, got #{spec.inspect}"
         end
         @server = nil
+        @inherited = false
       end
 
-      # Opens the listening socket (once).
+      # Opens the listening socket (once), or takes the one systemd passed
+      # for this address (socket activation, {Systemd.claim}).
       # @return [self]
       # @raise [SystemCallError] (`Errno::EADDRINUSE`, `EACCES`, ...) whose
       #   message names the bind spec.
       def listen
         return self if @server
 
+        if (@server = Systemd.claim(host: @host, port: @port, path: @path))
+          @inherited = true
+          return self
+        end
         begin
           @server = @path ? listen_unix : TCPServer.new(@host, @port)
         rescue SystemCallError => e
@@ -136,7 +160,7 @@ module NeverBlock
         return unless @server
 
         @server.close unless @server.closed?
-        File.unlink(@path) if @path && @owner == Process.pid && File.socket?(@path)
+        File.unlink(@path) if @path && @owner == Process.pid && !@inherited && File.socket?(@path)
       rescue SystemCallError
         nil
       ensure
