@@ -20,6 +20,7 @@ require_relative "server/cluster"
 require_relative "server/cluster/settings"
 require_relative "server/cluster/memory"
 require_relative "server/cluster/sidecars"
+require_relative "server/cluster/hot_restart"
 require_relative "server/cluster/worker"
 require_relative "server/task_dump"
 require_relative "server/status_endpoint"
@@ -406,6 +407,13 @@ module NeverBlock
       Systemd.unclaimed.each { |server| @listeners << Listener.adopt(server) }
       @listeners
     end
+
+    # @api private
+    # The command line a master executes again on HUP (a hot restart, see
+    # {Cluster::HotRestart}), and the directory to run it in; set by
+    # `neverblock serve`, nil otherwise (HUP is then refused with a warning).
+    # @return [Array(Array<String>, String), nil]
+    attr_accessor :restart_command
 
     # @api private
     # @return [Cluster::Settings] how a master supervises its workers.

@@ -34,6 +34,8 @@ module NeverBlock
       # @param argv [Array<String>]
       # @return [Integer] the exit status.
       def call(argv)
+        @argv = argv.dup # what a hot restart (HUP) executes again
+        @started_in = Dir.pwd
         catch(:done) { parse_and_serve(argv) }
       end
 
@@ -236,6 +238,7 @@ module NeverBlock
           user_hook&.call
         end
         server = NeverBlock::Server.new(loader, **options)
+        server.restart_command = [[RbConfig.ruby, File.expand_path($PROGRAM_NAME, @started_in), "serve", *@argv], @started_in]
         addresses = server.bound_addresses.join(", ")
         write_pidfile(opts[:pidfile]) if opts[:pidfile]
         who = "(#{opts[:workers].zero? ? 'no workers' : NeverBlock::Server.workers_phrase(opts[:workers])}, pid #{Process.pid})"

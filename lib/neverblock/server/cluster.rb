@@ -59,10 +59,11 @@ module NeverBlock
       # Seconds between two looks at the workers' memory (with `max_memory`).
       MEMORY_CHECK_INTERVAL = 1.0
 
-      SIGNALS = %w[TERM INT USR2 TTIN TTOU QUIT CHLD].freeze
+      SIGNALS = %w[TERM INT USR2 HUP TTIN TTOU QUIT CHLD].freeze
       # What the master logs it does on each signal.
       SIGNAL_ACTIONS = { "TERM" => "stopping gracefully", "INT" => "stopping gracefully",
-                         "USR2" => "rolling restart", "TTIN" => "one worker more",
+                         "USR2" => "rolling restart", "HUP" => "hot restart: executing its command again, keeping its sockets",
+                         "TTIN" => "one worker more",
                          "TTOU" => "one worker fewer", "QUIT" => "asking every worker for its task dump",
                          "HALT" => "halting: killing every worker now" }.freeze
       # A worker's status lines are shorter (one write each, atomic on a pipe).
@@ -103,6 +104,7 @@ module NeverBlock
         @systemd = Systemd::Notifier.new # quiet unless NOTIFY_SOCKET is set
         @reloading = false # a rolling restart told systemd RELOADING=1
         @control = nil # the Control listener, while running
+        @predecessors = nil # HotRestart::Predecessors, until this image's workers accept
         @workers = {} # pid => Worker
         @generation = 0
         @signals = Thread::Queue.new
@@ -130,6 +132,7 @@ module NeverBlock
         @control = start_control if @settings.control
         @server.cluster = self
         @server.hooks[:before_fork]&.call
+        @predecessors = HotRestart.take # the old image's workers, after a hot restart
         @count.times { |index| spawn_worker(index) }
         @sidecars.start_due
         supervise
@@ -382,6 +385,7 @@ module NeverBlock
           case name
           when "TERM", "INT" then begin_stop
           when "USR2" then begin_restart
+          when "HUP" then hot_restart
           when "TTIN" then @count += 1
           when "TTOU" then @count = [@count - 1, 1].max
           when "QUIT" then @workers.each_value { |worker| send_signal(worker, "QUIT") }
@@ -407,6 +411,43 @@ module NeverBlock
         require_relative "cluster/control"
         require_relative "cluster/prometheus"
         Control.new(self, @settings.control, @settings.control_token).start
+      end
+
+      # HUP: the master executes its command again (see {HotRestart}), once
+      # its sidecars stopped. Returns only when that could not be done.
+      def hot_restart
+        return if @stopping
+
+        command, dir = @server.restart_command
+        unless command
+          NeverBlock.logger.warn("NeverBlock::Server: HUP (hot restart) needs the command line of `neverblock serve`; ignored")
+          return
+        end
+        NeverBlock.logger.info { "NeverBlock::Server: master got HUP: #{SIGNAL_ACTIONS.fetch('HUP')} (#{command.join(' ')})" }
+        @server.call_hook(:on_restart)
+        @systemd.reloading("hot restart")
+        @sidecars.stop
+        deadline = Clock.now + @server.limits.shutdown_timeout
+        while @sidecars.running? && Clock.now < deadline
+          IO.select([@wake_reader], nil, nil, 0.1)
+          reap
+        end
+        @sidecars.kill
+        HotRestart.exec(command, dir, @listeners, @workers.keys, @alive_writer)
+      end
+
+      # After a hot restart, once this image's workers accept: the old
+      # image's workers stop (their alive pipe closes, and TERM).
+      def retire_predecessors
+        old = @predecessors or return
+        @predecessors = nil
+        old.alive.close
+        old.pids.each do |pid|
+          Process.kill("TERM", pid)
+        rescue Errno::ESRCH
+          nil
+        end
+        NeverBlock.logger.info { "NeverBlock::Server: hot restart done; the old workers (#{old.pids.join(', ')}) stop" }
       end
 
       # `neverblock ctl halt`: every worker and sidecar is killed now.
@@ -565,6 +606,7 @@ module NeverBlock
         end
         return if @booted || @workers.each_value.count(&:ready) < @count
 
+        retire_predecessors
         @booted = true
         @server.call_hook(:on_booted)
         @systemd.ready("#{Server.workers_phrase(@count)} serving on #{@listeners.map(&:address).join(', ')}")
@@ -648,7 +690,7 @@ module NeverBlock
         generation = @generation
         pid = fork do
           @systemd.close # only the master speaks to systemd
-          master_only = [status_reader, command_writer, @wake_reader, @wake_writer, @alive_writer] +
+          master_only = [status_reader, command_writer, @wake_reader, @wake_writer, @alive_writer, @predecessors&.alive].compact +
                         @workers.each_value.flat_map { |worker| [worker.status_reader, worker.commands] } +
                         (@control ? @control.ios : [])
           Worker.run(@server, index, status_writer, @alive_reader, master_only, self, commands: command_reader,

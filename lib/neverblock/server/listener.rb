@@ -31,6 +31,11 @@ module NeverBlock
         listener
       end
 
+      # @return [TCPServer, UNIXServer, nil] the listening socket, once open.
+      def io
+        @server
+      end
+
       # @return [Boolean] whether systemd opened its socket (socket activation).
       def inherited?
         @inherited

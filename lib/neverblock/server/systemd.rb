@@ -55,16 +55,22 @@ module NeverBlock
           @inherited ||= read_listen_fds
         end
 
+        # systemd's LISTEN_FDS (descriptors from 3), and the master's own
+        # NEVERBLOCK_LISTEN_FDS (a comma-separated list), which a hot restart
+        # passes to the image it executes ({Cluster::HotRestart}).
         def read_listen_fds
+          fds = []
           pid = ENV["LISTEN_PID"]
           count = Integer(ENV["LISTEN_FDS"] || "0", exception: false) || 0
-          return [] unless pid && Integer(pid, exception: false) == Process.pid && count.positive?
-
-          %w[LISTEN_PID LISTEN_FDS LISTEN_FDNAMES].each { |name| ENV.delete(name) }
-          Array.new(count) do |index|
-            probe = Socket.for_fd(3 + index)
+          fds.concat((3...3 + count).to_a) if pid && Integer(pid, exception: false) == Process.pid
+          fds.concat(ENV["NEVERBLOCK_LISTEN_FDS"].to_s.split(",").filter_map { |fd| Integer(fd, exception: false) })
+          %w[LISTEN_PID LISTEN_FDS LISTEN_FDNAMES NEVERBLOCK_LISTEN_FDS].each { |name| ENV.delete(name) }
+          fds.filter_map do |fd|
+            probe = Socket.for_fd(fd)
             probe.autoclose = false # only looked at: the server made from the descriptor owns it
-            [3 + index, probe.local_address]
+            [fd, probe.local_address]
+          rescue SystemCallError, ArgumentError
+            nil # not a socket (closed meanwhile): nothing to serve there
           end
         end
 

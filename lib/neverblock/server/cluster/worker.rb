@@ -32,7 +32,7 @@ module NeverBlock
           (SIGNALS - %w[TERM INT QUIT]).each { |name| trap(name, "DEFAULT") }
           trap("QUIT") { server.log_task_dump(-> { report(status_writer, "dumped") }) }
           # Meant for the master; a signal sent to the whole process group must not end a worker.
-          %w[USR2 TTIN TTOU].each { |name| trap(name, "IGNORE") }
+          %w[USR2 HUP TTIN TTOU].each { |name| trap(name, "IGNORE") }
           master_only.each { |io| io.close unless io.closed? }
           server.worker_index = index
           server.access_log&.worker = index
