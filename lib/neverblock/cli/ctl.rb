@@ -25,7 +25,8 @@ module NeverBlock
           stats            the master's and every worker's state, as JSON
           tasks            every worker's requests in flight with their backtraces
           metrics          the cluster's metrics in Prometheus's text format
-          restart, phased-restart   replace the workers one at a time (as USR2)
+          phased-restart   replace the workers one at a time (as USR2)
+          restart          a hot restart: the master executes itself again (as HUP)
           stop             stop gracefully (as TERM); halt: kill every worker now
           gc               a full GC in every worker
 

@@ -19,9 +19,9 @@ module NeverBlock
       #   view, whichever took the connection;
       # - `GET /stats` :: {Cluster#stats} with each worker's metrics, as JSON;
       # - `GET /tasks` :: every worker's {Server#task_dump}, asked for now;
-      # - `POST /phased-restart` (USR2), `/restart` (the same: workers one at
-      #   a time), `/stop` (TERM), `/halt` (every worker killed now), `/gc`
-      #   (a full GC in every worker).
+      # - `POST /phased-restart` (USR2: workers one at a time), `/restart`
+      #   (HUP: a hot restart, {HotRestart}), `/stop` (TERM), `/halt` (every
+      #   worker killed now), `/gc` (a full GC in every worker).
       #
       # Loaded only by a master that has one (it needs OpenSSL, ~7 MB of RSS
       # that no other process should pay for).
@@ -43,7 +43,7 @@ module NeverBlock
         # Longest request head read (bytes).
         MAX_HEAD = 8192
 
-        COMMANDS = { "/phased-restart" => "USR2", "/restart" => "USR2", "/stop" => "TERM", "/halt" => "HALT" }.freeze
+        COMMANDS = { "/phased-restart" => "USR2", "/restart" => "HUP", "/stop" => "TERM", "/halt" => "HALT" }.freeze
 
         # @return [String, nil] the token a TCP listener wants.
         attr_reader :token
