@@ -54,8 +54,9 @@ class ServerControlTest < PlainTest
                                  "--web.listen-address=127.0.0.1:#{prometheus_port}", out: File::NULL, err: File::NULL)
       begin
         result = eventually(timeout: 60) do
-          body = Net::HTTP.get(URI("http://127.0.0.1:#{prometheus_port}/api/v1/query?query=sum(neverblock_requests_total)")) rescue nil # rubocop:disable Style/RescueModifier
-          data = body && JSON.parse(body).dig("data", "result")
+          # Until its storage is up Prometheus answers 503 "Service Unavailable".
+          response = Net::HTTP.get_response(URI("http://127.0.0.1:#{prometheus_port}/api/v1/query?query=sum(neverblock_requests_total)")) rescue nil # rubocop:disable Style/RescueModifier
+          data = response.is_a?(Net::HTTPOK) && JSON.parse(response.body).dig("data", "result")
           data if data && !data.empty? && data.first["value"].last.to_i == 5
         end
         assert_equal "5", result.first["value"].last

@@ -21,8 +21,8 @@ class ServerWatchdogTest < PlainTest
     after = eventually { (w = worker_pids(server[:pid])).size == 2 && (w - before).any? && w }
     assert_equal 1, (before - after).size, "one worker replaced"
     answered, failed = steady.call
-    assert_empty failed, "the other worker answered meanwhile"
-    assert_operator answered, :>, 5
+    assert_only_caught_with_the_stuck_worker failed, clients: 3
+    assert_operator answered, :>, 5, "the other worker answered meanwhile"
     assert_kind_of Exception, spinning.value, "the spinning request's connection closed"
     log = output_lines(server).join
     assert_match(/worker \d \(pid \d+\) has not turned its event loop for 1\.0 s \(worker_timeout\)/, log)
@@ -40,7 +40,7 @@ class ServerWatchdogTest < PlainTest
     after = eventually { (w = worker_pids(server[:pid])).size == 2 && (w - before).any? && w }
     assert_equal 1, (before - after).size
     answered, failed = steady.call
-    assert_empty failed
+    assert_only_caught_with_the_stuck_worker failed, clients: 3
     assert_operator answered, :>, 5
   end
 
@@ -99,24 +99,40 @@ class ServerWatchdogTest < PlainTest
 
   # Requests to / on fresh connections every 20 ms in a thread; the
   # returned lambda stops it and gives [answered, failures].
-  def steady_requests(server)
+  # A connection the stuck worker had accepted before it stopped turning
+  # dies with it (as in Puma): at most one per client, and only as a reset
+  # or an end of file, never an error answer.
+  def assert_only_caught_with_the_stuck_worker(failed, clients:)
+    assert_operator failed.size, :<=, clients, failed.inspect
+    failed.each { |error| assert_kind_of Exception, error, failed.inspect }
+    failed.each { |error| assert_includes [Errno::ECONNRESET, EOFError, Errno::EPIPE], error.class, failed.inspect }
+  end
+
+  # Three clients sending one request after another (a new connection each)
+  # until the returned lambda is called; it returns [answered, failed].
+  # Three, because a connection the stuck worker accepted in the same turn
+  # as the stuck request waits with it until the kill (Net::HTTP then
+  # retries the GET): one client alone can spend the whole test there.
+  def steady_requests(server, clients: 3)
     stop = false
     answered = 0
     failed = []
-    thread = Thread.new do
-      until stop
-        begin
-          response = get(server)
-          response.code == "200" ? answered += 1 : failed << response.code
-        rescue StandardError => e
-          failed << e
+    threads = Array.new(clients) do
+      Thread.new do
+        until stop
+          begin
+            response = get(server)
+            response.code == "200" ? answered += 1 : failed << response.code
+          rescue StandardError => e
+            failed << e
+          end
+          sleep 0.02
         end
-        sleep 0.02
       end
     end
     lambda do
       stop = true
-      thread.join
+      threads.each(&:join)
       [answered, failed]
     end
   end
