@@ -4,9 +4,12 @@ require "json"
 require "net/http"
 require "timeout"
 require "etc"
+require_relative "free_port"
 
 # Runs `neverblock serve` in child processes and talks to them over HTTP.
 module ServeProcesses
+  include FreePort
+
   EXE = File.expand_path("../../exe/neverblock", __dir__)
   FIXTURES = File.expand_path("../fixtures/server", __dir__)
 
@@ -27,17 +30,25 @@ module ServeProcesses
     super
   end
 
-  # Starts `neverblock serve FIXTURE ARGS` in its own process group; returns
-  # once it printed where it listens.
-  def serve(fixture, *args, env: {})
+  # Starts `neverblock serve APP ARGS` in its own process group and returns
+  # once it printed where it listens. APP: a fixture's name, an absolute
+  # path, or with chdir: a path in that directory (config.ru of an app).
+  def serve(app, *args, env: {}, chdir: nil, timeout: 20)
+    server = spawn_serve(app, *args, env: env, chdir: chdir)
+    line = wait_for_line(server, /serving .* on (tcp:\S+)/, timeout: timeout)
+    server[:port] = Integer(line[/tcp:\/\/127\.0\.0\.1:(\d+)/, 1])
+    server
+  end
+
+  # #serve without waiting: for a server that is not meant to come up.
+  def spawn_serve(app, *args, env: {}, chdir: nil)
+    path = (chdir || app.start_with?("/")) ? app : File.join(FIXTURES, app)
     reader, writer = IO.pipe
-    pid = Process.spawn(env, RbConfig.ruby, EXE, "serve", File.join(FIXTURES, fixture), "-b", "tcp://127.0.0.1:0", *args,
-                        out: writer, err: writer, pgroup: true)
+    pid = Process.spawn(env, RbConfig.ruby, EXE, "serve", path, "-b", "tcp://127.0.0.1:0", *args,
+                        chdir: chdir || Dir.pwd, out: writer, err: writer, pgroup: true)
     writer.close
     server = { pid: pid, out: reader, lines: [] }
     (@servers ||= []) << server
-    line = wait_for_line(server, /serving .* on (tcp:\S+)/)
-    server[:port] = Integer(line[/tcp:\/\/127\.0\.0\.1:(\d+)/, 1])
     server
   end
 

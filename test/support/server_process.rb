@@ -2,22 +2,17 @@
 
 require "net/http"
 require "timeout"
+require_relative "free_port"
 
 # A server started as a real child process (its own process group), its
 # output collected, waited for on a port, stopped by a signal. Include it in
 # a test class; `teardown` kills what is still running.
 module ServerProcess
+  include FreePort
+
   def teardown
     kill_server_process
     super
-  end
-
-  # @return [Integer] a TCP port free right now on 127.0.0.1.
-  def free_port
-    server = TCPServer.new("127.0.0.1", 0)
-    server.addr[1]
-  ensure
-    server&.close
   end
 
   # Spawns `command` (stdout and stderr into #output) in a new process group.

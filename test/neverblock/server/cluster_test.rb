@@ -401,12 +401,7 @@ class ServerClusterTest < PlainTest
   # The first failure comes with its backtrace, the retries in one line
   # each, and the command ends with one line saying why.
   def test_an_app_that_cannot_boot_makes_the_master_give_up_in_one_clear_line
-    reader, writer = IO.pipe
-    pid = Process.spawn(RbConfig.ruby, EXE, "serve", File.join(FIXTURES, "broken.ru"), "-b", "tcp://127.0.0.1:0", "-w", "2",
-                        out: writer, err: writer, pgroup: true)
-    writer.close
-    server = { pid: pid, out: reader, lines: [] }
-    (@servers ||= []) << server
+    server = spawn_serve("broken.ru", "-w", "2")
     status = wait_exit(server, timeout: 60)
     output = server[:out].read
     assert_match(/\ANeverBlock \S+ listening on tcp:\S+ \(2 workers, pid \d+\); the workers are booting$/, output.lines.first)

@@ -123,13 +123,6 @@ class ServerControlTest < PlainTest
     Integer(wait_for_line(server, /control listener on tcp:/)[/127\.0\.0\.1:(\d+)/, 1])
   end
 
-  def free_port
-    server = TCPServer.new("127.0.0.1", 0)
-    server.addr[1]
-  ensure
-    server&.close
-  end
-
   def control_get(port, path, token: TOKEN)
     Net::HTTP.start("127.0.0.1", port, open_timeout: 5, read_timeout: 10) do |http|
       http.get(path, token ? { "authorization" => "Bearer #{token}" } : {})

@@ -37,14 +37,6 @@ class RailsReloadingTest < PlainTest
   private
 
   def serve_app(dir)
-    reader, writer = IO.pipe
-    pid = Process.spawn({ "RAILS_ENV" => "development" }, RbConfig.ruby, EXE, "serve", "config.ru", "-E", "development",
-                        "-w", "0", "-b", "tcp://127.0.0.1:0", chdir: dir, out: writer, err: writer, pgroup: true)
-    writer.close
-    server = { pid: pid, out: reader, lines: [] }
-    (@servers ||= []) << server
-    line = wait_for_line(server, /serving .* on (tcp:\S+)/, timeout: 60)
-    server[:port] = Integer(line[/tcp:\/\/127\.0\.0\.1:(\d+)/, 1])
-    server
+    serve("config.ru", "-E", "development", "-w", "0", env: { "RAILS_ENV" => "development" }, chdir: dir, timeout: 60)
   end
 end

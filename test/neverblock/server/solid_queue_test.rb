@@ -84,15 +84,7 @@ class ServerSolidQueueTest < PlainTest
   end
 
   def serve_app(env:)
-    reader, writer = IO.pipe
-    pid = Process.spawn(env, RbConfig.ruby, EXE, "serve", "config.ru", "-E", "production", "-w", "2",
-                        "-b", "tcp://127.0.0.1:0", chdir: APP, out: writer, err: writer, pgroup: true)
-    writer.close
-    server = { pid: pid, out: reader, lines: [] }
-    (@servers ||= []) << server
-    line = wait_for_line(server, /serving .* on (tcp:\S+)/, timeout: 60)
-    server[:port] = Integer(line[/tcp:\/\/127\.0\.0\.1:(\d+)/, 1])
-    server
+    serve("config.ru", "-E", "production", "-w", "2", env: env, chdir: APP, timeout: 60)
   end
 
   def supervisor_pid(server, after: nil)

@@ -69,15 +69,7 @@ class ServerSuperviseTest < PlainTest
   private
 
   def serve_app(*args, env:)
-    reader, writer = IO.pipe
-    pid = Process.spawn(env, RbConfig.ruby, EXE, "serve", "config.ru", "-w", "2", "-b", "tcp://127.0.0.1:0", *args,
-                        chdir: APP, out: writer, err: writer, pgroup: true)
-    writer.close
-    server = { pid: pid, out: reader, lines: [] }
-    (@servers ||= []) << server
-    line = wait_for_line(server, /serving .* on (tcp:\S+)/)
-    server[:port] = Integer(line[/tcp:\/\/127\.0\.0\.1:(\d+)/, 1])
-    server
+    serve("config.ru", "-w", "2", *args, env: env, chdir: APP)
   end
 
   # The pids of the first `count` starts noted in `events`.

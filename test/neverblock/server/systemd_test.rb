@@ -93,13 +93,6 @@ class ServerSystemdTest < PlainTest
 
   private
 
-  def free_port
-    server = TCPServer.new("127.0.0.1", 0)
-    server.addr[1]
-  ensure
-    server&.close
-  end
-
   # The next datagram matching the block (those before it are kept in @messages).
   def next_message(timeout: 20)
     deadline = now + timeout

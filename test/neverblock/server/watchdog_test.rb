@@ -57,7 +57,7 @@ class ServerWatchdogTest < PlainTest
     Dir.mktmpdir do |dir|
       File.write(File.join(dir, "config.rb"), "worker_boot_timeout 0.5\n")
       File.write(File.join(dir, "slow_boot.ru"), "sleep 30\nrun ->(_env) { [200, {}, ['booted']] }\n")
-      server = serve_file(File.join(dir, "slow_boot.ru"), "-w", "1", "-C", File.join(dir, "config.rb"))
+      server = spawn_serve(File.join(dir, "slow_boot.ru"), "-w", "1", "-C", File.join(dir, "config.rb"))
       wait_for_line(server, /has not accepted 0\.5 s after it was started \(worker_boot_timeout\)/)
       wait_for_line(server, /exited before its app booted \(signal KILL\); 1 boot failure/)
     end
@@ -140,15 +140,5 @@ class ServerWatchdogTest < PlainTest
   # Until the status shows a request in the app besides the status request.
   def wait_until_in_app(server)
     eventually { JSON.parse(get(server, "/_status").body)["requests_in_flight"] >= 2 }
-  end
-
-  def serve_file(path, *args)
-    reader, writer = IO.pipe
-    pid = Process.spawn(RbConfig.ruby, EXE, "serve", path, "-b", "tcp://127.0.0.1:0", *args,
-                        out: writer, err: writer, pgroup: true)
-    writer.close
-    server = { pid: pid, out: reader, lines: [] }
-    (@servers ||= []) << server
-    server
   end
 end
