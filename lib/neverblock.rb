@@ -259,6 +259,7 @@ end
 # The short name, as in 2009.
 NB = NeverBlock unless defined?(NB)
 
+require_relative "neverblock/telemetry"
 require_relative "neverblock/scheduler"
 require_relative "neverblock/mapper"
 require_relative "neverblock/fiber_pool"

@@ -176,14 +176,19 @@ module NeverBlock
       # @param config [Hash] host:, port:, username:, password:, database:,
       #   socket:, connect_timeout: (seconds, default 5), and any other
       #   option of Trilogy.new or Mysql2::Client.new.
+      # @param opentelemetry [Boolean] a client span per statement (see
+      #   {NeverBlock::Telemetry.query_span}); needs OpenTelemetry's API
+      #   loaded. Off by default (opentelemetry-instrumentation-mysql2 or -trilogy makes its own).
       # @return [Client]
-      # @raise [ArgumentError] for an unknown driver, a bad size or timeout.
+      # @raise [ArgumentError] for an unknown driver, a bad size or timeout,
+      #   or opentelemetry without OpenTelemetry.
       # @raise [LoadError] when the driver's gem is missing.
-      def pool(driver: :trilogy, size: 12, timeout: 5, connect_retries: 3, connect_backoff: 0.1, url: nil, **config)
+      def pool(driver: :trilogy, size: 12, timeout: 5, connect_retries: 3, connect_backoff: 0.1, url: nil,
+               opentelemetry: false, **config)
         connection_class = connection_class(driver)
         config = configuration(url, config)
         connector = connector(connection_class, config, retries: connect_retries, backoff: connect_backoff)
-        Client.new(connection_class, config, connector, size: size, timeout: timeout)
+        Client.new(connection_class, config, connector, size: size, timeout: timeout, opentelemetry: opentelemetry)
       end
 
       # @param error [Exception] a driver error raised while connecting.

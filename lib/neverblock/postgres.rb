@@ -71,13 +71,17 @@ module NeverBlock
       # @param url [String, nil] a `postgres://` URL; keywords override it.
       # @param conninfo [Hash] libpq connection parameters (host:, port:,
       #   dbname:, user:, password:, sslmode:, connect_timeout:, ...).
+      # @param opentelemetry [Boolean] a client span per statement (see
+      #   {NeverBlock::Telemetry.query_span}); needs OpenTelemetry's API
+      #   loaded. Off by default (opentelemetry-instrumentation-pg makes its own).
       # @return [Client]
-      # @raise [ArgumentError] for a bad size or timeout.
+      # @raise [ArgumentError] for a bad size or timeout, or opentelemetry
+      #   without OpenTelemetry.
       def pool(size: 12, timeout: 5, pipeline: false, pipeline_depth: 16, connect_retries: 3,
-               connect_backoff: 0.1, url: nil, **conninfo)
+               connect_backoff: 0.1, url: nil, opentelemetry: false, **conninfo)
         connector = connector(url: url, retries: connect_retries, backoff: connect_backoff, **conninfo)
         Client.new(connector, size: size, timeout: timeout, pipeline: pipeline,
-                                   pipeline_depth: pipeline_depth)
+                              pipeline_depth: pipeline_depth, opentelemetry: opentelemetry)
       end
 
       # A {Connector} that opens {Connection}s (asynchronously: pg connects

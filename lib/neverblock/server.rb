@@ -182,6 +182,11 @@ module NeverBlock
     #   default, as in Puma: once the key is there Rails sends a 103 for
     #   every page with preload links, and a proxy or client written before
     #   1xx hints (RFC 8297) may take it for the final response.
+    # @param opentelemetry [Boolean] a span per request (kind :server, the
+    #   `traceparent` request's child, current while the app runs; see
+    #   {Telemetry::RequestTracer}). Needs the app to load OpenTelemetry's
+    #   API (its SDK to export); off by default, since an app that uses
+    #   opentelemetry-instrumentation-rack has its own.
     # @param limits [Hash] see {Limits}: `max_request_target:`, `max_header_bytes:`,
     #   `max_headers:`, `max_body:`, `max_body_in_memory:`, `max_connections:`,
     #   `header_timeout:`, `body_timeout:`, `idle_timeout:`, `write_timeout:`,
@@ -194,9 +199,10 @@ module NeverBlock
                    after_worker_exit: nil, on_booted: nil, on_restart: nil, status_path: nil, access_log: nil, access_log_format: :common,
                    worker_timeout: 60, worker_boot_timeout: nil, max_requests: nil, max_requests_jitter: nil,
                    max_memory: nil, memory_metric: :rss, supervise: [], control: nil, control_token: nil, early_hints: false,
-                   **limits)
+                   opentelemetry: false, **limits)
       raise ArgumentError, "app must respond to call" unless app.respond_to?(:call)
       raise ArgumentError, "early_hints must be true or false, got #{early_hints.inspect}" unless [true, false].include?(early_hints)
+      raise ArgumentError, "opentelemetry must be true or false, got #{opentelemetry.inspect}" unless [true, false].include?(opentelemetry)
 
       @app = app
       @workers = NeverBlock.validate_size!(workers, :workers, minimum: 0)
@@ -240,7 +246,8 @@ module NeverBlock
       # What every connection gets (see Context).
       @context = Context.new(app: @app, limits: @limits, admission: @admission, access_log: @access_log,
                              idle_sweeper: IdleSweeper.new(@connections, @limits.idle_timeout),
-                             on_hijack: method(:connection_hijacked), early_hints: early_hints)
+                             on_hijack: method(:connection_hijacked), early_hints: early_hints,
+                             opentelemetry: opentelemetry)
       @pool = nil
       @scheduler = nil
       @waiters = [] # acceptors waiting for room

@@ -33,6 +33,8 @@ module NeverBlock
       @status = :pending
       @observed = observed
       @raw = raw if raw
+      # The spawner's OpenTelemetry context, for an app that loads it (Telemetry).
+      @telemetry = ::OpenTelemetry::Context.current if defined?(::OpenTelemetry::Context)
       # Set when needed (nil until then): @result, @fiber, @waiters,
       # @cancel_requested, @location, @owner, @storage. Spawning is a hot
       # path, and each assignment here is paid by every task.
@@ -151,7 +153,7 @@ module NeverBlock
       @fiber = fiber
       @status = :running
       @scheduler.task_started
-      conclude(:completed, @block.call)
+      conclude(:completed, @telemetry ? Telemetry.within(@telemetry, &@block) : @block.call)
     rescue Cancelled => e
       conclude(@cancel_requested ? :cancelled : :failed, e)
     rescue *FATAL => e

@@ -19,11 +19,12 @@ module NeverBlock
         @abandoned = false
         @value = nil
         @error = nil
+        @telemetry = Telemetry.context # the waiting fiber's: the block's spans are its children
       end
 
       # Runs on a pool thread.
       def perform
-        @value = @block.call
+        @value = @telemetry ? Telemetry.within(@telemetry, &@block) : @block.call
       rescue Exception => e # rubocop:disable Lint/RescueException -- handed to the waiting fiber
         @error = e
       ensure

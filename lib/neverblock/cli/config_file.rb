@@ -18,6 +18,7 @@ module NeverBlock
     #   shutdown_timeout 20
     #   request_timeout 15                 # seconds; 503 past it (see NeverBlock::Server::Limits)
     #   early_hints true                   # env["rack.early_hints"]: 103 Early Hints (default false)
+    #   opentelemetry true                 # a span per request, when the app loads OpenTelemetry (default false)
     #   status "/_neverblock/status"
     #   access_log true
     #   access_log_format :json            # or a block given each entry's Hash, returning the line
@@ -40,7 +41,7 @@ module NeverBlock
     class ConfigFile
       # Settings the file may make => the option they set.
       SETTINGS = %i[workers preload fiber_pool max_connections max_body shutdown_timeout request_timeout early_hints access_log
-                    environment pidfile log fiber_stack_size worker_timeout worker_boot_timeout max_requests
+                    opentelemetry environment pidfile log fiber_stack_size worker_timeout worker_boot_timeout max_requests
                     max_requests_jitter max_memory memory_metric control control_token].freeze
 
       # Blocks the file may give => what they are called with (see {Server#initialize}).

@@ -27,7 +27,7 @@ module NeverBlock
         @err = err
         @options = { bind: [], supervise: [], workers: Etc.nprocessors, preload: false, access_log: false,
                      shutdown_timeout: nil, fiber_pool: 1000, adaptive_limit: true, status_path: nil, environment: nil,
-                     early_hints: false, limits: {} }
+                     early_hints: false, opentelemetry: false, limits: {} }
         @given = [] # options set on the command line, which win over a config file
       end
 
@@ -109,6 +109,7 @@ module NeverBlock
           o.on("--early-hints", "give HTTP/1.1 requests env[\"rack.early_hints\"]: 103 Early Hints for " \
                                 "Rails' preload links (default: off)") { set(:early_hints, true) }
           o.on("--no-early-hints", "no rack.early_hints (the default)") { set(:early_hints, false) }
+          o.on("--opentelemetry", "a span per request, when the app loads OpenTelemetry (default: off)") { set(:opentelemetry, true) }
           o.on("--target-lag SECONDS", Float, "event-loop lag above which the adaptive limit falls " \
                                               "(default #{NeverBlock::Server::ConcurrencyLimit::DEFAULT_TARGET_LAG})") do |seconds|
             set(:adaptive_limit, { target_lag: seconds })
@@ -310,7 +311,7 @@ module NeverBlock
         opts = @options
         options = { bind: opts[:bind].empty? ? ["tcp://0.0.0.0:9292"] : opts[:bind], workers: opts[:workers],
                     fiber_pool: opts[:fiber_pool], adaptive_limit: opts[:adaptive_limit], status_path: opts[:status_path],
-                    early_hints: opts[:early_hints],
+                    early_hints: opts[:early_hints], opentelemetry: opts[:opentelemetry],
                     **opts[:limits] }
         options[:access_log] = $stdout if opts[:access_log]
         options[:access_log_format] = opts[:access_log_format] if opts[:access_log_format]

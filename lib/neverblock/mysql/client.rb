@@ -32,7 +32,9 @@ module NeverBlock
       # @param connector [Connector] opens pooled connections.
       # @param size [Integer]
       # @param timeout [Numeric] seconds to wait for a free connection.
-      def initialize(connection_class, config, connector, size:, timeout:)
+      def initialize(connection_class, config, connector, size:, timeout:, opentelemetry: false)
+        Telemetry.require_api!("NeverBlock::MySQL.pool") if opentelemetry
+        @opentelemetry = opentelemetry ? true : false
         @connection_class = connection_class
         @connector = connector
         kill_config = Recovery.kill_config(config)
@@ -62,6 +64,8 @@ module NeverBlock
       #   replaced).
       # @raise [PoolTimeout] when no connection is free in time.
       def query(sql, **options)
+        return Telemetry.query_span("mysql", sql, text: false) { lend { |conn| conn.query(sql, **options) } } if @opentelemetry
+
         lend { |conn| conn.query(sql, **options) }
       end
 

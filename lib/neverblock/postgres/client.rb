@@ -40,6 +40,9 @@ module NeverBlock
       # Terminate message) cannot end the parent's session.
       FORGET = ->(conn) { conn.socket_io.reopen(IO::NULL) unless conn.finished? }
 
+      # The spans' db.system.
+      SYSTEM = "postgresql"
+
       DEFER = ConnectionPool::DEFER
       ALLOW = ConnectionPool::ALLOW
       private_constant :DEFER, :ALLOW, :CLOSE, :FORGET
@@ -60,7 +63,10 @@ module NeverBlock
       # @param timeout [Numeric] seconds to wait for a free connection.
       # @param pipeline [Boolean] see {Postgres.pool}.
       # @param pipeline_depth [Integer] see {Postgres.pool}.
-      def initialize(connector, size:, timeout:, pipeline: false, pipeline_depth: 16)
+      # @param opentelemetry [Boolean] see {Postgres.pool}.
+      def initialize(connector, size:, timeout:, pipeline: false, pipeline_depth: 16, opentelemetry: false)
+        Telemetry.require_api!("NeverBlock::Postgres.pool") if opentelemetry
+        @opentelemetry = opentelemetry ? true : false
         @connector = connector
         @pipeline = pipeline ? true : false
         @pipeline_depth = NeverBlock.validate_size!(pipeline_depth, :pipeline_depth)
@@ -86,9 +92,9 @@ module NeverBlock
       #   or a connection error (the connection is replaced).
       # @raise [PoolTimeout] when no connection is free in time.
       def exec(sql)
-        return lane_exec(sql, nil, 0) if pipelining?
+        return Telemetry.query_span(SYSTEM, sql, text: false) { run(sql, nil, 0) } if @opentelemetry
 
-        with { |conn| conn.exec(sql) }
+        run(sql, nil, 0)
       end
 
       # Runs one statement with `$1`-style parameters, sent apart from the SQL.
@@ -99,9 +105,9 @@ module NeverBlock
       # @return [PG::Result]
       # @raise (see #exec)
       def exec_params(sql, params, result_format = 0)
-        return lane_exec(sql, params, result_format) if pipelining?
+        return Telemetry.query_span(SYSTEM, sql, text: true) { run(sql, params, result_format) } if @opentelemetry
 
-        with { |conn| conn.exec_params(sql, params, result_format) }
+        run(sql, params, result_format)
       end
 
       # Runs the block in a transaction on one connection: COMMIT when it
@@ -278,6 +284,14 @@ module NeverBlock
       # rather than queueing for the pool. When others wait for the
       # pool (say for a transaction), lanes are closed so that their
       # connections come back.
+      # One statement, pipelined or on a connection of its own (params nil:
+      # sent as text, which may hold several statements).
+      def run(sql, params, result_format)
+        return lane_exec(sql, params, result_format) if pipelining?
+
+        with { |conn| params ? conn.exec_params(sql, params, result_format) : conn.exec(sql) }
+      end
+
       def lane_exec(sql, params, result_format)
         state = lanes_state
         # (`while`, not `loop`: returning from a block allocates.)

@@ -297,7 +297,12 @@ module NeverBlock
         started = Clock.now if access_log || metrics
         line = access_log.start(env) if access_log
         @status = nil # what the access log shows: set once the response is known
-        respond(request, env, (request.head_at + @request_timeout if @request_timeout))
+        deadline = (request.head_at + @request_timeout if @request_timeout)
+        if (tracer = @context.request_tracer)
+          traced(tracer, request, env, deadline)
+        else
+          respond(request, env, deadline)
+        end
       ensure
         @context.request_finished
         metrics.request(env["REQUEST_METHOD"], @status, Clock.now - started) if metrics && started
@@ -306,6 +311,19 @@ module NeverBlock
           access_log.write(env["REMOTE_ADDR"], line, status, bytes, Clock.now - started, @waited)
         end
         @waited = 0.0
+      end
+
+      # #respond inside the request's span (`opentelemetry: true`).
+      def traced(tracer, request, env, deadline)
+        tracer.trace(env, @waited) do |span|
+          @traced = true
+          keep_alive = respond(request, env, deadline)
+          tracer.finish(span, @status, @app_error)
+          keep_alive
+        ensure
+          @traced = false
+          @app_error = nil
+        end
       end
 
       # The app's call, then its response. With a `deadline` (monotonic
@@ -514,6 +532,7 @@ module NeverBlock
       end
 
       def app_failed(error, env)
+        @app_error = error if @traced
         NeverBlock.logger.error("NeverBlock::Server: #{env['REQUEST_METHOD']} #{env['PATH_INFO']} failed: " \
                                 "#{error.class}: #{error.message}\n#{(error.backtrace || []).join("\n")}")
       end

@@ -65,7 +65,9 @@ module NeverBlock
       # @param on_hijack [#call] called with a {Connection} whose socket the
       #   app took.
       # @param early_hints [Boolean] see {Server#initialize}.
-      def initialize(app:, limits:, admission:, access_log:, idle_sweeper:, on_hijack:, early_hints: false)
+      # @param opentelemetry [Boolean] see {Server#initialize}.
+      def initialize(app:, limits:, admission:, access_log:, idle_sweeper:, on_hijack:, early_hints: false,
+                     opentelemetry: false)
         @app = app
         @limits = limits
         @admission = admission
@@ -74,6 +76,8 @@ module NeverBlock
         @on_hijack = on_hijack
         @refusal_log = RefusalLog.new
         @early_hints = early_hints
+        @opentelemetry = opentelemetry
+        @request_tracer = nil
         @read_buffer = String.new(capacity: Connection::READ_SIZE, encoding: Encoding::BINARY)
         @requests_in_flight = 0
         @requests_total = 0
@@ -101,6 +105,22 @@ module NeverBlock
       # @return [void]
       def request_finished
         @requests_in_flight -= 1
+      end
+
+      # The request spans' maker, made at the first request (a worker loads
+      # the app, and with it OpenTelemetry, after the server was made).
+      # Without OpenTelemetry's API loaded by then it says so once and
+      # makes no spans.
+      # @return [Telemetry::RequestTracer, nil]
+      def request_tracer
+        return unless @opentelemetry
+        return @request_tracer if @request_tracer
+
+        @request_tracer = Telemetry::RequestTracer.new
+      rescue ArgumentError => e
+        @opentelemetry = false
+        NeverBlock.logger.error("#{e.message}; serving without request spans")
+        nil
       end
 
       # A request outlived `request_timeout`.

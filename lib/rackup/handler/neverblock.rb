@@ -50,6 +50,7 @@ module Rackup
             "FiberPool=N" => "requests served at once per process (default: 1000)",
             "Status=PATH" => "answer GET PATH with the server's stats as JSON",
             "RequestTimeout=SECONDS" => "answer 503 to a request still waiting this long (default: none)",
+            "OpenTelemetry=BOOL" => "a span per request, when the app loads OpenTelemetry (default: false)",
             "EarlyHints=BOOL" => "env[\"rack.early_hints\"]: 103 Early Hints (default: false; rails server --early-hints)",
             "AccessLog=BOOL" => "log one line per request to stdout (default: false)"
           }
@@ -87,6 +88,7 @@ module Rackup
           result[:access_log] = $stdout if %w[true yes 1].include?(options[:AccessLog].to_s)
           # `rails server --early-hints` passes early_hints: true.
           result[:early_hints] = true if options[:early_hints] || %w[true yes 1].include?(options[:EarlyHints].to_s)
+          result[:opentelemetry] = true if %w[true yes 1].include?(options[:OpenTelemetry].to_s)
           result
         end
       end
