@@ -273,6 +273,18 @@ module NeverBlock
     #   without the lock: a count for metrics).
     attr_reader :timeouts
 
+    # @return [Integer] queries cancelled on the server so far (a timeout or
+    #   a cancelled task interrupted them), as the database clients count
+    #   them with {#query_cancelled}; read without the lock.
+    attr_reader :cancels
+
+    # @api private
+    # A client cancelled a query running on one of this pool's connections.
+    # @return [void]
+    def query_cancelled
+      @lock.synchronize { @cancels += 1 }
+    end
+
     # @return [String, nil] the name given to {#initialize}, for logs and stats.
     attr_reader :name
 
@@ -292,6 +304,7 @@ module NeverBlock
       @waiters = [] # Waiters, oldest first
       @spare = [] # Waiters to reuse
       @timeouts = 0 # checkouts that raised PoolTimeout, ever
+      @cancels = 0 # queries cancelled on the server (query_cancelled), ever
       @expiry = {}.compare_by_identity # NeverBlock scheduler => its waiters' expiry timer, while armed
       @expire_callback = method(:expire_waiters)
       @generation = 0 # bumped by disconnect_all

@@ -31,6 +31,7 @@ module NeverBlockTest::DatabaseRecoveryContract
     assert_raises(NeverBlock::TimeoutError) { NeverBlock.timeout(0.5) { execute(db, long_sql(marker)) } }
     assert_equal id, watcher.value, "the query did run on the server, in the pooled session"
     assert_stops_on_the_server(marker)
+    assert_equal 1, db.pool.cancels, "counted for the metrics (neverblock_db_pool_query_cancels_total)"
     assert_connection_after_interrupt(db, id)
   end
 
@@ -54,6 +55,7 @@ module NeverBlockTest::DatabaseRecoveryContract
     task.cancel
     assert_raises(NeverBlock::Cancelled) { task.value }
     assert_stops_on_the_server(marker)
+    assert_equal 1, db.pool.cancels
     assert_connection_after_interrupt(db, id)
   end
 

@@ -44,7 +44,10 @@ module NeverBlock
         @pool = ConnectionPool.new(size: size, timeout: timeout, close: CLOSE,
                                    healthy: HEALTHY, name: "mysql") { connector.call }
         @held_key = :"__neverblock_mysql_held_#{object_id}"
-        @kill = ->(thread_id) { Recovery.kill_query(connection_class, kill_config, thread_id) }
+        @kill = lambda do |thread_id|
+          @pool.query_cancelled
+          Recovery.kill_query(connection_class, kill_config, thread_id)
+        end
       end
 
       # @return [Symbol] :trilogy or :mysql2.

@@ -72,7 +72,7 @@ module NeverBlock
         @pipeline_depth = NeverBlock.validate_size!(pipeline_depth, :pipeline_depth)
         @pool = ConnectionPool.new(size: size, timeout: timeout, broken_on: BROKEN_ON, close: CLOSE,
                                    healthy: method(:healthy?), check_after: HEALTH_CHECK_AFTER, forget: FORGET,
-                                   name: "postgres") { connector.call }
+                                   name: "postgres") { connector.call.tap { |conn| conn.pool = @pool } }
         @held_key = :"__neverblock_pg_held_#{object_id}"
         @transaction_key = :"__neverblock_pg_transaction_#{object_id}"
         @lanes_key = :"__neverblock_pg_lanes_#{object_id}"

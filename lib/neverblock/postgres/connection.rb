@@ -23,6 +23,10 @@ module NeverBlock
     # open connections of this class; it is a subclass, pg itself is not
     # changed.
     class Connection < PG::Connection
+      # @return [ConnectionPool, nil] the pool that opened it, told of the
+      #   queries {Recovery} cancels (nil: one opened by ActiveRecord).
+      attr_accessor :pool
+
       # The methods that send a query and wait for its result.
       QUERY_METHODS = %i[
         exec async_exec sync_exec query exec_params async_exec_params sync_exec_params

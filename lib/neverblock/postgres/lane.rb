@@ -187,6 +187,7 @@ module NeverBlock
       def cancel_running
         @cancelling = true
         @conn.cancel # returns an error message rather than raising
+        @pool.query_cancelled
         @cancel_fence = @pending.last
       ensure
         @cancelling = false

@@ -55,6 +55,7 @@ module NeverBlock
         deadline = Clock.now + RECOVERY_TIMEOUT
         if conn.transaction_status == PG::PQTRANS_ACTIVE
           conn.cancel
+          conn.pool&.query_cancelled if conn.respond_to?(:pool)
           return conn.finish unless drain(conn, deadline)
         end
         return unless before == PG::PQTRANS_IDLE && conn.transaction_status != PG::PQTRANS_IDLE

@@ -93,7 +93,7 @@ module NeverBlock
           requests_total: stats[:requests_total], slots: pool[:size], slots_busy: pool[:busy], slots_limit: pool[:limit],
           adaptive_lag: limit && limit[:lag], connections: stats[:connections], idle_connections: stats[:idle_connections],
           tasks: scheduler.tasks.size, stalls: scheduler.stalls,
-          database_pools: ConnectionPool.active.map { |db| { name: db.name, **db.stats, timeouts: db.timeouts } },
+          database_pools: ConnectionPool.active.map { |db| { name: db.name, **db.stats, timeouts: db.timeouts, cancels: db.cancels } },
           gc_count: gc[:count], gc_major: gc[:major_gc_count], gc_time: gc[:time] }
       end
     end

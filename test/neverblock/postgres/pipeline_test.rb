@@ -117,6 +117,7 @@ class PostgresPipelineTest < NeverBlockTest
       sleep 0.01 while admin.exec_params(sql, ["%#{marker}%"]).ntuples.positive? && now < deadline
       assert_equal 0, admin.exec_params(sql, ["%#{marker}%"]).ntuples, "the statement still runs on the server"
     end
+    assert_equal 1, db.pool.cancels
   ensure
     # Without the cancel, let the statement finish so that the test ends clean.
     db&.exec("SELECT 1")

@@ -32,6 +32,7 @@ class ServerControlTest < PlainTest
     assert_match(/^neverblock_admission_wait_seconds_count\{worker="\d"\} \d+$/, text)
     assert_match(/^neverblock_loop_lag_seconds_count\{worker="\d"\} \d+$/, text)
     assert_match(/^neverblock_db_pool_size\{worker="\d",pool="[^"]*"\} \d+$/, text)
+    assert_match(/^neverblock_db_pool_query_cancels_total\{worker="\d",pool="[^"]*"\} \d+$/, text)
     assert_match(/^neverblock_worker_restarts_total\{cause="watchdog"\} 0$/, text)
     output, status = Open3.capture2e("promtool", "check", "metrics", stdin_data: text)
     assert status.success?, "promtool check metrics:\n#{output}"

@@ -35,6 +35,7 @@ module NeverBlock
           "neverblock_db_pool_idle" => ["gauge", "Open connections not checked out."],
           "neverblock_db_pool_waiting" => ["gauge", "Callers waiting for a connection."],
           "neverblock_db_pool_checkout_timeouts_total" => ["counter", "Checkouts that timed out."],
+          "neverblock_db_pool_query_cancels_total" => ["counter", "Queries cancelled on the server (timeouts, cancelled tasks)."],
           "neverblock_gc_runs_total" => ["counter", "GC runs."],
           "neverblock_gc_major_runs_total" => ["counter", "Major GC runs."],
           "neverblock_gc_seconds_total" => ["counter", "Time spent in GC."],
@@ -88,7 +89,8 @@ module NeverBlock
           metrics["database_pools"].each_with_index do |pool, position|
             pool_labels = labels.merge(pool: pool["name"] || "pool#{position}")
             { "neverblock_db_pool_size" => "size", "neverblock_db_pool_in_use" => "in_use", "neverblock_db_pool_idle" => "idle",
-              "neverblock_db_pool_waiting" => "waiting", "neverblock_db_pool_checkout_timeouts_total" => "timeouts" }.each do |name, key|
+              "neverblock_db_pool_waiting" => "waiting", "neverblock_db_pool_checkout_timeouts_total" => "timeouts",
+              "neverblock_db_pool_query_cancels_total" => "cancels" }.each do |name, key|
               series[name] << [pool_labels, pool[key]]
             end
           end
