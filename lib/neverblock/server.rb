@@ -334,6 +334,7 @@ module NeverBlock
         shutdown(acceptors)
       end
     ensure
+      @access_log&.flush
       @listeners.each(&:close)
       @wake_reader.close
       @wake_writer.close
