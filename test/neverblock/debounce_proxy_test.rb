@@ -166,9 +166,14 @@ class DebounceProxyTest < PlainTest
 
   # 50 concurrent 20 MiB downloads (50 leaders), each announced with a Content-Length
   # over the shared-body limit: they stream from the first byte, so the
-  # proxy holds none of them in memory.
+  # proxy holds none of them in memory: its RSS grows by a fifth at most of
+  # the 1,000 MiB that holding them would take (~70 MB here: 50 streams'
+  # buffers). Measured from its RSS after one request, not as an absolute:
+  # what the process holds at rest moves with the Ruby and the code loaded.
   def test_large_downloads_stream_without_growing_the_proxy
     proxy = start_proxy
+    Net::HTTP.start("127.0.0.1", proxy[:port]) { |http| http.get("/download/warm-up", "host" => "files.internal") }
+    before = rss_mb(proxy[:pid])
     clients = Array.new(50) do |i|
       Thread.new do
         socket = TCPSocket.new("127.0.0.1", proxy[:port])
@@ -185,7 +190,7 @@ class DebounceProxyTest < PlainTest
     peak = [peak, rss_mb(proxy[:pid])].max while clients.any?(&:alive?) && sleep(0.05)
     sizes = clients.map(&:value)
     assert(sizes.all? { |size| size > DOWNLOAD_CHUNK.bytesize * DOWNLOAD_CHUNKS }, sizes.inspect)
-    assert_operator peak, :<, 150, "the proxy's RSS peaked at #{peak} MB"
+    assert_operator peak - before, :<, 200, "the proxy's RSS went from #{before} MB to #{peak} MB"
   end
 
   def rss_mb(pid)
