@@ -61,7 +61,9 @@ class ServerClusterTest < PlainTest
       Thread.new do
         until stop
           begin
-            get(server, "/die")
+            # Short timeouts: no /die request is answered, and a killer left
+            # waiting 30 s (get's read_timeout) made this test take a minute.
+            Net::HTTP.start("127.0.0.1", server[:port], open_timeout: 2, read_timeout: 2) { |http| http.get("/die") }
           rescue StandardError
             nil # the worker died under this request, as asked
           end
