@@ -111,25 +111,32 @@ module NeverBlock
         nil
       end
 
-      if Fiber.respond_to?(:blocking)
-        # Fiber::Scheduler hook (Ruby 3.2+): `IO.select` from a fiber.
-        # @return [Array, nil] like IO.select.
-        #
-        # Polls; if nothing is ready, one watcher fiber per IO waits in the
-        # selector, the first to fire wakes this fiber, the watchers are
-        # stopped and it polls again (another fiber may have taken the data).
-        def io_select(readables, writables = nil, exceptables = nil, timeout = nil)
-          interests = { readables => IO::READABLE, writables => IO::WRITABLE, exceptables => IO::PRIORITY }
-          deadline = Clock.now + timeout if timeout
-          loop do
-            result = Fiber.blocking { ::IO.select(readables, writables, exceptables, 0) }
-            return result if result
+      # Fiber::Scheduler hook (Ruby 3.2+): `IO.select` from a fiber; on Ruby
+      # 3.1, which has no such hook, `require "neverblock/io_select"` calls it.
+      # @return [Array, nil] like IO.select.
+      #
+      # Polls; if nothing is ready, one watcher fiber per IO waits in the
+      # selector, the first to fire wakes this fiber, the watchers are
+      # stopped and it polls again (another fiber may have taken the data).
+      # The poll is Ruby's own select with a zero timeout, so the arguments
+      # are checked, and data already in an IO's Ruby buffer counts, as
+      # IO.select does. The timeout reaches the hook unchecked: checked here
+      # as IO.select checks it (a negative one returned nil at once).
+      def io_select(readables, writables = nil, exceptables = nil, timeout = nil)
+        unless timeout.nil?
+          raise TypeError, "can't convert #{timeout.class} into time interval" unless timeout.is_a?(Numeric)
+          raise ArgumentError, "time interval must not be negative" if timeout.negative?
+        end
+        interests = { readables => IO::READABLE, writables => IO::WRITABLE, exceptables => IO::PRIORITY }
+        deadline = Clock.now + timeout if timeout
+        loop do
+          result = without_hooks { ::IO.select(readables, writables, exceptables, 0) }
+          return result if result
 
-            remaining = deadline && deadline - Clock.now
-            return nil if remaining && remaining <= 0
+          remaining = deadline && deadline - Clock.now
+          return nil if remaining && remaining <= 0
 
-            wait_for_any(interests, remaining)
-          end
+          wait_for_any(interests, remaining)
         end
       end
 
