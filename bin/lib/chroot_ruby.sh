@@ -33,7 +33,9 @@ CR_BUILD_PACKAGES=(build-essential pkg-config git ca-certificates
 # call the package libvips42t64 (the 64-bit time_t transition); Debian 12 libvips42.
 # Installed with apt by chroot_ruby_ensure_packages rather than by debootstrap, whose
 # dependency resolution is rudimentary: libvips pulls in dozens of libraries.
-CR_EXAMPLE_PACKAGES=(libffi-dev libvips42t64)
+# libcurl4t64: libcurl for the typhoeus test (ethon loads it with ffi; sid has only the
+# gnutls flavour otherwise).
+CR_EXAMPLE_PACKAGES=(libffi-dev libvips42t64 libcurl4t64)
 # Debian's Release files for sid and experimental are past their Valid-Until date on some
 # mirrors (snapshots); apt refuses them unless told not to check.
 CR_APT=(apt-get -o Acquire::Check-Valid-Until=false)
