@@ -50,7 +50,9 @@ module NeverBlock
       FLUSH_AFTER = 0.05
       # Bytes waiting that are written at once.
       FLUSH_BYTES = 16 * 1024
-      private_constant :UNSAFE, :REQUEST_ID
+      # A string JSON takes as it is: printable ASCII but quote and backslash.
+      JSON_PLAIN = /\A[\x20\x21\x23-\x5b\x5d-\x7e]*\z/
+      private_constant :UNSAFE, :REQUEST_ID, :JSON_PLAIN
 
       # What {#start} keeps of a request until {#write} (formats but :common).
       Entry = Struct.new(:method, :path, :query, :id, :queue_time)
@@ -94,6 +96,8 @@ module NeverBlock
         @flushing = false # a task will write the batch
         @second = nil
         @stamp = nil
+        @iso_second = nil
+        @iso_prefix = nil
         @worker = nil
       end
 
@@ -172,14 +176,46 @@ module NeverBlock
       def line(remote, started, status, bytes, seconds, waited)
         return "#{remote} - - [#{timestamp}] \"#{started}\" #{status.to_i} #{bytes} #{format('%.4f', seconds)}\n" if @format == :common
 
+        return json_line(remote, started, status, bytes, seconds, waited) if @format == :json
+
         entry = { time: Time.now, id: started.id, remote: remote, method: started.method, path: started.path,
                   query: started.query, status: status.to_i, bytes: bytes.is_a?(Integer) ? bytes : nil,
                   duration: seconds.round(6), admission_wait: waited.round(6), worker: @worker,
                   queue_time: started.queue_time&.round(6) }
-        return "#{JSON.generate(entry.merge(time: entry[:time].utc.iso8601(3)))}\n" if @format == :json
-
         text = @format.call(entry).to_s
         text.end_with?("\n") ? text : "#{text}\n"
+      end
+
+      # The :json line, written out rather than through a Hash and
+      # JSON.generate (half its cost on a hello-world request).
+      def json_line(remote, started, status, bytes, seconds, waited)
+        queue_time = started.queue_time
+        "{\"time\":\"#{iso_time}\",\"id\":#{json(started.id)},\"remote\":#{json(remote)}," \
+          "\"method\":#{json(started.method)},\"path\":#{json(started.path)},\"query\":#{json(started.query)}," \
+          "\"status\":#{status.to_i},\"bytes\":#{bytes.is_a?(Integer) ? bytes : 'null'}," \
+          "\"duration\":#{seconds.round(6)},\"admission_wait\":#{waited.round(6)}," \
+          "\"worker\":#{@worker || 'null'},\"queue_time\":#{queue_time ? queue_time.round(6) : 'null'}}\n"
+      end
+
+      # A JSON string (or null). Bytes that are not UTF-8 (a raw request
+      # target may have any) become U+FFFD rather than failing the line.
+      def json(value)
+        return "null" if value.nil?
+        return "\"#{value}\"" if value.match?(JSON_PLAIN)
+
+        value = value.dup.force_encoding(Encoding::UTF_8).scrub unless value.encoding == Encoding::UTF_8 && value.valid_encoding?
+        JSON.generate(value)
+      end
+
+      # Now in UTC to the millisecond, ISO 8601 (the seconds part made once a second).
+      def iso_time
+        millis = Process.clock_gettime(Process::CLOCK_REALTIME, :millisecond)
+        second = millis / 1000
+        unless second == @iso_second
+          @iso_second = second
+          @iso_prefix = Time.at(second).utc.strftime("%Y-%m-%dT%H:%M:%S.")
+        end
+        "#{@iso_prefix}#{(millis % 1000).to_s.rjust(3, '0')}Z"
       end
 
       # Seconds since a front proxy's X-Request-Start / X-Queue-Start

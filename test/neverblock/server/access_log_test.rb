@@ -105,6 +105,21 @@ class ServerAccessLogTest < PlainTest
     assert_equal 'GET /a\x22b\x5C?x=\xFF HTTP/1.1', access_log.request_line(env)
   end
 
+  # Written out by hand (not JSON.generate): every string JSON must escape,
+  # and bytes that are not UTF-8 (a raw request target), still make a line
+  # JSON parses back.
+  def test_json_lines_escape_what_json_must_and_survive_bytes_that_are_not_utf8
+    io = StringIO.new
+    access_log = NeverBlock::Server::AccessLog.new(io, format: :json)
+    path = "/q\"uote\\back\tslash\u00e9\u2028"
+    env = { "REQUEST_METHOD" => "GET", "PATH_INFO" => path, "QUERY_STRING" => "x=\xff\x01".b, "HTTP_X_REQUEST_ID" => "id-1" }
+    access_log.write("::1", access_log.start(env), 404, "-", 1.5e-05, 0.25)
+    entry = JSON.parse(io.string)
+    assert_equal [path, "x=\uFFFD\u0001", "id-1", "::1", 404, nil, 1.5e-05, 0.25],
+                 entry.values_at("path", "query", "id", "remote", "status", "bytes", "duration", "admission_wait")
+    assert io.string.end_with?("}\n")
+  end
+
   # JSON lines: one object per request with its id (the client's, kept, or
   # a new one the app sees too), the admission wait and a front proxy's
   # queue time.
