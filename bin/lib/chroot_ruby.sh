@@ -2,10 +2,13 @@
 # The Rubies that run in Debian chroots beside the system Ruby 3.1 (sourced, not executed):
 #   3.3  Debian 13 (trixie), package ruby3.3          at /var/cache/neverblock/trixie
 #   3.4  Debian sid with ruby3.4 from experimental    at /var/cache/neverblock/sid
+#   3.4-yjit  Ruby 3.4 built with YJIT from Debian's ruby3.4 source, in the same sid chroot
+#        at /opt/ruby-3.4-yjit (Debian disables YJIT only because it needs Rust); every
+#        process of its passes runs with YJIT on (RUBY_YJIT_ENABLE=1)
 # Recipe and rationale: /work/shared/ruby33.md. Requires common.sh to be sourced first.
 #
 # Defines (each acts on the Ruby chosen last with chroot_ruby_use):
-#   chroot_ruby_use VERSION        choose 3.3 or 3.4 (sets CR_* below)
+#   chroot_ruby_use VERSION        choose 3.3, 3.4 or 3.4-yjit (sets CR_* below)
 #   chroot_ruby_built              is the chroot there?
 #   chroot_ruby_build              debootstrap the chroot if it is missing (atomic, locked)
 #   chroot_ruby_ensure_packages    install chroot packages that are missing (e.g. a package
@@ -43,6 +46,7 @@ CR_APT=(apt-get -o Acquire::Check-Valid-Until=false)
 # chroot_ruby_use VERSION: choose the chroot later calls act on.
 chroot_ruby_use() {
   CR_VERSION="$1"
+  CR_BASE_RUBY=""
   case "$CR_VERSION" in
     3.3)
       CR_ROOT="${NEVERBLOCK_CR_ROOT:-/var/cache/neverblock/trixie}"
@@ -58,17 +62,38 @@ chroot_ruby_use() {
       CR_PACKAGES=("${CR_BUILD_PACKAGES[@]}")
       CR_RUBY=/usr/bin/ruby3.4      # /usr/local/bin/ruby names it (_chroot_ruby_install_experimental)
       ;;
-    *) nb_die "no chroot for Ruby $CR_VERSION (use 3.3 or 3.4)" ;;
+    3.4-yjit)
+      CR_ROOT="${NEVERBLOCK_RUBY34_ROOT:-/var/cache/neverblock/sid}"
+      CR_SUITE=sid
+      CR_PACKAGES=("${CR_BUILD_PACKAGES[@]}" "${CR_YJIT_BUILD_PACKAGES[@]}")
+      CR_RUBY="$CR_YJIT_PREFIX/bin/ruby"
+      CR_BASE_RUBY=/usr/bin/ruby3.4 # the chroot's own: built = the sid chroot is there
+      ;;
+    *) nb_die "no chroot for Ruby $CR_VERSION (use 3.3, 3.4 or 3.4-yjit)" ;;
   esac
   CR_LOCK="${CR_ROOT}.lock"
   CR_BUNDLE_PATH="vendor/bundle-$CR_VERSION"
-  CR_GEMFILE="gemfiles/ruby${CR_VERSION//./}.gemfile"
+  local gemfile_version="${CR_VERSION%-yjit}"
+  CR_GEMFILE="gemfiles/ruby${gemfile_version//./}.gemfile"
+  CR_PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+  CR_RUBY_ENV=()
+  if [[ "$CR_VERSION" == 3.4-yjit ]]; then
+    CR_PATH="$CR_YJIT_PREFIX/bin:$CR_PATH"
+    CR_RUBY_ENV=(RUBY_YJIT_ENABLE=1)
+  fi
 }
+
+# Ruby 3.4 with YJIT: where it is installed in the sid chroot, and what building it needs
+# (rustc for YJIT; the rest for Ruby's extensions). The source is Debian's ruby3.4 from
+# experimental: the newest there whose source the mirror still has (3.4.11's is gone).
+CR_YJIT_PREFIX=/opt/ruby-3.4-yjit
+CR_YJIT_SOURCE="ruby3.4=3.4.5-1~exp1"
+CR_YJIT_BUILD_PACKAGES=(autoconf bison rustc libssl-dev zlib1g-dev libgmp-dev dpkg-dev)
 
 
 # Present = debootstrap finished (see chroot_ruby_build). Missing packages are added later by
 # chroot_ruby_ensure_packages.
-chroot_ruby_built() { [[ -x "$CR_ROOT$CR_RUBY" ]]; }
+chroot_ruby_built() { [[ -x "$CR_ROOT${CR_BASE_RUBY:-$CR_RUBY}" ]]; }
 
 # Build the chroot into "$ROOT.partial" and rename it when debootstrap succeeded, so an
 # interrupted build is never mistaken for a finished one (the next run starts over).
@@ -98,11 +123,44 @@ chroot_ruby_build() {
       tail -n 30 "$log" >&2
       nb_die "debootstrap failed (full log: $log)"
     fi
-    if [[ "$CR_VERSION" == 3.4 ]]; then
+    if [[ "$CR_VERSION" == 3.4* ]]; then
       _chroot_ruby_install_experimental "$partial" >>"$log" 2>&1 ||
         { tail -n 30 "$log" >&2; nb_die "installing Ruby 3.4 from Debian experimental failed (full log: $log)"; }
     fi
     mv "$partial" "$CR_ROOT"
+  )
+}
+
+# chroot_ruby_build_yjit: with the sid chroot there, build Ruby 3.4 with YJIT into
+# CR_YJIT_PREFIX (once: minutes on two cores; locked; a marker file says it finished).
+chroot_ruby_build_yjit() {
+  local marker="$CR_ROOT$CR_YJIT_PREFIX/.neverblock-built"
+  [[ -e "$marker" ]] && return 0
+  (
+    exec 8>"$CR_LOCK.yjit"
+    flock 8
+    [[ -e "$marker" ]] && exit 0
+    local log="$CR_ROOT.yjit-build.log"
+    nb_log "building Ruby 3.4 with YJIT ($CR_YJIT_SOURCE) into $CR_YJIT_PREFIX in the sid chroot (log: $log)"
+    chroot_ruby_ensure_packages
+    chroot_ruby_exec sh -ec "
+      unset RUBY_YJIT_ENABLE # the build's own miniruby need not run with YJIT
+      grep -q '^deb-src' /etc/apt/sources.list /etc/apt/sources.list.d/* 2>/dev/null || {
+        echo 'deb-src $CR_MIRROR sid main' >/etc/apt/sources.list.d/neverblock-src.list
+        echo 'deb-src $CR_MIRROR experimental main' >>/etc/apt/sources.list.d/neverblock-src.list
+        ${CR_APT[*]} update -qq
+      }
+      rm -rf /var/tmp/ruby-yjit-build $CR_YJIT_PREFIX && mkdir -p /var/tmp/ruby-yjit-build && cd /var/tmp/ruby-yjit-build
+      ${CR_APT[*]} source -qq $CR_YJIT_SOURCE
+      cd ruby3.4-*/
+      ./configure --prefix=$CR_YJIT_PREFIX --enable-yjit --enable-shared --disable-install-doc
+      make -j$(nproc)
+      make install
+      $CR_YJIT_PREFIX/bin/ruby --yjit -e 'exit RubyVM::YJIT.enabled? ? 0 : 1'
+      SSL_CERT_FILE=$CR_CA_FILE $CR_YJIT_PREFIX/bin/gem install --no-document bundler
+      cd / && rm -rf /var/tmp/ruby-yjit-build" >"$log" 2>&1 ||
+      { tail -n 30 "$log" >&2; nb_die "building Ruby 3.4 with YJIT failed (full log: $log)"; }
+    touch "$marker"
   )
 }
 
@@ -229,7 +287,7 @@ _chroot_ruby_mount_and_run() (
   # Variables the caller wants through are listed in CR_PASS_ENV (NAME=value words).
   chroot "$CR_ROOT" /usr/bin/env -i \
     HOME=/root LANG=C.UTF-8 TERM="${TERM:-dumb}" \
-    PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    PATH="$CR_PATH" "${CR_RUBY_ENV[@]}" \
     BUNDLE_APP_CONFIG=/var/lib/neverblock/bundle-config \
     BUNDLE_PATH="/src/$CR_BUNDLE_PATH" BUNDLE_GEMFILE="/src/$CR_GEMFILE" BUNDLE_FROZEN=true \
     BUNDLE_SILENCE_ROOT_WARNING=1 BUNDLE_JOBS="$(nproc)" \

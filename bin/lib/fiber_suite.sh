@@ -24,7 +24,8 @@ _fiber_suite_debian_version() {
   local ruby="$1" admindir=/var/lib/dpkg
   case "$ruby" in
     3.1) ;;
-    3.3|3.4) chroot_ruby_use "$ruby"; admindir="$CR_ROOT/var/lib/dpkg" ;;
+    # 3.4-yjit: built from Debian's ruby3.4 source in the sid chroot, whose package says the series.
+    3.3|3.4|3.4-yjit) chroot_ruby_use "$ruby"; admindir="$CR_ROOT/var/lib/dpkg"; ruby="${ruby%-yjit}" ;;
     *)   nb_warn "fiber suite: unsupported Ruby $ruby"; return 1 ;;
   esac
   dpkg-query --admindir="$admindir" -W -f='${Version}' "ruby$ruby" 2>/dev/null ||
@@ -63,6 +64,7 @@ _fiber_suite_download() {
 _fiber_suite_fetch() {
   local ruby="$1" version upstream dir tarball candidate
   version="$(_fiber_suite_debian_version "$ruby")" || return 1
+  ruby="${ruby%-yjit}"              # the package the source comes from
   upstream="${version#*:}"          # no epoch
   upstream="${upstream%-*}"         # no Debian revision
   for candidate in "$upstream" $(_fiber_suite_listed_versions "$ruby"); do

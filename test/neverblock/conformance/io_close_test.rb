@@ -55,7 +55,7 @@ class ConformanceIOCloseTest < ConformanceTest
 
   # Ruby's test_io_close_blocking_thread.
   def test_closing_from_a_fiber_an_io_that_a_thread_is_reading
-    skip_on_ruby_bug_20723
+    skip_on_ruby_bug_20723(before: "3.4.11")
     inside, outside = UNIXSocket.pair
     error = nil
     reader = Thread.new do
@@ -116,10 +116,14 @@ class ConformanceIOCloseTest < ConformanceTest
   # not reach a fiber waiting in a scheduler: the closing fiber never wakes,
   # with Ruby's reference scheduler too (https://bugs.ruby-lang.org/issues/20723,
   # fixed in 3.4). Ruby 3.1 closes without waiting.
-  def skip_on_ruby_bug_20723
+  # Ruby 3.2 and 3.3: bug #20723. With a thread in IO#read, Ruby 3.4.5 (our
+  # YJIT build, from the newest 3.4 source Debian's mirror has) hangs too,
+  # with YJIT on or off, and 3.4.11 passes (ruby/ruby#13437, "IO#close ...
+  # can hang", went into 3.4 in between; which release is not known here).
+  def skip_on_ruby_bug_20723(before: "3.4")
     version = Gem::Version.new(RUBY_VERSION)
-    return unless version >= Gem::Version.new("3.2") && version < Gem::Version.new("3.4")
+    return unless version >= Gem::Version.new("3.2") && version < Gem::Version.new(before)
 
-    skip "Ruby #{RUBY_VERSION} bug #20723: a fiber closing an IO that a thread is reading never wakes up"
+    skip "Ruby #{RUBY_VERSION}: a fiber closing an IO that a thread is reading never wakes up (bug #20723, ruby/ruby#13437)"
   end
 end
