@@ -94,6 +94,39 @@ module ConformanceSupport
   # Calls the block until it returns true, for up to `limit` seconds; for
   # waiting on state another thread changes (e.g. a thread going to sleep).
   # @return [void]
+  # A plain threaded HTTP server on 127.0.0.1 (the loop under test only runs
+  # clients): each request is answered after `delay` seconds with its path
+  # as the body, and the connection closed. Stopped at teardown.
+  # @return [Integer] its port.
+  def slow_http_server(delay: 0.5)
+    tcp = TCPServer.new("127.0.0.1", 0)
+    thread = Thread.new do
+      loop do
+        Thread.new(tcp.accept) do |client|
+          path = client.gets[%r{\AGET (\S+)}, 1]
+          nil until client.gets == "\r\n"
+          Kernel.sleep delay
+          client.write("HTTP/1.1 200 OK\r\nContent-Length: #{path.bytesize}\r\nConnection: close\r\n\r\n#{path}")
+        ensure
+          client.close
+        end
+      end
+    rescue IOError
+      nil # the listening socket was closed: the test is over
+    end
+    (@slow_servers ||= []) << [tcp, thread]
+    tcp.local_address.ip_port
+  end
+
+  # Minitest hook: stops the #slow_http_server's.
+  def after_teardown
+    @slow_servers&.each do |tcp, thread|
+      tcp.close
+      thread.join(2)
+    end
+    super
+  end
+
   def wait_for(what, limit: 5)
     deadline = now + limit
     until yield

@@ -47,23 +47,7 @@ class ConformanceHTTPTest < ConformanceTest
   def test_excon_requests_run_concurrently_through_io_select
     require "neverblock/io_select"
     require "excon"
-    tcp = TCPServer.new("127.0.0.1", 0)
-    port = tcp.local_address.ip_port
-    server = Thread.new do # a plain threaded server: the loop under test only runs clients
-      loop do
-        connection = tcp.accept
-        Thread.new(connection) do |client|
-          path = client.gets[%r{\AGET (\S+)}, 1]
-          nil until client.gets == "\r\n"
-          Kernel.sleep 0.5
-          client.write("HTTP/1.1 200 OK\r\nContent-Length: #{path.bytesize}\r\nConnection: close\r\n\r\n#{path}")
-        ensure
-          client.close
-        end
-      end
-    rescue IOError
-      nil # the listening socket was closed: the test is over
-    end
+    port = slow_http_server
     bodies = []
     duration = elapsed do
       on_scheduler_thread do
@@ -72,9 +56,6 @@ class ConformanceHTTPTest < ConformanceTest
     end
     assert_equal 10.times.map { |index| "/#{index}" }.sort, bodies.sort
     assert_operator duration, :<, 2.5, "ten 0.5 s excon requests took #{duration.round(2)} s: one after the other?"
-  ensure
-    tcp&.close
-    server&.join(2)
   end
 
   def test_gets_over_tls_with_a_self_signed_certificate

@@ -10,28 +10,7 @@ require "typhoeus"
 class ConformanceLibcurlTest < ConformanceTest
   def setup
     super
-    @tcp = TCPServer.new("127.0.0.1", 0)
-    @port = @tcp.local_address.ip_port
-    @server = Thread.new do # a plain threaded server: the loop under test only runs clients
-      loop do
-        Thread.new(@tcp.accept) do |client|
-          path = client.gets[%r{\AGET (\S+)}, 1]
-          nil until client.gets == "\r\n"
-          Kernel.sleep 0.5
-          client.write("HTTP/1.1 200 OK\r\nContent-Length: #{path.bytesize}\r\nConnection: close\r\n\r\n#{path}")
-        ensure
-          client.close
-        end
-      end
-    rescue IOError
-      nil # the listening socket was closed: the test is over
-    end
-  end
-
-  def teardown
-    @tcp.close
-    @server.join(5)
-    super
+    @port = slow_http_server
   end
 
   def test_typhoeus_through_defer_runs_concurrently
