@@ -105,6 +105,7 @@ module NeverBlock
         @reloading = false # a rolling restart told systemd RELOADING=1
         @control = nil # the Control listener, while running
         @predecessors = nil # HotRestart::Predecessors, until this image's workers accept
+        @boot_paused = false # a hot restart's app did not boot: no workers until the next HUP
         @workers = {} # pid => Worker
         @generation = 0
         @signals = Thread::Queue.new
@@ -433,7 +434,11 @@ module NeverBlock
           reap
         end
         @sidecars.kill
-        HotRestart.exec(command, dir, @listeners, @workers.keys, @alive_writer)
+        if @boot_paused # this image never served: the previous image's workers are handed on again
+          HotRestart.exec(command, dir, @listeners, @predecessors.pids, @predecessors.alive)
+        else
+          HotRestart.exec(command, dir, @listeners, @workers.keys, @alive_writer)
+        end
       end
 
       # After a hot restart, once this image's workers accept: the old
@@ -448,6 +453,30 @@ module NeverBlock
           nil
         end
         NeverBlock.logger.info { "NeverBlock::Server: hot restart done; the old workers (#{old.pids.join(', ')}) stop" }
+      end
+
+      # A hot restart into an app that does not boot: the old image's workers
+      # keep serving, this image boots no more workers (its app is broken)
+      # until the next HUP, which hands those same workers on again. If they
+      # are all gone meanwhile, booting resumes, and so does giving up.
+      def keep_predecessors
+        NeverBlock.logger.error do
+          "NeverBlock::Server: hot restart abandoned: the new workers exited #{@boot_failures} times in a row before " \
+            "their app booted#{@last_boot_failure ? " (#{@last_boot_failure})" : ''}; the previous workers " \
+            "(#{@predecessors.pids.join(', ')}) keep serving the previous code: fix the app and send HUP again"
+        end
+        @boot_failures = 0
+        @boot_paused = true
+        @systemd.ready("hot restart abandoned; the previous workers serve")
+      end
+
+      def predecessors_alive?
+        @predecessors.pids.any? do |pid|
+          Process.kill(0, pid)
+          true
+        rescue Errno::ESRCH
+          false
+        end
       end
 
       # `neverblock ctl halt`: every worker and sidecar is killed now.
@@ -482,6 +511,7 @@ module NeverBlock
 
       def replace_missing
         return if Clock.now < @next_boot_at
+        return if @boot_paused && (@boot_paused = predecessors_alive?) # the previous workers serve (keep_predecessors)
 
         (0...@count).each do |index|
           next if @restart_queue.first == index # the restart starts that one itself
@@ -662,8 +692,12 @@ module NeverBlock
 
       # New workers keep dying before their app booted. During a rolling
       # restart with old workers still serving, the restart is abandoned and
-      # they go on; otherwise the master stops and {Server#run} raises.
+      # they go on; after a hot restart, the old image's workers go on
+      # serving (see #keep_predecessors); otherwise the master stops and
+      # {Server#run} raises.
       def give_up_booting
+        return keep_predecessors if @predecessors && !@stopping && predecessors_alive?
+
         old = @workers.each_value.select { |worker| worker.ready && !worker.stopping }
         if (@restart_queue.any? || @retiring.any?) && old.any?
           NeverBlock.logger.error do

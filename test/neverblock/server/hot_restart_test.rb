@@ -56,13 +56,25 @@ class ServerHotRestartTest < PlainTest
     assert wait_exit(server).success?
   end
 
-  def test_a_hot_restart_into_an_app_that_cannot_boot_says_why
+  # A hot restart into an app that cannot boot: the old workers go on
+  # serving the old code (the master does not give up, as it would at a
+  # first boot), and the next HUP, once the app is fixed, takes over.
+  def test_a_hot_restart_into_an_app_that_cannot_boot_leaves_the_old_workers_serving
     server = serve("versioned.ru", "-w", "1", env: { "NB_TEST_VERSION" => @version })
-    assert_equal "200", get(server).code
+    old_workers = eventually { (w = worker_pids(server[:pid])).size == 1 && w }
+    assert_equal "v1", get(server).body.split.first
     File.write(@version, "broken\n")
     Process.kill("HUP", server[:pid])
-    status = wait_exit(server, timeout: 60)
-    refute status.success?
-    assert_match(/the app failed to boot \d+ times in a row .*broken on purpose/, output_lines(server).join + server[:out].read.to_s)
+    wait_for_line(server, /hot restart abandoned: the new workers exited \d+ times in a row .*broken on purpose.*keep serving/, timeout: 60)
+    5.times { assert_equal "v1", get(server).body.split.first, "the old worker still answers" }
+    assert alive?(server[:pid]), "the master did not give up"
+    assert_equal old_workers, worker_pids(server[:pid]), "no new workers booting meanwhile"
+
+    File.write(@version, "v3\n")
+    Process.kill("HUP", server[:pid])
+    wait_for_line(server, /hot restart done; the old workers \(#{old_workers.first}\) stop/, timeout: 60)
+    eventually { get(server).body.split.first == "v3" }
+    Process.kill("TERM", server[:pid])
+    assert wait_exit(server).success?
   end
 end

@@ -19,8 +19,10 @@ module NeverBlock
       #   started again by the new image.
       #
       # Only `neverblock serve` knows its command line ({Server#restart_command}).
-      # A new image whose app cannot boot gives up as any master does, and
-      # the old workers stop with it: try the new code first, or use USR2.
+      # A new image whose workers cannot boot keeps the old workers serving
+      # (Cluster#keep_predecessors) until the next HUP hands them on again;
+      # one whose `--preload`ed app cannot load stops, and the old workers
+      # with it: try the new code first, or use USR2.
       module HotRestart
         WORKERS = "NEVERBLOCK_OLD_WORKERS"
         ALIVE_FD = "NEVERBLOCK_OLD_WORKERS_ALIVE_FD"
