@@ -41,10 +41,11 @@ module ServeProcesses
   end
 
   # #serve without waiting: for a server that is not meant to come up.
-  def spawn_serve(app, *args, env: {}, chdir: nil)
+  # `bind: false` leaves out the `-b tcp://127.0.0.1:0` given otherwise.
+  def spawn_serve(app, *args, env: {}, chdir: nil, bind: true)
     path = (chdir || app.start_with?("/")) ? app : File.join(FIXTURES, app)
     reader, writer = IO.pipe
-    pid = Process.spawn(env, RbConfig.ruby, EXE, "serve", path, "-b", "tcp://127.0.0.1:0", *args,
+    pid = Process.spawn(env, RbConfig.ruby, EXE, "serve", path, *(bind ? ["-b", "tcp://127.0.0.1:0"] : []), *args,
                         chdir: chdir || Dir.pwd, out: writer, err: writer, pgroup: true)
     writer.close
     server = { pid: pid, out: reader, lines: [] }

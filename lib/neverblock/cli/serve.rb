@@ -73,7 +73,7 @@ module NeverBlock
           o.banner = USAGE
           o.require_exact = true if o.respond_to?(:require_exact=) # `-p` is --port, never an abbreviation
           o.on("-b", "--bind URL", "tcp://HOST:PORT, unix://PATH or ssl://HOST:PORT?cert=PEM&key=PEM; " \
-                                   "repeatable (default tcp://0.0.0.0:9292)") do |url|
+                                   "repeatable (default tcp://0.0.0.0:$PORT, else 9292)") do |url|
             options[:bind] << expand_tls_paths(url, Dir.pwd)
           end
           o.on("-p", "--port PORT", Integer, "the same as --bind tcp://0.0.0.0:PORT") do |port|
@@ -307,9 +307,19 @@ module NeverBlock
         app.is_a?(Array) ? app.first : app
       end
 
+      # Without -b/-p or a bind in -C: the PORT variable's port, as Puma and
+      # `rails server` take it (Thruster, Heroku and Foreman set it), else 9292.
+      def default_bind
+        port = ENV.fetch("PORT", "").strip
+        return "tcp://0.0.0.0:9292" if port.empty?
+        raise ArgumentError, "PORT=#{port} is not a port number" unless port.match?(/\A\d{1,5}\z/) && port.to_i.between?(1, 65_535)
+
+        "tcp://0.0.0.0:#{port}"
+      end
+
       def server_options(loader)
         opts = @options
-        options = { bind: opts[:bind].empty? ? ["tcp://0.0.0.0:9292"] : opts[:bind], workers: opts[:workers],
+        options = { bind: opts[:bind].empty? ? [default_bind] : opts[:bind], workers: opts[:workers],
                     fiber_pool: opts[:fiber_pool], adaptive_limit: opts[:adaptive_limit], status_path: opts[:status_path],
                     early_hints: opts[:early_hints], opentelemetry: opts[:opentelemetry],
                     **opts[:limits] }

@@ -82,6 +82,20 @@ class ServerClusterTest < PlainTest
     20.times { pids(server) }
   end
 
+  # Without -b/-p, the PORT variable's port (Thruster, Heroku and Foreman
+  # set it for the server they start, as Puma and rails server read it).
+  def test_port_from_the_environment_when_no_bind_is_given
+    port = free_port
+    server = spawn_serve("pids.ru", "-w", "0", env: { "PORT" => port.to_s }, bind: false)
+    line = wait_for_line(server, /serving .* on (tcp:\S+)/)
+    assert_includes line, "tcp://0.0.0.0:#{port}"
+    assert_equal "200", Net::HTTP.get_response(URI("http://127.0.0.1:#{port}/")).code
+
+    out, status = Open3.capture2e({ "PORT" => "http" }, RbConfig.ruby, EXE, "serve", File.join(FIXTURES, "pids.ru"), "-w", "0")
+    assert_equal 64, status.exitstatus
+    assert_match(/PORT=http is not a port number/, out)
+  end
+
   def test_max_body_bounds_request_bodies
     server = serve("pids.ru", "-w", "0", "--max-body", "100")
     ok = Net::HTTP.start("127.0.0.1", server[:port]) { |http| http.post("/", "x" * 100) }
