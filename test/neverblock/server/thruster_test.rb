@@ -1,0 +1,60 @@
+# frozen_string_literal: true
+
+require_relative "../../test_helper"
+require_relative "../../support/serve_processes"
+require "securerandom"
+require "tmpdir"
+
+# Behind Thruster, as Rails 8's Dockerfile runs an app (`./bin/thrust
+# ./bin/rails server`): the real Thruster binary (the thruster gem) starts
+# `neverblock serve` with PORT set, and proxies to it.
+class ServerThrusterTest < PlainTest
+  include ServeProcesses
+  include NeverBlockTest::Databases
+
+  def setup
+    super
+    @dir = Dir.mktmpdir("nb-thruster")
+    @file = File.join(@dir, "download.bin")
+    File.binwrite(@file, SecureRandom.random_bytes(3 * 1024 * 1024))
+    @port = free_port
+    reader, writer = IO.pipe
+    env = { "HTTP_PORT" => @port.to_s, "TARGET_PORT" => free_port.to_s, "DATABASE_URL" => pg_url, "NB_SENDFILE" => @file }
+    # No -b: neverblock serve takes the PORT Thruster sets.
+    pid = Process.spawn(env, RbConfig.ruby, Gem.bin_path("thruster", "thrust"),
+                        RbConfig.ruby, EXE, "serve", File.join(FIXTURES, "thruster.ru"), "-w", "1", "--access-log",
+                        out: writer, err: writer, pgroup: true)
+    writer.close
+    @thruster = { pid: pid, out: reader, lines: [] }
+    (@servers ||= []) << @thruster
+    wait_for_line(@thruster, /NeverBlock .* serving .* on tcp:\/\/0\.0\.0\.0:#{env['TARGET_PORT']}/, timeout: 30)
+  end
+
+  def teardown
+    super
+    FileUtils.rm_rf(@dir)
+  end
+
+  def test_twenty_one_second_queries_through_thruster_take_about_a_second
+    started = NeverBlock::Clock.now
+    bodies = Array.new(20) { Thread.new { request("/sleep").body } }.map(&:value)
+    took = NeverBlock::Clock.now - started
+    assert_equal ["slept 127.0.0.1\n"] * 20, bodies, "answered by the app, with Thruster's X-Forwarded-For"
+    assert_operator took, :<, 5, "twenty pg_sleep(1) through Thruster took #{took.round(2)} s: not concurrent"
+  end
+
+  def test_thruster_serves_the_file_the_app_names_with_x_sendfile
+    response = request("/file")
+    assert_equal "200", response.code
+    assert_equal File.binread(@file), response.body.b
+    assert_nil response["x-sendfile"], "Thruster consumed the header"
+    line = wait_for_line(@thruster, %r{"GET /file HTTP/1\.1" 200 })
+    assert_match(%r{"GET /file HTTP/1\.1" 200 0 }, line, "the app sent no body: Thruster read the file")
+  end
+
+  private
+
+  def request(path)
+    Net::HTTP.start("127.0.0.1", @port, open_timeout: 5, read_timeout: 30) { |http| http.get(path) }
+  end
+end
