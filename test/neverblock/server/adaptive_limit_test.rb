@@ -99,23 +99,33 @@ class ServerAdaptiveLimitTest < Minitest::Test
   # A worker at its limit stops accepting: new connections wait in the
   # kernel's accept queue, where another worker of the same socket would take
   # them (Puma's wait_for_less_busy_worker, without the guess). A fiber pool
-  # of 2 keeps the limit at 2 here (a tiny target lag did not: a loop whose
-  # timer fires on time measures a lag of 0 and the limit rose).
+  # of 2 keeps the limit at 2 here. Each request is written before the next
+  # connection is opened, so the server has every head when it accepts: with
+  # client threads, a loaded machine let the server accept all five before
+  # any head arrived (a connection takes a slot with its head), and nothing
+  # was left queued.
   def test_at_its_limit_it_leaves_new_connections_in_the_accept_queue
     app = Counting.new(wait: 1.5, cpu: 0) # three stay queued for the first 1.5 s
     server = start_server(app, fiber_pool: 2, adaptive_limit: { min: 2, initial: 2 })
     listener = server.instance_variable_get(:@listeners).first
-    clients = Array.new(5) { Thread.new { Net::HTTP.get_response(URI("http://127.0.0.1:#{@port}/")).code } }
-    deadline = NeverBlock::Clock.now + 5
-    queued = 0
-    while queued < 3 && NeverBlock::Clock.now < deadline
-      sleep 0.01
-      queued = listener.pending_connections
-    end
-    assert_operator server.stats[:connections], :<=, 2, "accepted only as many as the limit admits"
+    sockets = Array.new(5) { connect.tap { |socket| socket.write(get) } }
+    queued = nil
+    deadline = NeverBlock::Clock.now + 1
+    sleep 0.01 until (queued = listener.pending_connections) >= 3 || NeverBlock::Clock.now > deadline
     assert_operator queued, :>=, 3
-    assert_equal ["200"] * 5, clients.map(&:value)
+    assert_operator server.stats[:connections], :<=, 2, "accepted only as many as the limit admits"
+    assert_equal [200] * 5, sockets.map { |socket| read_response(socket).first }
     assert_equal 2, app.peak
+  end
+
+  # What stops the acceptors (the test above, whose pool equals its limit):
+  # Admission#full? is reached at the adaptive limit, however large the pool.
+  def test_admission_is_full_at_the_adaptive_limit_not_only_at_the_pool
+    adaptive = NeverBlock::Server::Admission.new(size: 100, adaptive_limit: { min: 2, initial: 2 })
+    fixed = NeverBlock::Server::Admission.new(size: 100, adaptive_limit: false)
+    2.times { [adaptive, fixed].each(&:acquire) }
+    assert adaptive.full?, "two slots taken of an adaptive limit of 2"
+    refute fixed.full?, "two of 100 without an adaptive limit"
   end
 
   def test_disabled_it_admits_up_to_fiber_pool
