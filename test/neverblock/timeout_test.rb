@@ -173,7 +173,12 @@ class TimeoutTest < NeverBlockTest
     assert_operator time, :<, 1.5
     assert_equal 1, requests, "the GET was sent once, not retried"
   ensure
-    [acceptor, *handlers].compact.each(&:cancel)
+    # Cancelled, then waited for: a handler's ensure closes its socket, which
+    # Ruby 3.4 may hand to the thread pool (blocking_operation_wait), so the
+    # task can outlive a bare cancel (seen under YJIT).
+    tasks = [acceptor, *handlers].compact
+    tasks.each(&:cancel)
+    tasks.each(&:wait)
     server&.close
   end
 
