@@ -60,11 +60,31 @@ class IOSelectTest < PlainTest
   def test_bad_arguments_raise_what_ruby_raises
     reader, writer = IO.pipe
     closed, = IO.pipe.each(&:close)
-    cases = [[[1]], [reader], [[closed]], [[reader], nil, nil, -1], [[reader], nil, nil, "1"]]
+    cases = [[[1]], [reader], [[closed]], [[reader], nil, nil, -1], [[reader], nil, nil, "1"], [[reader], nil, nil, Float::NAN]]
     expected = cases.map { |args| outcome { IO.select(*args) } }
-    assert_equal [TypeError, TypeError, IOError, ArgumentError, TypeError], expected.map(&:first)
+    assert_equal [TypeError, TypeError, IOError, ArgumentError, TypeError, RangeError], expected.map(&:first)
     inside = NeverBlock.run { cases.map { |args| outcome { IO.select(*args) } } }
     assert_equal expected, inside
+  ensure
+    reader&.close
+    writer&.close
+  end
+
+  # IO.select takes objects with #to_io (OpenSSL::SSLSocket is one): the
+  # wait is on their IO, woken when it is ready, not at the timeout, and the
+  # objects come back as given.
+  def test_objects_with_to_io_are_waited_on_and_returned_as_given
+    reader, writer = IO.pipe
+    wrapper = Struct.new(:to_io).new(reader)
+    result = nil
+    took = elapsed do
+      NeverBlock.run do
+        NeverBlock.spawn { NeverBlock.sleep(0.05); writer.write("x") }
+        result = IO.select([wrapper], nil, nil, 3)
+      end
+    end
+    assert_equal [[wrapper], [], []], result
+    assert_operator took, :<, 2, "woken only at the timeout (#{took.round(2)} s)"
   ensure
     reader&.close
     writer&.close

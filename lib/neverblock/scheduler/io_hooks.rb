@@ -125,6 +125,7 @@ module NeverBlock
       def io_select(readables, writables = nil, exceptables = nil, timeout = nil)
         unless timeout.nil?
           raise TypeError, "can't convert #{timeout.class} into time interval" unless timeout.is_a?(Numeric)
+          raise RangeError, "NaN out of Time range" if timeout.is_a?(Float) && timeout.nan?
           raise ArgumentError, "time interval must not be negative" if timeout.negative?
         end
         interests = { readables => IO::READABLE, writables => IO::WRITABLE, exceptables => IO::PRIORITY }
@@ -255,7 +256,11 @@ module NeverBlock
 
       # A raw fiber that waits in the selector until `io` is ready, then wakes
       # `waiter`. Any error (a closed IO) also wakes it: its poll reports it.
+      # IO.select takes any object with #to_io (an OpenSSL::SSLSocket): the
+      # watcher waits on the IO itself (the object alone woke it only at
+      # the timeout).
       def start_watcher(io, events, waiter)
+        io = io.to_io
         watcher = Fiber.new(blocking: false) do
           in_selector(Fiber.current, io) { @selector.io_wait(Fiber.current, io, events) }
           wake(waiter)
