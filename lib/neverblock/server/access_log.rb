@@ -96,8 +96,6 @@ module NeverBlock
         @flushing = false # a task will write the batch
         @second = nil
         @stamp = nil
-        @iso_second = nil
-        @iso_prefix = nil
         @worker = nil
       end
 
@@ -207,15 +205,10 @@ module NeverBlock
         JSON.generate(value)
       end
 
-      # Now in UTC to the millisecond, ISO 8601 (the seconds part made once a second).
+      # Now in UTC to the millisecond, ISO 8601.
       def iso_time
         millis = Process.clock_gettime(Process::CLOCK_REALTIME, :millisecond)
-        second = millis / 1000
-        unless second == @iso_second
-          @iso_second = second
-          @iso_prefix = Time.at(second).utc.strftime("%Y-%m-%dT%H:%M:%S.")
-        end
-        "#{@iso_prefix}#{(millis % 1000).to_s.rjust(3, '0')}Z"
+        "#{second_stamp(millis / 1000, '%Y-%m-%dT%H:%M:%S.', utc: true)}#{(millis % 1000).to_s.rjust(3, '0')}Z"
       end
 
       # Seconds since a front proxy's X-Request-Start / X-Queue-Start
@@ -228,12 +221,19 @@ module NeverBlock
         [Time.now.to_f - value, 0.0].max
       end
 
+      # The common format's time, local with its offset.
       def timestamp
-        second = Process.clock_gettime(Process::CLOCK_REALTIME, :second)
+        second_stamp(Process.clock_gettime(Process::CLOCK_REALTIME, :second), "%d/%b/%Y:%H:%M:%S %z", utc: false)
+      end
+
+      # `second` (epoch) through strftime, made once a second: a log has one
+      # format, so one cached stamp serves it.
+      def second_stamp(second, pattern, utc:)
         return @stamp if second == @second
 
         @second = second
-        @stamp = Time.at(second).strftime("%d/%b/%Y:%H:%M:%S %z")
+        time = Time.at(second)
+        @stamp = (utc ? time.utc : time).strftime(pattern)
       end
     end
   end
