@@ -69,8 +69,21 @@ module NeverBlock
 
       # @return [OpenTelemetry::Trace::Tracer] NeverBlock's tracer, from the
       #   provider configured now (the SDK's once it is configured).
+      #
+      # Asked once per statement and per request, so it is kept per
+      # provider: the SDK's provider takes a mutex and a Hash lookup for
+      # every #tracer call. Keyed by the provider itself, a provider set
+      # later (OpenTelemetry.tracer_provider=, as tests do) gets its own; a
+      # tracer taken from the API's proxy provider before SDK.configure
+      # delegates to the SDK's once it is configured.
       def tracer
-        ::OpenTelemetry.tracer_provider.tracer("neverblock", VERSION)
+        provider = ::OpenTelemetry.tracer_provider
+        kept = @tracer # [provider, tracer], replaced whole: safe to read from any thread
+        return kept[1] if kept && kept[0].equal?(provider)
+
+        tracer = provider.tracer("neverblock", VERSION)
+        @tracer = [provider, tracer].freeze
+        tracer
       end
 
       # Runs a database call in a client span (kind :client) named by its
