@@ -191,7 +191,7 @@ class ConnectionPoolTest < NeverBlockTest
     assert_operator stats[:idle], :<=, 2
     assert_equal "p", pool.with(&:ping)
   ensure
-    pool.disconnect_all
+    pool&.disconnect_all # nil when skipped
   end
 
   def test_a_hand_over_between_fibers_allocates_at_most_the_waits_timer
