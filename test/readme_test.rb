@@ -130,11 +130,25 @@ class ReadmeTest < PlainTest
     end
   end
 
+  # The documents' examples use the ports a user would type (8080, 9292,
+  # 3000, ...), so two passes of the suite running at once (bin/test
+  # --jobs) take turns: one block at a time on this machine, whichever
+  # Ruby runs it (the lock file is in the repository, which the chroots
+  # see as /src).
+  def setup
+    super
+    FileUtils.mkdir_p(File.join(ROOT, "tmp"))
+    @ports_lock = File.open(File.join(ROOT, "tmp", "readme-ports.lock"), File::RDWR | File::CREAT, 0o644)
+    @ports_lock.flock(File::LOCK_EX)
+  end
+
   def teardown
     @upstream&.close
     @upstream_thread&.kill
     super
     FileUtils.rm_rf(@dir) if @dir
+  ensure
+    @ports_lock&.close # releases the lock
   end
 
   private

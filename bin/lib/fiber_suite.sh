@@ -109,10 +109,14 @@ _fiber_suite_prepare() {
 fiber_suite_run() {
   local ruby="$1" min="$2"; shift 2
   local src suite log status=0
-  src="$(_fiber_suite_fetch "$ruby")" || return 1
-  suite="$(dirname "$src")/fiber-neverblock"
+  # One download at a time (bin/test --jobs runs passes at once); each pass (Ruby and
+  # selector) gets its own copy of the suite and its own log.
+  mkdir -p "$FIBER_SUITE_DIR"
+  src="$(exec 9>"$FIBER_SUITE_DIR/.fetch.lock"; flock 9; _fiber_suite_fetch "$ruby")" || return 1
+  local pass="$ruby-${NEVERBLOCK_SELECTOR:-epoll}"
+  suite="$(dirname "$src")/fiber-neverblock-$pass"
   _fiber_suite_prepare "$src" "$suite" || return 1
-  log="$(dirname "$src")/last-run.log"
+  log="$(dirname "$src")/last-run-$pass.log"
 
   # Paths as the Ruby under test sees them: the repository is /src inside a chroot.
   local root="$NB_REPO"
