@@ -144,8 +144,14 @@ module NeverBlock
             @selector.io_wait(watcher, @reader, IO::READABLE)
             next unless @watching # switched off: a byte left in the pipe waits for the next loop
 
-            @pending = false
+            # Read, then clear: a push between the two finds @pending set and
+            # writes nothing, but its item is in the inbox, which the loop checks
+            # before it waits again. Cleared first, a byte pushed in between
+            # would be read with this one and leave @pending set over an empty
+            # pipe: no later push would write one, and the loop would sleep
+            # through them all.
             @reader.read_nonblock(4096, exception: false)
+            @pending = false
           else
             @loop.transfer
           end

@@ -33,6 +33,41 @@ class SchedulerWakeupTest < NeverBlockTest
     assert(sleeps.all? { |s| s >= 0.19 }, "a finishing block ended a sleep early: #{sleeps.inspect}")
   end
 
+  # Another thread pushes while the watcher fiber is about to read the
+  # pipe: the byte it writes is read with the one before it. The pending
+  # flag must not stay set with the pipe empty, or no later push would write
+  # a byte and the loop would sleep through every wake-up after it (seen as
+  # a pool's PoolTimeout with threads and loops together on the select
+  # selector). A TracePoint makes the race happen every time.
+  def test_a_push_racing_the_watchers_read_leaves_later_pushes_waking_the_loop
+    reader = Fiber.scheduler.instance_variable_get(:@wakeup).instance_variable_get(:@reader)
+    sleeper = NeverBlock.spawn { sleep 30 } # the loop blocks in the selector for up to 30 s
+    first = Thread::Queue.new
+    racing = Thread::Queue.new
+    later = Thread::Queue.new
+    waiters = [first, racing].map { |queue| NeverBlock.spawn { queue.pop } }
+    raced = false
+    race = TracePoint.new(:call, :c_call) do |tp|
+      next if raced || tp.method_id != :read_nonblock || !tp.self.equal?(reader)
+
+      raced = true
+      pusher = Thread.new { racing << :raced } # its wake-up lands while the watcher reads
+      Thread.pass while pusher.alive? # the GVL only: no scheduler hook from inside the hook
+    end
+    race.enable
+    Thread.new { first << :first }.join
+    assert_equal %i[first raced], waiters.map(&:value)
+    race.disable
+    assert raced, "the watcher read its pipe"
+    waiter = NeverBlock.spawn { later.pop }
+    pusher = Thread.new { sleep 0.1; later << :later } # once the loop waits in the selector again
+    assert_operator elapsed { assert_equal :later, waiter.value }, :<, 5
+    pusher.join
+  ensure
+    race&.disable
+    sleeper&.cancel
+  end
+
   def test_cancel_from_another_thread_returns_the_task
     task = NeverBlock.spawn { sleep 10 }
     assert_same task, Thread.new { task.cancel }.value
