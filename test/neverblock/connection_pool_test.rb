@@ -630,11 +630,13 @@ class ConnectionPoolTest < NeverBlockTest
       end
     end
     assert_equal({ size: 1, in_use: 0, idle: 0, waiting: 0 }, pool.stats)
-    holder = NeverBlock.spawn { pool.with { sleep 0.05 } }
-    sleep 0.01
+    release = Thread::Queue.new
+    holder = NeverBlock.spawn { pool.with { release.pop } } # holds until the second has timed out
+    sleep 0.001 until pool.stats[:in_use] == 1
     assert_raises(NeverBlock::PoolTimeout, "size 1 still means one connection at a time") do
       NeverBlock.spawn { pool.with { :second } }.value
     end
+    release << true
     holder.wait
   ensure
     pool.disconnect_all
