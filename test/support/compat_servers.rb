@@ -88,7 +88,14 @@ module CompatServers
     listener = TCPServer.new("127.0.0.1", 0)
     serve(listener) do |client|
       upstream = TCPSocket.new(host, port)
-      forward = Thread.new { IO.copy_stream(client, upstream) rescue nil } # rubocop:disable Style/RescueModifier
+      # The client's requests go through at once; its end of the stream
+      # ends the server's (memcached closes on EOF), which ends the loop below.
+      forward = Thread.new do
+        IO.copy_stream(client, upstream)
+        upstream.close_write
+      rescue IOError, SystemCallError
+        nil
+      end
       begin
         loop do
           chunk = upstream.readpartial(65_536)
