@@ -42,8 +42,8 @@ module CompatMatrix
     io_select: { text: 'require "neverblock/io_select" (Ruby 3.1 has no io_select hook)', holds_loop: true },
     defer: { text: "wrap each call in NeverBlock.defer { } (the call waits inside C)", holds_loop: true },
     connection_per_fiber: {
-      text: "one Faraday connection per fiber: the httpx adapter's session keeps its selector per thread, " \
-            "so fibers sharing a connection take turns",
+      text: "one Faraday connection per fiber (or per call): fibers sharing one connection of the httpx " \
+            "adapter take turns before Ruby 3.4, while the loop stays free",
       holds_loop: false
     }
   }.freeze
@@ -58,14 +58,16 @@ module CompatMatrix
   # @param fix [Symbol, nil] a key of FIXES when the plain calls are not
   #   concurrent on this Ruby; nil when they are concurrent as they are.
   # @param unfixed [Proc, nil] for a fix made in the block itself: the calls
-  #   without it (the blocking probe runs these instead of the block).
+  #   without it, which the blocking probe runs (and, with no fix needed on
+  #   this Ruby, the test itself) instead of the block.
   # @return [Array] the calls' values, in index order.
   def assert_concurrent_calls(row, gem: nil, fix: nil, unfixed: nil, &call)
     raise ArgumentError, "unknown fix #{fix.inspect}" if fix && !FIXES.key?(fix)
-    return probe_blocking(&(unfixed || call)) if ENV["NEVERBLOCK_COMPAT_PROBE"]
+    plain = unfixed || call
+    return probe_blocking(&plain) if ENV["NEVERBLOCK_COMPAT_PROBE"]
 
     probe = fix && blocking_probe_in_child(FIXES.fetch(fix)[:holds_loop])
-    values, seconds = run_calls(CALLS, fix: fix, &call)
+    values, seconds = run_calls(CALLS, fix: fix, &(fix ? call : plain))
     record_row(row, gem: gem, fix: fix, seconds: seconds, probe: probe)
     assert_operator seconds, :<, CONCURRENT_LIMIT,
                     "#{row}: #{CALLS} calls of #{DELAY} s took #{seconds.round(2)} s, one after the other?"
