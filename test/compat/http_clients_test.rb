@@ -3,6 +3,7 @@
 require_relative "compat_helper"
 require "net/http"
 require "open-uri"
+require "json"
 
 # HTTP clients against a local server that answers each request after
 # 0.5 s: ten requests at once in one loop take about 0.5 s.
@@ -110,6 +111,17 @@ class CompatHTTPClientsTest < CompatTest
       s3.get_object(bucket: "compat", key: "object-#{index}").body.read
     end
     assert_equal CALLS.times.map { |index| "/compat/object-#{index}" }, bodies
+  end
+
+  # Stripe's API served locally: GET /v1/customers/ID answers a customer.
+  def test_stripe
+    require "stripe"
+    url = slow_http_server(content_type: "application/json") do |path|
+      JSON.generate(id: URI(path).path.split("/").last, object: "customer")
+    end
+    stripe = Stripe::StripeClient.new("sk_test_compat", api_base: url)
+    ids = assert_concurrent_calls("stripe", gem: "stripe") { |index| stripe.v1.customers.retrieve("cus_#{index}").id }
+    assert_equal CALLS.times.map { |index| "cus_#{index}" }, ids
   end
 
   # HTTPS: Net::HTTP over TLS (the handshake and the reads wait on the socket).

@@ -12,10 +12,11 @@ require_relative "certificates"
 # free ports of 127.0.0.1 and stop at teardown.
 module CompatServers
   # An HTTP/1.1 server: answers any request with 200 and the request's path
-  # as the body, then closes the connection. With `tls: true`, HTTPS with a
-  # self-signed certificate for 127.0.0.1 (clients skip verification).
+  # as the body (or, with a block, what the block makes of the path, as
+  # `content_type`), then closes the connection. With `tls: true`, HTTPS
+  # with a self-signed certificate for 127.0.0.1 (clients skip verification).
   # @return [String] its base URL, "http://127.0.0.1:PORT".
-  def slow_http_server(delay: CompatMatrix::DELAY, tls: false)
+  def slow_http_server(delay: CompatMatrix::DELAY, tls: false, content_type: "text/plain", &body)
     listener = TCPServer.new("127.0.0.1", 0)
     port = listener.local_address.ip_port
     if tls
@@ -28,9 +29,10 @@ module CompatServers
       length = head[/^content-length:\s*(\d+)/i, 1].to_i
       client.read(length) if length.positive?
       path = head[/\A[A-Z]+ (\S+)/, 1]
+      answer = body ? body.call(path) : path
       sleep delay
-      client.write("HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: #{path.bytesize}\r\n" \
-                   "Connection: close\r\n\r\n#{path}")
+      client.write("HTTP/1.1 200 OK\r\nContent-Type: #{content_type}\r\nContent-Length: #{answer.bytesize}\r\n" \
+                   "Connection: close\r\n\r\n#{answer}")
     end
     "#{tls ? 'https' : 'http'}://127.0.0.1:#{port}"
   end
