@@ -1,5 +1,6 @@
 # shellcheck shell=bash
-# Throwaway PostgreSQL 15, MariaDB 10.11 and Redis servers for the tests and benchmarks (sourced,
+# Throwaway PostgreSQL 15, MariaDB 10.11, Redis, memcached and RabbitMQ servers for the tests and
+# benchmarks (sourced,
 # not executed). Requires common.sh to be sourced first. Root only: the servers run as the
 # postgres and mysql users, which the Debian packages create.
 #
@@ -20,10 +21,14 @@
 #   NEVERBLOCK_MYSQL_DATABASE     user neverblock (ALL PRIVILEGES on *.*, so it may KILL),
 #                                 database neverblock_test
 #   NEVERBLOCK_REDIS_URL          redis://127.0.0.1:PORT/0 (no password, nothing saved to disk)
+#   NEVERBLOCK_MEMCACHED_SERVER   127.0.0.1:PORT (64 MB, no UDP)
+#   NEVERBLOCK_AMQP_URL           amqp://guest:guest@127.0.0.1:PORT (RabbitMQ, no plugins; guest may
+#                                 log in from 127.0.0.1 only)
 #
 # NEVERBLOCK_DATABASES=external: start nothing and use the servers that the NEVERBLOCK_PG_* and
 # NEVERBLOCK_MYSQL_* variables and NEVERBLOCK_REDIS_URL, already exported, describe (e.g. a
-# development server).
+# development server). NEVERBLOCK_MEMCACHED_SERVER and NEVERBLOCK_AMQP_URL are optional there: the
+# compatibility tests of dalli and bunny (test/compat) fail, saying so, without them.
 #
 # The servers are fast and unsafe (fsync off), 300 connections each (benchmarks open many).
 # PostgreSQL asks for a password over TCP (scram-sha-256; the tests check that a wrong one is
@@ -37,11 +42,13 @@
 #   pg/data  pg/postgres.log  pg/.s.PGSQL.<port>      owned by postgres
 #   mysql/data  mysql/mysqld.log  mysql/mysqld.sock   owned by mysql
 #   redis/redis.log  redis/redis.pid                   owned by redis
+#   memcached/memcached.pid  memcached/memcached.out   owned by memcache
+#   rabbitmq/  (HOME, mnesia/, log/, epmd.pid, rabbitmq.pid)  owned by rabbitmq
 #   stop                                              present = supervisors stop restarting
 
 NB_PG_BIN=/usr/lib/postgresql/15/bin
 NB_DATABASE_PACKAGES=(postgresql-15 postgresql-contrib mariadb-server mariadb-client
-                      libpq-dev libmariadb-dev redis-server)
+                      libpq-dev libmariadb-dev redis-server memcached rabbitmq-server)
 NB_DB_PASSWORD="${NB_DB_PASSWORD:-neverblock}"   # of the neverblock user on both servers
 NB_DB_START_TIMEOUT=30                          # seconds for a server to accept connections
 NB_DB_STOP_TIMEOUT=20                           # seconds for a clean shutdown before SIGKILL
@@ -62,22 +69,31 @@ nb_databases_start() {
   [[ -x "$NB_PG_BIN/postgres" ]] || nb_die "no PostgreSQL 15 in $NB_PG_BIN; run bin/setup"
   command -v mariadbd >/dev/null || nb_die "no mariadbd; run bin/setup"
   command -v redis-server >/dev/null || nb_die "no redis-server; run bin/setup"
+  command -v memcached >/dev/null || nb_die "no memcached; run bin/setup"
+  [[ -x /usr/lib/rabbitmq/bin/rabbitmq-server ]] || nb_die "no rabbitmq-server; run bin/setup"
 
   NB_DB_DIR="$(mktemp -d "${TMPDIR:-/tmp}/neverblock-db.XXXXXX")"
   chmod 755 "$NB_DB_DIR"                # let postgres and mysql reach their subdirectories
-  mkdir "$NB_DB_DIR/pg" "$NB_DB_DIR/mysql" "$NB_DB_DIR/redis"
+  mkdir "$NB_DB_DIR/pg" "$NB_DB_DIR/mysql" "$NB_DB_DIR/redis" "$NB_DB_DIR/memcached" "$NB_DB_DIR/rabbitmq"
   chown postgres:postgres "$NB_DB_DIR/pg"
   chown mysql:mysql "$NB_DB_DIR/mysql"
   chown redis:redis "$NB_DB_DIR/redis"
+  chown memcache:memcache "$NB_DB_DIR/memcached"
+  chown rabbitmq:rabbitmq "$NB_DB_DIR/rabbitmq"
   chmod 700 "$NB_DB_DIR/pg"
   _nb_db_watchdog
 
-  local pg_port mysql_port redis_port
-  read -r pg_port mysql_port redis_port < <(_nb_db_free_ports) || true
-  [[ "$redis_port" =~ ^[0-9]+$ ]] || nb_die "found no free TCP ports on 127.0.0.1"
+  local pg_port mysql_port redis_port memcached_port amqp_port dist_port epmd_port
+  read -r pg_port mysql_port redis_port memcached_port amqp_port dist_port epmd_port \
+    < <(_nb_db_free_ports 7) || true
+  [[ "$epmd_port" =~ ^[0-9]+$ ]] || nb_die "found no free TCP ports on 127.0.0.1"
+  # RabbitMQ takes the longest to start (~6 s): it boots while the others do.
+  _nb_rabbitmq_launch "$amqp_port" "$dist_port" "$epmd_port"
   _nb_pg_start "$pg_port"
   _nb_mysql_start "$mysql_port"
   _nb_redis_start "$redis_port"
+  _nb_memcached_start "$memcached_port"
+  _nb_rabbitmq_wait "$amqp_port"
 }
 
 nb_databases_stop() {
@@ -99,6 +115,9 @@ nb_databases_stop() {
       _nb_db_signal INT "$dir/pg/data/postmaster.pid"
       _nb_db_signal TERM "$dir/mysql/mysqld.pid"
       _nb_db_signal TERM "$dir/redis/redis.pid"
+      _nb_db_signal TERM "$dir/memcached/memcached.pid"
+      _nb_db_signal TERM "$dir/rabbitmq/rabbitmq.pid"
+      _nb_db_signal TERM "$dir/rabbitmq/epmd.pid"
     fi
     sleep 0.1
   done
@@ -128,13 +147,13 @@ _nb_db_check_external() {
          "MariaDB/MySQL on $NEVERBLOCK_MYSQL_HOST:$NEVERBLOCK_MYSQL_PORT, Redis at $NEVERBLOCK_REDIS_URL"
 }
 
-# Prints three free TCP ports on 127.0.0.1, held open together so that they differ. (Perl,
-# because Debian always has it; the kernel picks the ports.)
+# _nb_db_free_ports COUNT: prints COUNT free TCP ports on 127.0.0.1, held open together so
+# that they differ. (Perl, because Debian always has it; the kernel picks the ports.)
 _nb_db_free_ports() {
   perl -MIO::Socket::INET -e '
     my @s = map { IO::Socket::INET->new(Listen => 1, LocalAddr => "127.0.0.1", LocalPort => 0)
-                  or die "cannot bind 127.0.0.1: $!\n" } 1 .. 3;
-    print join(" ", map { $_->sockport } @s), "\n";'
+                  or die "cannot bind 127.0.0.1: $!\n" } 1 .. $ARGV[0];
+    print join(" ", map { $_->sockport } @s), "\n";' "$1"
 }
 
 # Pids of the processes running with their working directory in DIR: the supervisors
@@ -148,11 +167,12 @@ _nb_db_processes() {
   done < <(find /proc/[0-9]*/cwd -maxdepth 0 \( -lname "$1" -o -lname "$1/*" \) 2>/dev/null)
 }
 
-# _nb_db_signal SIGNAL PIDFILE: signal the server whose pid is the file's first line.
+# _nb_db_signal SIGNAL PIDFILE: signal the server whose pid is the file's first line. A pid
+# file left behind by a server that has exited (memcached's, written by its shell) is no error.
 _nb_db_signal() {
   local pid=""
-  [[ -r "$2" ]] && read -r pid 2>/dev/null <"$2"
-  [[ "$pid" =~ ^[0-9]+$ ]] && kill "-$1" "$pid" 2>/dev/null
+  [[ -r "$2" ]] && { read -r pid 2>/dev/null <"$2" || true; }   # RabbitMQ's has no final newline
+  if [[ "$pid" =~ ^[0-9]+$ ]]; then kill "-$1" "$pid" 2>/dev/null || true; fi
   return 0
 }
 
@@ -321,4 +341,59 @@ _nb_redis_start() {
   local version
   version="$(redis-cli -h 127.0.0.1 -p "$port" info server | sed -n 's/^redis_version:\([^[:space:]]*\).*/\1/p')"
   nb_log "Redis $version on 127.0.0.1:$port"
+}
+
+_nb_memcached_start() {
+  local port="$1" dir="$NB_DB_DIR/memcached"
+  # memcached writes a pid file only when it daemonizes; the shell writes it, then becomes it.
+  # shellcheck disable=SC2016
+  _nb_db_supervise "$dir/memcached.out" \
+    setpriv --reuid=memcache --regid=memcache --init-groups -- \
+    sh -c 'echo $$ >"$1"; shift; exec "$@"' memcached "$dir/memcached.pid" \
+      memcached -l 127.0.0.1 -p "$port" -U 0 -m 64 -c 1024
+  _nb_db_wait_ready memcached "$dir/memcached.out" _nb_memcached_ping "$port"
+
+  export NEVERBLOCK_MEMCACHED_SERVER="127.0.0.1:$port"
+  nb_log "memcached $(_nb_memcached_ping "$port") on 127.0.0.1:$port"
+}
+
+# Prints the version memcached at 127.0.0.1:PORT answers with (fails when none answers).
+_nb_memcached_ping() {
+  perl -MIO::Socket::INET -e '
+    my $s = IO::Socket::INET->new(PeerAddr => "127.0.0.1", PeerPort => $ARGV[0], Timeout => 1) or exit 1;
+    print $s "version\r\n"; my $line = <$s>; $line =~ /^VERSION (\S+)/ or exit 1; print "$1\n";' "$1"
+}
+
+# RabbitMQ with an epmd (Erlang's port mapper) of its own on a free port, so that runs in
+# parallel never share one, and no plugins. Both run as the rabbitmq user under supervisors,
+# with HOME (the Erlang cookie) in the directory. _nb_rabbitmq_wait waits for the AMQP port.
+_nb_rabbitmq_launch() {
+  local amqp_port="$1" dist_port="$2" epmd_port="$3" dir="$NB_DB_DIR/rabbitmq"
+  echo '[].' >"$dir/enabled_plugins"
+  chown rabbitmq:rabbitmq "$dir/enabled_plugins"
+  # shellcheck disable=SC2016
+  _nb_db_supervise "$dir/epmd.out" \
+    setpriv --reuid=rabbitmq --regid=rabbitmq --init-groups -- \
+    sh -c 'echo $$ >"$1"; shift; exec "$@"' epmd "$dir/epmd.pid" \
+      epmd -port "$epmd_port" -address 127.0.0.1
+  _nb_db_wait_ready epmd "$dir/epmd.out" env ERL_EPMD_PORT="$epmd_port" epmd -names
+  _nb_db_supervise "$dir/rabbitmq.out" \
+    setpriv --reuid=rabbitmq --regid=rabbitmq --init-groups -- \
+    env HOME="$dir" ERL_EPMD_PORT="$epmd_port" RABBITMQ_NODENAME="neverblock-$epmd_port@localhost" \
+        RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 RABBITMQ_NODE_PORT="$amqp_port" \
+        RABBITMQ_DIST_PORT="$dist_port" RABBITMQ_MNESIA_BASE="$dir/mnesia" \
+        RABBITMQ_LOG_BASE="$dir/log" RABBITMQ_CONFIG_FILE="$dir/rabbitmq" \
+        RABBITMQ_ENABLED_PLUGINS_FILE="$dir/enabled_plugins" RABBITMQ_PID_FILE="$dir/rabbitmq.pid" \
+      /usr/lib/rabbitmq/bin/rabbitmq-server
+}
+
+_nb_rabbitmq_wait() {
+  local port="$1" dir="$NB_DB_DIR/rabbitmq"
+  # The AMQP listener opens once the broker has booted.
+  _nb_db_wait_ready RabbitMQ "$dir/rabbitmq.out" \
+    perl -MIO::Socket::INET -e 'IO::Socket::INET->new(PeerAddr => "127.0.0.1", PeerPort => $ARGV[0]) or exit 1' "$port"
+  export NEVERBLOCK_AMQP_URL="amqp://guest:guest@127.0.0.1:$port"
+  local version
+  version="$(sed -n 's/.*RabbitMQ \([0-9][0-9.]*\).*/\1/p' "$dir/rabbitmq.out" | head -n 1)"
+  nb_log "RabbitMQ ${version:-?} on 127.0.0.1:$port"
 }

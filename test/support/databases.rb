@@ -2,9 +2,9 @@
 
 require "erb"
 
-# How the tests reach PostgreSQL, MariaDB and Redis. bin/test starts throwaway servers
-# (bin/lib/databases.sh) and exports NEVERBLOCK_PG_*, NEVERBLOCK_MYSQL_* and NEVERBLOCK_REDIS_URL;
-# these helpers read them. A test that needs a server and finds the variables
+# How the tests reach PostgreSQL, MariaDB, Redis, memcached and RabbitMQ. bin/test starts
+# throwaway servers (bin/lib/databases.sh) and exports NEVERBLOCK_PG_*, NEVERBLOCK_MYSQL_*,
+# NEVERBLOCK_REDIS_URL, NEVERBLOCK_MEMCACHED_SERVER and NEVERBLOCK_AMQP_URL; these helpers read them. A test that needs a server and finds the variables
 # missing fails with a message that says how to start it: database tests never
 # skip silently.
 #
@@ -58,6 +58,22 @@ module NeverBlockTest::Databases
   def redis_url
     require_variables!("Redis", { url: "NEVERBLOCK_REDIS_URL" })
     ENV.fetch("NEVERBLOCK_REDIS_URL")
+  end
+
+  # The memcached server bin/test starts (NEVERBLOCK_MEMCACHED_SERVER).
+  # @return [String] 127.0.0.1:PORT
+  # @raise [Unavailable] if NEVERBLOCK_MEMCACHED_SERVER is not set
+  def memcached_server
+    require_variables!("memcached", { server: "NEVERBLOCK_MEMCACHED_SERVER" })
+    ENV.fetch("NEVERBLOCK_MEMCACHED_SERVER")
+  end
+
+  # The RabbitMQ server bin/test starts (NEVERBLOCK_AMQP_URL).
+  # @return [String] amqp://guest:guest@127.0.0.1:PORT
+  # @raise [Unavailable] if NEVERBLOCK_AMQP_URL is not set
+  def amqp_url
+    require_variables!("RabbitMQ", { url: "NEVERBLOCK_AMQP_URL" })
+    ENV.fetch("NEVERBLOCK_AMQP_URL")
   end
 
   # @raise [Unavailable] unless every NEVERBLOCK_PG_* variable is set

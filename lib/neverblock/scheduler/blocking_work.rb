@@ -52,8 +52,7 @@ module NeverBlock
         # pidfd waits need a concrete pid and a blocking wait; anything else
         # (any child, WNOHANG) is answered by a thread-pool thread.
         if pid.positive? && (flags & Process::WNOHANG).zero?
-          fiber = Fiber.current
-          in_selector(fiber) { @selector.process_wait(fiber, pid, flags) }
+          wait_for_child(pid, flags)
         else
           defer { Process::Status.wait(pid, flags) }
         end
@@ -105,6 +104,22 @@ module NeverBlock
         raise interruption if interruption
 
         job.result
+      end
+
+      private
+
+      # Waits for one child through a pidfd in the selector. A pid with no
+      # process behind it (a child already reaped: IO#close of a popen'd IO
+      # after Process.wait took its child) makes pidfd_open fail with ESRCH,
+      # where Ruby's waitpid answers ECHILD at once: IO#close returns,
+      # Process.wait raises Errno::ECHILD. That answer comes from waitpid
+      # itself, on the thread pool (called here, it would come back to this
+      # hook), so that a pid reused meanwhile cannot hold the loop.
+      def wait_for_child(pid, flags)
+        fiber = Fiber.current
+        in_selector(fiber) { @selector.process_wait(fiber, pid, flags) }
+      rescue Errno::ESRCH
+        defer { Process::Status.wait(pid, flags) }
       end
     end
   end

@@ -106,6 +106,36 @@ class ConformanceProcessTest < ConformanceTest
     assert_equal [nil, true], results
   end
 
+  # IO#close of a popen'd IO waits for its child; when Process.wait took
+  # the child first, plain Ruby's close returns normally (waitpid: ECHILD).
+  def test_closing_a_popen_io_whose_child_was_already_reaped
+    results = []
+    on_scheduler_thread do
+      schedule do
+        io = IO.popen(["echo", "out"])
+        results << io.read
+        Process.wait(io.pid)
+        results << $?.success?
+        results << io.close << io.closed?
+      end
+    end
+    assert_equal ["out\n", true, nil, true], results
+  end
+
+  def test_waiting_again_for_a_reaped_child_raises_echild_as_ruby_does
+    pid = Process.spawn("true")
+    Process.wait(pid)
+    error = nil
+    on_scheduler_thread do
+      schedule do
+        Process.wait(pid)
+      rescue SystemCallError => e
+        error = e
+      end
+    end
+    assert_instance_of Errno::ECHILD, error
+  end
+
   # --- fork ---------------------------------------------------------------
   # In child processes, so that the child's exit (which closes the
   # scheduler it inherited) happens as in a real program.

@@ -1,0 +1,55 @@
+# frozen_string_literal: true
+
+require "test_helper"
+require_relative "../../bin/lib/compat_table"
+
+# bin/lib/compat_table.rb: the page bin/compat-table writes from the rows
+# test/compat records.
+class CompatTableTest < PlainTest
+  def test_a_row_concurrent_everywhere_has_one_version_and_no_fix
+    page = render(row("pg", ruby: "3.1.2", seconds: 0.71), row("pg", ruby: "3.4.11", seconds: 0.52))
+    assert_includes page, "| Gem | Version tested | Ruby 3.1.2 | Ruby 3.4.11 | Fix where not concurrent |"
+    assert_includes page, "| pg | 1.7.0 | concurrent, 0.71 s | concurrent, 0.52 s | not needed |"
+    refute_includes page, "stall detector's warning for each"
+  end
+
+  def test_a_row_fixed_on_one_ruby_names_the_fix_and_shows_the_warning
+    page = render(row("excon", ruby: "3.1.2", version: "1.6.0", fix: "io_select", warning: "held the loop\n  excon/socket.rb:368"),
+                  row("excon", ruby: "3.4.11", version: "1.11.0"))
+    assert_includes page, "| excon | 1.6.0 (3.1.2)<br>1.11.0 (3.4.11) | **blocks the loop** (2 calls: 1.00 s); " \
+                          "with the fix: concurrent, 0.50 s | concurrent, 0.50 s | Ruby 3.1.2: the io_select text |"
+    assert_match(/^### excon, Ruby 3\.1\.2\n\n#{Regexp.escape(CompatTable::SHOWN)}\n```\nheld the loop\n  excon\/socket.rb:368\n```$/, page)
+  end
+
+  # A fix for calls that take turns while the loop stays free: no warning.
+  def test_a_row_whose_calls_take_turns_has_no_warning_section
+    page = render(row("faraday (httpx adapter)", ruby: "3.1.2", fix: "connection_per_fiber"))
+    assert_includes page, "**calls take turns** (2 calls: 1.00 s)"
+    refute_includes page, "### faraday"
+  end
+
+  def test_rows_are_grouped_by_their_test_class_and_the_standard_library_says_so
+    page = render(row("Resolv::DNS", ruby: "3.4.11", gem: nil, version: "stdlib", test: "CompatStdlibTest#test_resolv"),
+                  row("pg", ruby: "3.4.11"))
+    assert_operator page.index("## Databases and caches"), :<, page.index("## Standard library")
+    assert_includes page, "| Resolv::DNS | stdlib | concurrent, 0.50 s | not needed |"
+  end
+
+  def test_a_ruby_without_the_row_says_not_run
+    page = render(row("pg", ruby: "3.1.2"), row("trilogy", ruby: "3.4.11"))
+    assert_includes page, "| pg | 1.7.0 | concurrent, 0.50 s | not run | not needed |"
+  end
+
+  private
+
+  def render(*results)
+    CompatTable.new(results).render
+  end
+
+  def row(name, ruby:, version: "1.7.0", gem: "gem", seconds: 0.5, fix: nil, warning: nil,
+          test: "CompatDatabasesTest#test_x")
+    { "row" => name, "gem" => gem, "version" => version, "ruby" => ruby,
+      "verdict" => fix ? "needs fix" : "concurrent", "seconds" => seconds, "fix" => fix,
+      "fix_text" => fix && "the #{fix} text", "probe_seconds" => fix && 1.0, "warning" => warning, "test" => test }
+  end
+end

@@ -1,0 +1,178 @@
+# frozen_string_literal: true
+
+require "openssl"
+require "resolv"
+require "socket"
+require_relative "certificates"
+
+# Slow local servers for the compatibility matrix (test/support/compat.rb):
+# each answers a request DELAY seconds after it arrived, serving many at
+# once, so that only the client decides whether calls overlap. They run on
+# plain threads of the test process (no fiber scheduler there), listen on
+# free ports of 127.0.0.1 and stop at teardown.
+module CompatServers
+  # An HTTP/1.1 server: answers any request with 200 and the request's path
+  # as the body (or, with a block, what the block makes of the path, as
+  # `content_type`), then closes the connection. With `tls: true`, HTTPS
+  # with a self-signed certificate for 127.0.0.1 (clients skip verification).
+  # @return [String] its base URL, "http://127.0.0.1:PORT".
+  def slow_http_server(delay: CompatMatrix::DELAY, tls: false, content_type: "text/plain", &body)
+    listener = TCPServer.new("127.0.0.1", 0)
+    port = listener.local_address.ip_port
+    if tls
+      listener = OpenSSL::SSL::SSLServer.new(listener, tls_server_context)
+      listener.start_immediately = false # the handshake runs on the connection's thread
+    end
+    serve(listener) do |client|
+      client.accept if tls
+      head = client.gets("\r\n\r\n") or next
+      length = head[/^content-length:\s*(\d+)/i, 1].to_i
+      client.read(length) if length.positive?
+      path = head[/\A[A-Z]+ (\S+)/, 1]
+      answer = body ? body.call(path) : path
+      sleep delay
+      client.write("HTTP/1.1 200 OK\r\nContent-Type: #{content_type}\r\nContent-Length: #{answer.bytesize}\r\n" \
+                   "Connection: close\r\n\r\n#{answer}")
+    end
+    "#{tls ? 'https' : 'http'}://127.0.0.1:#{port}"
+  end
+
+  # An SMTP server that takes any message and says "250" DELAY seconds after
+  # the end of its DATA.
+  # @return [Integer] its port.
+  def slow_smtp_server(delay: CompatMatrix::DELAY)
+    listener = TCPServer.new("127.0.0.1", 0)
+    serve(listener) do |client|
+      client.write("220 127.0.0.1 ESMTP compat\r\n")
+      while (line = client.gets("\r\n"))
+        case line
+        when /\A(EHLO|HELO)/i then client.write("250 127.0.0.1\r\n")
+        when /\ADATA/i
+          client.write("354 go ahead\r\n")
+          nil until client.gets("\r\n") == ".\r\n"
+          sleep delay
+          client.write("250 accepted\r\n")
+        when /\AQUIT/i
+          client.write("221 bye\r\n")
+          break
+        else client.write("250 ok\r\n") # MAIL FROM, RCPT TO, RSET, NOOP
+        end
+      end
+    end
+    listener.local_address.ip_port
+  end
+
+  # A DNS server on UDP: every A question gets 10.0.0.1, DELAY seconds later.
+  # @return [Integer] its port.
+  def slow_dns_server(delay: CompatMatrix::DELAY)
+    socket = UDPSocket.new
+    socket.bind("127.0.0.1", 0)
+    thread = Thread.new do
+      loop do
+        packet, (_, port, host) = socket.recvfrom(512)
+        compat_threads << Thread.new do
+          sleep delay
+          socket.send(dns_answer(packet), 0, host, port)
+        end
+      end
+    rescue IOError, Errno::EBADF
+      nil # closed at teardown
+    end
+    compat_servers << [socket, thread]
+    socket.local_address.ip_port
+  end
+
+  # A TCP proxy to `host`:`port` that holds each chunk of the server's
+  # answers DELAY seconds: a slow network in front of a fast server
+  # (memcached has no command that waits).
+  # @return [String] "127.0.0.1:PORT", its address.
+  def slow_proxy(host, port, delay: CompatMatrix::DELAY)
+    listener = TCPServer.new("127.0.0.1", 0)
+    serve(listener) do |client|
+      upstream = TCPSocket.new(host, port)
+      # The client's requests go through at once; its end of the stream
+      # ends the server's (memcached closes on EOF), which ends the loop below.
+      forward = Thread.new do
+        IO.copy_stream(client, upstream)
+        upstream.close_write
+      rescue IOError, SystemCallError
+        nil
+      end
+      begin
+        loop do
+          chunk = upstream.readpartial(65_536)
+          sleep delay
+          client.write(chunk)
+        end
+      rescue EOFError, IOError, SystemCallError
+        nil
+      ensure
+        upstream.close
+        forward.join(1)
+      end
+    end
+    "127.0.0.1:#{listener.local_address.ip_port}"
+  end
+
+  # Minitest hook: closes the listeners and waits for their threads.
+  def after_teardown
+    compat_servers.each do |listener, thread|
+      listener.close
+      thread.join(2)
+    end
+    compat_threads.each { |thread| thread.join(2) }
+    super
+  end
+
+  private
+
+  def compat_servers
+    @compat_servers ||= []
+  end
+
+  def compat_threads
+    @compat_threads ||= []
+  end
+
+  # Accepts connections on `listener`, each served by the block on a thread
+  # of its own, which closes it afterwards.
+  def serve(listener)
+    thread = Thread.new do
+      loop do
+        client = listener.accept
+        compat_threads << Thread.new do
+          yield client
+        rescue IOError, SystemCallError, OpenSSL::SSL::SSLError
+          nil # the client went away
+        ensure
+          client.close
+        end
+      end
+    rescue IOError, SystemCallError, OpenSSL::SSL::SSLError
+      nil # the listener was closed at teardown
+    end
+    compat_servers << [listener, thread]
+  end
+
+  def dns_answer(packet)
+    query = Resolv::DNS::Message.decode(packet)
+    answer = Resolv::DNS::Message.new(query.id)
+    answer.qr = 1
+    answer.aa = 1
+    answer.rd = query.rd
+    answer.ra = 1
+    query.each_question do |name, type|
+      answer.add_question(name, type)
+      answer.add_answer(name, 60, Resolv::DNS::Resource::IN::A.new("10.0.0.1")) if type == Resolv::DNS::Resource::IN::A
+    end
+    answer.encode
+  end
+
+  def tls_server_context
+    certificate, key = TestCertificates.self_signed("127.0.0.1")
+    context = OpenSSL::SSL::SSLContext.new
+    context.cert = certificate
+    context.key = key
+    context
+  end
+end
