@@ -19,6 +19,7 @@
 # more CPU than the machine has.
 
 require_relative "support/harness"
+require "neverblock"
 require_relative "support/servers"
 require "net/http"
 
@@ -26,9 +27,10 @@ module NeverBlockBench
   # Runs the balancing benchmark and reports it. See the file comment.
   class BalanceBench
     APP = File.expand_path("support/balance_app.ru", __dir__)
-    DEFAULTS = { duration: 15, connections: 32, burn_rate: 10, workers: 4, runs: 3, only: %w[neverblock puma],
-                 out: RESULTS }.freeze
+    PUMA_CONFIG = File.expand_path("support/balance_puma.rb", __dir__) # wait_for_less_busy_worker 0.005
+    DEFAULTS = { duration: 15, connections: 32, burn_rate: 10, workers: 4, runs: 3 }.freeze
     QUICK = { duration: 5, runs: 1 }.freeze
+    ONLY = %w[neverblock puma].freeze # the servers
 
     def initialize(options)
       @options = options
@@ -57,38 +59,22 @@ module NeverBlockBench
     private
 
     def header
-      <<~TEXT
-        Balancing across #{@options[:workers]} workers: fast requests (wrk -c #{@options[:connections]}) while #{@options[:burn_rate]}/s requests compute 50 ms each
-        #{Machine.ruby_description}
-        neverblock #{NeverBlock::VERSION} (#{Checkout.description}); puma #{PeerServers.locked_versions['puma']} (wait_for_less_busy_worker 0.005); #{Wrk.version}
-        #{Machine.description}; wrk, the burn requests and the servers on the same machine
-        load average at start: #{Machine.load_average}
-      TEXT
+      NeverBlockBench.header(
+        "Balancing across #{@options[:workers]} workers: fast requests (wrk -c #{@options[:connections]}) " \
+        "while #{@options[:burn_rate]}/s requests compute 50 ms each",
+        "neverblock #{NeverBlock::VERSION} (#{Checkout.description}); puma #{PeerServers.locked_versions['puma']} " \
+        "(wait_for_less_busy_worker 0.005); #{Wrk.version}",
+        "wrk, the burn requests and the servers on the same machine"
+      )
     end
 
     def measure(name)
-      server = start(name)
-      server.wait_until_ready
-      sleep 1 # every worker up
-      Wrk.run("http://127.0.0.1:#{server.port}/", connections: @options[:connections], duration: 2) # warm-up
-      burns = Burns.new(server.port, @options[:burn_rate])
-      result = Wrk.run("http://127.0.0.1:#{server.port}/", connections: @options[:connections], duration: @options[:duration])
-      { p50: result.p50, p99: result.p99, rps: result.requests_per_second, errors: result.errors, burns: burns.stop }
-    ensure
-      server&.stop
-    end
-
-    def start(name)
-      port = ServerProcess.free_port
-      workers = @options[:workers].to_s
-      if name == "neverblock"
-        ServerProcess.start("neverblock", [RbConfig.ruby, File.join(PeerServers::REPO, "exe/neverblock"), "serve", APP,
-                                           "-w", workers, "-b", "tcp://127.0.0.1:#{port}", "-E", "production"], port: port)
-      else
-        config = File.join(Dir.mktmpdir("neverblock-bench-puma-"), "puma.rb")
-        File.write(config, "wait_for_less_busy_worker 0.005\n")
-        PeerServers.peer("puma", ["bundle", "exec", "puma", "-C", config, "--environment", "production", "--workers", workers,
-                                  "--bind", "tcp://127.0.0.1:#{port}", APP], port, { "RACK_ENV" => "production" })
+      PeerServers.cluster(name, APP, workers: @options[:workers], puma_config: PUMA_CONFIG) do |server|
+        url = "http://127.0.0.1:#{server.port}/"
+        Wrk.run(url, connections: @options[:connections], duration: 2) # warm-up
+        burns = Burns.new(server.port, @options[:burn_rate])
+        result = Wrk.run(url, connections: @options[:connections], duration: @options[:duration])
+        { p50: result.p50, p99: result.p99, rps: result.requests_per_second, errors: result.errors, burns: burns.stop }
       end
     end
 
@@ -130,12 +116,11 @@ module NeverBlockBench
       headers = ["server", "fast p50 ms", "fast p99 ms", "fast req/s", "errors", "burns"]
       table = Table.new(headers, align: %i[left right right right right right])
       rows.each { |row| table << row }
-      puts "\nload average at end: #{Machine.load_average}\nmedians of #{@options[:runs]} interleaved runs\n\n#{table}"
+      puts "\nmedians of #{@options[:runs]} interleaved runs\n\n#{table}"
       neverblock = rows.find { |row| row[0] == "neverblock" }
       puma = rows.find { |row| row[0] == "puma" }
       puts "\nNeverBlock's fast p99 / Puma's: #{format('%.2f', neverblock[2] / puma[2])} (target <= 1)" if neverblock && puma
-      chart = SvgChart.new(title: "Fast requests' latency beside 50 ms CPU requests, #{@options[:workers]} workers",
-                           subtitle: [Machine.ruby_description, Machine.description])
+      chart = NeverBlockBench.chart("Fast requests' latency beside 50 ms CPU requests, #{@options[:workers]} workers")
       chart.add_panel(title: "fast requests (ms, lower is better)", categories: ["p50", "p99"],
                       series: rows.to_h { |row| [row[0], [row[1], row[2]]] })
       NeverBlockBench.write_results(@options[:out], "balance", headers, rows, chart)
@@ -143,12 +128,4 @@ module NeverBlockBench
   end
 end
 
-if $PROGRAM_NAME == __FILE__
-  require "neverblock"
-  NeverBlockBench::CommandLine.main(NeverBlockBench::BalanceBench, "balance", variants: "neverblock,puma") do |opts, options|
-    opts.on("--duration SECONDS", Integer, "seconds of each measured cell (15)") { |v| options[:duration] = v }
-    opts.on("--connections N", Integer, "wrk's connections for the fast requests (32)") { |v| options[:connections] = v }
-    opts.on("--burn-rate N", Integer, "50 ms CPU requests a second (10)") { |v| options[:burn_rate] = v }
-    opts.on("--runs N", Integer, "interleaved rounds (3)") { |v| options[:runs] = v }
-  end
-end
+NeverBlockBench::CommandLine.main(NeverBlockBench::BalanceBench, "balance") if $PROGRAM_NAME == __FILE__

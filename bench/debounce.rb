@@ -37,21 +37,18 @@ require_relative "support/servers"
 module NeverBlockBench
   # bench/debounce.rb
   class DebounceBench
-    ROOT = File.expand_path("..", __dir__)
-    EXE = File.join(ROOT, "exe", "neverblock")
+    EXE = File.join(PeerServers::REPO, "exe", "neverblock")
     UPSTREAM = File.join(__dir__, "support", "debounce_upstream.ru")
-    VARIANTS = %w[none middleware proxy proxy+redis nginx].freeze
 
     # One variant's runs.
     Result = Struct.new(:variant, :upstream_requests, :p50, :p99, :max, :errors, keyword_init: true)
 
-    DEFAULTS = { clients: 500, delay: 0.2, runs: 3, out: RESULTS, only: VARIANTS }.freeze
+    DEFAULTS = { clients: 500, delay: 0.2, runs: 3 }.freeze
     QUICK = { clients: 50, runs: 1 }.freeze
+    ONLY = %w[none middleware proxy proxy+redis nginx].freeze
 
     def initialize(options)
       @options = options
-      unknown = @options[:only] - VARIANTS
-      abort "unknown variants: #{unknown.join(', ')}" unless unknown.empty?
     end
 
     # @return [true] (a failed storm shows in its row)
@@ -76,7 +73,7 @@ module NeverBlockBench
       servers = []
       upstream_port = ServerProcess.free_port
       env = { "NB_BENCH_DELAY" => @options[:delay].to_s, "NB_BENCH_DEBOUNCE" => variant == "middleware" ? "1" : nil }
-      servers << upstream = ServerProcess.start("upstream", neverblock_serve(upstream_port), port: upstream_port, env: env)
+      servers << upstream = PeerServers.neverblock(UPSTREAM, port: upstream_port, env: env, name: "upstream")
       upstream.wait_until_ready(path: "/count")
       front = front_server(variant, upstream_port)
       servers << front if front
@@ -89,10 +86,6 @@ module NeverBlockBench
       summarize(variant, runs)
     ensure
       servers&.reverse_each(&:stop)
-    end
-
-    def neverblock_serve(port)
-      [RbConfig.ruby, EXE, "serve", UPSTREAM, "-w", "0", "-b", "tcp://127.0.0.1:#{port}"]
     end
 
     def front_server(variant, upstream_port)
@@ -172,33 +165,29 @@ module NeverBlockBench
 
     def summarize(variant, runs)
       median = ->(values) { values.sort[values.size / 2] }
-      percentile = ->(sorted, q) { sorted.empty? ? Float::NAN : sorted[[(sorted.size * q).ceil - 1, 0].max] }
-      Result.new(variant: variant,
-                 upstream_requests: median.call(runs.map { |run| run[:upstream] }),
-                 p50: median.call(runs.map { |run| percentile.call(run[:latencies], 0.50) }),
-                 p99: median.call(runs.map { |run| percentile.call(run[:latencies], 0.99) }),
-                 max: median.call(runs.map { |run| run[:latencies].last || Float::NAN }),
-                 errors: runs.sum { |run| run[:errors] })
+      percentile = ->(q) { median.call(runs.map { |run| run[:latencies][[(run[:latencies].size * q).ceil - 1, 0].max] || Float::NAN }) }
+      Result.new(variant: variant, upstream_requests: median.call(runs.map { |run| run[:upstream] }), p50: percentile.call(0.50),
+                 p99: percentile.call(0.99), max: percentile.call(1.0), errors: runs.sum { |run| run[:errors] })
     end
 
     def report(results)
       delay = @options[:delay]
       nginx = results.find { |result| result.variant == "nginx" }
-      puts <<~TEXT
-        # Restart storm: #{@options[:clients]} clients at once, upstream answers in #{(delay * 1000).round} ms (median of #{@options[:runs]} runs)
-        # #{Machine.description} - #{Machine.ruby_description}
-        # server, proxies and clients share the machine; connections opened first, then every GET at once;
-        # latency = request sent to last byte
-
-      TEXT
-      table = Table.new(["variant", "upstream requests", "p50 ms", "p99 ms", "max ms", "p99 / upstream call",
-                         "errors", "targets"])
-      results.each do |result|
-        table << [result.variant, result.upstream_requests, ms(result.p50), ms(result.p99), ms(result.max),
-                  result.p99.nan? ? "n/a" : format("%.2fx", result.p99 / delay), result.errors, targets(result, nginx)]
+      puts NeverBlockBench.header(
+        "Restart storm: #{@options[:clients]} clients at once, upstream answers in #{(delay * 1000).round} ms (median of #{@options[:runs]} runs)",
+        "server, proxies and clients share the machine; connections opened first, then every GET at once;",
+        "latency = request sent to last byte"
+      ), ""
+      rows = results.map do |r|
+        { "variant" => r.variant, "clients" => @options[:clients], "upstream_requests" => r.upstream_requests, "p50_ms" => ms(r.p50),
+          "p99_ms" => ms(r.p99), "max_ms" => ms(r.max), "p99_vs_upstream_call" => ((r.p99 / delay).round(2) if ms(r.p99)),
+          "errors" => r.errors, "targets" => targets(r, nginx) }
       end
-      puts table
-      write_files(results)
+      puts Table.of(rows, rows.first.keys - ["clients"]) unless rows.empty?
+      chart = NeverBlockBench.chart("Restart storm: #{@options[:clients]} identical GETs at once", "upstream answers in #{ms(delay)} ms")
+      chart.pivot("upstream requests", "upstream_requests", series: "variant", log: true)
+      chart.pivot("client p99 latency, ms", "p99_ms", series: "variant")
+      NeverBlockBench.write_results(@options[:out], "debounce", rows.first&.keys || [], rows.map(&:values), chart)
     end
 
     def targets(result, nginx)
@@ -210,30 +199,13 @@ module NeverBlockBench
       checks.join(", ")
     end
 
-    def ms(seconds) = seconds.nan? ? "n/a" : format("%.0f", seconds * 1000)
-
-    def write_files(results)
-      chart = SvgChart.new(title: "Restart storm: #{@options[:clients]} identical GETs at once",
-                           subtitle: "upstream answers in #{(@options[:delay] * 1000).round} ms; #{Machine.description}")
-      names = results.map(&:variant)
-      chart.add_panel(title: "upstream requests (log scale)", categories: ["upstream requests"],
-                      series: names.zip(results.map { |r| [[r.upstream_requests, 1].max] }).to_h, log: true)
-      chart.add_panel(title: "client p99 latency, ms", categories: ["p99"],
-                      series: names.zip(results.map { |r| [r.p99.nan? ? nil : (r.p99 * 1000).round(1)] }).to_h)
-      rows = results.map do |r|
-        [r.variant, @options[:clients], @options[:delay], r.upstream_requests, r.p50.round(4), r.p99.round(4), r.max.round(4), r.errors]
-      end
-      NeverBlockBench.write_results(@options[:out], "debounce", %w[variant clients delay_s upstream_requests p50_s p99_s max_s errors], rows, chart)
+    # @return [Integer, nil] milliseconds; nil for NaN (no latencies)
+    def ms(seconds)
+      (seconds * 1000).round unless seconds.nan?
     end
 
     def now = NeverBlockBench.now
   end
 end
 
-if $PROGRAM_NAME == __FILE__
-  NeverBlockBench::CommandLine.main(NeverBlockBench::DebounceBench, "debounce", variants: NeverBlockBench::DebounceBench::VARIANTS.join(",")) do |opts, options|
-    opts.on("--clients N", Integer, "clients in the storm (default 500)") { |n| options[:clients] = n }
-    opts.on("--delay SECONDS", Float, "the upstream's answer time (default 0.2)") { |s| options[:delay] = s }
-    opts.on("--runs N", Integer, "runs per variant; the median is reported (default 3)") { |n| options[:runs] = n }
-  end
-end
+NeverBlockBench::CommandLine.main(NeverBlockBench::DebounceBench, "debounce") if $PROGRAM_NAME == __FILE__

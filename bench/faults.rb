@@ -27,6 +27,7 @@
 #   Puma        puma -w 2 -e production (bench/gemfiles/servers.gemfile), default threads
 
 require_relative "support/harness"
+require "neverblock"
 require "socket"
 require_relative "support/servers"
 
@@ -35,9 +36,9 @@ module NeverBlockBench
   class FaultsBench
     APP = File.expand_path("support/fault_app.ru", __dir__)
     CRASH_SCRIPT = File.expand_path("support/one_in_50_dies.lua", __dir__)
-    DEFAULTS = { duration: 10, loris: 2000, restarts: 10, scenarios: %w[slowloris restart crash],
-                 only: %w[neverblock puma], out: RESULTS }.freeze
+    DEFAULTS = { duration: 10, loris: 2000, restarts: 10, scenarios: %w[slowloris restart crash] }.freeze
     QUICK = { duration: 5, restarts: 3 }.freeze
+    ONLY = %w[neverblock puma].freeze # the servers
     RESTART_SIGNAL = { "neverblock" => "USR2", "puma" => "USR1" }.freeze
 
     def initialize(options)
@@ -61,32 +62,15 @@ module NeverBlockBench
     private
 
     def header
-      versions = PeerServers.locked_versions
-      <<~TEXT
-        NeverBlock::Server under faults, beside Puma: two workers each
-        #{Machine.ruby_description}
-        neverblock #{NeverBlock::VERSION} (#{Checkout.description}); puma #{versions['puma']}; #{Wrk.version}
-        #{Machine.description}; wrk, the attackers and the servers on the same machine
-        load average at start: #{Machine.load_average}
-      TEXT
+      NeverBlockBench.header("NeverBlock::Server under faults, beside Puma: two workers each",
+                             "neverblock #{NeverBlock::VERSION} (#{Checkout.description}); " \
+                             "puma #{PeerServers.locked_versions['puma']}; #{Wrk.version}",
+                             "wrk, the attackers and the servers on the same machine")
     end
 
     # Starts each server of --only in turn, a two-worker cluster, yields its name and ServerProcess, stops it.
     def each_server
-      @options[:only].each do |name|
-        port = ServerProcess.free_port
-        server = if name == "neverblock"
-                   ServerProcess.start("neverblock", [RbConfig.ruby, File.join(PeerServers::REPO, "exe/neverblock"), "serve", APP,
-                                                      "-w", "2", "-b", "tcp://127.0.0.1:#{port}", "-E", "production"], port: port)
-                 else
-                   PeerServers.puma(APP, port: port, workers: 2)
-                 end
-        server.wait_until_ready
-        sleep 1 # both workers up
-        yield name, server
-      ensure
-        server&.stop
-      end
+      @options[:only].each { |name| PeerServers.cluster(name, APP, workers: 2) { |server| yield name, server } }
     end
 
     # --- slowloris ------------------------------------------------------------
@@ -181,10 +165,7 @@ module NeverBlockBench
     def run_crash
       puts "\n## crash loop: every 50th request kills its worker, wrk -c 20 for #{@options[:duration]} s"
       each_server do |name, server|
-        command = ["wrk", "-t1", "-c20", "-d#{@options[:duration]}s", "--timeout", "5s", "--latency", "-s", CRASH_SCRIPT,
-                   "http://127.0.0.1:#{server.port}/"]
-        output, = Wrk.capture(command)
-        result = Wrk.parse(output)
+        result = Wrk.run("http://127.0.0.1:#{server.port}/", connections: 20, duration: @options[:duration], timeout: 5, script: CRASH_SCRIPT)
         alive = server_alive?(server)
         answered = result.requests - result.errors
         @rows << ["crash", name, "answered requests", answered, "errors #{result.errors}, master up at the end: #{alive}"]
@@ -202,12 +183,10 @@ module NeverBlockBench
     # --- report -------------------------------------------------------------------
 
     def report
-      puts "\nload average at end: #{Machine.load_average}"
       table = Table.new(["scenario", "server", "measure", "value", "details"], align: %i[left left left right left])
       @rows.each { |row| table << row }
       puts "\n#{table}"
-      chart = SvgChart.new(title: "NeverBlock::Server vs Puma under faults (two workers each)",
-                           subtitle: [Machine.ruby_description, Machine.description])
+      chart = NeverBlockBench.chart("NeverBlock::Server vs Puma under faults (two workers each)")
       @rows.group_by(&:first).each do |scenario, rows|
         chart.add_panel(title: "#{scenario}: #{rows.first[2]}", categories: [scenario],
                         series: rows.to_h { |row| [row[1], [row[3]]] })
@@ -217,12 +196,4 @@ module NeverBlockBench
   end
 end
 
-if $PROGRAM_NAME == __FILE__
-  require "neverblock"
-  NeverBlockBench::CommandLine.main(NeverBlockBench::FaultsBench, "faults", variants: "neverblock,puma (servers)") do |opts, options|
-    opts.on("--duration SECONDS", Integer, "seconds of the slowloris and crash cells (10)") { |v| options[:duration] = v }
-    opts.on("--loris N", Integer, "partial-head connections (2000)") { |v| options[:loris] = v }
-    opts.on("--restarts N", Integer, "rolling restarts per server (10)") { |v| options[:restarts] = v }
-    opts.on("--scenarios LIST", Array, "slowloris,restart,crash (all)") { |list| options[:scenarios] = list }
-  end
-end
+NeverBlockBench::CommandLine.main(NeverBlockBench::FaultsBench, "faults") if $PROGRAM_NAME == __FILE__

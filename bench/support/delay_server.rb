@@ -19,8 +19,6 @@ module NeverBlockBench
   #   server = NeverBlockBench::DelayServer.start
   #   Net::HTTP.get(server.uri("/delay/0.1"))
   #   server.stop
-  #
-  # In the foreground (for wrk, curl): ruby bench/support/delay_server.rb [PORT]
   class DelayServer
     FD_LIMIT = 65_536
     DELAY = %r{\A/delay/(\d+(?:\.\d+)?)(?:[/?]|\z)|[?&]delay=(\d+(?:\.\d+)?)(?:&|\z)}
@@ -146,10 +144,4 @@ module NeverBlockBench
       @clean = true # reaped elsewhere
     end
   end
-end
-
-if $PROGRAM_NAME == __FILE__
-  listener = NeverBlockBench::DelayServer.listen("127.0.0.1", Integer(ARGV[0] || 8080))
-  puts "delay server on http://127.0.0.1:#{listener.local_address.ip_port}/delay/SECONDS (Ctrl-C stops)"
-  NeverBlockBench::DelayServer.serve(listener)
 end

@@ -4,12 +4,12 @@ module NeverBlockBench
   # Grouped bar charts as standalone SVG, without dependencies: panels stacked
   # under a shared legend, one group of bars per category (e.g. a server delay)
   # and one bar per series (e.g. a client). A String value (e.g. "failed") is
-  # drawn as text instead of a bar, nil as "n/a".
+  # drawn as text instead of a bar, nil as "n/a". A benchmark's panels pivot
+  # its result rows (the CSV's):
   #
   #   chart = SvgChart.new(title: "Requests/s by server delay", subtitle: ["ruby 3.1.2"])
-  #   chart.add_panel(title: "requests/s", categories: ["0 ms", "10 ms"],
-  #                   series: { "threads" => [618, 470], "neverblock" => [2360, 1997] }, log: true)
-  #   chart.write("bench/results/client.svg")
+  #   chart.pivot("requests/s by delay, ms", "requests_per_s", by: "delay_ms", series: "label", log: true)
+  #   chart.write("bench/results/client.svg", [{ "delay_ms" => 0, "label" => "threads", "requests_per_s" => 618 }, ...])
   class SvgChart
     PALETTE = %w[#4e79a7 #f28e2b #e15759 #76b7b2 #59a14f #b07aa1 #edc948 #9c755f].freeze
     WIDTH = 760
@@ -21,6 +21,7 @@ module NeverBlockBench
       @title = title
       @subtitle = Array(subtitle)
       @panels = []
+      @pivots = []
     end
 
     # @param series [Hash{String => Array<Numeric, String, nil>}] one value per category
@@ -30,8 +31,26 @@ module NeverBlockBench
       self
     end
 
+    # A panel of the rows given to {#write}: a group of bars per distinct
+    # value of column `by` (one group without it), a bar per distinct value of
+    # column `series`, each the row's `value` ("failed" when nil); only rows
+    # whose columns hold what `where` gives.
+    def pivot(title, value, series:, by: nil, where: {}, log: false)
+      @pivots << [title, value, series, by, where, log]
+      self
+    end
+
+    # @param rows [Array<Hash>] the results, for the {#pivot} panels
     # @return [String] path
-    def write(path)
+    def write(path, rows = [])
+      @pivots.each do |title, value, series, by, where, log|
+        mine = rows.select { |row| where.all? { |key, wanted| row[key] == wanted } }
+        groups = mine.map { |row| row[by] }.uniq
+        bars = mine.map { |row| row[series] }.uniq.to_h do |name|
+          [name, groups.map { |group| mine.find { |row| row[series] == name && row[by] == group }.to_h[value] || "failed" }]
+        end
+        add_panel(title: title, categories: groups.map(&:to_s), series: bars, log: log)
+      end
       File.write(path, to_svg)
       path
     end
