@@ -26,7 +26,7 @@ require_relative "support/postgres"
 
 module NeverBlockBench
   # Runs the ActiveRecord benchmark and reports it. See the file comment.
-  class ActiveRecordBench
+  class ActiveRecordBench < Bench
     DEFAULTS = { units: 1000, rows: 5000, pool_size: 12, fibers: 100, threads: 12, scaling_pools: [2, 4, 8, 16, 32], sleeps: 64,
                  sleep_seconds: 0.1, selects: 5000, ten_sleeps: 1.0, runs: 3 }.freeze
     QUICK = { units: 50, rows: 500, scaling_pools: [2, 8], sleeps: 8, selects: 200, ten_sleeps: 0.1, runs: 1 }.freeze
@@ -45,8 +45,7 @@ module NeverBlockBench
     end
 
     def initialize(options)
-      @options = options
-      @parts = @options[:only]
+      super
       @variants = [Variant.new(name: "blocking", label: SLEEP_LABELS["blocking"], adapter: "postgresql"),
                    Variant.new(name: "blocking_awake", label: "the same, CPUs kept awake", adapter: "postgresql", awake: true),
                    Variant.new(name: "threads", adapter: "postgresql",
@@ -67,7 +66,7 @@ module NeverBlockBench
         conn.exec("CREATE INDEX #{TABLE}_group_id ON #{TABLE} (group_id)")
       end
       begin
-        cells = @parts.flat_map { |part| send("measure_#{part}") }
+        cells = @options[:only].flat_map { |part| send("measure_#{part}") }
       ensure
         begin
           with_pg { |conn| conn.exec("DROP TABLE IF EXISTS #{TABLE}") }
@@ -170,7 +169,8 @@ module NeverBlockBench
 
     def measure_workloads
       cells = WORKLOADS.keys.product(@variants).map do |workload, variant|
-        Cell.new("#{workload} x #{@options[:units]}, #{variant.name}", part: "workloads", workload: workload, variant: variant)
+        Cell.new("#{workload} x #{@options[:units]}, #{variant.name}", part: "workloads", workload: workload, variant: variant,
+                                                                        label: variant.label, pool: pool_for(variant), queries: @options[:units])
       end
       NeverBlockBench.rounds(cells, @options[:runs], timeout: 300) do |cell|
         variant = cell[:variant]
@@ -184,7 +184,10 @@ module NeverBlockBench
     end
 
     def measure_scaling
-      cells = @options[:scaling_pools].flat_map { |pool| %w[sleep select].map { |kind| Cell.new("pool #{pool}, #{kind}", part: "scaling", kind: kind, pool: pool) } }
+      cells = @options[:scaling_pools].product(%w[sleep select]).map do |pool, kind|
+        Cell.new("pool #{pool}, #{kind}", part: "scaling", workload: kind, pool: pool, label: "#{kind}, pool #{pool}",
+                                          queries: kind == "sleep" ? @options[:sleeps] : @options[:selects])
+      end
       NeverBlockBench.rounds(cells, @options[:runs], timeout: 300) do |cell|
         model = connect("neverblock_postgresql", cell[:pool])
         open_connections(model, true, cell[:pool])
@@ -192,18 +195,21 @@ module NeverBlockBench
           concurrent(model, 100, 200, "select 1")
           sleep_sql = format("select pg_sleep(%.3f)", @options[:sleep_seconds])
           NeverBlockBench.timed do
-            cell[:kind] == "sleep" ? concurrent(model, @options[:sleeps], @options[:sleeps], sleep_sql) : concurrent(model, 100, @options[:selects], "select 1")
+            cell[:workload] == "sleep" ? concurrent(model, @options[:sleeps], @options[:sleeps], sleep_sql) : concurrent(model, 100, @options[:selects], "select 1")
           end
         end
       end
     end
 
     def measure_sleeps
-      cells = @variants.reject(&:awake).map { |variant| Cell.new("10 x pg_sleep(#{@options[:ten_sleeps]}), #{variant.name}", part: "sleeps", variant: variant) }
+      cells = @variants.reject(&:awake).map do |variant|
+        Cell.new("10 x pg_sleep(#{@options[:ten_sleeps]}), #{variant.name}", part: "sleeps", variant: variant, label: SLEEP_LABELS[variant.name],
+                                                                               pool: variant.sequential? ? 1 : 10, queries: 10)
+      end
       NeverBlockBench.rounds(cells, 1, timeout: 300) do |cell|
         variant = cell[:variant]
-        model = connect(variant.adapter, variant.sequential? ? 1 : 10)
-        open_connections(model, variant.name == "neverblock", variant.sequential? ? 1 : 10)
+        model = connect(variant.adapter, cell[:pool])
+        open_connections(model, variant.name == "neverblock", cell[:pool])
         sleep_one = -> { model.connection_pool.with_connection { |conn| query(conn, format("select pg_sleep(%.3f)", @options[:ten_sleeps])) } }
         timed_jobs(variant, Array.new(10) { sleep_one })
       end
@@ -253,20 +259,14 @@ module NeverBlockBench
       unless sleeps.empty?
         puts "\nTen concurrent `select pg_sleep(#{@options[:ten_sleeps]})` through ActiveRecord (one run each). " \
              "2009, through Rails and Thin: 10.25 s postgresql, 1.08 s neverblock_postgresql (9.5x)."
-        table = Table.new(["client", "seconds", "vs blocking"])
-        sleeps.each { |cell| table << [SLEEP_LABELS[cell[:variant].name], seconds_text(cell), speedup(sleeps.first, cell)] }
-        puts table
+        puts Table.new(["client", "seconds", "vs blocking"], sleeps.map { |cell| [cell[:label], seconds_text(cell), speedup(sleeps.first, cell)] })
       end
       failures = cells.flat_map(&:failures).uniq
       puts "\nfailed runs: #{failures.join('; ')}" unless failures.empty?
       rows = cells.map do |cell|
-        samples = cell.samples
-        variant = cell[:variant]
-        count = { "workloads" => @options[:units], "sleeps" => 10 }[cell[:part]] || (cell[:kind] == "sleep" ? @options[:sleeps] : @options[:selects])
-        label = cell[:part] == "sleeps" ? SLEEP_LABELS[variant.name] : variant&.label || "#{cell[:kind]}, pool #{cell[:pool]}"
-        pool = cell[:pool] || (cell[:part] == "sleeps" ? (variant.sequential? ? 1 : 10) : pool_for(variant))
-        [cell[:part], variant ? variant.name : "neverblock", label, cell[:workload] || cell[:kind], pool, count, samples.to_s(digits: 4),
-         samples.median&.round(4), samples.min&.round(4), samples.max&.round(4), samples.median && (count / samples.median).round(1), cell.failures.first]
+        [cell[:part], cell[:variant]&.name || "neverblock", cell[:label], cell[:workload], cell[:pool], cell[:queries], cell.listing(4),
+         cell.median&.round(4), cell.runs.min&.round(4), cell.runs.max&.round(4), cell.median && (cell[:queries] / cell.median).round(1),
+         cell.failures.first]
       end
       NeverBlockBench.write_results(@options[:out], "activerecord", %w[part variant label workload pool queries runs median_s min_s max_s per_s note],
                                     rows, chart)
@@ -283,7 +283,7 @@ module NeverBlockBench
                  [nb&.median ? format("%.0f", @options[:units] / nb.median) : "-"] + %w[blocking blocking_awake threads].map { |name| speedup(found[name], nb) }
       end
       puts table
-      puts "runs (s): " + cells.map { |cell| "#{cell[:workload]}/#{cell[:variant].name} #{cell.samples}" }.join("; ")
+      puts "runs (s): " + cells.map { |cell| "#{cell[:workload]}/#{cell[:variant].name} #{cell.listing}" }.join("; ")
     end
 
     def report_scaling(cells)
@@ -291,9 +291,9 @@ module NeverBlockBench
            "and #{@options[:selects]} `select 1` from 100 tasks; seconds, median of #{@options[:runs]} runs."
       table = Table.new(["pool", "#{@options[:sleeps]} x pg_sleep s", "ideal s", "#{@options[:selects]} x select 1 s", "runs (sleep; select)"])
       @options[:scaling_pools].each do |pool|
-        slept, selected = %w[sleep select].map { |kind| find(cells, kind: kind, pool: pool) }
+        slept, selected = %w[sleep select].map { |kind| find(cells, workload: kind, pool: pool) }
         table << [pool, seconds_text(slept), format("%.2f", (@options[:sleeps].to_f / pool).ceil * @options[:sleep_seconds]),
-                  seconds_text(selected), "#{slept.samples}; #{selected.samples}"]
+                  seconds_text(selected), "#{slept.listing}; #{selected.listing}"]
       end
       puts table
     end

@@ -25,22 +25,16 @@ require "net/http"
 
 module NeverBlockBench
   # Runs the balancing benchmark and reports it. See the file comment.
-  class BalanceBench
+  class BalanceBench < Bench
     APP = File.expand_path("support/balance_app.ru", __dir__)
     PUMA_CONFIG = File.expand_path("support/balance_puma.rb", __dir__) # wait_for_less_busy_worker 0.005
     DEFAULTS = { duration: 15, connections: 32, burn_rate: 10, workers: 4, runs: 3 }.freeze
     QUICK = { duration: 5, runs: 1 }.freeze
     ONLY = %w[neverblock puma].freeze # the servers
 
-    def initialize(options)
-      @options = options
-      @results = Hash.new { |hash, key| hash[key] = [] }
-    end
-
     # @return [Boolean] true when every cell ran
     def call
-      problem = PeerServers.problem
-      abort problem if problem && @options[:only].include?("puma")
+      @results = Hash.new { |hash, key| hash[key] = [] }
       puts header
       @options[:runs].times do |round|
         @options[:only].each do |name|
@@ -109,20 +103,17 @@ module NeverBlockBench
 
     def report
       rows = @results.map do |name, runs|
-        median = ->(key) { runs.map { |run| run[key] }.sort[runs.size / 2] }
+        median = ->(key) { NeverBlockBench.median(runs.map { |run| run[key] }) }
         [name, (median.call(:p50) * 1000).round(2), (median.call(:p99) * 1000).round(2), median.call(:rps).round,
          runs.sum { |run| run[:errors] }, median.call(:burns)]
       end
       headers = ["server", "fast p50 ms", "fast p99 ms", "fast req/s", "errors", "burns"]
-      table = Table.new(headers, align: %i[left right right right right right])
-      rows.each { |row| table << row }
-      puts "\nmedians of #{@options[:runs]} interleaved runs\n\n#{table}"
+      puts "\nmedians of #{@options[:runs]} interleaved runs\n\n#{Table.new(headers, rows)}"
       neverblock = rows.find { |row| row[0] == "neverblock" }
       puma = rows.find { |row| row[0] == "puma" }
       puts "\nNeverBlock's fast p99 / Puma's: #{format('%.2f', neverblock[2] / puma[2])} (target <= 1)" if neverblock && puma
       chart = NeverBlockBench.chart("Fast requests' latency beside 50 ms CPU requests, #{@options[:workers]} workers")
-      chart.add_panel(title: "fast requests (ms, lower is better)", categories: ["p50", "p99"],
-                      series: rows.to_h { |row| [row[0], [row[1], row[2]]] })
+      chart.pivot("fast requests' p99, ms (lower is better)", "fast p99 ms", series: "server")
       NeverBlockBench.write_results(@options[:out], "balance", headers, rows, chart)
     end
   end

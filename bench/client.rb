@@ -21,7 +21,7 @@ require_relative "support/http_get"
 
 module NeverBlockBench
   # Runs the client benchmark and reports it. See the file comment.
-  class ClientBench
+  class ClientBench < Bench
     # One way of issuing `count` requests: `run` gets the count and a callable
     # making one request (nil or an error string) and returns its results.
     Client = Struct.new(:name, :label, :library, :run, keyword_init: true)
@@ -32,7 +32,7 @@ module NeverBlockBench
     REQUEST_OVERHEAD = 0.001 # seconds of client work per request, to size the blocking runs
 
     def initialize(options)
-      @options = options
+      super
       @options[:pool_size] ||= @options[:requests]
       @clients = clients(@options[:pool_size]).select { |client| @options[:only].include?(client.name) }
     end
@@ -104,7 +104,7 @@ module NeverBlockBench
     end
 
     # @return [Float, nil] requests/s of the cell's fastest run
-    def rate(cell) = cell.samples.min&.then { |seconds| cell[:requests] / seconds }
+    def rate(cell) = cell.runs.min&.then { |seconds| cell[:requests] / seconds }
 
     def report(cells)
       delays = @options[:delays]
@@ -134,7 +134,7 @@ module NeverBlockBench
         puts "\n#{table}"
       end
       rows = cells.map do |cell|
-        [cell[:client].name, cell[:client].label, cell[:delay_ms], cell[:requests], cell.samples.min&.round(4), rate(cell)&.round(1),
+        [cell[:client].name, cell[:client].label, cell[:delay_ms], cell[:requests], cell.runs.min&.round(4), rate(cell)&.round(1),
          cell.failures.size, cell.failures.first]
       end
       chart = NeverBlockBench.chart("Requests/s by server delay, #{@options[:requests]} requests",

@@ -29,7 +29,7 @@ require_relative "support/postgres"
 
 module NeverBlockBench
   # Runs the PostgreSQL benchmark and reports it. See the file comment.
-  class DbBench
+  class DbBench < Bench
     DEFAULTS = { longs: [10, 50, 100], ratios: [2, 5, 10, 20, 50, 100], long_seconds: 0.05, pool_size: 12, runs: 3,
                  queries: 10_000, fibers: 100, threads: 12, pipeline_sizes: [2, 4, 12], pgbench_clients: [1, 12],
                  pipeline_depth: 100, short_runs: 5 }.freeze
@@ -50,19 +50,14 @@ module NeverBlockBench
       [100, 10] => [1.46, 0.94, 35.4], [100, 50] => [7.42, 5.17, 30.31], [100, 100] => [14.27, 12.68, 11.15]
     }.freeze
 
-    def initialize(options)
-      @options = options
-      @parts = @options[:only]
-    end
-
     # @return [Boolean] true when every measurement succeeded
     def call
       return warn(PostgresServer.problem) if PostgresServer.problem
 
       @probe = Peers.start { |probe| header(probe) } or return false
       @conninfo = PostgresServer.conninfo
-      long_short = @parts.include?("longshort") ? measure_long_short : []
-      short = @parts.include?("short") ? measure_short : []
+      long_short = @options[:only].include?("longshort") ? measure_long_short : []
+      short = @options[:only].include?("short") ? measure_short : []
       report(long_short, short)
       (long_short + short).none? { |cell| cell.failures.any? }
     end
@@ -208,62 +203,47 @@ module NeverBlockBench
     # --- reporting -------------------------------------------------------------
 
     def rate(cell) = cell.median&.positive? ? @options[:queries] / cell.median : nil
-    def cpu_us(cell) = cell.median_per(cell.cpu, @options[:queries] / 1e6)
-    def allocations(cell) = cell.median_per(cell.allocations, @options[:queries])
-
-    # @return [Float, nil] percent of blocking's time NeverBlock saved
-    def advantage(cells, ratio, longs)
-      slow, fast = %w[blocking neverblock].map { |v| cells.find { |c| c[:variant] == v && c[:ratio] == ratio && c[:longs] == longs }&.median }
-      slow && fast ? (slow - fast) / slow * 100 : nil
-    end
+    def cpu_us(cell) = NeverBlockBench.median(cell.cpu)&.*(1e6 / @options[:queries])
+    def allocations(cell) = NeverBlockBench.median(cell.allocations)&./(@options[:queries])
 
     def report(long_short, short)
-      report_long_short(long_short) unless long_short.empty?
       failures = (long_short + short).flat_map(&:failures).uniq
       puts "\nfailed runs: #{failures.join('; ')}" unless failures.empty?
-      rows = long_short.map do |cell|
-        ours = cell[:variant] == "neverblock"
-        row(cell, "longshort", "1/#{cell[:ratio]} shorts per long", longs: cell[:longs], queries: cell[:longs] * (cell[:ratio] + 1),
-            advantage_pct: (advantage(long_short, cell[:ratio], cell[:longs])&.round(1) if ours),
-            advantage_2009_pct: (RESULTS_2009[[cell[:ratio], cell[:longs]]]&.last if ours))
-      end
+      rows = long_short.empty? ? [] : @options[:ratios].product(@options[:longs]).map { |ratio, longs| long_short_row(long_short, ratio, longs) }
+      report_long_short(rows) unless rows.empty?
       blocking = short.find { |cell| cell[:variant] == "blocking" }
       rows += short.map do |cell|
-        row(cell, "short", cell[:label], queries: @options[:queries], queries_per_s: rate(cell)&.round,
-            vs_blocking: ratio(rate(cell), blocking && rate(blocking)), cpu_us_per_query: cpu_us(cell)&.round(1),
-            cpu_vs_blocking: ratio(cpu_us(cell), blocking && cpu_us(blocking)), allocations_per_query: allocations(cell)&.round(1))
+        { "part" => "short", "variant" => cell[:variant], "label" => cell[:label], "queries" => @options[:queries],
+          "median_s" => cell.median&.round(4), "queries_per_s" => rate(cell)&.round, "vs_blocking" => ratio(rate(cell), blocking && rate(blocking)),
+          "cpu_us_per_query" => cpu_us(cell)&.round(1), "cpu_vs_blocking" => ratio(cpu_us(cell), blocking && cpu_us(blocking)),
+          "allocations_per_query" => allocations(cell)&.round(1), "runs_s" => cell.listing(4), "note" => cell.skipped || cell.failures.first }
       end
       report_short(rows.select { |row| row["part"] == "short" }) unless short.empty?
       columns = rows.flat_map(&:keys).uniq
       NeverBlockBench.write_results(@options[:out], "db", columns, rows.map { |row| row.values_at(*columns) }, chart)
     end
 
-    # A CSV row of a cell: its part, label, runs and median, then `measures` (nil for none).
-    def row(cell, part, label, **measures)
-      { "part" => part, "variant" => cell[:variant], "label" => label, "median_s" => cell.median&.round(4),
-        "runs_s" => cell.samples.to_s(digits: 4), **measures.transform_keys(&:to_s), "note" => cell.skipped || cell.failures.first }
+    # Blocking's and NeverBlock's medians for `longs` iterations with `ratio` shorts each, the
+    # advantage (percent of blocking's time NeverBlock saved), and 2009's.
+    def long_short_row(cells, ratio, longs)
+      blocking, ours = %w[blocking neverblock].map { |v| cells.find { |c| c[:variant] == v && c[:ratio] == ratio && c[:longs] == longs } }
+      slow, fast = blocking.median, ours.median
+      old_blocking, old_nonblocking, old = RESULTS_2009[[ratio, longs]]
+      { "part" => "longshort", "label" => "1/#{ratio}", "longs" => longs, "queries" => longs * (ratio + 1),
+        "blocking_s" => slow&.round(3), "neverblock_s" => fast&.round(3), "advantage_pct" => (((slow - fast) / slow * 100).round(1) if slow && fast),
+        "2009_blocking_s" => old_blocking, "2009_non_blocking_s" => old_nonblocking, "2009_advantage_pct" => old,
+        "runs_s" => "#{blocking.listing(3)}; #{ours.listing(3)}", "note" => (blocking.failures + ours.failures).first }
     end
 
     def ratio(value, base) = value && base ? (value / base).round(2) : nil
 
-    def report_long_short(cells)
+    def report_long_short(rows)
       puts "\nLong and short queries: each of L iterations issues one `select pg_sleep(#{@options[:long_seconds]})` and M `select 1`."
       puts "Blocking: one PG::Connection, in order. NeverBlock: a task per query (NeverBlock.spawn), all at once, " \
            "NeverBlock::Postgres.pool(size: #{@options[:pool_size]})."
       puts "Seconds, median of #{@options[:runs]} runs; advantage = (blocking - NeverBlock) / blocking. " \
            "2009: Ruby 1.9.1, a pool of 50 fibers over 12 connections."
-      table = Table.new(["shorts per long", "long", "short", "blocking s", "NeverBlock s", "advantage",
-                         "2009 blocking s", "2009 non-blocking s", "2009 advantage", ">= 2009?"])
-      @options[:ratios].product(@options[:longs]).each do |ratio, longs|
-        seconds = %w[blocking neverblock].map do |v|
-          cells.find { |c| c[:variant] == v && c[:ratio] == ratio && c[:longs] == longs }.median&.then { |s| format("%.3f", s) } || "failed"
-        end
-        ours = advantage(cells, ratio, longs)
-        old_blocking, old_nonblocking, old = RESULTS_2009[[ratio, longs]]
-        table << ["1/#{ratio}", longs, longs * ratio, *seconds, ours ? format("%.1f%%", ours) : "-", old_blocking, old_nonblocking,
-                  old ? format("%.2f%%", old) : "-", ours && old ? (ours >= old ? "yes" : "NO") : "-"]
-      end
-      puts table
+      puts Table.of(rows, %w[label longs queries blocking_s neverblock_s advantage_pct 2009_blocking_s 2009_non_blocking_s 2009_advantage_pct runs_s])
     end
 
     def report_short(rows)
@@ -281,8 +261,8 @@ module NeverBlockBench
     def chart
       chart = NeverBlockBench.chart("NeverBlock and PostgreSQL", "#{Peers.text(@probe)}, #{PostgresServer.driver_description}",
                                     "long/short: a task per query, pool of #{@options[:pool_size]}; _awake: CPUs kept awake by a nice-19 busy loop")
-      chart.pivot("long and short queries: time NeverBlock saved vs blocking, %, by long queries (higher is better)", "advantage_pct",
-                  by: "longs", series: "label", where: { "part" => "longshort", "variant" => "neverblock" })
+      chart.pivot("long and short queries: time NeverBlock saved vs blocking, %, by long queries; a bar per shorts per long " \
+                  "(higher is better)", "advantage_pct", by: "longs", series: "label", where: { "part" => "longshort" })
       chart.pivot("all short: queries/s (median; higher is better)", "queries_per_s", series: "variant", where: { "part" => "short" })
     end
   end

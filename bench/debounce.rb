@@ -36,7 +36,7 @@ require_relative "support/servers"
 
 module NeverBlockBench
   # bench/debounce.rb
-  class DebounceBench
+  class DebounceBench < Bench
     EXE = File.join(PeerServers::REPO, "exe", "neverblock")
     UPSTREAM = File.join(__dir__, "support", "debounce_upstream.ru")
 
@@ -46,10 +46,6 @@ module NeverBlockBench
     DEFAULTS = { clients: 500, delay: 0.2, runs: 3 }.freeze
     QUICK = { clients: 50, runs: 1 }.freeze
     ONLY = %w[none middleware proxy proxy+redis nginx].freeze
-
-    def initialize(options)
-      @options = options
-    end
 
     # @return [true] (a failed storm shows in its row)
     def call

@@ -33,7 +33,7 @@ require_relative "support/servers"
 
 module NeverBlockBench
   # Runs the fault scenarios and reports them. See the file comment.
-  class FaultsBench
+  class FaultsBench < Bench
     APP = File.expand_path("support/fault_app.ru", __dir__)
     CRASH_SCRIPT = File.expand_path("support/one_in_50_dies.lua", __dir__)
     DEFAULTS = { duration: 10, loris: 2000, restarts: 10, scenarios: %w[slowloris restart crash] }.freeze
@@ -41,16 +41,10 @@ module NeverBlockBench
     ONLY = %w[neverblock puma].freeze # the servers
     RESTART_SIGNAL = { "neverblock" => "USR2", "puma" => "USR1" }.freeze
 
-    def initialize(options)
-      @options = options
-      @rows = []
-    end
-
     # @return [Boolean] true when every cell ran
     def call
+      @rows = []
       Machine.raise_fd_limit(@options[:loris] + 4096)
-      problem = PeerServers.problem
-      abort problem if problem && @options[:only].include?("puma")
       puts header
       @options[:scenarios].each { |scenario| send("run_#{scenario}") }
       report
@@ -76,7 +70,7 @@ module NeverBlockBench
     # --- slowloris ------------------------------------------------------------
 
     def run_slowloris
-      puts "\n## slowloris: #{@options[:loris]} partial heads, wrk -c 20 ordinary requests"
+      warn "slowloris: #{@options[:loris]} partial heads, wrk -c 20 ordinary requests"
       each_server do |name, server|
         loris = Loris.new(server.port, @options[:loris])
         loris.start
@@ -84,8 +78,6 @@ module NeverBlockBench
         held = loris.stop
         @rows << ["slowloris", name, "p99 ms", (result.p99 * 1000).round(1), "p50 #{(result.p50 * 1000).round(1)} ms, " \
                   "#{result.requests_per_second.round} req/s, errors #{result.errors}, partial heads open #{held}"]
-        puts format("%-10s p50 %7.1f ms  p99 %7.1f ms  %8.0f req/s  errors %d  (%d partial heads open at the end)",
-                    name, result.p50 * 1000, result.p99 * 1000, result.requests_per_second, result.errors, held)
       end
     end
 
@@ -145,7 +137,7 @@ module NeverBlockBench
     # --- rolling restart --------------------------------------------------------
 
     def run_restart
-      puts "\n## rolling restart under wrk -c 50 keep-alive (#{@options[:restarts]} runs each)"
+      warn "rolling restart under wrk -c 50 keep-alive (#{@options[:restarts]} runs each)"
       each_server do |name, server|
         failures = Array.new(@options[:restarts]) do
           wrk = Thread.new { Wrk.run("http://127.0.0.1:#{server.port}/", connections: 50, duration: 8) }
@@ -156,20 +148,18 @@ module NeverBlockBench
           result.errors
         end
         @rows << ["restart", name, "failed requests (max of runs)", failures.max, "per run: #{failures.join(' ')}"]
-        puts format("%-10s failed requests per run: %s", name, failures.join(" "))
       end
     end
 
     # --- crash loop ---------------------------------------------------------------
 
     def run_crash
-      puts "\n## crash loop: every 50th request kills its worker, wrk -c 20 for #{@options[:duration]} s"
+      warn "crash loop: every 50th request kills its worker, wrk -c 20 for #{@options[:duration]} s"
       each_server do |name, server|
         result = Wrk.run("http://127.0.0.1:#{server.port}/", connections: 20, duration: @options[:duration], timeout: 5, script: CRASH_SCRIPT)
         alive = server_alive?(server)
         answered = result.requests - result.errors
         @rows << ["crash", name, "answered requests", answered, "errors #{result.errors}, master up at the end: #{alive}"]
-        puts format("%-10s answered %7d  errors %5d  master up at the end: %s", name, answered, result.errors, alive)
       end
     end
 
@@ -183,13 +173,10 @@ module NeverBlockBench
     # --- report -------------------------------------------------------------------
 
     def report
-      table = Table.new(["scenario", "server", "measure", "value", "details"], align: %i[left left left right left])
-      @rows.each { |row| table << row }
-      puts "\n#{table}"
+      puts "\n#{Table.new(%w[scenario server measure value details], @rows, align: %i[left left left right left])}"
       chart = NeverBlockBench.chart("NeverBlock::Server vs Puma under faults (two workers each)")
       @rows.group_by(&:first).each do |scenario, rows|
-        chart.add_panel(title: "#{scenario}: #{rows.first[2]}", categories: [scenario],
-                        series: rows.to_h { |row| [row[1], [row[3]]] })
+        chart.pivot("#{scenario}: #{rows.first[2]}", "value", series: "server", where: { "scenario" => scenario })
       end
       NeverBlockBench.write_results(@options[:out], "faults", %w[scenario server measure value details], @rows, chart)
     end

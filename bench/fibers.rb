@@ -22,7 +22,7 @@ require_relative "support/harness"
 
 module NeverBlockBench
   # Runs the fibers-vs-threads benchmark and reports it. See the file comment.
-  class FibersBench
+  class FibersBench < Bench
     # `sleepers.(count, seconds, spawned)` starts `count` sleeping tasks, calls
     # `spawned` once all are started and returns when all are done;
     # `empties.(count, batch)` runs `count` empty tasks, `batch` at a time.
@@ -43,7 +43,7 @@ module NeverBlockBench
     LIMIT_ERRORS = /\A(FiberError|ThreadError|NoMemoryError|Errno::EAGAIN|Errno::ENOMEM)\b/
 
     def initialize(options)
-      @options = options
+      super
       @options[:spawns] = [(@options[:spawns] / BATCH) * BATCH, BATCH].max
       @variants = variants.select { |variant| @options[:only].include?(variant.name) }
     end
@@ -165,7 +165,7 @@ module NeverBlockBench
            "starts on a later turn of the loop), this is smaller and the rest shows in wall_s; above sleep_s, not all tasks were alive at once."
       rows += empty.map do |cell|
         { "benchmark" => "empty_task", "variant" => cell[:variant].name, "label" => cell[:variant].label, "tasks" => @options[:spawns],
-          "wall_s" => cell.samples.min&.round(4), "us_per_task" => cell.samples.min&.*(1e6 / @options[:spawns])&.round(2),
+          "wall_s" => cell.runs.min&.round(4), "us_per_task" => cell.runs.min&.*(1e6 / @options[:spawns])&.round(2),
           "note" => cell.failures.first }
       end
       puts "\nSpawn and finish an empty task: best of #{MICRO_RUNS} runs of #{@options[:spawns]}, in batches of #{BATCH} (FiberPool size #{BATCH})"

@@ -47,7 +47,7 @@ require_relative "support/postgres"
 
 module NeverBlockBench
   # Runs the Rails benchmark and reports it. See the file comment.
-  class RailsBench
+  class RailsBench < Bench
     DEFAULTS = { requests: 1000, concurrency: 200, every: [200, 100, 50, 20, 10], puma_workers: [1, 2, 4], nb_pool: 200,
                  fast_requests: 4000, fast_concurrency: [16, 200], puma_matched_threads: 16, runs: 3 }.freeze
     QUICK = { every: [20, 10], runs: 1, requests: 200, fast_requests: 400 }.freeze
@@ -57,21 +57,14 @@ module NeverBlockBench
     # One server configuration: `start` takes a port and returns a ServerProcess.
     Setup = Struct.new(:name, :label, :start, keyword_init: true)
 
-    def initialize(options)
-      @options = options
-      @parts = @options[:only]
-    end
-
     # @return [Boolean] true when every request of every measurement got a 200
     def call
       Machine.raise_fd_limit(8192)
       @selector = Peers.use_epoll
-      if (problem = PostgresServer.problem || PeerServers.problem)
-        return warn(problem)
-      end
+      return warn(PostgresServer.problem) if PostgresServer.problem
 
       puts header
-      cells = @parts.flat_map { |part| send("measure_#{part}") }
+      cells = @options[:only].flat_map { |part| send("measure_#{part}") }
       report(cells)
       cells.all? { |cell| cell.failures.empty? && cell[:errors].empty? }
     ensure
@@ -270,12 +263,12 @@ module NeverBlockBench
 
     def fast?(cell) = cell[:part] == "fast"
     # The median over runs of one of part (c)'s measures; nil when none.
-    def fast_median(cell, key) = cell && Samples.new(cell[:fast].filter_map { |run| run[key] }).median
+    def fast_median(cell, key) = cell && NeverBlockBench.median(cell[:fast].filter_map { |run| run[key] })
     # requests/s: of the median run, or for part (c) the median of the runs'.
     def rate(cell) = cell && (fast?(cell) ? fast_median(cell, :rate) : cell.median&.then { |s| cell[:requests] / s })
     def find(cells, name, key, value) = cells.find { |cell| cell[:setup].name == name && cell[key] == value }
     def setups(cells) = cells.map { |cell| cell[:setup] }.uniq(&:name)
-    def runs_text(cell) = cell.samples.to_s(digits: 3)
+    def runs_text(cell) = cell.listing(3)
     def number(value, digits) = value ? format("%.#{digits}f", value) : "FAILED"
 
     def report(cells)
@@ -353,7 +346,7 @@ module NeverBlockBench
         "errors" => cell[:errors].size, "note" => cell.failures.first || cell[:errors].first, "p50_ms" => fast.call(:p50, 1000),
         "p99_ms" => fast.call(:p99, 1000), "cpu_us_per_req" => fast.call(:cpu_us, 1, 0), "allocations_per_req" => fast.call(:allocations, 1, 0),
         "gc_us_per_req" => fast.call(:gc_us, 1, 0),
-        "cpu_us_runs" => (Samples.new(cell[:fast].map { |run| run[:cpu_us] }).to_s(digits: 0) if fast?(cell)),
+        "cpu_us_runs" => (NeverBlockBench.listing(cell[:fast].map { |run| run[:cpu_us] }, 0) if fast?(cell)),
         "cpu_vs_puma_0x5" => versus_puma.call(:cpu_us), "p99_vs_puma_0x5" => versus_puma.call(:p99) }
     end
   end

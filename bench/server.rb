@@ -33,7 +33,7 @@ require_relative "support/server_app"
 
 module NeverBlockBench
   # Runs the server benchmark and reports it. See the file comment.
-  class ServerBench
+  class ServerBench < Bench
     DEFAULTS = { duration: 10, warmup: 2, connections: 100, io_connections: 256, db_pool: 64, fiber_pool: 1000, runs: 1,
                  scenarios: %w[hello sleep pg] }.freeze
     QUICK = { duration: 3, warmup: 1 }.freeze
@@ -45,7 +45,7 @@ module NeverBlockBench
     Server = Struct.new(:name, :label, :start, :scenarios, :gc_socket, keyword_init: true)
 
     def initialize(options)
-      @options = options
+      super
       @scenarios = scenarios.select { |scenario| @options[:scenarios].include?(scenario.name) }
       @servers = servers.select { |server| @options[:only].include?(server.name) }
     end
@@ -118,9 +118,6 @@ module NeverBlockBench
     # @return [Boolean] false (after a warning) when nothing can be measured
     def ready?
       return warn("wrk is not installed; run bin/setup") && false unless Wrk.version
-      if (@servers.map(&:name) & %w[puma falcon thin iodine agoo]).any? && (problem = PeerServers.problem)
-        return warn(problem) && false
-      end
       if @scenarios.any?(&:database) && PostgresServer.problem
         warn "skipping the pg scenario: #{PostgresServer.problem}"
         @scenarios = @scenarios.reject(&:database)
@@ -185,9 +182,9 @@ module NeverBlockBench
 
     # The run with the median req/s (the upper middle one for an even count).
     def median_run(cell) = cell.runs.sort_by(&:requests_per_second)[cell.runs.size / 2]
-    def rate(cell) = cell && !cell.runs.empty? ? Samples.new(cell.runs.map(&:requests_per_second)).median : nil
-    def cpu(cell) = cell && Samples.new(cell.cpu).median
-    def allocations(cell) = cell && Samples.new(cell.allocations).median
+    def rate(cell) = cell && NeverBlockBench.median(cell.runs.map(&:requests_per_second))
+    def cpu(cell) = cell && NeverBlockBench.median(cell.cpu)
+    def allocations(cell) = cell && NeverBlockBench.median(cell.allocations)
     def find(cells, server, scenario) = cells.find { |c| c[:server].name == server && c[:scenario].name == scenario }
     def ms(seconds) = seconds ? format("%.2f ms", seconds * 1000) : "-"
     def met_text(ratio, target) = ratio ? (ratio >= target ? "yes" : "no") : "n/a"

@@ -49,6 +49,16 @@ module NeverBlockBench
       allocations: GC.stat(:total_allocated_objects) - allocated }
   end
 
+  # The result of repeated measurements: the middle one (the mean of the two
+  # middle ones), nil for none.
+  def self.median(values)
+    sorted = values.sort
+    (sorted[(sorted.size - 1) / 2] + sorted[sorted.size / 2]) / 2.0 unless sorted.empty?
+  end
+
+  # @return [String] every value, sorted, to show how far runs spread, e.g. "0.45 0.62 1.30"
+  def self.listing(values, digits = 2) = values.sort.map { |value| format("%.#{digits}f", value) }.join(" ")
+
   # @return [Array<Integer>] `total` split into `parts` non-zero shares that differ by at most 1
   def self.split(total, parts)
     Array.new(parts) { |i| (total / parts) + (i < total % parts ? 1 : 0) }.reject(&:zero?)
@@ -96,10 +106,16 @@ module NeverBlockBench
       allocations << outcome[:allocations] if outcome[:allocations]
     end
 
-    def median = Samples.new(runs).median
-    def samples = Samples.new(runs)
-    # @return [Float, nil] median of `per` (cpu or allocations) divided by `count`
-    def median_per(per, count) = Samples.new(per).median&./(count)
+    def median = NeverBlockBench.median(runs)
+    def listing(digits = 2) = NeverBlockBench.listing(runs, digits)
+  end
+
+  # What a script's benchmark class inherits: the options {CommandLine.main}
+  # parsed, in @options; its #call measures and reports.
+  class Bench
+    def initialize(options)
+      @options = options
+    end
   end
 
   # The scripts' command line: every DEFAULTS entry as an option, the shared
@@ -191,16 +207,16 @@ module NeverBlockBench
   # A plain-text table with aligned columns: the first left, the rest right
   # unless `align` says otherwise; nil cells print empty.
   class Table
-    def initialize(headers, align: nil)
+    def initialize(headers, rows = [], align: nil)
       @headers = headers.map(&:to_s)
       @align = align || [:left] + [:right] * (headers.size - 1)
-      @rows = []
+      @rows = rows.map { |row| row.map(&:to_s) }
     end
 
     # @param rows [Array<Hash>] e.g. a script's CSV rows by header
     # @return [Table] the `columns` of `rows`
     def self.of(rows, columns)
-      rows.each_with_object(new(columns)) { |row, table| table << row.values_at(*columns) }
+      new(columns, rows.map { |row| row.values_at(*columns) })
     end
 
     def <<(row)
@@ -216,33 +232,6 @@ module NeverBlockBench
              .join("  ").rstrip
       end
       ([line.call(@headers), widths.map { |width| "-" * width }.join("  ")] + @rows.map(&line)).map { |text| "#{text}\n" }.join
-    end
-  end
-
-  # Repeated measurements of one cell: the median is the result, the sorted
-  # values beside it show how far the runs spread.
-  class Samples
-    attr_reader :values
-
-    def initialize(values)
-      @values = values.map(&:to_f)
-    end
-
-    # @return [Float, nil] the middle value (mean of the two middle ones)
-    def median
-      return nil if @values.empty?
-
-      sorted = @values.sort
-      (sorted[(sorted.size - 1) / 2] + sorted[sorted.size / 2]) / 2.0
-    end
-
-    def min = @values.min
-    def max = @values.max
-    def empty? = @values.empty?
-
-    # @return [String] every value, sorted, e.g. "0.45 0.62 1.30"
-    def to_s(digits: 2)
-      @values.sort.map { |value| format("%.#{digits}f", value) }.join(" ")
     end
   end
 

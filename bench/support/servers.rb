@@ -126,7 +126,8 @@ module NeverBlockBench
   # listening on 127.0.0.1:PORT: NeverBlock::Server under the main bundle (this
   # checkout); Puma, Falcon, Thin, iodine and agoo under their own bundle,
   # bench/gemfiles/servers.gemfile (gems in vendor/bundle-servers, installed by
-  # bench/run), so the main Gemfile.lock does not change; nginx with a generated
+  # bench/run: run directly, a peer without it fails to start and its log says
+  # why), so the main Gemfile.lock does not change; nginx with a generated
   # config as the hardware reference.
   module PeerServers
     REPO = File.expand_path("../..", __dir__)
@@ -146,17 +147,6 @@ module NeverBlockBench
 
     def unbundled(&block)
       defined?(Bundler) ? Bundler.with_unbundled_env(&block) : yield
-    end
-
-    # @return [String, nil] why the peers cannot run
-    def problem
-      out, status = unbundled { Open3.capture2e(bundle_env, "bundle", "check") }
-      return nil if status.success?
-
-      "the peer servers' bundle is not installed (#{out.lines.last&.strip}); run the benchmark through " \
-        "bench/run, which installs bench/gemfiles/servers.gemfile.lock into vendor/bundle-servers"
-    rescue SystemCallError => e
-      "cannot run bundle: #{e.message}"
     end
 
     # @return [Hash{String => String}] gem => version locked in the servers bundle

@@ -20,21 +20,14 @@ module NeverBlockBench
     def initialize(title:, subtitle: nil)
       @title = title
       @subtitle = Array(subtitle)
-      @panels = []
       @pivots = []
-    end
-
-    # @param series [Hash{String => Array<Numeric, String, nil>}] one value per category
-    # @param log [Boolean] logarithmic y axis, for values spanning decades
-    def add_panel(title:, categories:, series:, log: false)
-      @panels << { title: title, categories: categories, series: series, log: log }
-      self
     end
 
     # A panel of the rows given to {#write}: a group of bars per distinct
     # value of column `by` (one group without it), a bar per distinct value of
     # column `series`, each the row's `value` ("failed" when nil); only rows
-    # whose columns hold what `where` gives.
+    # whose columns hold what `where` gives. `log`: a logarithmic y axis, for
+    # values spanning decades.
     def pivot(title, value, series:, by: nil, where: {}, log: false)
       @pivots << [title, value, series, by, where, log]
       self
@@ -42,26 +35,27 @@ module NeverBlockBench
 
     # @param rows [Array<Hash>] the results, for the {#pivot} panels
     # @return [String] path
-    def write(path, rows = [])
-      @pivots.each do |title, value, series, by, where, log|
+    def write(path, rows)
+      panels = @pivots.map do |title, value, series, by, where, log|
         mine = rows.select { |row| where.all? { |key, wanted| row[key] == wanted } }
         groups = mine.map { |row| row[by] }.uniq
         bars = mine.map { |row| row[series] }.uniq.to_h do |name|
           [name, groups.map { |group| mine.find { |row| row[series] == name && row[by] == group }.to_h[value] || "failed" }]
         end
-        add_panel(title: title, categories: groups.map(&:to_s), series: bars, log: log)
+        { title: title, categories: groups.map(&:to_s), series: bars, log: log }
       end
-      File.write(path, to_svg)
+      File.write(path, to_svg(panels))
       path
     end
 
-    def to_svg
-      names = @panels.flat_map { |panel| panel[:series].keys }.uniq
+    # @param panels [Array<Hash>] :title, :categories, :series (name => a value per category), :log
+    def to_svg(panels)
+      names = panels.flat_map { |panel| panel[:series].keys }.uniq
       column = ((names.map(&:size).max || 1) * 6.6).ceil + 32 # swatch, gap, ~6.6 px per character
       columns = [(RIGHT - LEFT) / column, 1].max
       top = 36 + (@subtitle.size * 16)
       header = top + 10 + ((names.size.to_f / columns).ceil * 18)
-      height = header + (@panels.size * PANEL_HEIGHT) + 8
+      height = header + (panels.size * PANEL_HEIGHT) + 8
       body = [text(WIDTH / 2, 22, @title, size: 16, anchor: "middle", weight: "bold")]
       @subtitle.each_with_index { |line, i| body << text(WIDTH / 2, 40 + (i * 16), line, size: 11, anchor: "middle", fill: "#555555") }
       names.each_with_index do |name, i|
@@ -69,7 +63,7 @@ module NeverBlockBench
         y = top + ((i / columns) * 18)
         body << %(<rect x="#{x}" y="#{y}" width="12" height="12" fill="#{PALETTE[i % PALETTE.size]}"/>) + text(x + 17, y + 10, name, size: 12)
       end
-      @panels.each_with_index { |panel, i| body << panel_svg(panel, names, header + (i * PANEL_HEIGHT)) }
+      panels.each_with_index { |panel, i| body << panel_svg(panel, names, header + (i * PANEL_HEIGHT)) }
       %(<svg xmlns="http://www.w3.org/2000/svg" width="#{WIDTH}" height="#{height}" viewBox="0 0 #{WIDTH} #{height}" ) +
         %(font-family="Helvetica, Arial, sans-serif">\n<rect width="100%" height="100%" fill="#ffffff"/>\n#{body.join("\n")}\n</svg>\n)
     end
