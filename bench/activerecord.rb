@@ -246,8 +246,6 @@ module NeverBlockBench
     # `execute` for pg_sleep, whose void result select_value would warn about (unknown OID 2278).
     def query(conn, sql) = sql.include?("pg_sleep") ? conn.execute(sql).clear : conn.select_value(sql)
 
-    # --- reporting -------------------------------------------------------------------
-
     def find(cells, **fields) = cells.find { |cell| fields.all? { |key, value| cell[key] == value } }
     def seconds_text(cell) = cell&.median ? format("%.3f", cell.median) : "failed"
     def speedup(slow, fast) = slow&.median && fast&.median ? format("%.2fx", slow.median / fast.median) : "-"
@@ -264,12 +262,11 @@ module NeverBlockBench
       failures = cells.flat_map(&:failures).uniq
       puts "\nfailed runs: #{failures.join('; ')}" unless failures.empty?
       rows = cells.map do |cell|
-        [cell[:part], cell[:variant]&.name || "neverblock", cell[:label], cell[:workload], cell[:pool], cell[:queries], cell.listing(4),
-         cell.median&.round(4), cell.runs.min&.round(4), cell.runs.max&.round(4), cell.median && (cell[:queries] / cell.median).round(1),
-         cell.failures.first]
+        { "part" => cell[:part], "variant" => cell[:variant]&.name || "neverblock", "label" => cell[:label], "workload" => cell[:workload],
+          "pool" => cell[:pool], "queries" => cell[:queries], "runs" => cell.listing(4), "median_s" => cell.median&.round(4),
+          "per_s" => cell.median && (cell[:queries] / cell.median).round(1), "note" => cell.failures.first }
       end
-      NeverBlockBench.write_results(@options[:out], "activerecord", %w[part variant label workload pool queries runs median_s min_s max_s per_s note],
-                                    rows, chart)
+      NeverBlockBench.write_results(@options[:out], "activerecord", rows, chart)
     end
 
     def report_workloads(cells)

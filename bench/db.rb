@@ -74,8 +74,6 @@ module NeverBlockBench
       )
     end
 
-    # --- part 1: long and short queries -----------------------------------
-
     def measure_long_short
       cells = @options[:ratios].product(@options[:longs]).flat_map do |ratio, longs|
         %w[blocking neverblock].map { |variant| Cell.new("long/short #{longs} x 1/#{ratio} #{variant}", variant: variant, ratio: ratio, longs: longs) }
@@ -118,8 +116,6 @@ module NeverBlockBench
     def fan_out(db, count)
       NeverBlock.wait_all(NeverBlockBench.split(count, @options[:fibers]).map { |share| NeverBlock.spawn { share.times { |i| db.exec_params(PARAM_SQL, [i]) } } })
     end
-
-    # --- part 2: all short ------------------------------------------------------
 
     # [name, label, measure (in the child: Hash with :seconds)]; the pgbench_* ones need pgbench
     def short_variants
@@ -200,8 +196,6 @@ module NeverBlockBench
       { seconds: @options[:queries] / (tps * per_transaction) }
     end
 
-    # --- reporting -------------------------------------------------------------
-
     def rate(cell) = cell.median&.positive? ? @options[:queries] / cell.median : nil
     def cpu_us(cell) = NeverBlockBench.median(cell.cpu)&.*(1e6 / @options[:queries])
     def allocations(cell) = NeverBlockBench.median(cell.allocations)&./(@options[:queries])
@@ -219,8 +213,7 @@ module NeverBlockBench
           "allocations_per_query" => allocations(cell)&.round(1), "runs_s" => cell.listing(4), "note" => cell.skipped || cell.failures.first }
       end
       report_short(rows.select { |row| row["part"] == "short" }) unless short.empty?
-      columns = rows.flat_map(&:keys).uniq
-      NeverBlockBench.write_results(@options[:out], "db", columns, rows.map { |row| row.values_at(*columns) }, chart)
+      NeverBlockBench.write_results(@options[:out], "db", rows, chart)
     end
 
     # Blocking's and NeverBlock's medians for `longs` iterations with `ratio` shorts each, the

@@ -66,36 +66,31 @@ module NeverBlockBench
         return nil
       end
       warn "#{variant}: #{@options[:runs]} storms of #{@options[:clients]} clients"
-      servers = []
-      upstream_port = ServerProcess.free_port
       env = { "NB_BENCH_DELAY" => @options[:delay].to_s, "NB_BENCH_DEBOUNCE" => variant == "middleware" ? "1" : nil }
-      servers << upstream = PeerServers.neverblock(UPSTREAM, port: upstream_port, env: env, name: "upstream")
+      upstream = PeerServers.neverblock(UPSTREAM, port: ServerProcess.free_port, env: env, name: "upstream")
       upstream.wait_until_ready(path: "/count")
-      front = front_server(variant, upstream_port)
-      servers << front if front
-      port = front ? front.port : upstream_port
+      front = front_server(variant, upstream.port)
       runs = Array.new(@options[:runs]) do |run|
-        get(upstream_port, "/count") # reset
-        latencies, errors = storm(port, "/config?run=#{run}")
-        { upstream: Integer(get(upstream_port, "/count")), latencies: latencies.sort, errors: errors }
+        get(upstream.port, "/count") # reset
+        latencies, errors = storm((front || upstream).port, "/config?run=#{run}")
+        { upstream: Integer(get(upstream.port, "/count")), latencies: latencies.sort, errors: errors }
       end
       summarize(variant, runs)
     ensure
-      servers&.reverse_each(&:stop)
+      front&.stop
+      upstream&.stop
     end
 
+    # The server the clients talk to in front of the upstream; nil when they talk to it directly.
     def front_server(variant, upstream_port)
+      return nil if %w[none middleware].include?(variant)
+
       port = ServerProcess.free_port
-      upstream = "http://127.0.0.1:#{upstream_port}"
-      server =
-        case variant
-        when "none", "middleware" then return nil
-        when "nginx" then nginx(port, upstream_port)
-        else
-          workers = variant == "proxy" ? %w[-w 0] : ["-w", "2", "--redis", ENV.fetch("NEVERBLOCK_REDIS_URL")]
-          ServerProcess.start(variant, [RbConfig.ruby, EXE, "debounce", "--upstream", upstream, *workers,
-                                        "--listen", "tcp://127.0.0.1:#{port}"], port: port)
-        end
+      workers = variant == "proxy+redis" ? ["-w", "2", "--redis", ENV.fetch("NEVERBLOCK_REDIS_URL")] : %w[-w 0]
+      server = if variant == "nginx" then nginx(port, upstream_port)
+               else ServerProcess.start(variant, [RbConfig.ruby, EXE, "debounce", "--upstream", "http://127.0.0.1:#{upstream_port}",
+                                                  *workers, "--listen", "tcp://127.0.0.1:#{port}"], port: port)
+               end
       server.wait_until_ready(path: "/count")
       server
     end
@@ -135,11 +130,11 @@ module NeverBlockBench
         tasks = sockets.map do |socket|
           NeverBlock.spawn do
             go.pop
-            started = now
+            started = NeverBlockBench.now
             socket.write(request)
             response = socket.read
             if response.start_with?("HTTP/1.1 200")
-              latencies << (now - started)
+              latencies << (NeverBlockBench.now - started)
             else
               errors += 1
             end
@@ -183,7 +178,7 @@ module NeverBlockBench
       chart = NeverBlockBench.chart("Restart storm: #{@options[:clients]} identical GETs at once", "upstream answers in #{ms(delay)} ms")
       chart.pivot("upstream requests", "upstream_requests", series: "variant", log: true)
       chart.pivot("client p99 latency, ms", "p99_ms", series: "variant")
-      NeverBlockBench.write_results(@options[:out], "debounce", rows.first&.keys || [], rows.map(&:values), chart)
+      NeverBlockBench.write_results(@options[:out], "debounce", rows, chart)
     end
 
     def targets(result, nginx)
@@ -199,8 +194,6 @@ module NeverBlockBench
     def ms(seconds)
       (seconds * 1000).round unless seconds.nan?
     end
-
-    def now = NeverBlockBench.now
   end
 end
 

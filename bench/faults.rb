@@ -67,13 +67,10 @@ module NeverBlockBench
       @options[:only].each { |name| PeerServers.cluster(name, APP, workers: 2) { |server| yield name, server } }
     end
 
-    # --- slowloris ------------------------------------------------------------
-
     def run_slowloris
       warn "slowloris: #{@options[:loris]} partial heads, wrk -c 20 ordinary requests"
       each_server do |name, server|
         loris = Loris.new(server.port, @options[:loris])
-        loris.start
         result = Wrk.run("http://127.0.0.1:#{server.port}/", connections: 20, duration: @options[:duration])
         held = loris.stop
         @rows << ["slowloris", name, "p99 ms", (result.p99 * 1000).round(1), "p50 #{(result.p50 * 1000).round(1)} ms, " \
@@ -82,17 +79,13 @@ module NeverBlockBench
     end
 
     # Clients that each hold a connection with an unfinished request head,
-    # adding a header line every 2 s, reconnecting when the server closes it.
+    # adding a header line every 2 s, reconnecting when the server closes it;
+    # they start at once and trickle until #stop.
     class Loris
       def initialize(port, count)
         @port = port
-        @count = count
-        @sockets = []
         @stop = false
-      end
-
-      def start
-        @sockets = Array.new(@count) { open }
+        @sockets = Array.new(count) { open }
         @thread = Thread.new { trickle until @stop }
       end
 
@@ -134,8 +127,6 @@ module NeverBlockBench
       end
     end
 
-    # --- rolling restart --------------------------------------------------------
-
     def run_restart
       warn "rolling restart under wrk -c 50 keep-alive (#{@options[:restarts]} runs each)"
       each_server do |name, server|
@@ -150,8 +141,6 @@ module NeverBlockBench
         @rows << ["restart", name, "failed requests (max of runs)", failures.max, "per run: #{failures.join(' ')}"]
       end
     end
-
-    # --- crash loop ---------------------------------------------------------------
 
     def run_crash
       warn "crash loop: every 50th request kills its worker, wrk -c 20 for #{@options[:duration]} s"
@@ -170,15 +159,15 @@ module NeverBlockBench
       false
     end
 
-    # --- report -------------------------------------------------------------------
-
     def report
-      puts "\n#{Table.new(%w[scenario server measure value details], @rows, align: %i[left left left right left])}"
+      columns = %w[scenario server measure value details]
+      rows = @rows.map { |row| columns.zip(row).to_h }
+      puts "\n#{Table.new(columns, @rows, align: %i[left left left right left])}"
       chart = NeverBlockBench.chart("NeverBlock::Server vs Puma under faults (two workers each)")
-      @rows.group_by(&:first).each do |scenario, rows|
-        chart.pivot("#{scenario}: #{rows.first[2]}", "value", series: "server", where: { "scenario" => scenario })
+      @rows.group_by(&:first).each do |scenario, mine|
+        chart.pivot("#{scenario}: #{mine.first[2]}", "value", series: "server", where: { "scenario" => scenario })
       end
-      NeverBlockBench.write_results(@options[:out], "faults", %w[scenario server measure value details], @rows, chart)
+      NeverBlockBench.write_results(@options[:out], "faults", rows, chart)
     end
   end
 end

@@ -170,8 +170,7 @@ module NeverBlockBench
       end
       puts "\nSpawn and finish an empty task: best of #{MICRO_RUNS} runs of #{@options[:spawns]}, in batches of #{BATCH} (FiberPool size #{BATCH})"
       puts Table.of(rows.select { |row| row["benchmark"] == "empty_task" }, %w[label tasks us_per_task note])
-      columns = rows.first.keys
-      NeverBlockBench.write_results(@options[:out], "fibers", columns, rows.map { |row| row.values_at(*columns) }, chart)
+      NeverBlockBench.write_results(@options[:out], "fibers", rows, chart)
     end
 
     def chart

@@ -86,8 +86,6 @@ module NeverBlockBench
       )
     end
 
-    # --- servers ---------------------------------------------------------------------
-
     # @param adaptive [Boolean] false: `--no-adaptive-limit` (up to fiber_pool at once, as before issue 13)
     def neverblock(adaptive: true)
       pool = @options[:nb_pool]
@@ -112,8 +110,6 @@ module NeverBlockBench
                                         env: { "NB_RAILS_ADAPTER" => "postgresql", "NB_RAILS_POOL" => threads.to_s })
                 end)
     end
-
-    # --- the three parts -------------------------------------------------------------
 
     def cells_for(part, setups, values, requests:, concurrency: nil)
       setups.to_h do |setup|
@@ -217,8 +213,6 @@ module NeverBlockBench
 
     def percentile(sorted, fraction) = sorted.empty? ? nil : sorted[((sorted.size - 1) * fraction).round]
 
-    # --- the client --------------------------------------------------------------------
-
     # Issues `paths` in order from `concurrency` NeverBlock tasks, each on its own keep-alive connection.
     # @param latencies [Array, nil] gets each request's seconds when given
     # @return [Hash] seconds:, errors: (what went wrong, one String per failed request)
@@ -259,8 +253,6 @@ module NeverBlockBench
       "#{e.class}: #{e.message}"
     end
 
-    # --- reporting ---------------------------------------------------------------------
-
     def fast?(cell) = cell[:part] == "fast"
     # The median over runs of one of part (c)'s measures; nil when none.
     def fast_median(cell, key) = cell && NeverBlockBench.median(cell[:fast].filter_map { |run| run[key] })
@@ -287,20 +279,13 @@ module NeverBlockBench
                   by: "concurrency", series: "server", where: fast)
       chart.pivot("only GET /fast: p99 latency, ms, by clients (lower is better)", "p99_ms", by: "concurrency", series: "server",
                   where: fast, log: true)
-      NeverBlockBench.write_results(@options[:out], "rails", rows.first&.keys || [], rows.map(&:values), chart)
+      NeverBlockBench.write_results(@options[:out], "rails", rows, chart)
     end
 
-    def report_sleeps(cells, _rows)
+    def report_sleeps(_cells, rows)
       puts "\n(a) Ten concurrent GET /sleep (select pg_sleep(1)) through Rails; target: NeverBlock about 1 s (>= 9 req/s), " \
            "Puma with one thread about 1 req/s. 2009: 1.08 s against 10.25 s."
-      table = Table.new(["server", "seconds", "req/s", "errors", "target", "met", "runs (s)"])
-      cells.each do |cell|
-        nb = cell[:setup].name == "neverblock"
-        rate = rate(cell)
-        table << [cell[:setup].label, number(cell.median, 3), rate ? format("%.2f", rate) : "-", cell[:errors].size,
-                  nb ? ">= 9 req/s" : "~1 req/s", nb && rate ? (rate >= 9 ? "yes" : "no") : "", runs_text(cell)]
-      end
-      puts table
+      puts Table.of(rows.select { |row| row["part"] == "sleeps" }, %w[label seconds req_per_s errors seconds_runs note])
     end
 
     def report_mixed(cells, _rows)
@@ -342,7 +327,7 @@ module NeverBlockBench
       { "part" => cell[:part], "server" => cell[:setup].name, "label" => cell[:setup].label, "requests" => cell[:requests],
         "concurrency" => cell[:concurrency], "sleep_every" => cell[:every],
         "sleeps" => { "sleeps" => 10, "fast" => 0 }.fetch(cell[:part]) { (cell[:requests].to_f / cell[:every]).ceil },
-        "seconds" => cell.median&.round(3), "seconds_runs" => runs_text(cell), "req_per_s" => rate(cell)&.round(1),
+        "seconds" => cell.median&.round(3), "seconds_runs" => runs_text(cell), "req_per_s" => rate(cell)&.round(2),
         "errors" => cell[:errors].size, "note" => cell.failures.first || cell[:errors].first, "p50_ms" => fast.call(:p50, 1000),
         "p99_ms" => fast.call(:p99, 1000), "cpu_us_per_req" => fast.call(:cpu_us, 1, 0), "allocations_per_req" => fast.call(:allocations, 1, 0),
         "gc_us_per_req" => fast.call(:gc_us, 1, 0),

@@ -166,9 +166,7 @@ module NeverBlockBench
           cell.cpu << cpu * 1e6 / result.requests
           cell.allocations << (allocated - allocated_before).fdiv(result.requests) if allocated && allocated_before
         end
-        warn format("  %-6s %9.0f req/s  p50 %s  p99 %s  %s us CPU/req%s%s", scenario.name, result.requests_per_second, ms(result.p50), ms(result.p99),
-                    cell.cpu.last&.round(1) || "-", cell.allocations.empty? ? "" : format("  %.1f allocations/req", cell.allocations.last),
-                    result.errors.positive? ? "  (#{result.error_text})" : "")
+        warn "  #{scenario.name}: #{result.requests_per_second.round} req/s, #{cell.cpu.last&.round(1)} us CPU/req #{result.error_text}"
         warn "  (the server logged: #{process.log_tail(3).strip})" if result.errors.positive?
       end
     rescue StandardError => e
@@ -178,15 +176,12 @@ module NeverBlockBench
       process&.stop
     end
 
-    # --- reporting --------------------------------------------------------------------
-
     # The run with the median req/s (the upper middle one for an even count).
     def median_run(cell) = cell.runs.sort_by(&:requests_per_second)[cell.runs.size / 2]
     def rate(cell) = cell && NeverBlockBench.median(cell.runs.map(&:requests_per_second))
     def cpu(cell) = cell && NeverBlockBench.median(cell.cpu)
     def allocations(cell) = cell && NeverBlockBench.median(cell.allocations)
     def find(cells, server, scenario) = cells.find { |c| c[:server].name == server && c[:scenario].name == scenario }
-    def ms(seconds) = seconds ? format("%.2f ms", seconds * 1000) : "-"
     def met_text(ratio, target) = ratio ? (ratio >= target ? "yes" : "no") : "n/a"
 
     # NeverBlock's median over the peer's: req/s (`of` :rate) or CPU per request (:cpu); nil for NeverBlock itself.
@@ -229,7 +224,7 @@ module NeverBlockBench
                                     "hello: #{@options[:connections]} connections; sleep and pg_sleep(0.01): #{@options[:io_connections]} " \
                                     "connections, db pool #{@options[:db_pool]}; medians of #{@options[:runs]}; wrk -t1 on the same machine")
       %w[req_per_s cpu_us_per_req p99_ms].each { |value| chart.pivot("#{value} by scenario", value, by: "scenario", series: "server", log: true) }
-      NeverBlockBench.write_results(@options[:out], "server", rows.first&.keys || [], rows.map(&:values), chart)
+      NeverBlockBench.write_results(@options[:out], "server", rows, chart)
     end
 
     # A cell's medians (latencies: of the run with the median req/s), every run, and NeverBlock's ratios to it.

@@ -19,7 +19,6 @@ end
 require "etc"
 require "fileutils"
 require "io/wait"
-require "open3"
 require "optparse"
 require_relative "svg_chart"
 
@@ -184,19 +183,21 @@ module NeverBlockBench
 
   # Writes a script's CSV and SVG into `out` and prints the "wrote" line
   # bench/run looks for before it keeps the printed tables.
+  # @param rows [Array<Hash>] by column (the columns: every key, in order of appearance)
   # @param chart [SvgChart, nil]
-  def self.write_results(out, name, headers, rows, chart = nil)
+  def self.write_results(out, name, rows, chart = nil)
     puts "\nload average at end: #{Machine.load_average}"
     FileUtils.mkdir_p(out)
-    files = [CsvFile.write(File.join(out, "#{name}.csv"), headers, rows)]
-    files << chart.write(File.join(out, "#{name}.svg"), rows.map { |row| headers.zip(row).to_h }) if chart
+    headers = rows.flat_map(&:keys).uniq
+    files = [CsvFile.write(File.join(out, "#{name}.csv"), headers, rows.map { |row| row.values_at(*headers) })]
+    files << chart.write(File.join(out, "#{name}.svg"), rows) if chart
     puts "wrote #{files.map { |path| path.delete_prefix("#{Dir.pwd}/") }.join(' and ')}"
   end
 
   # A script's first lines: what it measures, the Ruby, `facts` (versions,
   # settings), the machine and its load.
   def self.header(title, *facts)
-    [title, Machine.ruby_description, *facts, Machine.description, "load average at start: #{Machine.load_average}"].join("\n")
+    [title, RUBY_DESCRIPTION, *facts, Machine.description, "load average at start: #{Machine.load_average}"].join("\n")
   end
 
   # A chart whose subtitle ends with the Ruby and the machine it was measured on.
@@ -292,8 +293,6 @@ module NeverBlockBench
       Process.getrlimit(:NOFILE).first
     end
 
-    def ruby_description = RUBY_DESCRIPTION
-
     # @return [String] e.g. "2 CPUs, Intel(R) Xeon(R) Processor, Linux 6.1.0, 23.5 GiB RAM"
     def description
       cpu = (File.read("/proc/cpuinfo")[/^model name\s*:\s*(.+)$/, 1]&.squeeze(" ") rescue nil) || "unknown CPU"
@@ -351,12 +350,10 @@ module NeverBlockBench
   # Which NeverBlock was measured: the commit, and whether lib/ had changes.
   module Checkout
     def self.description
-      repo = File.expand_path("../..", __dir__)
-      commit, ok = Open3.capture2("git", "-C", repo, "rev-parse", "--short", "HEAD")
-      return "commit unknown (not a git checkout)" unless ok.success?
-
-      changes, = Open3.capture2("git", "-C", repo, "status", "--porcelain", "--", "lib")
-      "commit #{commit.strip}#{changes.strip.empty? ? '' : ' + uncommitted changes in lib/'}"
+      git = ["git", "-C", File.expand_path("../..", __dir__)]
+      commit = IO.popen([*git, "rev-parse", "--short", "HEAD"], err: File::NULL, &:read).strip
+      changed = !IO.popen([*git, "status", "--porcelain", "--", "lib"], err: File::NULL, &:read).strip.empty?
+      commit.empty? ? "commit unknown (not a git checkout)" : "commit #{commit}#{' + uncommitted changes in lib/' if changed}"
     rescue SystemCallError
       "commit unknown (no git)"
     end

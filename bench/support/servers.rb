@@ -137,16 +137,12 @@ module NeverBlockBench
 
     # A peer's `bundle exec` environment: the servers bundle, plus the selector
     # variables (Bundler.with_unbundled_env restores the environment as it was
-    # before Peers.use_selector set them).
+    # before Peers.use_epoll set them).
     def bundle_env(extra = {})
       { "BUNDLE_GEMFILE" => GEMFILE, "BUNDLE_PATH" => File.join(REPO, "vendor/bundle-servers"),
         "BUNDLE_FROZEN" => "true", "BUNDLE_SILENCE_ROOT_WARNING" => "1", "RUBYOPT" => nil, "RUBYLIB" => nil,
         "IO_EVENT_SELECTOR" => ENV.fetch("IO_EVENT_SELECTOR", nil),
         "NEVERBLOCK_SELECTOR" => ENV.fetch("NEVERBLOCK_SELECTOR", nil) }.merge(extra)
-    end
-
-    def unbundled(&block)
-      defined?(Bundler) ? Bundler.with_unbundled_env(&block) : yield
     end
 
     # @return [Hash{String => String}] gem => version locked in the servers bundle
@@ -232,7 +228,8 @@ module NeverBlockBench
     end
 
     def peer(name, command, port, env)
-      unbundled { ServerProcess.start(name, command, port: port, env: bundle_env(env)) }
+      start = -> { ServerProcess.start(name, command, port: port, env: bundle_env(env)) }
+      defined?(Bundler) ? Bundler.with_unbundled_env(&start) : start.call
     end
   end
 
