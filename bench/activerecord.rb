@@ -112,8 +112,10 @@ module NeverBlockBench
     def connect(adapter, pool)
       require adapter == "neverblock_postgresql" ? "neverblock/active_record" : "active_record"
       ActiveRecord::Base.logger = nil
+      info = PostgresServer.conninfo
       # A generous checkout_timeout: the scaling part queues 64 one-tenth-second queries on 2 connections.
-      ActiveRecord::Base.establish_connection(PostgresServer.active_record_config(adapter: adapter, pool: pool).merge(checkout_timeout: 30))
+      ActiveRecord::Base.establish_connection(adapter: adapter, host: info[:host], port: Integer(info[:port]), username: info[:user],
+                                              password: info[:password], database: info[:dbname], pool: pool, checkout_timeout: 30)
       Object.const_set(:NeverBlockBenchUser, Class.new(ActiveRecord::Base) { self.table_name = TABLE }) unless Object.const_defined?(:NeverBlockBenchUser)
       NeverBlockBenchUser
     end

@@ -17,7 +17,6 @@
 
 require_relative "support/harness"
 require_relative "support/delay_server"
-require_relative "support/http_get"
 
 module NeverBlockBench
   # Runs the client benchmark and reports it. See the file comment.

@@ -1,5 +1,6 @@
 # frozen_string_literal: true
 
+require "net/http"
 require "socket"
 require "uri"
 
@@ -123,25 +124,36 @@ module NeverBlockBench
       URI("http://#{@host}:#{@port}#{path}")
     end
 
-    # Closes the lifeline, then TERM and KILL if the server is still there
-    # after `timeout` seconds. Idempotent.
+    # Closes the lifeline, on which the server ends within a second (its
+    # IO.select wakes at least that often), and waits for it. Idempotent.
     # @return [Boolean] whether it exited cleanly
-    def stop(timeout = 5.0)
+    def stop
       return @clean if @pid.nil?
 
       @lifeline.close
-      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + timeout
-      sleep 0.01 until (status = Process.wait2(@pid, Process::WNOHANG)&.last) ||
-                       Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
-      unless status
-        Process.kill("KILL", @pid)
-        _, status = Process.wait2(@pid)
-      end
+      _, status = Process.wait2(@pid)
       @pid = nil
       @clean = status.success?
-    rescue Errno::ECHILD
-      @pid = nil
-      @clean = true # reaped elsewhere
+    end
+  end
+
+  # The one request every client benchmark and the demo makes: a GET over a
+  # fresh Net::HTTP connection, so every client does the same work (connect,
+  # request, response, close) whatever runs it.
+  module HTTPGet
+    module_function
+
+    # @param host [String]
+    # @param port [Integer]
+    # @param path [String] e.g. "/delay/0.5"
+    # @return [nil, String] nil on a 200 response, otherwise what went wrong
+    #   ("HTTP 500", "Errno::ECONNRESET: ..."); never raises StandardError
+    def call(host, port, path)
+      # p_addr nil: never go through an http_proxy from the environment.
+      response = Net::HTTP.start(host, port, nil) { |http| http.get(path) }
+      response.code == "200" ? nil : "HTTP #{response.code}"
+    rescue StandardError => e
+      "#{e.class}: #{e.message}"
     end
   end
 end

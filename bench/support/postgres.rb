@@ -25,13 +25,6 @@ module NeverBlockBench
     # @return [Hash{Symbol => String}] for PG.connect and NeverBlock::Postgres.pool
     def conninfo = VARIABLES.to_h { |name, key| [key, ENV.fetch("NEVERBLOCK_PG_#{name}")] }
 
-    # @param adapter [String] "postgresql" or "neverblock_postgresql"
-    def active_record_config(adapter:, pool:)
-      info = conninfo
-      { adapter: adapter, host: info[:host], port: Integer(info[:port]), username: info[:user],
-        password: info[:password], database: info[:dbname], pool: pool }
-    end
-
     # The environment of libpq's own programs (pgbench, psql).
     def libpq_env = conninfo.to_h { |key, value| ["PG#{key == :dbname ? 'DATABASE' : key.upcase}", value.to_s] }
 

@@ -73,11 +73,7 @@ module NeverBlockBench
         signal("KILL")
         sleep 0.05 until session_gone? || NeverBlockBench.now > deadline + 5
       end
-      begin
-        Process.wait(@pid) unless exited?
-      rescue Errno::ECHILD
-        nil
-      end
+      Process.wait(@pid) unless exited?
       @pid = nil
       self.class.forget(self)
       FileUtils.rm_rf(@tmpdir)

@@ -131,11 +131,8 @@ module NeverBlockBench
       label = SvgChart.format_number(value)
       rect = %(<rect x="#{(x + 1).round(1)}" y="#{top}" width="#{(width - 2).round(1)}" height="#{(bottom - top).round(1)}" ) +
              %(fill="#{fill}"><title>#{escape(label)}</title></rect>)
-      return rect + text(center, top - 3, label, size: 9, anchor: "middle", fill: "#333333") if label.size * 5.6 <= width
-
-      # Turned upright when the bar is too narrow for the text.
-      rect + %(<text x="#{center}" y="#{(top - 3).round(1)}" font-size="9" fill="#333333" ) +
-        %(transform="rotate(-90 #{center} #{(top - 3).round(1)})" dominant-baseline="middle">#{escape(label)}</text>)
+      # A bar too narrow for its value keeps it in its tooltip only.
+      label.size * 5.6 <= width ? rect + text(center, top - 3, label, size: 9, anchor: "middle", fill: "#333333") : rect
     end
 
     def text(x, y, content, size:, anchor: "start", weight: "normal", fill: "#222222")
