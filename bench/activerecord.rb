@@ -65,17 +65,11 @@ module NeverBlockBench
                   "score integer NOT NULL, visits integer NOT NULL DEFAULT 0, created_at timestamp(6) NOT NULL, updated_at timestamp(6) NOT NULL)")
         conn.exec("CREATE INDEX #{TABLE}_group_id ON #{TABLE} (group_id)")
       end
-      begin
-        cells = @options[:only].flat_map { |part| send("measure_#{part}") }
-      ensure
-        begin
-          with_pg { |conn| conn.exec("DROP TABLE IF EXISTS #{TABLE}") }
-        rescue StandardError => e
-          warn "could not drop #{TABLE}: #{e.message}"
-        end
-      end
+      cells = @options[:only].flat_map { |part| send("measure_#{part}") }
       report(cells)
       cells.none? { |cell| cell.failures.any? }
+    ensure
+      with_pg { |conn| conn.exec("DROP TABLE IF EXISTS #{TABLE}") } unless PostgresServer.problem
     end
 
     private
@@ -282,7 +276,6 @@ module NeverBlockBench
                  [nb&.median ? format("%.0f", @options[:units] / nb.median) : "-"] + %w[blocking blocking_awake threads].map { |name| speedup(found[name], nb) }
       end
       puts table
-      puts "runs (s): " + cells.map { |cell| "#{cell[:workload]}/#{cell[:variant].name} #{cell.listing}" }.join("; ")
     end
 
     def report_scaling(cells)

@@ -38,7 +38,6 @@ module NeverBlockBench
 
     # @return [Boolean] true when every request of every cell succeeded
     def call
-      Machine.raise_fd_limit(DelayServer::FD_LIMIT)
       @probe = Peers.start { |probe| header(probe) } or return false
       server = DelayServer.start
       cells = @options[:delays].product(@clients).map { |delay_ms, client| cell(client, delay_ms) }

@@ -246,9 +246,8 @@ module NeverBlockBench
       puts Table.of(rows, %w[label median_s queries_per_s vs_blocking cpu_us_per_query cpu_vs_blocking allocations_per_query runs_s note])
       puts "cpu_us_per_query: user + system time of the Ruby client while it ran the queries, median; " \
            "the server's backends share the same #{Etc.nprocessors} CPUs."
-      puts "CPUs kept awake: with a busy-looping nice-19 process per CPU but one (Spinner in bench/support/harness.rb). " \
-           "A client that waits for each reply pays, on an otherwise idle VM, for waking a halted virtual CPU " \
-           "twice per round trip; this shows it without that."
+      puts "CPUs kept awake: a busy-looping nice-19 process per CPU but one (Spinner, bench/support/harness.rb), " \
+           "so that a client waiting for each reply does not pay for waking a halted virtual CPU twice per round trip."
     end
 
     def chart

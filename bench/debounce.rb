@@ -40,9 +40,6 @@ module NeverBlockBench
     EXE = File.join(PeerServers::REPO, "exe", "neverblock")
     UPSTREAM = File.join(__dir__, "support", "debounce_upstream.ru")
 
-    # One variant's runs.
-    Result = Struct.new(:variant, :upstream_requests, :p50, :p99, :max, :errors, keyword_init: true)
-
     DEFAULTS = { clients: 500, delay: 0.2, runs: 3 }.freeze
     QUICK = { clients: 50, runs: 1 }.freeze
     ONLY = %w[none middleware proxy proxy+redis nginx].freeze
@@ -154,45 +151,43 @@ module NeverBlockBench
     # @return [String] the body, stripped
     def get(port, path) = Net::HTTP.start("127.0.0.1", port, nil) { |http| http.get(path).body.strip }
 
+    # One variant's row: medians over its runs of the upstream requests and of
+    # the clients' p50, p99 and slowest latency, ms (nil where nothing answered).
     def summarize(variant, runs)
       median = ->(values) { values.sort[values.size / 2] }
-      percentile = ->(q) { median.call(runs.map { |run| run[:latencies][[(run[:latencies].size * q).ceil - 1, 0].max] || Float::NAN }) }
-      Result.new(variant: variant, upstream_requests: median.call(runs.map { |run| run[:upstream] }), p50: percentile.call(0.50),
-                 p99: percentile.call(0.99), max: percentile.call(1.0), errors: runs.sum { |run| run[:errors] })
+      latency_ms = lambda do |q|
+        values = runs.filter_map { |run| run[:latencies][[(run[:latencies].size * q).ceil - 1, 0].max] }
+        (median.call(values) * 1000).round unless values.empty?
+      end
+      p99 = latency_ms.call(0.99)
+      { "variant" => variant, "clients" => @options[:clients], "upstream_requests" => median.call(runs.map { |run| run[:upstream] }),
+        "p50_ms" => latency_ms.call(0.5), "p99_ms" => p99, "max_ms" => latency_ms.call(1.0),
+        "p99_vs_upstream_call" => p99&.fdiv(@options[:delay] * 1000)&.round(2), "errors" => runs.sum { |run| run[:errors] } }
     end
 
-    def report(results)
-      delay = @options[:delay]
-      nginx = results.find { |result| result.variant == "nginx" }
+    def report(rows)
+      delay_ms = (@options[:delay] * 1000).round
       puts NeverBlockBench.header(
-        "Restart storm: #{@options[:clients]} clients at once, upstream answers in #{(delay * 1000).round} ms (median of #{@options[:runs]} runs)",
+        "Restart storm: #{@options[:clients]} clients at once, upstream answers in #{delay_ms} ms (median of #{@options[:runs]} runs)",
         "server, proxies and clients share the machine; connections opened first, then every GET at once;",
         "latency = request sent to last byte"
       ), ""
-      rows = results.map do |r|
-        { "variant" => r.variant, "clients" => @options[:clients], "upstream_requests" => r.upstream_requests, "p50_ms" => ms(r.p50),
-          "p99_ms" => ms(r.p99), "max_ms" => ms(r.max), "p99_vs_upstream_call" => ((r.p99 / delay).round(2) if ms(r.p99)),
-          "errors" => r.errors, "targets" => targets(r, nginx) }
-      end
+      nginx = rows.find { |row| row["variant"] == "nginx" }
+      rows.each { |row| row["targets"] = targets(row, nginx && nginx["p99_ms"], delay_ms) }
       puts Table.of(rows, rows.first.keys - ["clients"]) unless rows.empty?
-      chart = NeverBlockBench.chart("Restart storm: #{@options[:clients]} identical GETs at once", "upstream answers in #{ms(delay)} ms")
+      chart = NeverBlockBench.chart("Restart storm: #{@options[:clients]} identical GETs at once", "upstream answers in #{delay_ms} ms")
       chart.pivot("upstream requests", "upstream_requests", series: "variant", log: true)
       chart.pivot("client p99 latency, ms", "p99_ms", series: "variant")
       NeverBlockBench.write_results(@options[:out], "debounce", rows, chart)
     end
 
-    def targets(result, nginx)
-      return "-" if %w[none nginx].include?(result.variant)
+    def targets(row, nginx_p99, delay_ms)
+      return "-" if %w[none nginx].include?(row["variant"])
 
-      checks = ["1 request #{result.upstream_requests == 1 ? 'met' : 'NOT met'}",
-                "p99 <= 1.2x #{result.p99 <= 1.2 * @options[:delay] ? 'met' : 'NOT met'}"]
-      checks << "p99 < nginx #{result.p99 < nginx.p99 ? 'met' : 'NOT met'}" if nginx
+      p99 = row["p99_ms"] || Float::INFINITY
+      checks = ["1 request #{row['upstream_requests'] == 1 ? 'met' : 'NOT met'}", "p99 <= 1.2x #{p99 <= 1.2 * delay_ms ? 'met' : 'NOT met'}"]
+      checks << "p99 < nginx #{p99 < nginx_p99 ? 'met' : 'NOT met'}" if nginx_p99
       checks.join(", ")
-    end
-
-    # @return [Integer, nil] milliseconds; nil for NaN (no latencies)
-    def ms(seconds)
-      (seconds * 1000).round unless seconds.nan?
     end
   end
 end

@@ -93,17 +93,15 @@ module NeverBlockBench
       def stop
         @stop = true
         @thread.join
-        open_now = @sockets.count { |socket| socket && !socket.closed? }
-        @sockets.each { |socket| socket&.close unless socket&.closed? }
-        open_now
+        open_now = @sockets.compact.reject(&:closed?)
+        open_now.each(&:close)
+        open_now.size
       end
 
       private
 
       def open
-        socket = Socket.tcp("127.0.0.1", @port, connect_timeout: 5)
-        socket.write("GET / HTTP/1.1\r\nHost: victim\r\n")
-        socket
+        Socket.tcp("127.0.0.1", @port, connect_timeout: 5).tap { |socket| socket.write("GET / HTTP/1.1\r\nHost: victim\r\n") }
       rescue SystemCallError, IOError
         nil
       end
@@ -146,17 +144,10 @@ module NeverBlockBench
       warn "crash loop: every 50th request kills its worker, wrk -c 20 for #{@options[:duration]} s"
       each_server do |name, server|
         result = Wrk.run("http://127.0.0.1:#{server.port}/", connections: 20, duration: @options[:duration], timeout: 5, script: CRASH_SCRIPT)
-        alive = server_alive?(server)
+        alive = !server.exited?
         answered = result.requests - result.errors
         @rows << ["crash", name, "answered requests", answered, "errors #{result.errors}, master up at the end: #{alive}"]
       end
-    end
-
-    def server_alive?(server)
-      Process.kill(0, server.pid)
-      true
-    rescue Errno::ESRCH
-      false
     end
 
     def report

@@ -101,10 +101,9 @@ module NeverBlockBench
 
     def puma(workers:, threads:)
       name = threads == 1 ? "puma_1x1" : "puma_#{workers}x#{threads}"
-      mode = workers.zero? ? "1 process (single mode)" : "cluster of #{workers} worker#{'s' if workers > 1}"
-      each = workers.zero? ? "" : " each"
+      mode = workers.zero? ? "1 process (single mode)" : "#{workers} workers"
       puma_threads = { 1 => "1:1", PUMA_THREADS => nil }.fetch(threads) { "#{threads}:#{threads}" }
-      Setup.new(name: name, label: "Puma, #{mode}, #{threads} thread#{'s' if threads > 1}#{each}, postgresql pool #{threads}#{each}",
+      Setup.new(name: name, label: "Puma, #{mode}, #{threads} threads and a postgresql pool of #{threads} per process",
                 start: lambda do |port|
                   PeerServers.puma(APP, port: port, workers: workers, threads: puma_threads, name: "puma-rails-#{name}",
                                         env: { "NB_RAILS_ADAPTER" => "postgresql", "NB_RAILS_POOL" => threads.to_s })
@@ -260,8 +259,6 @@ module NeverBlockBench
     def rate(cell) = cell && (fast?(cell) ? fast_median(cell, :rate) : cell.median&.then { |s| cell[:requests] / s })
     def find(cells, name, key, value) = cells.find { |cell| cell[:setup].name == name && cell[key] == value }
     def setups(cells) = cells.map { |cell| cell[:setup] }.uniq(&:name)
-    def runs_text(cell) = cell.listing(3)
-    def number(value, digits) = value ? format("%.#{digits}f", value) : "FAILED"
 
     def report(cells)
       rows = cells.map { |cell| csv_row(cells, cell) }
@@ -298,11 +295,10 @@ module NeverBlockBench
       @options[:every].each do |every|
         rates = setups.to_h { |setup| [setup.name, rate(find(cells, setup.name, :every, every))] }
         nb = rates["neverblock"]
-        table << ["1 in #{every} (#{(@options[:requests].to_f / every).ceil} sleeps)"] + rates.values.map { |value| number(value, 1) } +
+        table << ["1 in #{every} (#{(@options[:requests].to_f / every).ceil} sleeps)"] + rates.values.map { |value| value ? format("%.1f", value) : "FAILED" } +
                  puma.map { |name| nb && rates[name] ? format("%.2fx", nb / rates[name]) : "-" }
       end
       puts table
-      puts "runs (s): " + cells.map { |cell| "#{cell[:setup].name} 1/#{cell[:every]} #{runs_text(cell)}" }.join("; ") if @options[:runs] > 1
     end
 
     # Targets (issue 13): NeverBlock's CPU per request <= 0.8x puma_0x5's, its p99 <= puma_0x5's at 200 clients.
@@ -327,7 +323,7 @@ module NeverBlockBench
       { "part" => cell[:part], "server" => cell[:setup].name, "label" => cell[:setup].label, "requests" => cell[:requests],
         "concurrency" => cell[:concurrency], "sleep_every" => cell[:every],
         "sleeps" => { "sleeps" => 10, "fast" => 0 }.fetch(cell[:part]) { (cell[:requests].to_f / cell[:every]).ceil },
-        "seconds" => cell.median&.round(3), "seconds_runs" => runs_text(cell), "req_per_s" => rate(cell)&.round(2),
+        "seconds" => cell.median&.round(3), "seconds_runs" => cell.listing(3), "req_per_s" => rate(cell)&.round(2),
         "errors" => cell[:errors].size, "note" => cell.failures.first || cell[:errors].first, "p50_ms" => fast.call(:p50, 1000),
         "p99_ms" => fast.call(:p99, 1000), "cpu_us_per_req" => fast.call(:cpu_us, 1, 0), "allocations_per_req" => fast.call(:allocations, 1, 0),
         "gc_us_per_req" => fast.call(:gc_us, 1, 0),

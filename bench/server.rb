@@ -151,22 +151,18 @@ module NeverBlockBench
       warn "#{server.name} (run #{round + 1}/#{@options[:runs]}) on 127.0.0.1:#{port}"
       process = server.start.call(port)
       process.wait_until_ready
+      gc_socket = server.gc_socket&.call(port)
       cells.each do |cell|
-        scenario = cell[:scenario]
-        gc_socket = server.gc_socket&.call(port)
-        url = "http://127.0.0.1:#{port}#{scenario.path}"
-        Wrk.run(url, connections: scenario.connections, duration: @options[:warmup]) if @options[:warmup].positive?
-        cpu_before = ProcessCpu.session_seconds(process.pid)
-        allocated_before = GcProbe.read(gc_socket) if gc_socket
-        result = Wrk.run(url, connections: scenario.connections, duration: @options[:duration])
-        cpu = ProcessCpu.session_seconds(process.pid) - cpu_before
-        allocated = GcProbe.read(gc_socket) if gc_socket
+        url = "http://127.0.0.1:#{port}#{cell[:scenario].path}"
+        connections = cell[:scenario].connections
+        Wrk.run(url, connections: connections, duration: @options[:warmup]) if @options[:warmup].positive?
+        cpu_before, allocated_before = ProcessCpu.session_seconds(process.pid), gc_socket && GcProbe.read(gc_socket) # rubocop:disable Style/ParallelAssignment
+        result = Wrk.run(url, connections: connections, duration: @options[:duration])
         cell.runs << result
-        if result.requests.positive?
-          cell.cpu << cpu * 1e6 / result.requests
-          cell.allocations << (allocated - allocated_before).fdiv(result.requests) if allocated && allocated_before
-        end
-        warn "  #{scenario.name}: #{result.requests_per_second.round} req/s, #{cell.cpu.last&.round(1)} us CPU/req #{result.error_text}"
+        allocated = gc_socket && GcProbe.read(gc_socket)
+        cell.cpu << (ProcessCpu.session_seconds(process.pid) - cpu_before) * 1e6 / result.requests if result.requests.positive?
+        cell.allocations << (allocated - allocated_before).fdiv(result.requests) if allocated && allocated_before && result.requests.positive?
+        warn "  #{cell[:scenario].name}: #{result.requests_per_second.round} req/s, #{cell.cpu.last&.round(1)} us CPU/req #{result.error_text}"
         warn "  (the server logged: #{process.log_tail(3).strip})" if result.errors.positive?
       end
     rescue StandardError => e

@@ -9,9 +9,8 @@ module NeverBlockBench
   # after the delay it names: the slow but endlessly scalable back end of
   # bench/client.rb and bin/demo.
   #
-  #   GET /delay/0.5           answered after 0.5 s
-  #   GET /anything?delay=0.1  answered after 0.1 s
-  #   GET /                    answered at once
+  #   GET /delay/0.5  answered after 0.5 s (also GET /anything?delay=0.5)
+  #   GET /           answered at once
   #
   # One thread, IO.select and a list of due times: a waiting request costs an
   # entry, not a thread or a fiber. It uses nothing from NeverBlock (or Async):

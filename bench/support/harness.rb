@@ -285,12 +285,10 @@ module NeverBlockBench
     module_function
 
     # Raises the soft RLIMIT_NOFILE towards `wanted` (never above the hard limit).
-    # @return [Integer] the soft limit now in force
     def raise_fd_limit(wanted)
       soft, hard = Process.getrlimit(:NOFILE)
       target = hard == Process::RLIM_INFINITY ? wanted : [wanted, hard].min
       Process.setrlimit(:NOFILE, target, hard) if target > soft
-      Process.getrlimit(:NOFILE).first
     end
 
     # @return [String] e.g. "2 CPUs, Intel(R) Xeon(R) Processor, Linux 6.1.0, 23.5 GiB RAM"
@@ -389,7 +387,7 @@ module NeverBlockBench
   # time, while NeverBlock's is EPoll: {.use_epoll} sets both libraries'
   # variables before any cell is forked, and {.probe} checks in a child what each uses.
   module Peers
-    # Versions and selector class names a child saw; async's are nil when not installed.
+    # Versions and selector class names a child saw.
     Probe = Struct.new(:neverblock, :async, :io_event, :neverblock_selector, :async_selector, keyword_init: true)
 
     module_function
@@ -404,19 +402,12 @@ module NeverBlockBench
     def probe
       Isolated.run(timeout: 60) do
         require "neverblock"
-        require "io/event"
+        require "async" # in both bench bundles
         short = ->(klass) { klass.is_a?(Module) ? klass.name.split("::").last : klass.to_s }
-        probe = Probe.new(neverblock: NeverBlock::VERSION, io_event: IO::Event::VERSION,
-                          neverblock_selector: NeverBlock.run { short.call(Fiber.scheduler.selector_class) })
-        begin
-          require "async"
-        rescue LoadError
-          next probe
-        end
-        probe.async = Async::VERSION
         # Async has no public reader for its selector; @selector has held it since async 2.0.
-        probe.async_selector = Async { short.call(Fiber.scheduler.instance_variable_get(:@selector)&.class || "unknown") }.wait
-        probe
+        Probe.new(neverblock: NeverBlock::VERSION, async: Async::VERSION, io_event: IO::Event::VERSION,
+                  neverblock_selector: NeverBlock.run { short.call(Fiber.scheduler.selector_class) },
+                  async_selector: Async { short.call(Fiber.scheduler.instance_variable_get(:@selector)&.class || "unknown") }.wait)
       end
     end
 

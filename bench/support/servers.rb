@@ -79,6 +79,12 @@ module NeverBlockBench
       FileUtils.rm_rf(@tmpdir)
     end
 
+    # Whether the session's leader (a cluster's master) has ended; reaps it.
+    def exited?
+      @status ||= Process.waitpid2(@pid, Process::WNOHANG)&.last
+      !@status.nil?
+    end
+
     def log_tail(lines = 20)
       text = File.exist?(@log) ? File.read(@log).lines.last(lines).join : ""
       text.empty? ? "(no output)" : text
@@ -93,11 +99,6 @@ module NeverBlockBench
       end
     rescue SystemCallError, EOFError, IOError
       false
-    end
-
-    def exited?
-      @status ||= Process.waitpid2(@pid, Process::WNOHANG)&.last
-      !@status.nil?
     end
 
     def signal(name)

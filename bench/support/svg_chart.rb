@@ -88,8 +88,7 @@ module NeverBlockBench
         parts << %(<line x1="#{LEFT}" y1="#{at}" x2="#{RIGHT}" y2="#{at}" stroke="#e3e3e3"/>) +
                  text(LEFT - 6, at + 4, SvgChart.format_number(tick), size: 11, anchor: "end", fill: "#444444")
       end
-      parts << %(<line x1="#{LEFT}" y1="#{bottom}" x2="#{RIGHT}" y2="#{bottom}" stroke="#333333"/>)
-      parts << %(<line x1="#{LEFT}" y1="#{plot_top}" x2="#{LEFT}" y2="#{bottom}" stroke="#333333"/>)
+      parts << %(<path d="M#{LEFT} #{plot_top}V#{bottom}H#{RIGHT}" stroke="#333333" fill="none"/>) # the axes
       group = (RIGHT - LEFT).to_f / panel[:categories].size
       width = (group * 0.8) / panel[:series].size
       panel[:categories].each_with_index do |category, c|
