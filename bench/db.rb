@@ -201,8 +201,6 @@ module NeverBlockBench
     def allocations(cell) = NeverBlockBench.median(cell.allocations)&./(@options[:queries])
 
     def report(long_short, short)
-      failures = (long_short + short).flat_map(&:failures).uniq
-      puts "\nfailed runs: #{failures.join('; ')}" unless failures.empty?
       rows = long_short.empty? ? [] : @options[:ratios].product(@options[:longs]).map { |ratio, longs| long_short_row(long_short, ratio, longs) }
       report_long_short(rows) unless rows.empty?
       blocking = short.find { |cell| cell[:variant] == "blocking" }

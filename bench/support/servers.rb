@@ -145,8 +145,6 @@ module NeverBlockBench
     # @return [Hash{String => String}] gem => version locked in the servers bundle
     def locked_versions
       File.read("#{GEMFILE}.lock").scan(/^    ([a-z0-9_-]+) \(([^)]+)\)$/).to_h.transform_values { |v| v.sub(/-x86_64-linux.*/, "") }
-    rescue SystemCallError
-      {}
     end
 
     # @return [String] e.g. "nginx/1.22.1"
@@ -233,7 +231,7 @@ module NeverBlockBench
   # wrk (Debian's 4.1) against a URL: requests/s, the --latency percentiles
   # (seconds) and errors (socket errors and non-2xx/3xx responses).
   module Wrk
-    Result = Struct.new(:requests_per_second, :requests, :p50, :p90, :p99, :errors, :error_text, :output, keyword_init: true)
+    Result = Struct.new(:requests_per_second, :requests, :p50, :p90, :p99, :errors, :error_text, keyword_init: true)
     UNITS = { "us" => 1e-6, "ms" => 1e-3, "s" => 1.0, "m" => 60.0 }.freeze
 
     module_function
@@ -268,8 +266,7 @@ module NeverBlockBench
       Result.new(requests_per_second: Float(rate), requests: output[/(\d+) requests in/, 1].to_i,
                  p50: percentile.call(50), p90: percentile.call(90), p99: percentile.call(99),
                  errors: (socket ? socket.scan(/\d+/).sum(&:to_i) : 0) + non2xx,
-                 error_text: [("socket errors: #{socket}" if socket), ("non-2xx/3xx: #{non2xx}" if non2xx.positive?)].compact.join("; "),
-                 output: output)
+                 error_text: [("socket errors: #{socket}" if socket), ("non-2xx/3xx: #{non2xx}" if non2xx.positive?)].compact.join("; "))
     end
   end
 
