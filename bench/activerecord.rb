@@ -26,13 +26,11 @@ require_relative "support/postgres"
 
 module NeverBlockBench
   # Runs the ActiveRecord benchmark and reports it. See the file comment.
-  class ActiveRecordBench
-    include PostgresBench
-
+  class ActiveRecordBench < Bench
     DEFAULTS = { units: 1000, rows: 5000, pool_size: 12, fibers: 100, threads: 12, scaling_pools: [2, 4, 8, 16, 32], sleeps: 64,
-                 sleep_seconds: 0.1, selects: 5000, ten_sleeps: 1.0, runs: 3, out: RESULTS, selector: Peers::DEFAULT_SELECTOR }.freeze
+                 sleep_seconds: 0.1, selects: 5000, ten_sleeps: 1.0, runs: 3 }.freeze
     QUICK = { units: 50, rows: 500, scaling_pools: [2, 8], sleeps: 8, selects: 200, ten_sleeps: 0.1, runs: 1 }.freeze
-    PARTS = %w[workloads scaling sleeps].freeze
+    ONLY = %w[workloads scaling sleeps].freeze # the parts
     TABLE = "neverblock_bench_users"
     GROUPS = 50 # distinct group_id values (indexed)
     SCORES = 1000 # distinct score values (not indexed)
@@ -41,59 +39,48 @@ module NeverBlockBench
                   "very_heavy" => "Very Heavy: 3 counts + unindexed count + create + 2 updates, committed" }.freeze
     SLEEP_LABELS = { "blocking" => "postgresql adapter, in order, 1 connection", "threads" => "postgresql adapter, 10 threads, pool 10",
                      "neverblock" => "neverblock_postgresql, 10 tasks, pool 10" }.freeze
-    # `adapter`: the database.yml name; `series`: its name in every chart panel; `awake`: CPUs kept awake.
-    Variant = Struct.new(:name, :label, :adapter, :series, :awake, keyword_init: true) do
+    # `adapter`: the database.yml name; `awake`: CPUs kept awake.
+    Variant = Struct.new(:name, :label, :adapter, :awake, keyword_init: true) do
       def sequential? = name.start_with?("blocking")
     end
 
     def initialize(options)
-      @options = options
-      @parts = CommandLine.parts(@options[:only], PARTS)
-
-      @variants = [Variant.new(name: "blocking", label: SLEEP_LABELS["blocking"], adapter: "postgresql", series: "postgresql adapter, in order"),
-                   Variant.new(name: "blocking_awake", label: "the same, CPUs kept awake", adapter: "postgresql", awake: true,
-                               series: "postgresql adapter, in order, CPUs kept awake"),
-                   Variant.new(name: "threads", adapter: "postgresql", series: "postgresql adapter, threads",
+      super
+      @variants = [Variant.new(name: "blocking", label: SLEEP_LABELS["blocking"], adapter: "postgresql"),
+                   Variant.new(name: "blocking_awake", label: "the same, CPUs kept awake", adapter: "postgresql", awake: true),
+                   Variant.new(name: "threads", adapter: "postgresql",
                                label: "postgresql adapter, #{@options[:threads]} threads, pool #{@options[:threads]}"),
-                   Variant.new(name: "neverblock", adapter: "neverblock_postgresql", series: "neverblock_postgresql, NeverBlock tasks",
+                   Variant.new(name: "neverblock", adapter: "neverblock_postgresql",
                                label: "neverblock_postgresql, #{@options[:fibers]} tasks, pool #{@options[:pool_size]}")]
     end
 
     # @return [Boolean] true when every measurement succeeded
     def call
-      return false unless ready_to_measure?
+      return warn(PostgresServer.problem) if PostgresServer.problem
 
+      @probe = Peers.start { |probe| header(probe) } or return false
       with_pg do |conn|
         conn.exec("DROP TABLE IF EXISTS #{TABLE}")
         conn.exec("CREATE TABLE #{TABLE} (id bigserial PRIMARY KEY, name varchar NOT NULL, group_id integer NOT NULL, " \
                   "score integer NOT NULL, visits integer NOT NULL DEFAULT 0, created_at timestamp(6) NOT NULL, updated_at timestamp(6) NOT NULL)")
         conn.exec("CREATE INDEX #{TABLE}_group_id ON #{TABLE} (group_id)")
       end
-      begin
-        cells = @parts.flat_map { |part| send("measure_#{part}") }
-      ensure
-        begin
-          with_pg { |conn| conn.exec("DROP TABLE IF EXISTS #{TABLE}") }
-        rescue StandardError => e
-          warn "could not drop #{TABLE}: #{e.message}"
-        end
-      end
+      cells = @options[:only].flat_map { |part| send("measure_#{part}") }
       report(cells)
       cells.none? { |cell| cell.failures.any? }
+    ensure
+      with_pg { |conn| conn.exec("DROP TABLE IF EXISTS #{TABLE}") } unless PostgresServer.problem
     end
 
     private
 
-    def header
-      <<~TEXT
-        NeverBlock ActiveRecord benchmark: the 2009 workloads, connection scaling, ten one-second queries
-        #{Machine.ruby_description}
-        activerecord #{Machine.gem_version('activerecord')}, #{versions_text}, io-event selector #{@probe.is_a?(Isolated::Failure) ? 'unknown' : @probe.neverblock_selector}
-        #{PostgresServer.driver_description}; server: #{PostgresServer.description}
-        #{Machine.description}; server and client on the same machine
-        Each measurement runs in a forked process that refills #{TABLE} to #{@options[:rows]} rows, connects and warms up before timing.
-        load average at start: #{Machine.load_average}
-      TEXT
+    def header(probe)
+      NeverBlockBench.header(
+        "NeverBlock ActiveRecord benchmark: the 2009 workloads, connection scaling, ten one-second queries",
+        "activerecord #{Machine.gem_version('activerecord')}, #{Peers.text(probe)}",
+        "#{PostgresServer.driver_description}; server: #{PostgresServer.description}, on the same machine",
+        "Each measurement runs in a forked process that refills #{TABLE} to #{@options[:rows]} rows, connects and warms up before timing."
+      )
     end
 
     def with_pg
@@ -119,8 +106,10 @@ module NeverBlockBench
     def connect(adapter, pool)
       require adapter == "neverblock_postgresql" ? "neverblock/active_record" : "active_record"
       ActiveRecord::Base.logger = nil
+      info = PostgresServer.conninfo
       # A generous checkout_timeout: the scaling part queues 64 one-tenth-second queries on 2 connections.
-      ActiveRecord::Base.establish_connection(PostgresServer.active_record_config(adapter: adapter, pool: pool).merge(checkout_timeout: 30))
+      ActiveRecord::Base.establish_connection(adapter: adapter, host: info[:host], port: Integer(info[:port]), username: info[:user],
+                                              password: info[:password], database: info[:dbname], pool: pool, checkout_timeout: 30)
       Object.const_set(:NeverBlockBenchUser, Class.new(ActiveRecord::Base) { self.table_name = TABLE }) unless Object.const_defined?(:NeverBlockBenchUser)
       NeverBlockBenchUser
     end
@@ -159,17 +148,25 @@ module NeverBlockBench
     # @return [Float] seconds for `units` units, in order, from threads or from tasks
     def run_units(model, workload, units, variant, first: 0)
       shares = NeverBlockBench.split(units, variant.sequential? ? 1 : workers(variant))
-      jobs = shares.each_with_index.map { |share, i| [first + shares.take(i).sum, share] }
-      job = ->(offset, share) { share.times { |i| unit(model, workload, Random.new(offset + i)) } }
-      if variant.sequential? then NeverBlockBench.timed { job.call(first, units) }
-      elsif variant.name == "threads" then NeverBlockBench.timed { jobs.map { |o, s| Thread.new { job.call(o, s) } }.each(&:join) }
-      else NeverBlock.run { NeverBlockBench.timed { NeverBlock.wait_all(jobs.map { |o, s| NeverBlock.spawn { job.call(o, s) } }) } }
+      jobs = shares.each_with_index.map do |share, i|
+        offset = first + shares.take(i).sum
+        -> { share.times { |j| unit(model, workload, Random.new(offset + j)) } }
+      end
+      timed_jobs(variant, jobs)
+    end
+
+    # @return [Float] seconds the callables took: in order, a thread each, or a NeverBlock task each, as `variant` runs
+    def timed_jobs(variant, jobs)
+      if variant.sequential? then NeverBlockBench.timed { jobs.each(&:call) }
+      elsif variant.name == "threads" then NeverBlockBench.timed { jobs.map { |job| Thread.new(&job) }.each(&:join) }
+      else NeverBlock.run { NeverBlockBench.timed { NeverBlock.wait_all(jobs.map { |job| NeverBlock.spawn(&job) }) } }
       end
     end
 
     def measure_workloads
       cells = WORKLOADS.keys.product(@variants).map do |workload, variant|
-        Cell.new("#{workload} x #{@options[:units]}, #{variant.name}", part: "workloads", workload: workload, variant: variant)
+        Cell.new("#{workload} x #{@options[:units]}, #{variant.name}", part: "workloads", workload: workload, variant: variant,
+                                                                        label: variant.label, pool: pool_for(variant), queries: @options[:units])
       end
       NeverBlockBench.rounds(cells, @options[:runs], timeout: 300) do |cell|
         variant = cell[:variant]
@@ -183,7 +180,10 @@ module NeverBlockBench
     end
 
     def measure_scaling
-      cells = @options[:scaling_pools].flat_map { |pool| %w[sleep select].map { |kind| Cell.new("pool #{pool}, #{kind}", part: "scaling", kind: kind, pool: pool) } }
+      cells = @options[:scaling_pools].product(%w[sleep select]).map do |pool, kind|
+        Cell.new("pool #{pool}, #{kind}", part: "scaling", workload: kind, pool: pool, label: "#{kind}, pool #{pool}",
+                                          queries: kind == "sleep" ? @options[:sleeps] : @options[:selects])
+      end
       NeverBlockBench.rounds(cells, @options[:runs], timeout: 300) do |cell|
         model = connect("neverblock_postgresql", cell[:pool])
         open_connections(model, true, cell[:pool])
@@ -191,24 +191,23 @@ module NeverBlockBench
           concurrent(model, 100, 200, "select 1")
           sleep_sql = format("select pg_sleep(%.3f)", @options[:sleep_seconds])
           NeverBlockBench.timed do
-            cell[:kind] == "sleep" ? concurrent(model, @options[:sleeps], @options[:sleeps], sleep_sql) : concurrent(model, 100, @options[:selects], "select 1")
+            cell[:workload] == "sleep" ? concurrent(model, @options[:sleeps], @options[:sleeps], sleep_sql) : concurrent(model, 100, @options[:selects], "select 1")
           end
         end
       end
     end
 
     def measure_sleeps
-      cells = @variants.reject(&:awake).map { |variant| Cell.new("10 x pg_sleep(#{@options[:ten_sleeps]}), #{variant.name}", part: "sleeps", variant: variant) }
+      cells = @variants.reject(&:awake).map do |variant|
+        Cell.new("10 x pg_sleep(#{@options[:ten_sleeps]}), #{variant.name}", part: "sleeps", variant: variant, label: SLEEP_LABELS[variant.name],
+                                                                               pool: variant.sequential? ? 1 : 10, queries: 10)
+      end
       NeverBlockBench.rounds(cells, 1, timeout: 300) do |cell|
         variant = cell[:variant]
-        model = connect(variant.adapter, variant.sequential? ? 1 : 10)
-        open_connections(model, variant.name == "neverblock", variant.sequential? ? 1 : 10)
+        model = connect(variant.adapter, cell[:pool])
+        open_connections(model, variant.name == "neverblock", cell[:pool])
         sleep_one = -> { model.connection_pool.with_connection { |conn| query(conn, format("select pg_sleep(%.3f)", @options[:ten_sleeps])) } }
-        case variant.name
-        when "blocking" then NeverBlockBench.timed { 10.times { sleep_one.call } }
-        when "threads" then NeverBlockBench.timed { Array.new(10) { Thread.new { sleep_one.call } }.each(&:join) }
-        else NeverBlock.run { NeverBlockBench.timed { NeverBlock.wait_all(Array.new(10) { NeverBlock.spawn { sleep_one.call } }) } }
-        end
+        timed_jobs(variant, Array.new(10) { sleep_one })
       end
     end
 
@@ -243,37 +242,27 @@ module NeverBlockBench
     # `execute` for pg_sleep, whose void result select_value would warn about (unknown OID 2278).
     def query(conn, sql) = sql.include?("pg_sleep") ? conn.execute(sql).clear : conn.select_value(sql)
 
-    # --- reporting -------------------------------------------------------------------
-
     def find(cells, **fields) = cells.find { |cell| fields.all? { |key, value| cell[key] == value } }
     def seconds_text(cell) = cell&.median ? format("%.3f", cell.median) : "failed"
     def speedup(slow, fast) = slow&.median && fast&.median ? format("%.2fx", slow.median / fast.median) : "-"
 
     def report(cells)
-      puts "\nload average at end: #{Machine.load_average}"
-      workloads, scaling, sleeps = PARTS.map { |part| cells.select { |cell| cell[:part] == part } }
+      workloads, scaling, sleeps = ONLY.map { |part| cells.select { |cell| cell[:part] == part } }
       report_workloads(workloads) unless workloads.empty?
       report_scaling(scaling) unless scaling.empty?
       unless sleeps.empty?
         puts "\nTen concurrent `select pg_sleep(#{@options[:ten_sleeps]})` through ActiveRecord (one run each). " \
              "2009, through Rails and Thin: 10.25 s postgresql, 1.08 s neverblock_postgresql (9.5x)."
-        table = Table.new(["client", "seconds", "vs blocking"])
-        sleeps.each { |cell| table << [SLEEP_LABELS[cell[:variant].name], seconds_text(cell), speedup(sleeps.first, cell)] }
-        puts table
+        puts Table.new(["client", "seconds", "vs blocking"], sleeps.map { |cell| [cell[:label], seconds_text(cell), speedup(sleeps.first, cell)] })
       end
       failures = cells.flat_map(&:failures).uniq
       puts "\nfailed runs: #{failures.join('; ')}" unless failures.empty?
       rows = cells.map do |cell|
-        samples = cell.samples
-        variant = cell[:variant]
-        count = { "workloads" => @options[:units], "sleeps" => 10 }[cell[:part]] || (cell[:kind] == "sleep" ? @options[:sleeps] : @options[:selects])
-        label = cell[:part] == "sleeps" ? SLEEP_LABELS[variant.name] : variant&.label || "#{cell[:kind]}, pool #{cell[:pool]}"
-        pool = cell[:pool] || (cell[:part] == "sleeps" ? (variant.sequential? ? 1 : 10) : pool_for(variant))
-        [cell[:part], variant ? variant.name : "neverblock", label, cell[:workload] || cell[:kind], pool, count, samples.to_s(digits: 4),
-         samples.median&.round(4), samples.min&.round(4), samples.max&.round(4), samples.median && (count / samples.median).round(1), cell.failures.first]
+        { "part" => cell[:part], "variant" => cell[:variant]&.name || "neverblock", "label" => cell[:label], "workload" => cell[:workload],
+          "pool" => cell[:pool], "queries" => cell[:queries], "runs" => cell.listing(4), "median_s" => cell.median&.round(4),
+          "per_s" => cell.median && (cell[:queries] / cell.median).round(1), "note" => cell.failures.first }
       end
-      NeverBlockBench.write_results(@options[:out], "activerecord", %w[part variant label workload pool queries runs median_s min_s max_s per_s note],
-                                    rows, chart(workloads, scaling, sleeps))
+      NeverBlockBench.write_results(@options[:out], "activerecord", rows, chart)
     end
 
     def report_workloads(cells)
@@ -287,66 +276,33 @@ module NeverBlockBench
                  [nb&.median ? format("%.0f", @options[:units] / nb.median) : "-"] + %w[blocking blocking_awake threads].map { |name| speedup(found[name], nb) }
       end
       puts table
-      puts "runs (s): " + cells.map { |cell| "#{cell[:workload]}/#{cell[:variant].name} #{cell.samples}" }.join("; ")
     end
 
     def report_scaling(cells)
       puts "\nConnection scaling, neverblock_postgresql: #{@options[:sleeps]} concurrent `select pg_sleep(#{@options[:sleep_seconds]})`, " \
            "and #{@options[:selects]} `select 1` from 100 tasks; seconds, median of #{@options[:runs]} runs."
-      table = Table.new(["pool", "#{@options[:sleeps]} x pg_sleep s", "ideal s", "vs half the pool", "#{@options[:selects]} x select 1 s",
-                         "select 1/s", "runs (sleep; select)"])
-      previous = nil
+      table = Table.new(["pool", "#{@options[:sleeps]} x pg_sleep s", "ideal s", "#{@options[:selects]} x select 1 s", "runs (sleep; select)"])
       @options[:scaling_pools].each do |pool|
-        slept, selected = %w[sleep select].map { |kind| find(cells, kind: kind, pool: pool) }
+        slept, selected = %w[sleep select].map { |kind| find(cells, workload: kind, pool: pool) }
         table << [pool, seconds_text(slept), format("%.2f", (@options[:sleeps].to_f / pool).ceil * @options[:sleep_seconds]),
-                  previous && slept.median ? format("%.2fx faster", previous / slept.median) : "", seconds_text(selected),
-                  selected.median ? format("%.0f", @options[:selects] / selected.median) : "-", "#{slept.samples}; #{selected.samples}"]
-        previous = slept.median
+                  seconds_text(selected), "#{slept.listing}; #{selected.listing}"]
       end
       puts table
     end
 
-    def chart(workloads, scaling, sleeps)
-      chart = SvgChart.new(title: "ActiveRecord #{Machine.gem_version('activerecord')} on NeverBlock",
-                           subtitle: ["ruby #{RUBY_VERSION}, #{versions_text}, #{PostgresServer.driver_description}",
-                                      "#{Machine.description}; server on the same machine",
-                                      "workloads: #{@options[:threads]} threads or #{@options[:fibers]} tasks over " \
-                                      "#{@options[:pool_size]} connections; ten sleeps: 10 threads or 10 tasks, pool 10"])
-      unless workloads.empty?
-        chart.add_panel(title: "#{@options[:units]} of each workload, seconds (lower is better)", categories: WORKLOADS.values.map { |label| label.split(":").first },
-                        series: @variants.to_h { |v| [v.series, WORKLOADS.keys.map { |w| find(workloads, workload: w, variant: v)&.median || "failed" }] })
-      end
-      unless scaling.empty?
-        pools = @options[:scaling_pools]
-        medians = ->(kind) { pools.map { |pool| find(scaling, kind: kind, pool: pool)&.median || "failed" } }
-        chart.add_panel(title: "#{@options[:sleeps]} concurrent pg_sleep(#{@options[:sleep_seconds]}), seconds by pool size (lower is better)",
-                        categories: pools.map { |pool| "pool #{pool}" },
-                        series: { @variants.last.series => medians.call("sleep"),
-                                  "ideal: ceil(#{@options[:sleeps]} / pool) x #{@options[:sleep_seconds]} s" =>
-                                    pools.map { |pool| (@options[:sleeps].to_f / pool).ceil * @options[:sleep_seconds] } })
-        chart.add_panel(title: "#{@options[:selects]} x select 1, seconds by pool size (lower is better)", categories: pools.map { |pool| "pool #{pool}" },
-                        series: { @variants.last.series => medians.call("select") })
-      end
-      unless sleeps.empty?
-        chart.add_panel(title: "10 concurrent pg_sleep(#{@options[:ten_sleeps].to_s.delete_suffix('.0')}), seconds (lower is better)",
-                        categories: ["10 x pg_sleep(#{@options[:ten_sleeps].to_s.delete_suffix('.0')})"],
-                        series: sleeps.to_h { |cell| [cell[:variant].series, [cell.median || "failed"]] })
-      end
-      chart
+    def chart
+      chart = NeverBlockBench.chart("ActiveRecord #{Machine.gem_version('activerecord')} on NeverBlock",
+                                    "#{Peers.text(@probe)}, #{PostgresServer.driver_description}",
+                                    "workloads: #{@options[:threads]} threads or #{@options[:fibers]} tasks over " \
+                                    "#{@options[:pool_size]} connections; ten sleeps: 10 threads or 10 tasks, pool 10")
+      chart.pivot("#{@options[:units]} of each workload, seconds (lower is better)", "median_s", by: "workload", series: "variant",
+                  where: { "part" => "workloads" })
+      chart.pivot("connection scaling: #{@options[:sleeps]} x pg_sleep(#{@options[:sleep_seconds]}) and #{@options[:selects]} x select 1, " \
+                  "seconds by pool size (lower is better)", "median_s", by: "pool", series: "workload", where: { "part" => "scaling" })
+      chart.pivot("10 concurrent pg_sleep(#{@options[:ten_sleeps]}), seconds (lower is better)", "median_s", series: "label",
+                  where: { "part" => "sleeps" })
     end
   end
 end
 
-if $PROGRAM_NAME == __FILE__
-  NeverBlockBench::CommandLine.main(NeverBlockBench::ActiveRecordBench, "activerecord", variants: "workloads,scaling,sleeps (the parts)") do |opts, options|
-    opts.on("--units N", Integer, "units of each workload (1000)") { |value| options[:units] = value }
-    opts.on("--rows N", Integer, "rows in the table at the start of each measurement (5000)") { |value| options[:rows] = value }
-    opts.on("--pool-size N", Integer, "NeverBlock's pool for the workloads (12)") { |value| options[:pool_size] = value }
-    opts.on("--fibers N", Integer, "NeverBlock tasks running the workloads (100)") { |value| options[:fibers] = value }
-    opts.on("--threads N", Integer, "threads (and pool size) of the threaded stock runs (12)") { |value| options[:threads] = value }
-    opts.on("--scaling-pools LIST", Array, "pool sizes for the scaling part (2,4,8,16,32)") { |list| options[:scaling_pools] = NeverBlockBench::CommandLine.integers(list) }
-    opts.on("--sleeps N", Integer, "concurrent pg_sleep queries in the scaling part (64)") { |value| options[:sleeps] = value }
-    opts.on("--selects N", Integer, "select 1 queries in the scaling part (5000)") { |value| options[:selects] = value }
-    opts.on("--runs N", Integer, "runs per workload and scaling cell, median reported (3)") { |value| options[:runs] = value }
-  end
-end
+NeverBlockBench::CommandLine.main(NeverBlockBench::ActiveRecordBench, "activerecord") if $PROGRAM_NAME == __FILE__

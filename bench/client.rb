@@ -13,40 +13,39 @@
 # Every request is a GET over a fresh Net::HTTP connection; each cell is the
 # best of --runs runs, each in a forked process. The blocking client runs only
 # as many requests as fit in --blocking-budget seconds (marked * in the table).
-# NeverBlock and Async run on the same io-event selector (--selector, EPoll).
+# NeverBlock and Async run on the same io-event selector, EPoll.
 
 require_relative "support/harness"
 require_relative "support/delay_server"
-require_relative "support/http_get"
 
 module NeverBlockBench
   # Runs the client benchmark and reports it. See the file comment.
-  class ClientBench
+  class ClientBench < Bench
     # One way of issuing `count` requests: `run` gets the count and a callable
     # making one request (nil or an error string) and returns its results.
     Client = Struct.new(:name, :label, :library, :run, keyword_init: true)
 
-    DEFAULTS = { requests: 1000, delays_ms: [0, 10, 50, 100, 500], pool_size: nil, blocking_budget: 10.0, runs: 1,
-                 out: RESULTS, selector: Peers::DEFAULT_SELECTOR }.freeze
-    QUICK = { requests: 50, delays_ms: [0, 10], blocking_budget: 1.0 }.freeze
+    DEFAULTS = { requests: 1000, delays: [0, 10, 50, 100, 500], pool_size: nil, blocking_budget: 10.0, runs: 1 }.freeze
+    QUICK = { requests: 50, delays: [0, 10], blocking_budget: 1.0 }.freeze
+    ONLY = %w[blocking threads async neverblock pool].freeze
     REQUEST_OVERHEAD = 0.001 # seconds of client work per request, to size the blocking runs
 
     def initialize(options)
-      @options = options
+      super
       @options[:pool_size] ||= @options[:requests]
-      @clients = CommandLine.select(clients(@options[:pool_size]), @options[:only])
+      @clients = clients(@options[:pool_size]).select { |client| @options[:only].include?(client.name) }
     end
 
     # @return [Boolean] true when every request of every cell succeeded
     def call
-      Machine.raise_fd_limit(DelayServer::FD_LIMIT)
-      @probe = Peers.start(@options[:selector]) { |probe, selector| header(probe, @selector = selector) } or return false
+      @probe = Peers.start { |probe| header(probe) } or return false
       server = DelayServer.start
-      results = @options[:delays_ms].flat_map { |ms| @clients.map { |client| measure(server, client, ms) } }
+      cells = @options[:delays].product(@clients).map { |delay_ms, client| cell(client, delay_ms) }
+      NeverBlockBench.rounds(cells, @options[:runs], timeout: ->(cell) { cell[:timeout] }) { |cell| measure(server, cell) }
       server_ok = server.stop
-      report(results)
+      report(cells)
       warn "delay server did not exit cleanly" unless server_ok
-      server_ok && results.all? { |result| result[:errors].zero? && !result[:failure] }
+      server_ok && cells.none? { |cell| cell.failures.any? }
     end
 
     private
@@ -69,105 +68,80 @@ module NeverBlockBench
                   end)]
     end
 
-    def header(probe, selector)
-      <<~TEXT
-        NeverBlock client benchmark: requests/s by server delay (the 2009 "Ruby networking on steroids" table)
-        #{Machine.ruby_description}
-        #{Peers.versions_text(probe)}; #{Machine.description}
-        #{Peers.selector_text(probe, selector)}
-        #{@options[:requests]} requests per cell, each a GET on a fresh Net::HTTP connection to a local delay server
-        (one process, single-threaded event loop, same machine); each cell is #{@options[:runs] == 1 ? 'one run' : "the best of #{@options[:runs]} runs, each"} in a forked process.
-        load average at start: #{Machine.load_average}
-      TEXT
+    def header(probe)
+      runs = @options[:runs] == 1 ? "one run" : "the best of #{@options[:runs]} runs, each"
+      NeverBlockBench.header(
+        'NeverBlock client benchmark: requests/s by server delay (the 2009 "Ruby networking on steroids" table)',
+        Peers.text(probe),
+        "#{@options[:requests]} requests per cell, each a GET on a fresh Net::HTTP connection to a local delay server",
+        "(one process, single-threaded event loop, same machine); each cell is #{runs} in a forked process."
+      )
     end
 
-    # One cell: the fastest of --runs runs, or a failed one. Each run makes
-    # `count` requests in a forked child.
-    # @return [Hash] :client, :delay_ms, :requests, :seconds, :errors, :first_error, :failure
-    def measure(server, client, delay_ms)
-      count = client.name == "blocking" ? (@options[:blocking_budget] / ((delay_ms / 1000.0) + REQUEST_OVERHEAD)).floor.clamp(1, @options[:requests]) : @options[:requests]
-      path = DelayServer.path_for(delay_ms / 1000.0)
-      timeout = 60 + ((client.name == "blocking" ? count * ((delay_ms / 1000.0) + REQUEST_OVERHEAD) : delay_ms / 1000.0) * 3)
-      runs = Array.new(@options[:runs]) do
-        outcome = Isolated.run(timeout: timeout) do
-          Machine.raise_fd_limit(count + 1024)
-          require client.library if client.library
-          get = -> { HTTPGet.call(server.host, server.port, path) }
-          HTTPGet.call(server.host, server.port, "/") # warm up Net::HTTP's code paths, outside the timing
-          started = NeverBlockBench.now
-          errors = client.run.call(count, get).compact
-          { seconds: NeverBlockBench.now - started, errors: errors.size, first_error: errors.first, failure: nil }
-        end
-        outcome = { seconds: nil, errors: 0, failure: outcome.to_s } if outcome.is_a?(Isolated::Failure)
-        { client: client, delay_ms: delay_ms, requests: count }.merge(outcome)
+    # `client` at `delay_ms`: the blocking client makes only as many requests as fit in --blocking-budget.
+    def cell(client, delay_ms)
+      each = (delay_ms / 1000.0) + REQUEST_OVERHEAD
+      count = client.name == "blocking" ? (@options[:blocking_budget] / each).floor.clamp(1, @options[:requests]) : @options[:requests]
+      timeout = 60 + ((client.name == "blocking" ? count * each : delay_ms / 1000.0) * 3)
+      Cell.new("#{client.name} @ #{delay_ms} ms", client: client, delay_ms: delay_ms, requests: count, timeout: timeout)
+    end
+
+    # In the child: the seconds the cell's requests took; a failed request fails the run.
+    def measure(server, cell)
+      Machine.raise_fd_limit(cell[:requests] + 1024)
+      require cell[:client].library if cell[:client].library
+      path = DelayServer.path_for(cell[:delay_ms] / 1000.0)
+      HTTPGet.call(server.host, server.port, "/") # warm up Net::HTTP's code paths, outside the timing
+      errors = []
+      seconds = NeverBlockBench.timed do
+        errors = cell[:client].run.call(cell[:requests], -> { HTTPGet.call(server.host, server.port, path) }).compact
       end
-      result = runs.find { |run| run[:failure] || run[:errors].positive? } || runs.min_by { |run| run[:seconds] }
-      warn "  #{client.name} @ #{delay_ms} ms: " +
-           (result[:failure] ? "FAILED #{result[:failure]}" : format("%d requests in %.2f s = %s req/s", count, result[:seconds], SvgChart.format_number(rate(result)))) +
-           (result[:errors].positive? ? " (#{result[:errors]} failed: #{result[:first_error]})" : "")
-      result
+      raise "#{errors.size} of #{cell[:requests]} requests failed, first: #{errors.first}" if errors.any?
+
+      seconds
     end
 
-    def rate(result)
-      result[:seconds]&.positive? ? (result[:requests] - result[:errors]) / result[:seconds] : nil
-    end
+    # @return [Float, nil] requests/s of the cell's fastest run
+    def rate(cell) = cell.runs.min&.then { |seconds| cell[:requests] / seconds }
 
-    def find(results, client, delay_ms)
-      results.find { |result| result[:client].equal?(client) && result[:delay_ms] == delay_ms }
-    end
-
-    def report(results)
-      delays = @options[:delays_ms]
-      puts "\nload average at end: #{Machine.load_average}"
-      puts "async and NeverBlock cells on io-event #{@selector}" if @clients.any?(&:library)
+    def report(cells)
+      delays = @options[:delays]
+      find = ->(client, delay_ms) { cells.find { |cell| cell[:client].equal?(client) && cell[:delay_ms] == delay_ms } }
       table = Table.new(["client \\ server delay"] + delays.map { |ms| "#{ms} ms" })
       @clients.each do |client|
         table << [client.label] + delays.map do |ms|
-          result = find(results, client, ms)
-          next "failed" if result[:failure]
+          cell = find.call(client, ms)
+          next "failed" unless rate(cell)
 
-          "#{SvgChart.format_number(rate(result))}#{'*' if result[:requests] < @options[:requests]}#{'!' if result[:errors].positive?}"
+          "#{SvgChart.format_number(rate(cell))}#{'*' if cell[:requests] < @options[:requests]}#{'!' if cell.failures.any?}"
         end
       end
       puts table
-      capped = results.select { |result| result[:requests] < @options[:requests] }
-      puts "* fewer requests, to finish in about #{@options[:blocking_budget]} s: #{capped.map { |r| "#{r[:requests]} at #{r[:delay_ms]} ms" }.join(', ')}" if capped.any?
-      results.select { |r| r[:errors].positive? }.each do |r|
-        puts "! #{r[:client].name} @ #{r[:delay_ms]} ms: #{r[:errors]} requests failed, first: #{r[:first_error]} (rate counts successes only)"
-      end
-      results.select { |r| r[:failure] }.each { |r| puts "failed: #{r[:client].name} @ #{r[:delay_ms]} ms: #{r[:failure]}" }
+      capped = cells.select { |cell| cell[:requests] < @options[:requests] }
+      puts "* fewer requests, to finish in about #{@options[:blocking_budget]} s: #{capped.map { |c| "#{c[:requests]} at #{c[:delay_ms]} ms" }.join(', ')}" if capped.any?
+      cells.each { |cell| puts "! #{cell.name}: #{cell.failures.size} failed runs, first: #{cell.failures.first}" if cell.failures.any? }
       # NeverBlock's rate against threads' (the 2009 "NeverBlock advantage" row) and Async's.
       if (nb = @clients.find { |client| client.name == "neverblock" }) && (others = @clients.select { |c| %w[threads async].include?(c.name) }).any?
         table = Table.new(["NeverBlock.spawn vs"] + delays.map { |ms| "#{ms} ms" })
         others.each do |other|
           table << [other.name] + delays.map do |ms|
-            mine, theirs = rate(find(results, nb, ms)), rate(find(results, other, ms)) # rubocop:disable Style/ParallelAssignment
+            mine, theirs = rate(find.call(nb, ms)), rate(find.call(other, ms)) # rubocop:disable Style/ParallelAssignment
             mine && theirs ? format("%.2fx", mine / theirs) : "-"
           end
         end
         puts "\n#{table}"
       end
-      rows = results.map do |r|
-        [r[:client].name, r[:client].label, r[:delay_ms], r[:requests], r[:seconds]&.round(4), rate(r)&.round(1), r[:errors],
-         (@selector if r[:client].library), r[:failure] || (r[:first_error] if r[:errors].positive?)]
+      rows = cells.map do |cell|
+        { "client" => cell[:client].name, "label" => cell[:client].label, "delay_ms" => cell[:delay_ms], "requests" => cell[:requests],
+          "seconds" => cell.runs.min&.round(4), "requests_per_s" => rate(cell)&.round(1), "failed_runs" => cell.failures.size,
+          "note" => cell.failures.first }
       end
-      chart = SvgChart.new(title: "Requests/s by server delay, #{@options[:requests]} requests",
-                           subtitle: ["ruby #{RUBY_VERSION}, #{Machine.description}",
-                                      "#{Peers.versions_text(@probe)}, #{@selector} selector for both; fresh Net::HTTP connection per request"])
-      chart.add_panel(title: "requests/s (higher is better)", log: true, categories: delays.map { |ms| "#{ms} ms" },
-                      series: @clients.to_h { |client| [client.label, delays.map { |ms| rate(find(results, client, ms)) }] })
-      NeverBlockBench.write_results(@options[:out], "client", %w[client label delay_ms requests seconds requests_per_s errors selector note],
-                                    rows, chart)
+      chart = NeverBlockBench.chart("Requests/s by server delay, #{@options[:requests]} requests",
+                                    "#{Peers.text(@probe)}; a fresh Net::HTTP connection per request")
+      chart.pivot("requests/s by server delay, ms (higher is better)", "requests_per_s", by: "delay_ms", series: "label", log: true)
+      NeverBlockBench.write_results(@options[:out], "client", rows, chart)
     end
   end
 end
 
-if $PROGRAM_NAME == __FILE__
-  NeverBlockBench::CommandLine.main(NeverBlockBench::ClientBench, "client", variants: "blocking,threads,async,neverblock,pool") do |opts, options|
-    opts.on("--requests N", Integer, "requests per cell (1000)") { |value| options[:requests] = value }
-    opts.on("--delays LIST", Array, "server delays in ms (0,10,50,100,500)") { |list| options[:delays_ms] = list.map { |v| Integer(v) } }
-    opts.on("--pool-size N", Integer, "FiberPool size (default: --requests)") { |value| options[:pool_size] = value }
-    opts.on("--blocking-budget SECONDS", Float, "seconds the blocking client may take per cell (10)") { |value| options[:blocking_budget] = value }
-    opts.on("--runs N", Integer, "runs per cell, best reported (1)") { |value| options[:runs] = value }
-  end
-end
+NeverBlockBench::CommandLine.main(NeverBlockBench::ClientBench, "client") if $PROGRAM_NAME == __FILE__

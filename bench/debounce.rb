@@ -36,23 +36,13 @@ require_relative "support/servers"
 
 module NeverBlockBench
   # bench/debounce.rb
-  class DebounceBench
-    ROOT = File.expand_path("..", __dir__)
-    EXE = File.join(ROOT, "exe", "neverblock")
+  class DebounceBench < Bench
+    EXE = File.join(PeerServers::REPO, "exe", "neverblock")
     UPSTREAM = File.join(__dir__, "support", "debounce_upstream.ru")
-    VARIANTS = %w[none middleware proxy proxy+redis nginx].freeze
 
-    # One variant's runs.
-    Result = Struct.new(:variant, :upstream_requests, :p50, :p99, :max, :errors, keyword_init: true)
-
-    DEFAULTS = { clients: 500, delay: 0.2, runs: 3, out: RESULTS, only: VARIANTS }.freeze
+    DEFAULTS = { clients: 500, delay: 0.2, runs: 3 }.freeze
     QUICK = { clients: 50, runs: 1 }.freeze
-
-    def initialize(options)
-      @options = options
-      unknown = @options[:only] - VARIANTS
-      abort "unknown variants: #{unknown.join(', ')}" unless unknown.empty?
-    end
+    ONLY = %w[none middleware proxy proxy+redis nginx].freeze
 
     # @return [true] (a failed storm shows in its row)
     def call
@@ -73,40 +63,31 @@ module NeverBlockBench
         return nil
       end
       warn "#{variant}: #{@options[:runs]} storms of #{@options[:clients]} clients"
-      servers = []
-      upstream_port = ServerProcess.free_port
       env = { "NB_BENCH_DELAY" => @options[:delay].to_s, "NB_BENCH_DEBOUNCE" => variant == "middleware" ? "1" : nil }
-      servers << upstream = ServerProcess.start("upstream", neverblock_serve(upstream_port), port: upstream_port, env: env)
+      upstream = PeerServers.neverblock(UPSTREAM, port: ServerProcess.free_port, env: env, name: "upstream")
       upstream.wait_until_ready(path: "/count")
-      front = front_server(variant, upstream_port)
-      servers << front if front
-      port = front ? front.port : upstream_port
+      front = front_server(variant, upstream.port)
       runs = Array.new(@options[:runs]) do |run|
-        get(upstream_port, "/count") # reset
-        latencies, errors = storm(port, "/config?run=#{run}")
-        { upstream: Integer(get(upstream_port, "/count")), latencies: latencies.sort, errors: errors }
+        get(upstream.port, "/count") # reset
+        latencies, errors = storm((front || upstream).port, "/config?run=#{run}")
+        { upstream: Integer(get(upstream.port, "/count")), latencies: latencies.sort, errors: errors }
       end
       summarize(variant, runs)
     ensure
-      servers&.reverse_each(&:stop)
+      front&.stop
+      upstream&.stop
     end
 
-    def neverblock_serve(port)
-      [RbConfig.ruby, EXE, "serve", UPSTREAM, "-w", "0", "-b", "tcp://127.0.0.1:#{port}"]
-    end
-
+    # The server the clients talk to in front of the upstream; nil when they talk to it directly.
     def front_server(variant, upstream_port)
+      return nil if %w[none middleware].include?(variant)
+
       port = ServerProcess.free_port
-      upstream = "http://127.0.0.1:#{upstream_port}"
-      server =
-        case variant
-        when "none", "middleware" then return nil
-        when "nginx" then nginx(port, upstream_port)
-        else
-          workers = variant == "proxy" ? %w[-w 0] : ["-w", "2", "--redis", ENV.fetch("NEVERBLOCK_REDIS_URL")]
-          ServerProcess.start(variant, [RbConfig.ruby, EXE, "debounce", "--upstream", upstream, *workers,
-                                        "--listen", "tcp://127.0.0.1:#{port}"], port: port)
-        end
+      workers = variant == "proxy+redis" ? ["-w", "2", "--redis", ENV.fetch("NEVERBLOCK_REDIS_URL")] : %w[-w 0]
+      server = if variant == "nginx" then nginx(port, upstream_port)
+               else ServerProcess.start(variant, [RbConfig.ruby, EXE, "debounce", "--upstream", "http://127.0.0.1:#{upstream_port}",
+                                                  *workers, "--listen", "tcp://127.0.0.1:#{port}"], port: port)
+               end
       server.wait_until_ready(path: "/count")
       server
     end
@@ -146,11 +127,11 @@ module NeverBlockBench
         tasks = sockets.map do |socket|
           NeverBlock.spawn do
             go.pop
-            started = now
+            started = NeverBlockBench.now
             socket.write(request)
             response = socket.read
             if response.start_with?("HTTP/1.1 200")
-              latencies << (now - started)
+              latencies << (NeverBlockBench.now - started)
             else
               errors += 1
             end
@@ -170,70 +151,45 @@ module NeverBlockBench
     # @return [String] the body, stripped
     def get(port, path) = Net::HTTP.start("127.0.0.1", port, nil) { |http| http.get(path).body.strip }
 
+    # One variant's row: medians over its runs of the upstream requests and of
+    # the clients' p50, p99 and slowest latency, ms (nil where nothing answered).
     def summarize(variant, runs)
       median = ->(values) { values.sort[values.size / 2] }
-      percentile = ->(sorted, q) { sorted.empty? ? Float::NAN : sorted[[(sorted.size * q).ceil - 1, 0].max] }
-      Result.new(variant: variant,
-                 upstream_requests: median.call(runs.map { |run| run[:upstream] }),
-                 p50: median.call(runs.map { |run| percentile.call(run[:latencies], 0.50) }),
-                 p99: median.call(runs.map { |run| percentile.call(run[:latencies], 0.99) }),
-                 max: median.call(runs.map { |run| run[:latencies].last || Float::NAN }),
-                 errors: runs.sum { |run| run[:errors] })
-    end
-
-    def report(results)
-      delay = @options[:delay]
-      nginx = results.find { |result| result.variant == "nginx" }
-      puts <<~TEXT
-        # Restart storm: #{@options[:clients]} clients at once, upstream answers in #{(delay * 1000).round} ms (median of #{@options[:runs]} runs)
-        # #{Machine.description} - #{Machine.ruby_description}
-        # server, proxies and clients share the machine; connections opened first, then every GET at once;
-        # latency = request sent to last byte
-
-      TEXT
-      table = Table.new(["variant", "upstream requests", "p50 ms", "p99 ms", "max ms", "p99 / upstream call",
-                         "errors", "targets"])
-      results.each do |result|
-        table << [result.variant, result.upstream_requests, ms(result.p50), ms(result.p99), ms(result.max),
-                  result.p99.nan? ? "n/a" : format("%.2fx", result.p99 / delay), result.errors, targets(result, nginx)]
+      latency_ms = lambda do |q|
+        values = runs.filter_map { |run| run[:latencies][[(run[:latencies].size * q).ceil - 1, 0].max] }
+        (median.call(values) * 1000).round unless values.empty?
       end
-      puts table
-      write_files(results)
+      p99 = latency_ms.call(0.99)
+      { "variant" => variant, "clients" => @options[:clients], "upstream_requests" => median.call(runs.map { |run| run[:upstream] }),
+        "p50_ms" => latency_ms.call(0.5), "p99_ms" => p99, "max_ms" => latency_ms.call(1.0),
+        "p99_vs_upstream_call" => p99&.fdiv(@options[:delay] * 1000)&.round(2), "errors" => runs.sum { |run| run[:errors] } }
     end
 
-    def targets(result, nginx)
-      return "-" if %w[none nginx].include?(result.variant)
+    def report(rows)
+      delay_ms = (@options[:delay] * 1000).round
+      puts NeverBlockBench.header(
+        "Restart storm: #{@options[:clients]} clients at once, upstream answers in #{delay_ms} ms (median of #{@options[:runs]} runs)",
+        "server, proxies and clients share the machine; connections opened first, then every GET at once;",
+        "latency = request sent to last byte"
+      ), ""
+      nginx = rows.find { |row| row["variant"] == "nginx" }
+      rows.each { |row| row["targets"] = targets(row, nginx && nginx["p99_ms"], delay_ms) }
+      puts Table.of(rows, rows.first.keys - ["clients"]) unless rows.empty?
+      chart = NeverBlockBench.chart("Restart storm: #{@options[:clients]} identical GETs at once", "upstream answers in #{delay_ms} ms")
+      chart.pivot("upstream requests", "upstream_requests", series: "variant", log: true)
+      chart.pivot("client p99 latency, ms", "p99_ms", series: "variant")
+      NeverBlockBench.write_results(@options[:out], "debounce", rows, chart)
+    end
 
-      checks = ["1 request #{result.upstream_requests == 1 ? 'met' : 'NOT met'}",
-                "p99 <= 1.2x #{result.p99 <= 1.2 * @options[:delay] ? 'met' : 'NOT met'}"]
-      checks << "p99 < nginx #{result.p99 < nginx.p99 ? 'met' : 'NOT met'}" if nginx
+    def targets(row, nginx_p99, delay_ms)
+      return "-" if %w[none nginx].include?(row["variant"])
+
+      p99 = row["p99_ms"] || Float::INFINITY
+      checks = ["1 request #{row['upstream_requests'] == 1 ? 'met' : 'NOT met'}", "p99 <= 1.2x #{p99 <= 1.2 * delay_ms ? 'met' : 'NOT met'}"]
+      checks << "p99 < nginx #{p99 < nginx_p99 ? 'met' : 'NOT met'}" if nginx_p99
       checks.join(", ")
     end
-
-    def ms(seconds) = seconds.nan? ? "n/a" : format("%.0f", seconds * 1000)
-
-    def write_files(results)
-      chart = SvgChart.new(title: "Restart storm: #{@options[:clients]} identical GETs at once",
-                           subtitle: "upstream answers in #{(@options[:delay] * 1000).round} ms; #{Machine.description}")
-      names = results.map(&:variant)
-      chart.add_panel(title: "upstream requests (log scale)", categories: ["upstream requests"],
-                      series: names.zip(results.map { |r| [[r.upstream_requests, 1].max] }).to_h, log: true)
-      chart.add_panel(title: "client p99 latency, ms", categories: ["p99"],
-                      series: names.zip(results.map { |r| [r.p99.nan? ? nil : (r.p99 * 1000).round(1)] }).to_h)
-      rows = results.map do |r|
-        [r.variant, @options[:clients], @options[:delay], r.upstream_requests, r.p50.round(4), r.p99.round(4), r.max.round(4), r.errors]
-      end
-      NeverBlockBench.write_results(@options[:out], "debounce", %w[variant clients delay_s upstream_requests p50_s p99_s max_s errors], rows, chart)
-    end
-
-    def now = NeverBlockBench.now
   end
 end
 
-if $PROGRAM_NAME == __FILE__
-  NeverBlockBench::CommandLine.main(NeverBlockBench::DebounceBench, "debounce", variants: NeverBlockBench::DebounceBench::VARIANTS.join(",")) do |opts, options|
-    opts.on("--clients N", Integer, "clients in the storm (default 500)") { |n| options[:clients] = n }
-    opts.on("--delay SECONDS", Float, "the upstream's answer time (default 0.2)") { |s| options[:delay] = s }
-    opts.on("--runs N", Integer, "runs per variant; the median is reported (default 3)") { |n| options[:runs] = n }
-  end
-end
+NeverBlockBench::CommandLine.main(NeverBlockBench::DebounceBench, "debounce") if $PROGRAM_NAME == __FILE__

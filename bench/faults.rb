@@ -27,29 +27,24 @@
 #   Puma        puma -w 2 -e production (bench/gemfiles/servers.gemfile), default threads
 
 require_relative "support/harness"
+require "neverblock"
 require "socket"
 require_relative "support/servers"
 
 module NeverBlockBench
   # Runs the fault scenarios and reports them. See the file comment.
-  class FaultsBench
+  class FaultsBench < Bench
     APP = File.expand_path("support/fault_app.ru", __dir__)
     CRASH_SCRIPT = File.expand_path("support/one_in_50_dies.lua", __dir__)
-    DEFAULTS = { duration: 10, loris: 2000, restarts: 10, scenarios: %w[slowloris restart crash],
-                 only: %w[neverblock puma], out: RESULTS }.freeze
+    DEFAULTS = { duration: 10, loris: 2000, restarts: 10, scenarios: %w[slowloris restart crash] }.freeze
     QUICK = { duration: 5, restarts: 3 }.freeze
+    ONLY = %w[neverblock puma].freeze # the servers
     RESTART_SIGNAL = { "neverblock" => "USR2", "puma" => "USR1" }.freeze
-
-    def initialize(options)
-      @options = options
-      @rows = []
-    end
 
     # @return [Boolean] true when every cell ran
     def call
+      @rows = []
       Machine.raise_fd_limit(@options[:loris] + 4096)
-      problem = PeerServers.problem
-      abort problem if problem && @options[:only].include?("puma")
       puts header
       @options[:scenarios].each { |scenario| send("run_#{scenario}") }
       report
@@ -61,62 +56,36 @@ module NeverBlockBench
     private
 
     def header
-      versions = PeerServers.locked_versions
-      <<~TEXT
-        NeverBlock::Server under faults, beside Puma: two workers each
-        #{Machine.ruby_description}
-        neverblock #{NeverBlock::VERSION} (#{Checkout.description}); puma #{versions['puma']}; #{Wrk.version}
-        #{Machine.description}; wrk, the attackers and the servers on the same machine
-        load average at start: #{Machine.load_average}
-      TEXT
+      NeverBlockBench.header("NeverBlock::Server under faults, beside Puma: two workers each",
+                             "neverblock #{NeverBlock::VERSION} (#{Checkout.description}); " \
+                             "puma #{PeerServers.locked_versions['puma']}; #{Wrk.version}",
+                             "wrk, the attackers and the servers on the same machine")
     end
 
     # Starts each server of --only in turn, a two-worker cluster, yields its name and ServerProcess, stops it.
     def each_server
-      @options[:only].each do |name|
-        port = ServerProcess.free_port
-        server = if name == "neverblock"
-                   ServerProcess.start("neverblock", [RbConfig.ruby, File.join(PeerServers::REPO, "exe/neverblock"), "serve", APP,
-                                                      "-w", "2", "-b", "tcp://127.0.0.1:#{port}", "-E", "production"], port: port)
-                 else
-                   PeerServers.puma(APP, port: port, workers: 2)
-                 end
-        server.wait_until_ready
-        sleep 1 # both workers up
-        yield name, server
-      ensure
-        server&.stop
-      end
+      @options[:only].each { |name| PeerServers.cluster(name, APP, workers: 2) { |server| yield name, server } }
     end
 
-    # --- slowloris ------------------------------------------------------------
-
     def run_slowloris
-      puts "\n## slowloris: #{@options[:loris]} partial heads, wrk -c 20 ordinary requests"
+      warn "slowloris: #{@options[:loris]} partial heads, wrk -c 20 ordinary requests"
       each_server do |name, server|
         loris = Loris.new(server.port, @options[:loris])
-        loris.start
         result = Wrk.run("http://127.0.0.1:#{server.port}/", connections: 20, duration: @options[:duration])
         held = loris.stop
         @rows << ["slowloris", name, "p99 ms", (result.p99 * 1000).round(1), "p50 #{(result.p50 * 1000).round(1)} ms, " \
                   "#{result.requests_per_second.round} req/s, errors #{result.errors}, partial heads open #{held}"]
-        puts format("%-10s p50 %7.1f ms  p99 %7.1f ms  %8.0f req/s  errors %d  (%d partial heads open at the end)",
-                    name, result.p50 * 1000, result.p99 * 1000, result.requests_per_second, result.errors, held)
       end
     end
 
     # Clients that each hold a connection with an unfinished request head,
-    # adding a header line every 2 s, reconnecting when the server closes it.
+    # adding a header line every 2 s, reconnecting when the server closes it;
+    # they start at once and trickle until #stop.
     class Loris
       def initialize(port, count)
         @port = port
-        @count = count
-        @sockets = []
         @stop = false
-      end
-
-      def start
-        @sockets = Array.new(@count) { open }
+        @sockets = Array.new(count) { open }
         @thread = Thread.new { trickle until @stop }
       end
 
@@ -124,17 +93,15 @@ module NeverBlockBench
       def stop
         @stop = true
         @thread.join
-        open_now = @sockets.count { |socket| socket && !socket.closed? }
-        @sockets.each { |socket| socket&.close unless socket&.closed? }
-        open_now
+        open_now = @sockets.compact.reject(&:closed?)
+        open_now.each(&:close)
+        open_now.size
       end
 
       private
 
       def open
-        socket = Socket.tcp("127.0.0.1", @port, connect_timeout: 5)
-        socket.write("GET / HTTP/1.1\r\nHost: victim\r\n")
-        socket
+        Socket.tcp("127.0.0.1", @port, connect_timeout: 5).tap { |socket| socket.write("GET / HTTP/1.1\r\nHost: victim\r\n") }
       rescue SystemCallError, IOError
         nil
       end
@@ -158,10 +125,8 @@ module NeverBlockBench
       end
     end
 
-    # --- rolling restart --------------------------------------------------------
-
     def run_restart
-      puts "\n## rolling restart under wrk -c 50 keep-alive (#{@options[:restarts]} runs each)"
+      warn "rolling restart under wrk -c 50 keep-alive (#{@options[:restarts]} runs each)"
       each_server do |name, server|
         failures = Array.new(@options[:restarts]) do
           wrk = Thread.new { Wrk.run("http://127.0.0.1:#{server.port}/", connections: 50, duration: 8) }
@@ -172,57 +137,30 @@ module NeverBlockBench
           result.errors
         end
         @rows << ["restart", name, "failed requests (max of runs)", failures.max, "per run: #{failures.join(' ')}"]
-        puts format("%-10s failed requests per run: %s", name, failures.join(" "))
       end
     end
-
-    # --- crash loop ---------------------------------------------------------------
 
     def run_crash
-      puts "\n## crash loop: every 50th request kills its worker, wrk -c 20 for #{@options[:duration]} s"
+      warn "crash loop: every 50th request kills its worker, wrk -c 20 for #{@options[:duration]} s"
       each_server do |name, server|
-        command = ["wrk", "-t1", "-c20", "-d#{@options[:duration]}s", "--timeout", "5s", "--latency", "-s", CRASH_SCRIPT,
-                   "http://127.0.0.1:#{server.port}/"]
-        output, = Wrk.capture(command)
-        result = Wrk.parse(output)
-        alive = server_alive?(server)
+        result = Wrk.run("http://127.0.0.1:#{server.port}/", connections: 20, duration: @options[:duration], timeout: 5, script: CRASH_SCRIPT)
+        alive = !server.exited?
         answered = result.requests - result.errors
         @rows << ["crash", name, "answered requests", answered, "errors #{result.errors}, master up at the end: #{alive}"]
-        puts format("%-10s answered %7d  errors %5d  master up at the end: %s", name, answered, result.errors, alive)
       end
     end
-
-    def server_alive?(server)
-      Process.kill(0, server.pid)
-      true
-    rescue Errno::ESRCH
-      false
-    end
-
-    # --- report -------------------------------------------------------------------
 
     def report
-      puts "\nload average at end: #{Machine.load_average}"
-      table = Table.new(["scenario", "server", "measure", "value", "details"], align: %i[left left left right left])
-      @rows.each { |row| table << row }
-      puts "\n#{table}"
-      chart = SvgChart.new(title: "NeverBlock::Server vs Puma under faults (two workers each)",
-                           subtitle: [Machine.ruby_description, Machine.description])
-      @rows.group_by(&:first).each do |scenario, rows|
-        chart.add_panel(title: "#{scenario}: #{rows.first[2]}", categories: [scenario],
-                        series: rows.to_h { |row| [row[1], [row[3]]] })
+      columns = %w[scenario server measure value details]
+      rows = @rows.map { |row| columns.zip(row).to_h }
+      puts "\n#{Table.new(columns, @rows, align: %i[left left left right left])}"
+      chart = NeverBlockBench.chart("NeverBlock::Server vs Puma under faults (two workers each)")
+      @rows.group_by(&:first).each do |scenario, mine|
+        chart.pivot("#{scenario}: #{mine.first[2]}", "value", series: "server", where: { "scenario" => scenario })
       end
-      NeverBlockBench.write_results(@options[:out], "faults", %w[scenario server measure value details], @rows, chart)
+      NeverBlockBench.write_results(@options[:out], "faults", rows, chart)
     end
   end
 end
 
-if $PROGRAM_NAME == __FILE__
-  require "neverblock"
-  NeverBlockBench::CommandLine.main(NeverBlockBench::FaultsBench, "faults", variants: "neverblock,puma (servers)") do |opts, options|
-    opts.on("--duration SECONDS", Integer, "seconds of the slowloris and crash cells (10)") { |v| options[:duration] = v }
-    opts.on("--loris N", Integer, "partial-head connections (2000)") { |v| options[:loris] = v }
-    opts.on("--restarts N", Integer, "rolling restarts per server (10)") { |v| options[:restarts] = v }
-    opts.on("--scenarios LIST", Array, "slowloris,restart,crash (all)") { |list| options[:scenarios] = list }
-  end
-end
+NeverBlockBench::CommandLine.main(NeverBlockBench::FaultsBench, "faults") if $PROGRAM_NAME == __FILE__

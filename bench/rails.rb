@@ -47,34 +47,24 @@ require_relative "support/postgres"
 
 module NeverBlockBench
   # Runs the Rails benchmark and reports it. See the file comment.
-  class RailsBench
+  class RailsBench < Bench
     DEFAULTS = { requests: 1000, concurrency: 200, every: [200, 100, 50, 20, 10], puma_workers: [1, 2, 4], nb_pool: 200,
-                 fast_requests: 4000, fast_concurrency: [16, 200], puma_matched_threads: 16, runs: 3, out: RESULTS,
-                 selector: Peers::DEFAULT_SELECTOR }.freeze
+                 fast_requests: 4000, fast_concurrency: [16, 200], puma_matched_threads: 16, runs: 3 }.freeze
     QUICK = { every: [20, 10], runs: 1, requests: 200, fast_requests: 400 }.freeze
-    PARTS = %w[sleeps mixed fast].freeze
+    ONLY = %w[sleeps mixed fast].freeze # the parts
     APP = File.expand_path("rails/config.ru", __dir__)
     PUMA_THREADS = 5 # Puma 8's default maximum on MRI (0:5)
     # One server configuration: `start` takes a port and returns a ServerProcess.
     Setup = Struct.new(:name, :label, :start, keyword_init: true)
-    # What part (c) reads per run, and their medians' captions.
-    FAST = { rate: "req/s", p50: "p50", p99: "p99", cpu_us: "CPU us/req", allocations: "allocations/req", gc_us: "GC us/req" }.freeze
-
-    def initialize(options)
-      @options = options
-      @parts = CommandLine.parts(@options[:only], PARTS)
-    end
 
     # @return [Boolean] true when every request of every measurement got a 200
     def call
       Machine.raise_fd_limit(8192)
-      @selector = Peers.use_selector(@options[:selector])
-      if (problem = PostgresServer.problem || PeerServers.problem)
-        return warn(problem)
-      end
+      @selector = Peers.use_epoll
+      return warn(PostgresServer.problem) if PostgresServer.problem
 
       puts header
-      cells = @parts.flat_map { |part| send("measure_#{part}") }
+      cells = @options[:only].flat_map { |part| send("measure_#{part}") }
       report(cells)
       cells.all? { |cell| cell.failures.empty? && cell[:errors].empty? }
     ensure
@@ -85,18 +75,16 @@ module NeverBlockBench
 
     def header
       v = PeerServers.locked_versions
-      <<~TEXT
-        NeverBlock Rails benchmark: the 2009 "one process" Rails numbers, reproduced
-        #{Machine.ruby_description}
-        rails #{Machine.gem_version('railties')} (ActionController::API + ActiveRecord #{Machine.gem_version('activerecord')}, production); neverblock #{NeverBlock::VERSION} (#{Checkout.description}, io-event #{Machine.gem_version('io-event')}, selector #{@selector}); puma #{v['puma']} (rails #{v['railties']}); #{PostgresServer.driver_description}
-        PostgreSQL: #{PostgresServer.description}
-        #{Machine.description}; client, servers and PostgreSQL on the same machine, which others use too: the numbers are noisy
-        client: NeverBlock tasks with keep-alive Net::HTTP connections, in this process
-        load average at start: #{Machine.load_average}
-      TEXT
+      NeverBlockBench.header(
+        'NeverBlock Rails benchmark: the 2009 "one process" Rails numbers, reproduced',
+        "rails #{Machine.gem_version('railties')} (ActionController::API + ActiveRecord #{Machine.gem_version('activerecord')}, " \
+        "production); neverblock #{NeverBlock::VERSION} (#{Checkout.description}, io-event #{Machine.gem_version('io-event')}, " \
+        "selector #{@selector}); puma #{v['puma']} (rails #{v['railties']}); #{PostgresServer.driver_description}",
+        "PostgreSQL: #{PostgresServer.description}",
+        "client: NeverBlock tasks with keep-alive Net::HTTP connections, in this process; client, servers and PostgreSQL " \
+        "share the machine, which others use too: the numbers are noisy"
+      )
     end
-
-    # --- servers ---------------------------------------------------------------------
 
     # @param adaptive [Boolean] false: `--no-adaptive-limit` (up to fiber_pool at once, as before issue 13)
     def neverblock(adaptive: true)
@@ -105,27 +93,22 @@ module NeverBlockBench
       Setup.new(name: name, label: "NeverBlock::Server, 1 process, #{adaptive ? 'adaptive limit' : 'no adaptive limit'}, " \
                                    "neverblock_postgresql pool #{pool}",
                 start: lambda do |port|
-                  command = [RbConfig.ruby, File.join(PeerServers::REPO, "exe/neverblock"), "serve", APP, "--workers", "0",
-                             "--bind", "tcp://127.0.0.1:#{port}", "--env", "production"]
-                  command << "--no-adaptive-limit" unless adaptive
-                  ServerProcess.start("neverblock-rails-#{name}", command, port: port,
-                                      env: { "NB_RAILS_ADAPTER" => "neverblock_postgresql", "NB_RAILS_POOL" => pool.to_s })
+                  PeerServers.neverblock(APP, port: port, args: ["-w", "0", *("--no-adaptive-limit" unless adaptive)],
+                                              name: "neverblock-rails-#{name}",
+                                              env: { "NB_RAILS_ADAPTER" => "neverblock_postgresql", "NB_RAILS_POOL" => pool.to_s })
                 end)
     end
 
     def puma(workers:, threads:)
       name = threads == 1 ? "puma_1x1" : "puma_#{workers}x#{threads}"
-      mode = workers.zero? ? "1 process (single mode)" : "cluster of #{workers} worker#{'s' if workers > 1}"
-      each = workers.zero? ? "" : " each"
+      mode = workers.zero? ? "1 process (single mode)" : "#{workers} workers"
       puma_threads = { 1 => "1:1", PUMA_THREADS => nil }.fetch(threads) { "#{threads}:#{threads}" }
-      Setup.new(name: name, label: "Puma, #{mode}, #{threads} thread#{'s' if threads > 1}#{each}, postgresql pool #{threads}#{each}",
+      Setup.new(name: name, label: "Puma, #{mode}, #{threads} threads and a postgresql pool of #{threads} per process",
                 start: lambda do |port|
                   PeerServers.puma(APP, port: port, workers: workers, threads: puma_threads, name: "puma-rails-#{name}",
                                         env: { "NB_RAILS_ADAPTER" => "postgresql", "NB_RAILS_POOL" => threads.to_s })
                 end)
     end
-
-    # --- the three parts -------------------------------------------------------------
 
     def cells_for(part, setups, values, requests:, concurrency: nil)
       setups.to_h do |setup|
@@ -213,18 +196,13 @@ module NeverBlockBench
       end
     end
 
+    # Keeps a run's seconds and errors; its progress line goes to stderr.
     def record(cell, outcome)
       cell.runs << outcome[:seconds]
       cell[:errors].concat(outcome[:errors])
-      errors = outcome[:errors].empty? ? "" : " (#{outcome[:errors].size} errors: #{outcome[:errors].first})"
-      if (fast = cell[:fast].last)
-        warn format("  %-16s %4d /fast at c=%-3d: %7.1f req/s, p50 %6.1f ms, p99 %7.1f ms, %6.0f us CPU/req, " \
-                    "%5.0f allocations/req, %5.0f us GC/req, %d major GCs%s", cell[:setup].name, cell[:requests], cell[:concurrency],
-                    fast[:rate], fast[:p50] * 1000, fast[:p99] * 1000, fast[:cpu_us], fast[:allocations], fast[:gc_us], fast[:majors], errors)
-      else
-        warn format("  %-10s %4d requests, 1 in %-3d to /sleep: %7.3f s, %7.1f req/s%s", cell[:setup].name, cell[:requests],
-                    cell[:every], outcome[:seconds], cell[:requests] / outcome[:seconds], errors)
-      end
+      measured = cell[:fast].last&.map { |key, value| "#{key} #{value.round(4)}" }&.join(", ") || "1 in #{cell[:every]} to /sleep"
+      warn format("  %s, %d requests at c=%d: %.3f s; %s; %d errors %s", cell[:setup].name, cell[:requests], cell[:concurrency],
+                  outcome[:seconds], measured, outcome[:errors].size, outcome[:errors].first)
     end
 
     # @return [Array<Integer>] the server's total_allocated_objects, GC time (ms), major and minor GC counts
@@ -233,8 +211,6 @@ module NeverBlockBench
     end
 
     def percentile(sorted, fraction) = sorted.empty? ? nil : sorted[((sorted.size - 1) * fraction).round]
-
-    # --- the client --------------------------------------------------------------------
 
     # Issues `paths` in order from `concurrency` NeverBlock tasks, each on its own keep-alive connection.
     # @param latencies [Array, nil] gets each request's seconds when given
@@ -276,43 +252,40 @@ module NeverBlockBench
       "#{e.class}: #{e.message}"
     end
 
-    # --- reporting ---------------------------------------------------------------------
-
     def fast?(cell) = cell[:part] == "fast"
     # The median over runs of one of part (c)'s measures; nil when none.
-    def fast_median(cell, key) = cell && Samples.new(cell[:fast].filter_map { |run| run[key] }).median
+    def fast_median(cell, key) = cell && NeverBlockBench.median(cell[:fast].filter_map { |run| run[key] })
     # requests/s: of the median run, or for part (c) the median of the runs'.
     def rate(cell) = cell && (fast?(cell) ? fast_median(cell, :rate) : cell.median&.then { |s| cell[:requests] / s })
     def find(cells, name, key, value) = cells.find { |cell| cell[:setup].name == name && cell[key] == value }
     def setups(cells) = cells.map { |cell| cell[:setup] }.uniq(&:name)
-    def runs_text(cell) = cell.samples.to_s(digits: 3)
-    def number(value, digits) = value ? format("%.#{digits}f", value) : "FAILED"
 
     def report(cells)
-      puts "\nload average at end: #{Machine.load_average}"
-      parts = cells.group_by { |cell| cell[:part] }
-      parts.each { |part, mine| send("report_#{part}", mine) }
+      rows = cells.map { |cell| csv_row(cells, cell) }
+      cells.group_by { |cell| cell[:part] }.each { |part, mine| send("report_#{part}", mine, rows) }
       failures = cells.flat_map { |cell| cell.failures + cell[:errors].first(1) }.uniq
       puts "\nfailures and errors: #{failures.join('; ')}" unless failures.empty?
-      NeverBlockBench.write_results(@options[:out], "rails", %w[part server label requests concurrency sleep_every sleeps seconds seconds_runs
-                                                                 req_per_s errors note p50_ms p99_ms cpu_us_per_req allocations_per_req
-                                                                 gc_us_per_req cpu_us_runs], cells.map { |cell| csv_row(cell) }, chart(parts))
+      chart = NeverBlockBench.chart("Rails #{Machine.gem_version('railties')} on one NeverBlock process vs Puma",
+                                    "ActionController::API + ActiveRecord; neverblock_postgresql (NeverBlock) vs postgresql (Puma)")
+      chart.pivot("10 concurrent requests running select pg_sleep(1), seconds (lower is better)", "seconds", series: "label",
+                  where: { "part" => "sleeps" })
+      chart.pivot("#{@options[:requests]} requests at concurrency #{@options[:concurrency]}, one in N runs pg_sleep(1): " \
+                  "requests/s by N", "req_per_s", by: "sleep_every", series: "server", where: { "part" => "mixed" })
+      fast = { "part" => "fast" }
+      chart.pivot("only GET /fast (select 1): server CPU us per request by clients (lower is better)", "cpu_us_per_req",
+                  by: "concurrency", series: "server", where: fast)
+      chart.pivot("only GET /fast: p99 latency, ms, by clients (lower is better)", "p99_ms", by: "concurrency", series: "server",
+                  where: fast, log: true)
+      NeverBlockBench.write_results(@options[:out], "rails", rows, chart)
     end
 
-    def report_sleeps(cells)
+    def report_sleeps(_cells, rows)
       puts "\n(a) Ten concurrent GET /sleep (select pg_sleep(1)) through Rails; target: NeverBlock about 1 s (>= 9 req/s), " \
            "Puma with one thread about 1 req/s. 2009: 1.08 s against 10.25 s."
-      table = Table.new(["server", "seconds", "req/s", "errors", "target", "met", "runs (s)"])
-      cells.each do |cell|
-        nb = cell[:setup].name == "neverblock"
-        rate = rate(cell)
-        table << [cell[:setup].label, number(cell.median, 3), rate ? format("%.2f", rate) : "-", cell[:errors].size,
-                  nb ? ">= 9 req/s" : "~1 req/s", nb && rate ? (rate >= 9 ? "yes" : "no") : "", runs_text(cell)]
-      end
-      puts table
+      puts Table.of(rows.select { |row| row["part"] == "sleeps" }, %w[label seconds req_per_s errors seconds_runs note])
     end
 
-    def report_mixed(cells)
+    def report_mixed(cells, _rows)
       setups = setups(cells)
       puts "\n(b) Mixed workload: #{@options[:requests]} requests at concurrency #{@options[:concurrency]}, every request " \
            "runs select 1 and one in N runs select pg_sleep(1) instead; requests/s (higher is better)."
@@ -322,97 +295,42 @@ module NeverBlockBench
       @options[:every].each do |every|
         rates = setups.to_h { |setup| [setup.name, rate(find(cells, setup.name, :every, every))] }
         nb = rates["neverblock"]
-        table << ["1 in #{every} (#{(@options[:requests].to_f / every).ceil} sleeps)"] + rates.values.map { |value| number(value, 1) } +
+        table << ["1 in #{every} (#{(@options[:requests].to_f / every).ceil} sleeps)"] + rates.values.map { |value| value ? format("%.1f", value) : "FAILED" } +
                  puma.map { |name| nb && rates[name] ? format("%.2fx", nb / rates[name]) : "-" }
       end
       puts table
-      puts "runs (s): " + cells.map { |cell| "#{cell[:setup].name} 1/#{cell[:every]} #{runs_text(cell)}" }.join("; ") if @options[:runs] > 1
     end
 
-    def report_fast(cells)
+    # Targets (issue 13): NeverBlock's CPU per request <= 0.8x puma_0x5's, its p99 <= puma_0x5's at 200 clients.
+    FAST_TABLE = %w[server concurrency req_per_s p50_ms p99_ms cpu_us_per_req allocations_per_req gc_us_per_req cpu_us_runs
+                    cpu_vs_puma_0x5 p99_vs_puma_0x5].freeze
+
+    def report_fast(cells, rows)
       puts "\n(c) Only GET /fast (select 1): #{@options[:fast_requests]} requests per cell from keep-alive clients; " \
            "server CPU = utime+stime of its processes (/proc) over the measured window / requests; " \
            "allocations and GC time from the server's GC.stat; median of #{@options[:runs]} interleaved rounds."
       setups = setups(cells)
       puts setups.map { |setup| "#{setup.name}: #{setup.label}" }
-      table = Table.new(["server", "clients", "req/s", "p50 ms", "p99 ms", "CPU us/req", "allocations/req", "GC us/req",
-                         "CPU us/req runs", "p99 ms runs"])
-      cells.sort_by { |cell| [cell[:concurrency], setups.index(cell[:setup])] }.each do |cell|
-        med = FAST.keys.to_h { |key| [key, fast_median(cell, key)] }
-        next table << [cell[:setup].name, cell[:concurrency], "FAILED", "", "", "", "", "", "", ""] unless med[:rate]
-
-        table << [cell[:setup].name, cell[:concurrency], format("%.0f", med[:rate]), format("%.1f", med[:p50] * 1000),
-                  format("%.1f", med[:p99] * 1000), format("%.0f", med[:cpu_us]), format("%.0f", med[:allocations]),
-                  format("%.0f", med[:gc_us]), Samples.new(cell[:fast].map { |run| run[:cpu_us] }).to_s(digits: 0),
-                  Samples.new(cell[:fast].map { |run| run[:p99] * 1000 }).to_s(digits: 0)]
-      end
-      puts table
-      puma = "puma_0x#{PUMA_THREADS}"
-      puts "\nTargets (issue 13; ratios of this run's medians, NeverBlock with its defaults against #{puma}):"
-      median = ->(name, c, key, scale = 1) { fast_median(find(cells, name, :concurrency, c), key)&.*(scale) }
-      targets = Table.new(["target", "NeverBlock", "Puma", "ratio", "met"])
-      @options[:fast_concurrency].each do |c|
-        targets << target_row("CPU us/req at c=#{c} <= 0.8x Puma", median.call("neverblock", c, :cpu_us), median.call(puma, c, :cpu_us), 0.8, "%.0f")
-      end
-      c = @options[:fast_concurrency].max
-      puts targets << target_row("p99 ms at c=#{c} <= Puma", median.call("neverblock", c, :p99, 1000), median.call(puma, c, :p99, 1000), 1.0, "%.1f")
+      fast = rows.select { |row| row["part"] == "fast" }
+      puts Table.of(fast.sort_by { |row| [row["concurrency"], setups.index { |setup| setup.name == row["server"] }] }, FAST_TABLE)
     end
 
-    def target_row(text, ours, theirs, ratio, digits)
-      return [text, ours || "-", theirs || "-", "-", "unknown"] unless ours && theirs
-
-      [text, format(digits, ours), format(digits, theirs), format("%.2fx", ours / theirs), ours <= theirs * ratio ? "yes" : "NO"]
-    end
-
-    def csv_row(cell)
+    # A cell's medians and runs; for part (c) NeverBlock's ratios to Puma with its default threads.
+    def csv_row(cells, cell)
       fast = ->(key, scale = 1, digits = 1) { fast_median(cell, key)&.*(scale)&.round(digits) if fast?(cell) }
-      sleeps = { "sleeps" => 10, "fast" => 0 }.fetch(cell[:part]) { (cell[:requests].to_f / cell[:every]).ceil }
-      [cell[:part], cell[:setup].name, cell[:setup].label, cell[:requests], cell[:concurrency], cell[:every],
-       sleeps, cell.median&.round(4), runs_text(cell), rate(cell)&.round(2), cell[:errors].size, cell.failures.first || cell[:errors].first,
-       fast.call(:p50, 1000, 2), fast.call(:p99, 1000, 2), fast.call(:cpu_us), fast.call(:allocations), fast.call(:gc_us),
-       (Samples.new(cell[:fast].map { |run| run[:cpu_us] }).to_s(digits: 0) if fast?(cell))]
-    end
-
-    def chart(parts)
-      chart = SvgChart.new(title: "Rails #{Machine.gem_version('railties')} on one NeverBlock process vs Puma",
-                           subtitle: ["ruby #{RUBY_VERSION}; ActionController::API + ActiveRecord; " \
-                                      "neverblock_postgresql (NeverBlock) vs postgresql (Puma)",
-                                      "#{Machine.description}; client, servers and PostgreSQL on the same machine"])
-      series = lambda do |cells, key, values, &pick|
-        setups(cells).to_h { |setup| [setup.label, values.map { |value| pick.call(find(cells, setup.name, key, value)) || "failed" }] }
-      end
-      if (cells = parts["sleeps"])
-        chart.add_panel(title: "10 concurrent requests running select pg_sleep(1), seconds (lower is better)",
-                        categories: ["10 x pg_sleep(1)"], series: cells.to_h { |cell| [cell[:setup].label, [cell.median&.round(3) || "failed"]] })
-      end
-      if (cells = parts["mixed"])
-        chart.add_panel(title: "#{@options[:requests]} requests at concurrency #{@options[:concurrency]}, one in N runs pg_sleep(1): requests/s",
-                        categories: @options[:every].map { |every| "1 in #{every}" },
-                        series: series.call(cells, :every, @options[:every]) { |cell| rate(cell)&.round(1) })
-      end
-      if (cells = parts["fast"])
-        categories = @options[:fast_concurrency].map { |c| "#{c} clients" }
-        by_clients = ->(key, scale) { series.call(cells, :concurrency, @options[:fast_concurrency]) { |cell| fast_median(cell, key)&.*(scale)&.round(1) } }
-        chart.add_panel(title: "only GET /fast (select 1): server CPU us per request (lower is better)", categories: categories,
-                        series: by_clients.call(:cpu_us, 1))
-        chart.add_panel(title: "only GET /fast: p99 latency, ms (lower is better; log scale)", categories: categories,
-                        series: by_clients.call(:p99, 1000), log: true)
-      end
-      chart
+      puma = find(cells, "puma_0x#{PUMA_THREADS}", :concurrency, cell[:concurrency]) if fast?(cell)
+      versus_puma = ->(key) { (fast_median(cell, key) / fast_median(puma, key)).round(2) if fast_median(cell, key) && fast_median(puma, key) }
+      { "part" => cell[:part], "server" => cell[:setup].name, "label" => cell[:setup].label, "requests" => cell[:requests],
+        "concurrency" => cell[:concurrency], "sleep_every" => cell[:every],
+        "sleeps" => { "sleeps" => 10, "fast" => 0 }.fetch(cell[:part]) { (cell[:requests].to_f / cell[:every]).ceil },
+        "seconds" => cell.median&.round(3), "seconds_runs" => cell.listing(3), "req_per_s" => rate(cell)&.round(2),
+        "errors" => cell[:errors].size, "note" => cell.failures.first || cell[:errors].first, "p50_ms" => fast.call(:p50, 1000),
+        "p99_ms" => fast.call(:p99, 1000), "cpu_us_per_req" => fast.call(:cpu_us, 1, 0), "allocations_per_req" => fast.call(:allocations, 1, 0),
+        "gc_us_per_req" => fast.call(:gc_us, 1, 0),
+        "cpu_us_runs" => (NeverBlockBench.listing(cell[:fast].map { |run| run[:cpu_us] }, 0) if fast?(cell)),
+        "cpu_vs_puma_0x5" => versus_puma.call(:cpu_us), "p99_vs_puma_0x5" => versus_puma.call(:p99) }
     end
   end
 end
 
-if $PROGRAM_NAME == __FILE__
-  NeverBlockBench::CommandLine.main(NeverBlockBench::RailsBench, "rails", variants: "sleeps,mixed,fast (the parts)") do |opts, options|
-    opts.on("--requests N", Integer, "requests per mixed-workload cell (1000)") { |value| options[:requests] = value }
-    opts.on("--concurrency N", Integer, "requests at once in the mixed workload (200)") { |value| options[:concurrency] = value }
-    opts.on("--every LIST", Array, "N values: one in N requests sleeps (200,100,50,20,10)") { |list| options[:every] = NeverBlockBench::CommandLine.integers(list) }
-    opts.on("--puma-workers LIST", Array, "Puma cluster sizes (1,2,4)") { |list| options[:puma_workers] = NeverBlockBench::CommandLine.integers(list) }
-    opts.on("--nb-pool N", Integer, "NeverBlock's ActiveRecord pool (200)") { |value| options[:nb_pool] = value }
-    opts.on("--fast-requests N", Integer, "requests per cell of (c), only /fast (4000)") { |value| options[:fast_requests] = value }
-    opts.on("--fast-concurrency LIST", Array, "client concurrencies of (c) (16,200)") { |list| options[:fast_concurrency] = NeverBlockBench::CommandLine.integers(list) }
-    opts.on("--puma-matched-threads N", Integer, "threads of (c)'s second Puma (16)") { |value| options[:puma_matched_threads] = value }
-    opts.on("--runs N", Integer, "runs of everything, the median reported (3)") { |value| options[:runs] = value }
-  end
-end
+NeverBlockBench::CommandLine.main(NeverBlockBench::RailsBench, "rails") if $PROGRAM_NAME == __FILE__

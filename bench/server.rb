@@ -17,9 +17,9 @@
 #   pg     GET /pg, `select pg_sleep(0.01)` through NeverBlock::Postgres.pool(size: 64)
 #          (NeverBlock), a fair fiber pool of 64 (Falcon), a connection per thread (Puma)
 # Thin, iodine and agoo run the app on one thread, so they run hello only.
-# Targets: NeverBlock's req/s over the peer's (hello >= 1.2x Puma, >= 2x Falcon,
-# >= Thin; sleep and pg >= 10x Puma, >= 1.2x Falcon) and its CPU per request
-# over the peer's (hello <= 0.5x Puma, <= 1.5x iodine).
+# Targets, in each table's "met" columns: NeverBlock's req/s over the peer's
+# (hello >= 1.2x Puma, >= 2x Falcon, >= Thin; sleep and pg >= 10x Puma, >= 1.2x
+# Falcon) and its CPU per request over the peer's (hello <= 0.5x Puma, <= 1.5x iodine).
 #
 # Each server starts once per round (setsid), is warmed up per scenario, then
 # measured; --runs rounds are interleaved (every server once per round) and
@@ -27,15 +27,17 @@
 # The pg scenario needs PostgreSQL (bench/run starts one); without it, skipped.
 
 require_relative "support/harness"
+require "neverblock"
 require_relative "support/servers"
-require_relative "support/postgres"
+require_relative "support/server_app"
 
 module NeverBlockBench
   # Runs the server benchmark and reports it. See the file comment.
-  class ServerBench
+  class ServerBench < Bench
     DEFAULTS = { duration: 10, warmup: 2, connections: 100, io_connections: 256, db_pool: 64, fiber_pool: 1000, runs: 1,
-                 out: RESULTS, selector: Peers::DEFAULT_SELECTOR }.freeze
+                 scenarios: %w[hello sleep pg] }.freeze
     QUICK = { duration: 3, warmup: 1 }.freeze
+    ONLY = %w[neverblock puma falcon thin iodine agoo nginx].freeze # the servers
     APP = File.expand_path("support/server_app.ru", __dir__)
     # `targets`: peer => the req/s ratio NeverBlock should reach; `cpu_targets`: the CPU ratio it should stay under.
     Scenario = Struct.new(:name, :path, :title, :connections, :targets, :cpu_targets, :database, keyword_init: true)
@@ -43,15 +45,15 @@ module NeverBlockBench
     Server = Struct.new(:name, :label, :start, :scenarios, :gc_socket, keyword_init: true)
 
     def initialize(options)
-      @options = options
-      @scenarios = CommandLine.select(scenarios, @options[:scenarios])
-      @servers = CommandLine.select(servers, @options[:only])
+      super
+      @scenarios = scenarios.select { |scenario| @options[:scenarios].include?(scenario.name) }
+      @servers = servers.select { |server| @options[:only].include?(server.name) }
     end
 
     # @return [Boolean] true when every server started and NeverBlock answered every request
     def call
       Machine.raise_fd_limit(8192)
-      @selector = Peers.use_selector(@options[:selector])
+      @selector = Peers.use_epoll
       return false unless ready?
 
       @scratch = Dir.mktmpdir("neverblock-bench-server-")
@@ -88,21 +90,27 @@ module NeverBlockBench
       all = %w[hello sleep pg]
       v = PeerServers.locked_versions
       gc_socket = ->(port) { File.join(@scratch, "neverblock-#{port}-gc.sock") }
+      db = ->(kind) { { "NB_BENCH_DB" => kind, "NB_BENCH_DB_POOL" => pool.to_s } }
+      peer = ->(name, port, *command, env: {}) { PeerServers.peer(name, ["bundle", "exec", name, *command], port, env) }
       [Server.new(name: "neverblock", scenarios: all, gc_socket: gc_socket,
                   label: "NeverBlock #{NeverBlock::VERSION} (1 process, fiber_pool #{@options[:fiber_pool]}; pg: NeverBlock::Postgres.pool(size: #{pool}))",
                   start: lambda do |port|
-                    PeerServers.neverblock(APP, port: port, fiber_pool: @options[:fiber_pool],
-                                                env: { "NB_BENCH_DB" => "neverblock", "NB_BENCH_DB_POOL" => pool.to_s, "NB_BENCH_GC_SOCKET" => gc_socket.call(port) })
+                    PeerServers.neverblock(APP, port: port, args: ["-w", "0", "--fiber-pool", @options[:fiber_pool].to_s],
+                                                env: db.call("neverblock").merge("NB_BENCH_GC_SOCKET" => gc_socket.call(port)))
                   end),
        Server.new(name: "puma", label: "Puma #{v['puma']} (single mode, default threads 0:5; pg: a connection per thread)", scenarios: all,
-                  start: ->(port) { PeerServers.puma(APP, port: port, env: { "NB_BENCH_DB" => "threads" }) }),
+                  start: ->(port) { PeerServers.puma(APP, port: port, env: db.call("threads")) }),
+       # Falcon with one forked server process (its supervisor is the other), HTTP/1.1.
        Server.new(name: "falcon", label: "Falcon #{v['falcon']} (async #{v['async']}, --count 1; pg: fair fiber pool of #{pool})", scenarios: all,
-                  start: ->(port) { PeerServers.falcon(APP, port: port, env: { "NB_BENCH_DB" => "fibers", "NB_BENCH_DB_POOL" => pool.to_s }) }),
+                  start: ->(port) { peer.call("falcon", port, *%W[serve --bind http://127.0.0.1:#{port} --count 1 --config #{APP}], env: db.call("fibers")) }),
        Server.new(name: "thin", label: "Thin #{v['thin']} (eventmachine #{v['eventmachine']})", scenarios: %w[hello],
-                  start: ->(port) { PeerServers.thin(APP, port: port) }),
-       Server.new(name: "iodine", label: "iodine #{v['iodine']} (-w 1 -t 1)", scenarios: %w[hello], start: ->(port) { PeerServers.iodine(APP, port: port) }),
+                  start: ->(port) { peer.call("thin", port, *%W[start --address 127.0.0.1 --port #{port} --rackup #{APP} --environment production --quiet]) }),
+       # iodine (C): one worker, one thread for the app.
+       Server.new(name: "iodine", label: "iodine #{v['iodine']} (-w 1 -t 1)", scenarios: %w[hello],
+                  start: ->(port) { peer.call("iodine", port, *%W[-b 127.0.0.1 -p #{port} -w 1 -t 1 #{APP}]) }),
+       # agoo (C): one worker; the app on the thread that started it, HTTP on agoo's C threads.
        Server.new(name: "agoo", label: "agoo #{v['agoo']} (-w 1, the app on one thread)", scenarios: %w[hello],
-                  start: ->(port) { PeerServers.agoo(APP, port: port) }),
+                  start: ->(port) { peer.call("agoo", port, *%W[-p #{port} -w 1 #{APP}]) }),
        Server.new(name: "nginx", label: "#{PeerServers.nginx_version} (1 worker, no master; return 200)", scenarios: %w[hello],
                   start: ->(port) { PeerServers.nginx(port: port, dir: @scratch) })]
     end
@@ -110,9 +118,6 @@ module NeverBlockBench
     # @return [Boolean] false (after a warning) when nothing can be measured
     def ready?
       return warn("wrk is not installed; run bin/setup") && false unless Wrk.version
-      if (@servers.map(&:name) & %w[puma falcon thin iodine agoo]).any? && (problem = PeerServers.problem)
-        return warn(problem) && false
-      end
       if @scenarios.any?(&:database) && PostgresServer.problem
         warn "skipping the pg scenario: #{PostgresServer.problem}"
         @scenarios = @scenarios.reject(&:database)
@@ -122,19 +127,20 @@ module NeverBlockBench
 
     def header
       v = PeerServers.locked_versions
-      db = @scenarios.any?(&:database) ? "\nPostgreSQL: #{PostgresServer.description}; #{PostgresServer.driver_description}" : ""
-      <<~TEXT
-        NeverBlock::Server benchmark: one serving process per server, same machine, same run
-        #{Machine.ruby_description}
-        neverblock #{NeverBlock::VERSION} (#{Checkout.description}), io-event #{Machine.gem_version('io-event')}, llhttp #{Machine.gem_version('llhttp')}; peers: puma #{v['puma']}, falcon #{v['falcon']} (async #{v['async']}, io-event #{v['io-event']}), thin #{v['thin']}, iodine #{v['iodine']}, agoo #{v['agoo']}, rack #{v['rack']}; #{PeerServers.nginx_version}; #{Wrk.version}
-        #{Machine.description}; wrk and the servers on the same machine
-        io-event selector for NeverBlock and Falcon: #{@selector} (IO_EVENT_SELECTOR, NEVERBLOCK_SELECTOR)#{db}
-        wrk -t1 -c<connections> -d#{@options[:duration]}s --latency after a #{@options[:warmup]} s warm-up; #{@options[:runs] == 1 ? 'one run per cell' : "#{@options[:runs]} interleaved rounds; medians per cell (latencies: the run with the median req/s)"}
-        CPU us/request: user+system time of the server's process session over the measured run / requests (from /proc)
-        The machine is shared and has 2 CPUs (wrk takes about one): treat req/s differences under ~20 % as noise;
-        CPU per request moves less (it counts only the server's own time).
-        load average at start: #{Machine.load_average}
-      TEXT
+      runs = @options[:runs] == 1 ? "one run per cell" : "#{@options[:runs]} interleaved rounds; medians per cell (latencies: the run with the median req/s)"
+      NeverBlockBench.header(
+        "NeverBlock::Server benchmark: one serving process per server, same machine, same run",
+        "neverblock #{NeverBlock::VERSION} (#{Checkout.description}), io-event #{Machine.gem_version('io-event')}, " \
+        "llhttp #{Machine.gem_version('llhttp')}; peers: puma #{v['puma']}, falcon #{v['falcon']} (async #{v['async']}, " \
+        "io-event #{v['io-event']}), thin #{v['thin']}, iodine #{v['iodine']}, agoo #{v['agoo']}, rack #{v['rack']}; " \
+        "#{PeerServers.nginx_version}; #{Wrk.version}",
+        "io-event selector for NeverBlock and Falcon: #{@selector} (IO_EVENT_SELECTOR, NEVERBLOCK_SELECTOR)",
+        *("PostgreSQL: #{PostgresServer.description}; #{PostgresServer.driver_description}" if @scenarios.any?(&:database)),
+        "wrk -t1 -c<connections> -d#{@options[:duration]}s --latency after a #{@options[:warmup]} s warm-up; #{runs}",
+        "CPU us/request: user+system time of the server's process session over the measured run / requests (from /proc)",
+        "wrk and the servers share the machine (wrk takes about one CPU): treat req/s differences under ~20 % as noise;",
+        "CPU per request moves less (it counts only the server's own time)."
+      )
     end
 
     # Starts the server once for all its scenarios in this round; per cell a
@@ -145,24 +151,18 @@ module NeverBlockBench
       warn "#{server.name} (run #{round + 1}/#{@options[:runs]}) on 127.0.0.1:#{port}"
       process = server.start.call(port)
       process.wait_until_ready
+      gc_socket = server.gc_socket&.call(port)
       cells.each do |cell|
-        scenario = cell[:scenario]
-        gc_socket = server.gc_socket&.call(port)
-        url = "http://127.0.0.1:#{port}#{scenario.path}"
-        Wrk.run(url, connections: scenario.connections, duration: @options[:warmup]) if @options[:warmup].positive?
-        cpu_before = ProcessCpu.session_seconds(process.pid)
-        allocated_before = GcProbe.read(gc_socket) if gc_socket
-        result = Wrk.run(url, connections: scenario.connections, duration: @options[:duration])
-        cpu = ProcessCpu.session_seconds(process.pid) - cpu_before
-        allocated = GcProbe.read(gc_socket) if gc_socket
+        url = "http://127.0.0.1:#{port}#{cell[:scenario].path}"
+        connections = cell[:scenario].connections
+        Wrk.run(url, connections: connections, duration: @options[:warmup]) if @options[:warmup].positive?
+        cpu_before, allocated_before = ProcessCpu.session_seconds(process.pid), gc_socket && GcProbe.read(gc_socket) # rubocop:disable Style/ParallelAssignment
+        result = Wrk.run(url, connections: connections, duration: @options[:duration])
         cell.runs << result
-        if result.requests.positive?
-          cell.cpu << cpu * 1e6 / result.requests
-          cell.allocations << (allocated - allocated_before).fdiv(result.requests) if allocated && allocated_before
-        end
-        warn format("  %-6s %9.0f req/s  p50 %s  p99 %s  %s us CPU/req%s%s", scenario.name, result.requests_per_second, ms(result.p50), ms(result.p99),
-                    cell.cpu.last&.round(1) || "-", cell.allocations.empty? ? "" : format("  %.1f allocations/req", cell.allocations.last),
-                    result.errors.positive? ? "  (#{result.error_text})" : "")
+        allocated = gc_socket && GcProbe.read(gc_socket)
+        cell.cpu << (ProcessCpu.session_seconds(process.pid) - cpu_before) * 1e6 / result.requests if result.requests.positive?
+        cell.allocations << (allocated - allocated_before).fdiv(result.requests) if allocated && allocated_before && result.requests.positive?
+        warn "  #{cell[:scenario].name}: #{result.requests_per_second.round} req/s, #{cell.cpu.last&.round(1)} us CPU/req #{result.error_text}"
         warn "  (the server logged: #{process.log_tail(3).strip})" if result.errors.positive?
       end
     rescue StandardError => e
@@ -172,15 +172,12 @@ module NeverBlockBench
       process&.stop
     end
 
-    # --- reporting --------------------------------------------------------------------
-
     # The run with the median req/s (the upper middle one for an even count).
     def median_run(cell) = cell.runs.sort_by(&:requests_per_second)[cell.runs.size / 2]
-    def rate(cell) = cell && !cell.runs.empty? ? Samples.new(cell.runs.map(&:requests_per_second)).median : nil
-    def cpu(cell) = cell && Samples.new(cell.cpu).median
-    def allocations(cell) = cell && Samples.new(cell.allocations).median
+    def rate(cell) = cell && NeverBlockBench.median(cell.runs.map(&:requests_per_second))
+    def cpu(cell) = cell && NeverBlockBench.median(cell.cpu)
+    def allocations(cell) = cell && NeverBlockBench.median(cell.allocations)
     def find(cells, server, scenario) = cells.find { |c| c[:server].name == server && c[:scenario].name == scenario }
-    def ms(seconds) = seconds ? format("%.2f ms", seconds * 1000) : "-"
     def met_text(ratio, target) = ratio ? (ratio >= target ? "yes" : "no") : "n/a"
 
     # NeverBlock's median over the peer's: req/s (`of` :rate) or CPU per request (:cpu); nil for NeverBlock itself.
@@ -201,105 +198,49 @@ module NeverBlockBench
        (met_text(cpu_ratio && 1 / cpu_ratio, 1 / cpu_target) if cpu_target)]
     end
 
+    # The columns of each scenario's printed table (all are in the CSV).
+    TABLE = %w[server req_per_s p50_ms p90_ms p99_ms errors cpu_us_per_req allocations_per_req neverblock_ratio target met
+               neverblock_cpu_ratio cpu_target cpu_met].freeze
+
     def report(cells)
-      puts "\nload average at end: #{Machine.load_average}"
       puts "\nServers:"
       cells.map { |cell| cell[:server] }.uniq.each { |server| puts "  #{server.name}: #{server.label}" }
-      @scenarios.each { |scenario| report_scenario(scenario, cells) }
-      puts "\nTargets:"
-      lines = @scenarios.flat_map do |scenario|
-        nb = find(cells, "neverblock", scenario.name)
-        scenario.targets.filter_map do |peer, target|
-          r = ratio(nb, find(cells, peer, scenario.name), :rate) or next
-          "  #{scenario.name}: NeverBlock #{format('%.2fx', r)} #{peer}'s req/s (target >= #{target}x): #{met_text(r, target)}"
-        end + scenario.cpu_targets.map do |peer, target|
-          peer_cell = find(cells, peer, scenario.name)
-          r = ratio(nb, peer_cell, :cpu)
-          next "  #{scenario.name}: CPU per request vs #{peer} (target <= #{target}x): n/a (not measured)" unless r
-
-          format("  %s: NeverBlock's CPU per request %.1f us = %.2fx %s's %.1f us (target <= %sx): %s", scenario.name, cpu(nb), r, peer,
-                 cpu(peer_cell), target, r <= target ? "met" : "not met")
+      rows = cells.map { |cell| csv_row(cells, cell) }
+      @scenarios.each do |scenario|
+        puts "\n#{scenario.title}: GET #{scenario.path}, #{scenario.connections} connections, #{@options[:duration]} s"
+        mine = rows.select { |row| row["scenario"] == scenario.name }
+        puts Table.of(mine, TABLE)
+        mine.each do |row|
+          puts "#{row['server']} runs: req/s #{row['req_per_s_runs']}; CPU us/req #{row['cpu_us_per_req_runs']}" if @options[:runs] > 1
+          puts "#{row['server']}: #{row['note']}" if row["note"]
         end
       end
-      puts lines.empty? ? "  (nothing to compare)" : lines
-      to_ms = ->(value) { value && (value * 1000).round(3) }
-      rows = cells.map do |cell|
-        run = median_run(cell) unless cell.runs.empty?
-        scenario = cell[:scenario]
-        r, target, met, cpu_r, cpu_target, cpu_met = versus(cells, cell)
-        [scenario.name, cell[:server].name, cell[:server].label, scenario.path, scenario.connections, @options[:duration], cell.runs.size,
-         rate(cell)&.round(1), cell.runs.map { |x| x.requests_per_second.round }.join(" "), to_ms.call(run&.p50), to_ms.call(run&.p90),
-         to_ms.call(run&.p99), run && cell.runs.sum(&:errors), cpu(cell)&.round(2), cell.cpu.map { |x| x.round(2) }.join(" "),
-         allocations(cell)&.round(2), cell.allocations.map { |x| x.round(2) }.join(" "), r&.round(3), target, met, cpu_r&.round(3), cpu_target,
-         cpu_met, cell.failures.first]
-      end
-      NeverBlockBench.write_results(@options[:out], "server", %w[scenario server label path connections duration_s runs req_per_s req_per_s_runs p50_ms
-                                                                  p90_ms p99_ms errors cpu_us_per_req cpu_us_per_req_runs allocations_per_req
-                                                                  allocations_per_req_runs neverblock_ratio target met neverblock_cpu_ratio
-                                                                  cpu_target cpu_met note], rows, chart(cells))
+      chart = NeverBlockBench.chart("NeverBlock::Server vs Puma, Falcon, Thin, iodine, agoo, nginx: one process each",
+                                    @servers.map { |s| s.label.split(" (").first }.join(", "),
+                                    "hello: #{@options[:connections]} connections; sleep and pg_sleep(0.01): #{@options[:io_connections]} " \
+                                    "connections, db pool #{@options[:db_pool]}; medians of #{@options[:runs]}; wrk -t1 on the same machine")
+      %w[req_per_s cpu_us_per_req p99_ms].each { |value| chart.pivot("#{value} by scenario", value, by: "scenario", series: "server", log: true) }
+      NeverBlockBench.write_results(@options[:out], "server", rows, chart)
     end
 
-    def report_scenario(scenario, cells)
-      puts "\n#{scenario.title}: GET #{scenario.path}, #{scenario.connections} connections, #{@options[:duration]} s"
-      table = Table.new(["server", "req/s", "p50", "p90", "p99", "errors", "CPU us/req", "allocs/req", "NeverBlock req/s / this", "target", "met",
-                         "NeverBlock CPU / this", "target", "met"])
-      mine = cells.select { |cell| cell[:scenario].equal?(scenario) }
-      mine.each do |cell|
-        run = median_run(cell) unless cell.runs.empty?
-        r, target, met, cpu_r, cpu_target, cpu_met = versus(cells, cell)
-        table << [cell[:server].name, run ? format("%.0f", rate(cell)) : "FAILED", ms(run&.p50), ms(run&.p90), ms(run&.p99),
-                  run ? cell.runs.sum(&:errors) : "-", cpu(cell)&.then { |x| format("%.1f", x) } || "-",
-                  allocations(cell)&.then { |x| format("%.1f", x) } || "-", r ? format("%.2fx", r) : "", target ? format(">= %.1fx", target) : "",
-                  met.to_s, cpu_r ? format("%.2fx", cpu_r) : "", cpu_target ? format("<= %.1fx", cpu_target) : "", cpu_met.to_s]
-      end
-      puts table
-      if @options[:runs] > 1
-        repeated = mine.select { |cell| cell.runs.size > 1 }
-        puts "runs (req/s): " + repeated.map { |c| "#{c[:server].name} #{Samples.new(c.runs.map(&:requests_per_second)).to_s(digits: 0)}" }.join("; ")
-        puts "runs (CPU us/req): " + repeated.map { |c| "#{c[:server].name} #{Samples.new(c.cpu).to_s(digits: 1)}" }.join("; ")
-        counted = repeated.reject { |c| c.allocations.empty? }
-        puts "runs (allocations/req): " + counted.map { |c| "#{c[:server].name} #{Samples.new(c.allocations).to_s(digits: 1)}" }.join("; ") if counted.any?
-      end
-      mine.each do |cell|
-        puts "#{cell[:server].name} failed: #{cell.failures.first}" if cell.failures.any?
-        cell.runs.each_with_index { |run, i| puts "#{cell[:server].name}, run #{i + 1}: #{run.error_text}" if run.errors.positive? }
-      end
-    end
-
-    def chart(cells)
-      chart = SvgChart.new(title: "NeverBlock::Server vs Puma, Falcon, Thin, iodine, agoo, nginx: one process each",
-                           subtitle: ["ruby #{RUBY_VERSION}; #{@servers.map { |s| s.label.split(' (').first }.join(', ')}",
-                                      "#{Machine.description}; wrk -t1 on the same machine#{@options[:quick] ? '; quick run' : ''}",
-                                      "hello: #{@options[:connections]} connections; sleep and pg_sleep(0.01): #{@options[:io_connections]} connections, " \
-                                      "db pool #{@options[:db_pool]}; medians of #{@options[:runs]}"])
-      series = lambda do |&pick|
-        @servers.to_h do |server|
-          [server.name, @scenarios.map do |s|
-            cell = find(cells, server.name, s.name)
-            cell.nil? ? "n/a" : cell.runs.empty? ? "failed" : pick.call(cell) # rubocop:disable Style/NestedTernaryOperator
-          end]
-        end
-      end
-      chart.add_panel(title: "requests/s (higher is better)", categories: @scenarios.map { |s| "#{s.name} (#{s.connections} conn.)" },
-                      series: series.call { |cell| rate(cell) }, log: true)
-      chart.add_panel(title: "server CPU per request, us (lower is better)", categories: @scenarios.map(&:name),
-                      series: series.call { |cell| cpu(cell)&.round(1) || "n/a" }, log: true)
-      chart.add_panel(title: "p99 latency, ms (lower is better)", categories: @scenarios.map(&:name),
-                      series: series.call { |cell| median_run(cell).p99&.*(1000)&.round(2) }, log: true)
+    # A cell's medians (latencies: of the run with the median req/s), every run, and NeverBlock's ratios to it.
+    def csv_row(cells, cell)
+      run = median_run(cell) unless cell.runs.empty?
+      scenario = cell[:scenario]
+      r, target, met, cpu_r, cpu_target, cpu_met = versus(cells, cell)
+      to_ms = ->(seconds) { seconds && (seconds * 1000).round(2) }
+      errors = cell.runs.select { |each| each.errors.positive? }.map(&:error_text)
+      { "scenario" => scenario.name, "server" => cell[:server].name, "label" => cell[:server].label, "path" => scenario.path,
+        "connections" => scenario.connections, "duration_s" => @options[:duration], "runs" => cell.runs.size,
+        "req_per_s" => rate(cell)&.round, "req_per_s_runs" => cell.runs.map { |x| x.requests_per_second.round }.join(" "),
+        "p50_ms" => to_ms.call(run&.p50), "p90_ms" => to_ms.call(run&.p90), "p99_ms" => to_ms.call(run&.p99),
+        "errors" => run && cell.runs.sum(&:errors), "cpu_us_per_req" => cpu(cell)&.round(1),
+        "cpu_us_per_req_runs" => cell.cpu.map { |x| x.round(1) }.join(" "), "allocations_per_req" => allocations(cell)&.round(1),
+        "allocations_per_req_runs" => cell.allocations.map { |x| x.round(1) }.join(" "), "neverblock_ratio" => r&.round(2),
+        "target" => target, "met" => met, "neverblock_cpu_ratio" => cpu_r&.round(2), "cpu_target" => cpu_target, "cpu_met" => cpu_met,
+        "note" => cell.failures.first || errors.first }
     end
   end
 end
 
-if $PROGRAM_NAME == __FILE__
-  require "neverblock"
-  NeverBlockBench::CommandLine.main(NeverBlockBench::ServerBench, "server", variants: "neverblock,puma,falcon,thin,iodine,agoo,nginx") do |opts, options|
-    opts.on("--duration SECONDS", Integer, "measured seconds per cell (10)") { |value| options[:duration] = value }
-    opts.on("--warmup SECONDS", Integer, "wrk warm-up seconds before each cell, 0 for none (2)") { |value| options[:warmup] = value }
-    opts.on("--connections N", Integer, "keep-alive connections for hello (100)") { |value| options[:connections] = value }
-    opts.on("--io-connections N", Integer, "connections for sleep and pg (256)") { |value| options[:io_connections] = value }
-    opts.on("--db-pool N", Integer, "database connections of NeverBlock's and Falcon's pools (64)") { |value| options[:db_pool] = value }
-    opts.on("--fiber-pool N", Integer, "NeverBlock::Server fiber_pool: requests at once (1000)") { |value| options[:fiber_pool] = value }
-    opts.on("--runs N", Integer, "runs per cell; the median one is reported (1)") { |value| options[:runs] = value }
-    opts.on("--scenarios LIST", Array, "hello,sleep,pg (all)") { |list| options[:scenarios] = list }
-  end
-end
+NeverBlockBench::CommandLine.main(NeverBlockBench::ServerBench, "server") if $PROGRAM_NAME == __FILE__

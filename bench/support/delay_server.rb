@@ -1,5 +1,6 @@
 # frozen_string_literal: true
 
+require "net/http"
 require "socket"
 require "uri"
 
@@ -8,9 +9,8 @@ module NeverBlockBench
   # after the delay it names: the slow but endlessly scalable back end of
   # bench/client.rb and bin/demo.
   #
-  #   GET /delay/0.5           answered after 0.5 s
-  #   GET /anything?delay=0.1  answered after 0.1 s
-  #   GET /                    answered at once
+  #   GET /delay/0.5  answered after 0.5 s (also GET /anything?delay=0.5)
+  #   GET /           answered at once
   #
   # One thread, IO.select and a list of due times: a waiting request costs an
   # entry, not a thread or a fiber. It uses nothing from NeverBlock (or Async):
@@ -19,8 +19,6 @@ module NeverBlockBench
   #   server = NeverBlockBench::DelayServer.start
   #   Net::HTTP.get(server.uri("/delay/0.1"))
   #   server.stop
-  #
-  # In the foreground (for wrk, curl): ruby bench/support/delay_server.rb [PORT]
   class DelayServer
     FD_LIMIT = 65_536
     DELAY = %r{\A/delay/(\d+(?:\.\d+)?)(?:[/?]|\z)|[?&]delay=(\d+(?:\.\d+)?)(?:&|\z)}
@@ -125,31 +123,36 @@ module NeverBlockBench
       URI("http://#{@host}:#{@port}#{path}")
     end
 
-    # Closes the lifeline, then TERM and KILL if the server is still there
-    # after `timeout` seconds. Idempotent.
+    # Closes the lifeline, on which the server ends within a second (its
+    # IO.select wakes at least that often), and waits for it. Idempotent.
     # @return [Boolean] whether it exited cleanly
-    def stop(timeout = 5.0)
+    def stop
       return @clean if @pid.nil?
 
       @lifeline.close
-      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + timeout
-      sleep 0.01 until (status = Process.wait2(@pid, Process::WNOHANG)&.last) ||
-                       Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
-      unless status
-        Process.kill("KILL", @pid)
-        _, status = Process.wait2(@pid)
-      end
+      _, status = Process.wait2(@pid)
       @pid = nil
       @clean = status.success?
-    rescue Errno::ECHILD
-      @pid = nil
-      @clean = true # reaped elsewhere
     end
   end
-end
 
-if $PROGRAM_NAME == __FILE__
-  listener = NeverBlockBench::DelayServer.listen("127.0.0.1", Integer(ARGV[0] || 8080))
-  puts "delay server on http://127.0.0.1:#{listener.local_address.ip_port}/delay/SECONDS (Ctrl-C stops)"
-  NeverBlockBench::DelayServer.serve(listener)
+  # The one request every client benchmark and the demo makes: a GET over a
+  # fresh Net::HTTP connection, so every client does the same work (connect,
+  # request, response, close) whatever runs it.
+  module HTTPGet
+    module_function
+
+    # @param host [String]
+    # @param port [Integer]
+    # @param path [String] e.g. "/delay/0.5"
+    # @return [nil, String] nil on a 200 response, otherwise what went wrong
+    #   ("HTTP 500", "Errno::ECONNRESET: ..."); never raises StandardError
+    def call(host, port, path)
+      # p_addr nil: never go through an http_proxy from the environment.
+      response = Net::HTTP.start(host, port, nil) { |http| http.get(path) }
+      response.code == "200" ? nil : "HTTP #{response.code}"
+    rescue StandardError => e
+      "#{e.class}: #{e.message}"
+    end
+  end
 end

@@ -2,7 +2,7 @@
 
 # What every script under bench/ shares, loaded first (`require_relative
 # "support/harness"`): the start-up (lib/ on the load path, the bundle), the
-# command line (--only, --out, --selector, --quick), a fork per measurement,
+# command line (the DEFAULTS, --only, --out, --quick), a fork per measurement,
 # medians, the printed table, the CSV file and the header's facts about the
 # machine. Charts are in svg_chart.rb.
 #
@@ -19,7 +19,6 @@ end
 require "etc"
 require "fileutils"
 require "io/wait"
-require "open3"
 require "optparse"
 require_relative "svg_chart"
 
@@ -49,6 +48,16 @@ module NeverBlockBench
       allocations: GC.stat(:total_allocated_objects) - allocated }
   end
 
+  # The result of repeated measurements: the middle one (the mean of the two
+  # middle ones), nil for none.
+  def self.median(values)
+    sorted = values.sort
+    (sorted[(sorted.size - 1) / 2] + sorted[sorted.size / 2]) / 2.0 unless sorted.empty?
+  end
+
+  # @return [String] every value, sorted, to show how far runs spread, e.g. "0.45 0.62 1.30"
+  def self.listing(values, digits = 2) = values.sort.map { |value| format("%.#{digits}f", value) }.join(" ")
+
   # @return [Array<Integer>] `total` split into `parts` non-zero shares that differ by at most 1
   def self.split(total, parts)
     Array.new(parts) { |i| (total / parts) + (i < total % parts ? 1 : 0) }.reject(&:zero?)
@@ -68,17 +77,19 @@ module NeverBlockBench
 
         outcome = Isolated.run(timeout: timeout.respond_to?(:call) ? timeout.call(cell) : timeout) { measure.call(cell) }
         cell.record(outcome)
-        warn "  #{cell.name}, run #{round + 1}: #{cell.outcome_text(outcome)}"
+        result = outcome.is_a?(Isolated::Failure) ? "FAILED #{outcome}" : format("%.3f s", cell.runs.last)
+        warn "  #{cell.name}, run #{round + 1}: #{result}"
       end
     end
     cells
   end
 
   # One cell of a table measured over several runs: each run's seconds, and
-  # where measured its CPU seconds and allocations; failures as text.
-  Cell = Struct.new(:name, :fields, :runs, :cpu, :allocations, :failures, :skipped) do
+  # where measured its CPU seconds and allocations (every run's Hash in
+  # `outcomes`); failures as text.
+  Cell = Struct.new(:name, :fields, :runs, :cpu, :allocations, :outcomes, :failures, :skipped) do
     def initialize(name, skipped: nil, **fields)
-      super(name, fields, [], [], [], [], skipped)
+      super(name, fields, [], [], [], [], [], skipped)
     end
 
     # A field given to new, else nil (members by their readers).
@@ -88,95 +99,75 @@ module NeverBlockBench
       return failures << outcome.to_s if outcome.is_a?(Isolated::Failure)
 
       outcome = { seconds: outcome } unless outcome.is_a?(Hash)
+      outcomes << outcome
       runs << outcome[:seconds]
       cpu << outcome[:cpu] if outcome[:cpu]
       allocations << outcome[:allocations] if outcome[:allocations]
     end
 
-    def outcome_text(outcome)
-      return "FAILED #{outcome}" if outcome.is_a?(Isolated::Failure)
-
-      format("%.3f s", outcome.is_a?(Hash) ? outcome[:seconds] : outcome)
-    end
-
-    def median = Samples.new(runs).median
-    def samples = Samples.new(runs)
-    # @return [Float, nil] median of `per` (cpu or allocations) divided by `count`
-    def median_per(per, count) = Samples.new(per).median&./(count)
+    def median = NeverBlockBench.median(runs)
+    def listing(digits = 2) = NeverBlockBench.listing(runs, digits)
   end
 
-  # The scripts' command line: the shared options, quick mode, and how a run ends.
+  # What a script's benchmark class inherits: the options {CommandLine.main}
+  # parsed, in @options; its #call measures and reports.
+  class Bench
+    def initialize(options)
+      @options = options
+    end
+  end
+
+  # The scripts' command line: every DEFAULTS entry as an option, the shared
+  # ones, quick mode, and how a run ends.
   module CommandLine
+    SHARED = { out: RESULTS }.freeze
+
     module_function
 
-    # Adds --only, --out, --selector and --quick to `opts`, storing into `options`.
-    # @param results [String] the result files' base name, e.g. "client"
-    # @param variants [String] what --only accepts, e.g. "threads,async"
-    def shared_options(opts, options, results:, variants:)
-      opts.on("--only LIST", Array, "variants to run: #{variants}") { |list| options[:only] = list }
-      opts.on("--out DIR", "where #{results}.csv and #{results}.svg go (bench/results)") { |dir| options[:out] = dir }
-      opts.on("--selector NAME", "io-event selector for NeverBlock and async: epoll, uring, select (epoll)") do |name|
-        options[:selector] = name
+    # A script's entry point: parses ARGV over the bench's DEFAULTS (and its
+    # QUICK over those in quick mode), runs `bench.new(options).call` and
+    # exits 0 when that returns true; usage on a bad option. Each DEFAULTS
+    # entry is an option of its name: `pool_size: 12` is --pool-size N,
+    # `delays: [0, 10]` --delays 0,10, `raise: true` --[no-]raise.
+    # @param bench [Class] with DEFAULTS, QUICK and ONLY (what --only accepts, in order)
+    # @param name [String] the script's and its result files' base name, e.g. "client"
+    def main(bench, name)
+      $stdout.sync = true
+      options = {}
+      parser = OptionParser.new("Usage: bench/run #{name} [options]") do |opts|
+        bench::DEFAULTS.each { |key, default| add(opts, options, key, default) }
+        opts.on("--only LIST", Array, "only these, in this order: #{bench::ONLY.join(',')}") { |list| options[:only] = list }
+        opts.on("--out DIR", "where #{name}.csv and #{name}.svg go (bench/results)") { |dir| options[:out] = dir }
+        opts.on("--quick", "smoke run (also BENCH_QUICK=1): tiny durations, one round") { options[:quick] = true }
       end
-      opts.on("--quick", "smoke run (also BENCH_QUICK=1): tiny durations, one round") { options[:quick] = true }
-    end
-
-    # Parses ARGV with `parser` (quick mode from the environment too), runs the
-    # block with the options (the benchmark; true when every cell succeeded)
-    # and exits with its status; usage on a bad option.
-    # @param defaults [Hash] the full-length run's options
-    # @param quick [Hash] what quick mode overrides in them
-    def run(parser, options = {}, defaults: {}, quick: {})
       parser.parse!
-      quick_run = options[:quick] || ENV["BENCH_QUICK"] == "1"
-      options = defaults.merge(quick_run ? quick.merge(quick: true) : {}).merge(options)
-      exit(yield(options) ? 0 : 1)
+      quick = options[:quick] || ENV["BENCH_QUICK"] == "1"
+      options = SHARED.merge(bench::DEFAULTS, quick ? bench::QUICK.merge(quick: true) : {}, options)
+      options[:only] = only(options[:only], bench::ONLY)
+      exit(bench.new(options).call ? 0 : 1)
     rescue OptionParser::ParseError, ArgumentError => e
       abort "#{e.message}\n#{parser}"
     end
 
-    # A script's entry point: its options (the block adds its own to `opts`,
-    # storing into `options`), the shared ones, then `bench.new(options).call`
-    # with its DEFAULTS and QUICK; exits 0 when that returns true.
-    # @param bench [Class] e.g. ClientBench
-    # @param name [String] the script's and its result files' base name, e.g. "client"
-    # @yieldparam opts [OptionParser]
-    # @yieldparam options [Hash]
-    def main(bench, name, variants:)
-      $stdout.sync = true
-      options = {}
-      parser = OptionParser.new do |opts|
-        opts.banner = "Usage: ruby bench/#{name}.rb [options]"
-        yield opts, options
-        shared_options(opts, options, results: name, variants: variants)
+    # The option of one DEFAULTS entry, typed by its default (none for nil).
+    def add(opts, options, key, default)
+      flag = "--#{key.to_s.tr('_', '-')}"
+      case default
+      when true, false then opts.on(flag.sub("--", "--[no-]"), "(default: #{default})") { |value| options[key] = value }
+      when Integer, Float then opts.on("#{flag} N", default.class, "(default: #{default})") { |value| options[key] = value }
+      when Array
+        opts.on("#{flag} LIST", Array, "(default: #{default.join(',')})") do |list|
+          options[key] = default.first.is_a?(Integer) ? list.map { |value| Integer(value.delete("_")) } : list
+        end
       end
-      run(parser, options, defaults: bench::DEFAULTS, quick: bench::QUICK) { |opts| bench.new(opts).call }
     end
 
-    # "2,4,1_000" split by OptionParser's Array => [2, 4, 1000]
-    def integers(list) = list.map { |value| Integer(value.delete("_")) }
+    # @return [Array<String>] the names --only gave, in the script's order; all of them without it
+    def only(names, all)
+      unknown = (names || all) - all
+      raise OptionParser::InvalidArgument, "unknown #{unknown.join(', ')}; use #{all.join(',')}" unless unknown.empty?
 
-    # The parts of a script that --only names (all without it), in the script's order.
-    def parts(only, all)
-      unknown = (only || all) - all
-      raise OptionParser::InvalidArgument, "unknown part(s) #{unknown.join(', ')}; use #{all.join(',')}" unless unknown.empty?
-
-      all & (only || all)
-    end
-
-    # The entries of `all` (each with #name) that --only names; all without it.
-    def select(all, only)
-      return all unless only
-
-      unknown = only - all.map(&:name)
-      raise OptionParser::InvalidArgument, "unknown variant(s) #{unknown.join(', ')}" unless unknown.empty?
-
-      all.select { |item| only.include?(item.name) }
-    end
-
-    # `path` relative to the current directory, for messages.
-    def relative(path)
-      path.delete_prefix("#{Dir.pwd}/")
+      all & (names || all)
     end
   end
 
@@ -192,21 +183,41 @@ module NeverBlockBench
 
   # Writes a script's CSV and SVG into `out` and prints the "wrote" line
   # bench/run looks for before it keeps the printed tables.
+  # @param rows [Array<Hash>] by column (the columns: every key, in order of appearance)
   # @param chart [SvgChart, nil]
-  def self.write_results(out, name, headers, rows, chart = nil)
+  def self.write_results(out, name, rows, chart = nil)
+    puts "\nload average at end: #{Machine.load_average}"
     FileUtils.mkdir_p(out)
-    files = [CsvFile.write(File.join(out, "#{name}.csv"), headers, rows)]
-    files << chart.write(File.join(out, "#{name}.svg")) if chart
-    puts "\nwrote #{files.map { |path| CommandLine.relative(path) }.join(' and ')}"
+    headers = rows.flat_map(&:keys).uniq
+    files = [CsvFile.write(File.join(out, "#{name}.csv"), headers, rows.map { |row| row.values_at(*headers) })]
+    files << chart.write(File.join(out, "#{name}.svg"), rows) if chart
+    puts "wrote #{files.map { |path| path.delete_prefix("#{Dir.pwd}/") }.join(' and ')}"
+  end
+
+  # A script's first lines: what it measures, the Ruby, `facts` (versions,
+  # settings), the machine and its load.
+  def self.header(title, *facts)
+    [title, RUBY_DESCRIPTION, *facts, Machine.description, "load average at start: #{Machine.load_average}"].join("\n")
+  end
+
+  # A chart whose subtitle ends with the Ruby and the machine it was measured on.
+  def self.chart(title, *subtitle)
+    SvgChart.new(title: title, subtitle: [*subtitle, "ruby #{RUBY_VERSION}, #{Machine.description}"])
   end
 
   # A plain-text table with aligned columns: the first left, the rest right
   # unless `align` says otherwise; nil cells print empty.
   class Table
-    def initialize(headers, align: nil)
+    def initialize(headers, rows = [], align: nil)
       @headers = headers.map(&:to_s)
       @align = align || [:left] + [:right] * (headers.size - 1)
-      @rows = []
+      @rows = rows.map { |row| row.map(&:to_s) }
+    end
+
+    # @param rows [Array<Hash>] e.g. a script's CSV rows by header
+    # @return [Table] the `columns` of `rows`
+    def self.of(rows, columns)
+      new(columns, rows.map { |row| row.values_at(*columns) })
     end
 
     def <<(row)
@@ -222,33 +233,6 @@ module NeverBlockBench
              .join("  ").rstrip
       end
       ([line.call(@headers), widths.map { |width| "-" * width }.join("  ")] + @rows.map(&line)).map { |text| "#{text}\n" }.join
-    end
-  end
-
-  # Repeated measurements of one cell: the median is the result, the sorted
-  # values beside it show how far the runs spread.
-  class Samples
-    attr_reader :values
-
-    def initialize(values)
-      @values = values.map(&:to_f)
-    end
-
-    # @return [Float, nil] the middle value (mean of the two middle ones)
-    def median
-      return nil if @values.empty?
-
-      sorted = @values.sort
-      (sorted[(sorted.size - 1) / 2] + sorted[sorted.size / 2]) / 2.0
-    end
-
-    def min = @values.min
-    def max = @values.max
-    def empty? = @values.empty?
-
-    # @return [String] every value, sorted, e.g. "0.45 0.62 1.30"
-    def to_s(digits: 2)
-      @values.sort.map { |value| format("%.#{digits}f", value) }.join(" ")
     end
   end
 
@@ -278,18 +262,13 @@ module NeverBlockBench
         exit!(0) # not the parent's at_exit handlers
       end
       writer.close
-      data = +"".b
-      deadline = NeverBlockBench.now + timeout
-      until (chunk = reader.read_nonblock(65_536, exception: false)).nil?
-        if chunk == :wait_readable
-          next if reader.wait_readable([deadline - NeverBlockBench.now, 0].max)
-
-          Process.kill("KILL", pid)
-          Process.wait(pid)
-          return Failure.new("Timeout", "killed after #{timeout} s")
-        end
-        data << chunk
+      # The child writes once, as it ends: readable means its result, or its death.
+      unless reader.wait_readable(timeout)
+        Process.kill("KILL", pid)
+        Process.wait(pid)
+        return Failure.new("Timeout", "killed after #{timeout} s")
       end
+      data = reader.read
       _, status = Process.wait2(pid)
       return Marshal.load(data) unless data.empty? # rubocop:disable Security/MarshalLoad -- our own child
 
@@ -306,15 +285,11 @@ module NeverBlockBench
     module_function
 
     # Raises the soft RLIMIT_NOFILE towards `wanted` (never above the hard limit).
-    # @return [Integer] the soft limit now in force
     def raise_fd_limit(wanted)
       soft, hard = Process.getrlimit(:NOFILE)
       target = hard == Process::RLIM_INFINITY ? wanted : [wanted, hard].min
       Process.setrlimit(:NOFILE, target, hard) if target > soft
-      Process.getrlimit(:NOFILE).first
     end
-
-    def ruby_description = RUBY_DESCRIPTION
 
     # @return [String] e.g. "2 CPUs, Intel(R) Xeon(R) Processor, Linux 6.1.0, 23.5 GiB RAM"
     def description
@@ -347,21 +322,12 @@ module NeverBlockBench
       nil
     end
 
-    # Raises a kernel tunable to `target` when it is below `minimum` (as root;
-    # left raised, since a concurrent run may need it).
-    # @return [Array(Symbol, Integer, Object)] [:ok, current, nil],
-    #   [:raised, old, new], [:failed, current, reason] or [:unknown, nil, nil]
-    def raise_sysctl(name, minimum:, target: minimum)
-      current = sysctl(name)
-      return [:unknown, nil, nil] if current.nil?
-      return [:ok, current, nil] if current >= minimum
-      return [:failed, current, "not root"] unless Process.euid.zero?
-
-      File.write("/proc/sys/#{name}", "#{[target, minimum].max}\n")
-      now = sysctl(name)
-      now && now >= minimum ? [:raised, current, now] : [:failed, current, "the kernel kept #{now}"]
-    rescue SystemCallError => e
-      [:failed, current, "#{e.class.name.split('::').last}: #{e.message}"]
+    # Raises a kernel tunable to `value` when it is lower, as root (left
+    # raised: a concurrent run may need it); elsewhere leaves it.
+    def raise_sysctl(name, value)
+      File.write("/proc/sys/#{name}", "#{value}\n") if Process.euid.zero? && sysctl(name).to_i < value
+    rescue SystemCallError
+      nil
     end
 
     # @return [String] the 1, 5 and 15 minute load averages
@@ -382,12 +348,10 @@ module NeverBlockBench
   # Which NeverBlock was measured: the commit, and whether lib/ had changes.
   module Checkout
     def self.description
-      repo = File.expand_path("../..", __dir__)
-      commit, ok = Open3.capture2("git", "-C", repo, "rev-parse", "--short", "HEAD")
-      return "commit unknown (not a git checkout)" unless ok.success?
-
-      changes, = Open3.capture2("git", "-C", repo, "status", "--porcelain", "--", "lib")
-      "commit #{commit.strip}#{changes.strip.empty? ? '' : ' + uncommitted changes in lib/'}"
+      git = ["git", "-C", File.expand_path("../..", __dir__)]
+      commit = IO.popen([*git, "rev-parse", "--short", "HEAD"], err: File::NULL, &:read).strip
+      changed = !IO.popen([*git, "status", "--porcelain", "--", "lib"], err: File::NULL, &:read).strip.empty?
+      commit.empty? ? "commit unknown (not a git checkout)" : "commit #{commit}#{' + uncommitted changes in lib/' if changed}"
     rescue SystemCallError
       "commit unknown (no git)"
     end
@@ -418,84 +382,55 @@ module NeverBlockBench
     end
   end
 
-  # NeverBlock and Async on the same io-event selector. io-event's default,
-  # which Async takes, is URing where liburing was there at build time, while
-  # NeverBlock's is EPoll: {.use_selector} sets both libraries' variables
-  # before any cell is forked, and {.probe} checks in a child what each uses.
+  # NeverBlock and Async on the same io-event selector, EPoll. io-event's
+  # default, which Async takes, is URing where liburing was there at build
+  # time, while NeverBlock's is EPoll: {.use_epoll} sets both libraries'
+  # variables before any cell is forked, and {.probe} checks in a child what each uses.
   module Peers
-    SELECTORS = { "epoll" => "EPoll", "uring" => "URing", "select" => "Select" }.freeze
-    DEFAULT_SELECTOR = "epoll"
-    # Versions and selector class names a child saw; async's are nil when not installed.
+    # Versions and selector class names a child saw.
     Probe = Struct.new(:neverblock, :async, :io_event, :neverblock_selector, :async_selector, keyword_init: true)
 
     module_function
 
-    # @param name [String] "epoll", "uring" or "select"
-    # @return [String] the IO::Event::Selector constant name, e.g. "EPoll"
-    def use_selector(name)
-      constant = SELECTORS.fetch(name.to_s.strip.downcase) do
-        raise ArgumentError, "unknown selector #{name.inspect}; use one of: #{SELECTORS.keys.join(', ')}"
-      end
-      ENV["NEVERBLOCK_SELECTOR"] = name.to_s.strip.downcase
-      ENV["IO_EVENT_SELECTOR"] = constant
+    # @return [String] the IO::Event::Selector constant name, "EPoll"
+    def use_epoll
+      ENV["NEVERBLOCK_SELECTOR"] = "epoll"
+      ENV["IO_EVENT_SELECTOR"] = "EPoll"
     end
 
     # @return [Probe, Isolated::Failure]
     def probe
       Isolated.run(timeout: 60) do
         require "neverblock"
-        require "io/event"
+        require "async" # in both bench bundles
         short = ->(klass) { klass.is_a?(Module) ? klass.name.split("::").last : klass.to_s }
-        probe = Probe.new(neverblock: NeverBlock::VERSION, io_event: IO::Event::VERSION,
-                          neverblock_selector: NeverBlock.run { short.call(Fiber.scheduler.selector_class) })
-        begin
-          require "async"
-        rescue LoadError
-          next probe
-        end
-        probe.async = Async::VERSION
         # Async has no public reader for its selector; @selector has held it since async 2.0.
-        probe.async_selector = Async { short.call(Fiber.scheduler.instance_variable_get(:@selector)&.class || "unknown") }.wait
-        probe
+        Probe.new(neverblock: NeverBlock::VERSION, async: Async::VERSION, io_event: IO::Event::VERSION,
+                  neverblock_selector: NeverBlock.run { short.call(Fiber.scheduler.selector_class) },
+                  async_selector: Async { short.call(Fiber.scheduler.instance_variable_get(:@selector)&.class || "unknown") }.wait)
       end
     end
 
-    # @return [String] e.g. "neverblock 0.1.0, async 2.23.1, io-event 1.11.2"
-    def versions_text(probe)
-      return "versions unknown (probe failed: #{probe})" if probe.is_a?(Isolated::Failure)
+    # @return [String] e.g. "neverblock 0.1.0, async 2.23.1, io-event 1.11.2; selector EPoll for NeverBlock, EPoll for async"
+    def text(probe)
+      return "versions and selector unknown (probe failed: #{probe})" if probe.is_a?(Isolated::Failure)
 
-      ["neverblock #{probe.neverblock}", ("async #{probe.async}" if probe.async), "io-event #{probe.io_event}"]
-        .compact.join(", ")
-    end
-
-    # @return [String] which selector each library was seen to use
-    def selector_text(probe, wanted)
-      variables = "IO_EVENT_SELECTOR=#{ENV.fetch('IO_EVENT_SELECTOR', nil)}, " \
-                  "NEVERBLOCK_SELECTOR=#{ENV.fetch('NEVERBLOCK_SELECTOR', nil)}"
-      return "io-event selector: #{wanted} asked for (#{variables}); not checked, the probe failed" if probe.is_a?(Isolated::Failure)
-
-      used = { "NeverBlock" => probe.neverblock_selector }
-      used["async"] = probe.async_selector if probe.async
-      return "io-event selector: #{wanted} for #{used.size == 1 ? 'NeverBlock' : 'both NeverBlock and async'} (#{variables})" if used.values.all?(wanted)
-
-      "io-event selector: MISMATCH, #{used.map { |lib, name| "#{lib} #{name}" }.join(', ')}; #{wanted} was asked for (#{variables})"
-    end
-
-    # @return [Boolean] whether every loaded library uses the wanted selector
-    def selector_matches?(probe, wanted)
-      !probe.is_a?(Isolated::Failure) && [probe.neverblock_selector, probe.async_selector].compact.all?(wanted)
+      selectors = { "NeverBlock" => probe.neverblock_selector, "async" => probe.async_selector }.compact
+      ["neverblock #{probe.neverblock}", ("async #{probe.async}" if probe.async), "io-event #{probe.io_event}"].compact.join(", ") +
+        "; selector #{selectors.map { |library, name| "#{name} for #{library}" }.join(', ')}"
     end
 
     # The start-up of a script comparing event loops: sets the selector,
-    # probes, prints `header` (a block, so it can name the probe's versions).
-    # @return [Probe, nil] nil, after a warning, when the selectors differ
-    def start(selector)
-      wanted = use_selector(selector)
+    # probes, prints the header the block returns (given the probe, so that
+    # it can name the versions).
+    # @return [Probe, nil] nil, after a warning, when a library is not on EPoll
+    def start
+      use_epoll
       probe = self.probe
-      puts yield(probe, wanted)
-      return probe if selector_matches?(probe, wanted)
+      puts yield(probe)
+      return probe if !probe.is_a?(Isolated::Failure) && [probe.neverblock_selector, probe.async_selector].compact.all?("EPoll")
 
-      warn "NeverBlock and async are not on the same selector (see above); not measuring"
+      warn "NeverBlock and async are not both on the EPoll selector (see above); not measuring"
       nil
     end
   end

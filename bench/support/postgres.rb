@@ -25,13 +25,6 @@ module NeverBlockBench
     # @return [Hash{Symbol => String}] for PG.connect and NeverBlock::Postgres.pool
     def conninfo = VARIABLES.to_h { |name, key| [key, ENV.fetch("NEVERBLOCK_PG_#{name}")] }
 
-    # @param adapter [String] "postgresql" or "neverblock_postgresql"
-    def active_record_config(adapter:, pool:)
-      info = conninfo
-      { adapter: adapter, host: info[:host], port: Integer(info[:port]), username: info[:user],
-        password: info[:password], database: info[:dbname], pool: pool }
-    end
-
     # The environment of libpq's own programs (pgbench, psql).
     def libpq_env = conninfo.to_h { |key, value| ["PG#{key == :dbname ? 'DATABASE' : key.upcase}", value.to_s] }
 
@@ -54,45 +47,14 @@ module NeverBlockBench
     end
   end
 
-  # What bench/db.rb and bench/activerecord.rb do before measuring; included
-  # in a benchmark class with @options[:selector] and a `header` method.
-  module PostgresBench
-    private
-
-    # Checks the server, sets and probes the selector, prints the header; sets @selector and @probe.
-    # @return [Boolean] false, after a warning, when nothing can be measured
-    def ready_to_measure?
-      return warn(PostgresServer.problem) && false if PostgresServer.problem
-
-      @selector = Peers.use_selector(@options[:selector])
-      @probe = Peers.probe
-      puts header
-      return true unless @probe.is_a?(Isolated::Failure) || @probe.neverblock_selector != @selector
-
-      warn "NeverBlock does not run on the #{@selector} selector (see above); not measuring"
-      false
-    end
-
-    def versions_text
-      return "neverblock (version unknown, the probe failed)" if @probe.is_a?(Isolated::Failure)
-
-      "neverblock #{@probe.neverblock}, io-event #{@probe.io_event}"
-    end
-  end
-
   # pgbench (C, libpq) on a custom script: the reference for a Ruby client's queries/s.
   module Pgbench
-    Result = Struct.new(:tps, :latency_ms, keyword_init: true)
-
     module_function
 
     # @return [String, nil] $PGBENCH or the first pgbench on PATH (none in the Ruby 3.3 chroot)
     def executable
-      given = ENV.fetch("PGBENCH", nil)
-      return given if given && File.executable?(given)
-
-      ENV.fetch("PATH", "").split(File::PATH_SEPARATOR).map { |dir| File.join(dir, "pgbench") }
-         .find { |path| File.file?(path) && File.executable?(path) }
+      [ENV.fetch("PGBENCH", nil), *ENV.fetch("PATH", "").split(File::PATH_SEPARATOR).map { |dir| File.join(dir, "pgbench") }]
+        .compact.find { |path| File.file?(path) && File.executable?(path) }
     end
 
     # @return [String, nil] e.g. "pgbench (PostgreSQL) 15.13"
@@ -104,7 +66,7 @@ module NeverBlockBench
     # @param mode [String] -M: "simple", "extended" or "prepared"
     # @param clients [Integer] -c, with as many threads (-j), at most one per CPU
     # @param transactions [Integer] -t, per client
-    # @return [Result]
+    # @return [Float] transactions per second, without connection time
     # @raise [RuntimeError] when pgbench fails or prints no tps
     def run(script, mode:, clients:, transactions:, env:, timeout: 120)
       Dir.mktmpdir("neverblock-pgbench") do |dir|
@@ -116,7 +78,7 @@ module NeverBlockBench
 
         tps = output[/^tps = ([\d.]+) \(without initial connection time\)/, 1] or
           raise "pgbench printed no tps: #{output.lines.last(3).join.strip}"
-        Result.new(tps: Float(tps), latency_ms: output[/^latency average = ([\d.]+) ms/, 1]&.to_f)
+        Float(tps)
       end
     end
   end

@@ -13,12 +13,14 @@ module NeverBlockBench
   # How /pg reaches PostgreSQL depends on the server, `db:`
   # - "neverblock": NeverBlock::Postgres.pool(size: db_pool), the library's own
   #   pool, under NeverBlock::Server;
-  # - "fibers": a fair HandoffPool of `db_pool` pg connections, for Falcon (pg
-  #   waits on its socket through async's fiber scheduler);
+  # - "fibers": a FairPool of `db_pool` pg connections, for Falcon (pg waits
+  #   on its socket through async's fiber scheduler);
   # - "threads": one pg connection per server thread, as a threaded Rack app
   #   (or ActiveRecord's pool sized to the threads) would have, for Puma.
   # Connections open on first use (the benchmark warms up before measuring).
   # The database is the one the NEVERBLOCK_PG_* variables describe.
+  # NB_BENCH_GC_SOCKET=PATH (given to NeverBlock) has the process answer its
+  # allocation count on a Unix socket (GcProbe).
   class ServerApp
     HELLO = "Hello world\n"
     SLEPT = "slept\n"
@@ -72,8 +74,7 @@ module NeverBlockBench
             require "neverblock/postgres"
             NeverBlock::Postgres.pool(size: @db_pool, timeout: 30, **PostgresServer.conninfo)
           else
-            require_relative "handoff_pool"
-            HandoffPool.new(size: @db_pool) { connect }
+            FairPool.new(@db_pool) { connect }
           end
       end
     end
@@ -81,6 +82,61 @@ module NeverBlockBench
     def connect
       require "pg"
       PG.connect(**PostgresServer.conninfo)
+    end
+  end
+
+  # Falcon's database pool: `size` connections, opened at once. A fiber that
+  # finds none idle waits in line on a Thread::Queue of its own (Queue#pop
+  # suspends only that fiber under a fiber scheduler), and a connection given
+  # back goes straight to the one that has waited longest: a newcomer cannot
+  # overtake it, as it could a plain Queue's waiters.
+  class FairPool
+    def initialize(size, &connect)
+      @idle = Array.new(size) { connect.call }
+      @waiters = []
+      @lock = Thread::Mutex.new
+    end
+
+    # Lends a connection to the block.
+    def with
+      waiter = nil
+      connection = @lock.synchronize do
+        next @idle.pop unless @idle.empty?
+
+        @waiters << (waiter = Thread::Queue.new)
+        nil
+      end
+      connection ||= waiter.pop
+      yield connection
+    ensure
+      checkin(connection) if connection
+    end
+
+    private
+
+    def checkin(connection)
+      @lock.synchronize do
+        waiter = @waiters.shift
+        waiter ? waiter.push(connection) : @idle.push(connection)
+      end
+    end
+  end
+
+  # A server's allocation count, asked from outside it: {.serve} (in the
+  # server, from a thread blocked in accept, off the requests' path) answers
+  # each connection to a Unix socket with GC.stat(:total_allocated_objects).
+  module GcProbe
+    def self.serve(path)
+      require "socket"
+      listener = UNIXServer.new(path)
+      Thread.new { loop { listener.accept.tap { |client| client.write("#{GC.stat(:total_allocated_objects)}\n") }.close } }
+    end
+
+    # @return [Integer, nil] nil when the server does not answer
+    def self.read(path)
+      UNIXSocket.open(path) { |socket| Integer(socket.read, exception: false) }
+    rescue SystemCallError
+      nil
     end
   end
 end

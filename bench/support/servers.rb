@@ -10,8 +10,8 @@ require "tmpdir"
 module NeverBlockBench
   # One HTTP server under test, a process in a session of its own (setsid),
   # so that stopping it stops everything it forked (Falcon's worker, Puma's
-  # cluster) and nothing is left listening. Its output goes to a log in
-  # {#tmpdir}, which lives until {#stop}.
+  # cluster) and nothing is left listening. Its output goes to a log in a
+  # directory of its own, which lives until {#stop}.
   #
   #   server = ServerProcess.start("puma", ["bundle", "exec", "puma", ...], port: 9292)
   #   server.wait_until_ready   # GET / answered (any status)
@@ -24,8 +24,8 @@ module NeverBlockBench
       # @param command [Array<String>] argv, without setsid
       # @param env [Hash{String => String, nil}] for Process.spawn
       # @return [ServerProcess] started, not necessarily ready
-      def start(name, command, port:, env: {}, dir: nil)
-        new(name, command, port, env, dir).tap { |server| @running << server }
+      def start(name, command, port:, env: {})
+        new(name, command, port, env).tap { |server| @running << server }
       end
 
       # Stops every server still running; for `ensure` and signal traps.
@@ -38,17 +38,15 @@ module NeverBlockBench
       end
     end
 
-    attr_reader :name, :port, :pid, :tmpdir
+    attr_reader :name, :port, :pid
 
-    def initialize(name, command, port, env, dir)
+    def initialize(name, command, port, env)
       @name = name
       @port = port
       @tmpdir = Dir.mktmpdir("neverblock-bench-#{name.gsub(/\W+/, '-')}-")
       @log = File.join(@tmpdir, "server.log")
-      options = { %i[out err] => [@log, "w"], in: File::NULL }
-      options[:chdir] = dir if dir
       # The session's and process group's id is its pid: one signal reaches all it forks.
-      @pid = Process.spawn(env, "setsid", *command, **options)
+      @pid = Process.spawn(env, "setsid", *command, %i[out err] => [@log, "w"], in: File::NULL)
     end
 
     # Waits until a GET of `path` gets any response.
@@ -64,9 +62,8 @@ module NeverBlockBench
     end
 
     # Stops the whole session (TERM, then KILL after {STOP_TIMEOUT}). Idempotent.
-    # @return [Boolean] whether the port is free afterwards
     def stop
-      return true unless @pid
+      return unless @pid
 
       deadline = NeverBlockBench.now + STOP_TIMEOUT
       signal("TERM")
@@ -76,21 +73,22 @@ module NeverBlockBench
         signal("KILL")
         sleep 0.05 until session_gone? || NeverBlockBench.now > deadline + 5
       end
-      begin
-        Process.wait(@pid) unless exited?
-      rescue Errno::ECHILD
-        nil
-      end
+      Process.wait(@pid) unless exited?
       @pid = nil
       self.class.forget(self)
-      free = port_free_within(5)
-      warn "  #{@name}: port #{@port} still in use after stopping" unless free
       FileUtils.rm_rf(@tmpdir)
-      free
     end
 
-    def log = File.exist?(@log) ? File.read(@log) : ""
-    def log_tail(lines = 20) = log.lines.last(lines).join.then { |text| text.empty? ? "(no output)" : text }
+    # Whether the session's leader (a cluster's master) has ended; reaps it.
+    def exited?
+      @status ||= Process.waitpid2(@pid, Process::WNOHANG)&.last
+      !@status.nil?
+    end
+
+    def log_tail(lines = 20)
+      text = File.exist?(@log) ? File.read(@log).lines.last(lines).join : ""
+      text.empty? ? "(no output)" : text
+    end
 
     private
 
@@ -101,11 +99,6 @@ module NeverBlockBench
       end
     rescue SystemCallError, EOFError, IOError
       false
-    end
-
-    def exited?
-      @status ||= Process.waitpid2(@pid, Process::WNOHANG)&.last
-      !@status.nil?
     end
 
     def signal(name)
@@ -124,25 +117,14 @@ module NeverBlockBench
     rescue Errno::EPERM
       false
     end
-
-    def port_free_within(seconds)
-      deadline = NeverBlockBench.now + seconds
-      loop do
-        TCPServer.new("127.0.0.1", @port).close
-        return true
-      rescue SystemCallError
-        return false if NeverBlockBench.now > deadline
-
-        sleep 0.1
-      end
-    end
   end
 
   # How bench/server.rb, rails.rb, faults.rb and debounce.rb start each server,
   # listening on 127.0.0.1:PORT: NeverBlock::Server under the main bundle (this
   # checkout); Puma, Falcon, Thin, iodine and agoo under their own bundle,
   # bench/gemfiles/servers.gemfile (gems in vendor/bundle-servers, installed by
-  # bench/run), so the main Gemfile.lock does not change; nginx with a generated
+  # bench/run: run directly, a peer without it fails to start and its log says
+  # why), so the main Gemfile.lock does not change; nginx with a generated
   # config as the hardware reference.
   module PeerServers
     REPO = File.expand_path("../..", __dir__)
@@ -152,7 +134,7 @@ module NeverBlockBench
 
     # A peer's `bundle exec` environment: the servers bundle, plus the selector
     # variables (Bundler.with_unbundled_env restores the environment as it was
-    # before Peers.use_selector set them).
+    # before Peers.use_epoll set them).
     def bundle_env(extra = {})
       { "BUNDLE_GEMFILE" => GEMFILE, "BUNDLE_PATH" => File.join(REPO, "vendor/bundle-servers"),
         "BUNDLE_FROZEN" => "true", "BUNDLE_SILENCE_ROOT_WARNING" => "1", "RUBYOPT" => nil, "RUBYLIB" => nil,
@@ -160,26 +142,9 @@ module NeverBlockBench
         "NEVERBLOCK_SELECTOR" => ENV.fetch("NEVERBLOCK_SELECTOR", nil) }.merge(extra)
     end
 
-    def unbundled(&block)
-      defined?(Bundler) ? Bundler.with_unbundled_env(&block) : yield
-    end
-
-    # @return [String, nil] why the peers cannot run
-    def problem
-      out, status = unbundled { Open3.capture2e(bundle_env, "bundle", "check") }
-      return nil if status.success?
-
-      "the peer servers' bundle is not installed (#{out.lines.last&.strip}); run the benchmark through " \
-        "bench/run, which installs bench/gemfiles/servers.gemfile.lock into vendor/bundle-servers"
-    rescue SystemCallError => e
-      "cannot run bundle: #{e.message}"
-    end
-
     # @return [Hash{String => String}] gem => version locked in the servers bundle
     def locked_versions
       File.read("#{GEMFILE}.lock").scan(/^    ([a-z0-9_-]+) \(([^)]+)\)$/).to_h.transform_values { |v| v.sub(/-x86_64-linux.*/, "") }
-    rescue SystemCallError
-      {}
     end
 
     # @return [String] e.g. "nginx/1.22.1"
@@ -189,39 +154,38 @@ module NeverBlockBench
       "nginx (not installed)"
     end
 
-    # NeverBlock::Server in this one process (workers: 0) through
-    # neverblock_server.rb; a child ruby inherits this bundle's RUBYOPT.
-    def neverblock(rackup, port:, fiber_pool: 1000, env: {}, name: "neverblock")
-      ServerProcess.start(name, [RbConfig.ruby, File.join(__dir__, "neverblock_server.rb"), rackup, port.to_s, fiber_pool.to_s],
-                          port: port, env: env)
+    # `neverblock serve` from this checkout, production mode, with `args`
+    # added (the default: no workers, the one process serves); a child ruby
+    # inherits this bundle's RUBYOPT.
+    def neverblock(rackup, port:, args: %w[-w 0], env: {}, name: "neverblock")
+      command = [RbConfig.ruby, File.join(REPO, "exe/neverblock"), "serve", rackup, "-b", "tcp://127.0.0.1:#{port}",
+                 "-E", "production", *args]
+      ServerProcess.start(name, command, port: port, env: env)
     end
 
-    # Puma, production mode: single (workers 0) or a cluster; threads nil is Puma's default (0:5).
-    def puma(rackup, port:, threads: nil, workers: 0, env: {}, name: "puma")
+    # NeverBlock ("neverblock") or Puma ("puma") serving `rackup` with
+    # `workers` workers on a free port, yielded once every worker is up and
+    # stopped after the block; `puma_config` is Puma's -C file.
+    def cluster(name, rackup, workers:, puma_config: nil)
+      port = ServerProcess.free_port
+      server = if name == "neverblock" then neverblock(rackup, port: port, args: ["-w", workers.to_s])
+               else puma(rackup, port: port, workers: workers, config: puma_config)
+               end
+      server.wait_until_ready
+      sleep 1 # every worker up
+      yield server
+    ensure
+      server&.stop
+    end
+
+    # Puma, production mode: single (workers 0) or a cluster; threads nil is
+    # Puma's default (0:5); `config` a -C file.
+    def puma(rackup, port:, threads: nil, workers: 0, config: nil, env: {}, name: "puma")
       command = ["bundle", "exec", "puma", "--environment", "production", "--bind", "tcp://127.0.0.1:#{port}"]
       command += ["--threads", threads] if threads
       command += ["--workers", workers.to_s] if workers.positive?
+      command += ["-C", config] if config
       peer(name, command + [rackup], port, { "RACK_ENV" => "production" }.merge(env))
-    end
-
-    # Falcon with one forked server process (its supervisor is the other), HTTP/1.1.
-    def falcon(rackup, port:, env: {}, name: "falcon")
-      peer(name, %W[bundle exec falcon serve --bind http://127.0.0.1:#{port} --count 1 --config #{rackup}], port, env)
-    end
-
-    def thin(rackup, port:, env: {}, name: "thin")
-      peer(name, %W[bundle exec thin start --address 127.0.0.1 --port #{port} --rackup #{rackup} --environment production --quiet],
-           port, env)
-    end
-
-    # iodine (C): one worker, one thread for the app.
-    def iodine(rackup, port:, env: {}, name: "iodine")
-      peer(name, %W[bundle exec iodine -b 127.0.0.1 -p #{port} -w 1 -t 1 #{rackup}], port, env)
-    end
-
-    # agoo (C): one worker; the app on the thread that started it, HTTP on agoo's C threads.
-    def agoo(rackup, port:, env: {}, name: "agoo")
-      peer(name, %W[bundle exec agoo -p #{port} -w 1 #{rackup}], port, env)
     end
 
     HELLO_LOCATIONS = <<~NGINX
@@ -259,14 +223,15 @@ module NeverBlockBench
     end
 
     def peer(name, command, port, env)
-      unbundled { ServerProcess.start(name, command, port: port, env: bundle_env(env)) }
+      start = -> { ServerProcess.start(name, command, port: port, env: bundle_env(env)) }
+      defined?(Bundler) ? Bundler.with_unbundled_env(&start) : start.call
     end
   end
 
   # wrk (Debian's 4.1) against a URL: requests/s, the --latency percentiles
   # (seconds) and errors (socket errors and non-2xx/3xx responses).
   module Wrk
-    Result = Struct.new(:requests_per_second, :requests, :p50, :p90, :p99, :errors, :error_text, :output, keyword_init: true)
+    Result = Struct.new(:requests_per_second, :requests, :p50, :p90, :p99, :errors, :error_text, keyword_init: true)
     UNITS = { "us" => 1e-6, "ms" => 1e-3, "s" => 1.0, "m" => 60.0 }.freeze
 
     module_function
@@ -278,25 +243,16 @@ module NeverBlockBench
     end
 
     # @param duration [Numeric] seconds (whole)
+    # @param script [String, nil] a Lua script (-s) that shapes the requests
     # @return [Result]
     # @raise [RuntimeError] when wrk fails or prints no requests/s
-    def run(url, connections:, duration:, threads: 1, timeout: 10)
-      command = ["wrk", "-t#{threads}", "-c#{connections}", "-d#{duration.ceil}s", "--timeout", "#{timeout.ceil}s", "--latency", url]
-      output, status = capture(command)
+    def run(url, connections:, duration:, timeout: 10, script: nil)
+      command = ["wrk", "-t1", "-c#{connections}", "-d#{duration.ceil}s", "--timeout", "#{timeout.ceil}s", "--latency"]
+      command += ["-s", script] if script
+      output, status = Open3.capture2e(*command, url)
       raise "#{command.join(' ')} failed (#{status}):\n#{output}" unless status.success?
 
       parse(output)
-    end
-
-    # Open3.capture2e, except that an interrupt stops wrk at once.
-    def capture(command)
-      Open3.popen2e(*command) do |stdin, out, thread|
-        stdin.close
-        [out.read, thread.value]
-      rescue Exception # rubocop:disable Lint/RescueException -- stop wrk, then re-raise
-        Process.kill("TERM", thread.pid) rescue nil # rubocop:disable Style/RescueModifier
-        raise
-      end
     end
 
     def parse(output)
@@ -310,8 +266,7 @@ module NeverBlockBench
       Result.new(requests_per_second: Float(rate), requests: output[/(\d+) requests in/, 1].to_i,
                  p50: percentile.call(50), p90: percentile.call(90), p99: percentile.call(99),
                  errors: (socket ? socket.scan(/\d+/).sum(&:to_i) : 0) + non2xx,
-                 error_text: [("socket errors: #{socket}" if socket), ("non-2xx/3xx: #{non2xx}" if non2xx.positive?)].compact.join("; "),
-                 output: output)
+                 error_text: [("socket errors: #{socket}" if socket), ("non-2xx/3xx: #{non2xx}" if non2xx.positive?)].compact.join("; "))
     end
   end
 
@@ -330,23 +285,6 @@ module NeverBlockBench
       rescue SystemCallError
         0
       end.to_f / TICKS
-    end
-  end
-
-  # A server's allocation count, asked from outside it: {.serve} (in the
-  # server, from a thread blocked in accept, off the requests' path) answers
-  # each connection to a Unix socket with GC.stat(:total_allocated_objects).
-  module GcProbe
-    def self.serve(path)
-      listener = UNIXServer.new(path)
-      Thread.new { loop { listener.accept.tap { |client| client.write("#{GC.stat(:total_allocated_objects)}\n") }.close } }
-    end
-
-    # @return [Integer, nil] nil when the server does not answer
-    def self.read(path)
-      UNIXSocket.open(path) { |socket| Integer(socket.read, exception: false) }
-    rescue SystemCallError
-      nil
     end
   end
 end

@@ -4,12 +4,12 @@ module NeverBlockBench
   # Grouped bar charts as standalone SVG, without dependencies: panels stacked
   # under a shared legend, one group of bars per category (e.g. a server delay)
   # and one bar per series (e.g. a client). A String value (e.g. "failed") is
-  # drawn as text instead of a bar, nil as "n/a".
+  # drawn as text instead of a bar, nil as "n/a". A benchmark's panels pivot
+  # its result rows (the CSV's):
   #
   #   chart = SvgChart.new(title: "Requests/s by server delay", subtitle: ["ruby 3.1.2"])
-  #   chart.add_panel(title: "requests/s", categories: ["0 ms", "10 ms"],
-  #                   series: { "threads" => [618, 470], "neverblock" => [2360, 1997] }, log: true)
-  #   chart.write("bench/results/client.svg")
+  #   chart.pivot("requests/s by delay, ms", "requests_per_s", by: "delay_ms", series: "label", log: true)
+  #   chart.write("bench/results/client.svg", [{ "delay_ms" => 0, "label" => "threads", "requests_per_s" => 618 }, ...])
   class SvgChart
     PALETTE = %w[#4e79a7 #f28e2b #e15759 #76b7b2 #59a14f #b07aa1 #edc948 #9c755f].freeze
     WIDTH = 760
@@ -20,29 +20,42 @@ module NeverBlockBench
     def initialize(title:, subtitle: nil)
       @title = title
       @subtitle = Array(subtitle)
-      @panels = []
+      @pivots = []
     end
 
-    # @param series [Hash{String => Array<Numeric, String, nil>}] one value per category
-    # @param log [Boolean] logarithmic y axis, for values spanning decades
-    def add_panel(title:, categories:, series:, log: false)
-      @panels << { title: title, categories: categories, series: series, log: log }
+    # A panel of the rows given to {#write}: a group of bars per distinct
+    # value of column `by` (one group without it), a bar per distinct value of
+    # column `series`, each the row's `value` ("failed" when nil); only rows
+    # whose columns hold what `where` gives. `log`: a logarithmic y axis, for
+    # values spanning decades.
+    def pivot(title, value, series:, by: nil, where: {}, log: false)
+      @pivots << [title, value, series, by, where, log]
       self
     end
 
+    # @param rows [Array<Hash>] the results, for the {#pivot} panels
     # @return [String] path
-    def write(path)
-      File.write(path, to_svg)
+    def write(path, rows)
+      panels = @pivots.map do |title, value, series, by, where, log|
+        mine = rows.select { |row| where.all? { |key, wanted| row[key] == wanted } }
+        groups = mine.map { |row| row[by] }.uniq
+        bars = mine.map { |row| row[series] }.uniq.to_h do |name|
+          [name, groups.map { |group| mine.find { |row| row[series] == name && row[by] == group }.to_h[value] || "failed" }]
+        end
+        { title: title, categories: groups.map(&:to_s), series: bars, log: log }
+      end
+      File.write(path, to_svg(panels))
       path
     end
 
-    def to_svg
-      names = @panels.flat_map { |panel| panel[:series].keys }.uniq
+    # @param panels [Array<Hash>] :title, :categories, :series (name => a value per category), :log
+    def to_svg(panels)
+      names = panels.flat_map { |panel| panel[:series].keys }.uniq
       column = ((names.map(&:size).max || 1) * 6.6).ceil + 32 # swatch, gap, ~6.6 px per character
       columns = [(RIGHT - LEFT) / column, 1].max
       top = 36 + (@subtitle.size * 16)
       header = top + 10 + ((names.size.to_f / columns).ceil * 18)
-      height = header + (@panels.size * PANEL_HEIGHT) + 8
+      height = header + (panels.size * PANEL_HEIGHT) + 8
       body = [text(WIDTH / 2, 22, @title, size: 16, anchor: "middle", weight: "bold")]
       @subtitle.each_with_index { |line, i| body << text(WIDTH / 2, 40 + (i * 16), line, size: 11, anchor: "middle", fill: "#555555") }
       names.each_with_index do |name, i|
@@ -50,7 +63,7 @@ module NeverBlockBench
         y = top + ((i / columns) * 18)
         body << %(<rect x="#{x}" y="#{y}" width="12" height="12" fill="#{PALETTE[i % PALETTE.size]}"/>) + text(x + 17, y + 10, name, size: 12)
       end
-      @panels.each_with_index { |panel, i| body << panel_svg(panel, names, header + (i * PANEL_HEIGHT)) }
+      panels.each_with_index { |panel, i| body << panel_svg(panel, names, header + (i * PANEL_HEIGHT)) }
       %(<svg xmlns="http://www.w3.org/2000/svg" width="#{WIDTH}" height="#{height}" viewBox="0 0 #{WIDTH} #{height}" ) +
         %(font-family="Helvetica, Arial, sans-serif">\n<rect width="100%" height="100%" fill="#ffffff"/>\n#{body.join("\n")}\n</svg>\n)
     end
@@ -75,8 +88,7 @@ module NeverBlockBench
         parts << %(<line x1="#{LEFT}" y1="#{at}" x2="#{RIGHT}" y2="#{at}" stroke="#e3e3e3"/>) +
                  text(LEFT - 6, at + 4, SvgChart.format_number(tick), size: 11, anchor: "end", fill: "#444444")
       end
-      parts << %(<line x1="#{LEFT}" y1="#{bottom}" x2="#{RIGHT}" y2="#{bottom}" stroke="#333333"/>)
-      parts << %(<line x1="#{LEFT}" y1="#{plot_top}" x2="#{LEFT}" y2="#{bottom}" stroke="#333333"/>)
+      parts << %(<path d="M#{LEFT} #{plot_top}V#{bottom}H#{RIGHT}" stroke="#333333" fill="none"/>) # the axes
       group = (RIGHT - LEFT).to_f / panel[:categories].size
       width = (group * 0.8) / panel[:series].size
       panel[:categories].each_with_index do |category, c|
@@ -118,11 +130,8 @@ module NeverBlockBench
       label = SvgChart.format_number(value)
       rect = %(<rect x="#{(x + 1).round(1)}" y="#{top}" width="#{(width - 2).round(1)}" height="#{(bottom - top).round(1)}" ) +
              %(fill="#{fill}"><title>#{escape(label)}</title></rect>)
-      return rect + text(center, top - 3, label, size: 9, anchor: "middle", fill: "#333333") if label.size * 5.6 <= width
-
-      # Turned upright when the bar is too narrow for the text.
-      rect + %(<text x="#{center}" y="#{(top - 3).round(1)}" font-size="9" fill="#333333" ) +
-        %(transform="rotate(-90 #{center} #{(top - 3).round(1)})" dominant-baseline="middle">#{escape(label)}</text>)
+      # A bar too narrow for its value keeps it in its tooltip only.
+      label.size * 5.6 <= width ? rect + text(center, top - 3, label, size: 9, anchor: "middle", fill: "#333333") : rect
     end
 
     def text(x, y, content, size:, anchor: "start", weight: "normal", fill: "#222222")
