@@ -25,162 +25,115 @@
 # making a request id and writing a line cost more than 5 %.
 
 require_relative "support/harness"
+require "neverblock"
 require_relative "support/servers"
 require_relative "support/postgres"
 
 module NeverBlockBench
   # Runs the observability benchmark and reports it. See the file comment.
-  class ObservabilityBench
-    DEFAULTS = { duration: 8, warmup: 2, connections: 16, runs: 5, apps: %w[hello rails], out: RESULTS,
-                 selector: Peers::DEFAULT_SELECTOR }.freeze
+  class ObservabilityBench < Bench
+    DEFAULTS = { duration: 8, warmup: 2, connections: 16, runs: 5, apps: %w[hello rails] }.freeze
     QUICK = { duration: 2, warmup: 1, runs: 1 }.freeze
+    ONLY = %w[off metrics metrics_json_log].freeze # the variants
     METRICS_TARGET = 1.05 # CPU per request with the metrics on / off
-    App = Struct.new(:name, :title, :rackup, :path, :env, :database, keyword_init: true)
-    # `flags(dir)`: the extra `neverblock serve` arguments, `dir` a scratch directory for the control socket.
-    Variant = Struct.new(:name, :label, :flags, keyword_init: true)
-
-    VARIANTS = [
-      Variant.new(name: "off", label: "no control listener, no access log", flags: ->(_dir) { [] }),
-      Variant.new(name: "metrics", label: "--control unix://... (cluster /metrics)",
-                  flags: ->(dir) { ["--control", "unix://#{dir}/control.sock"] }),
-      Variant.new(name: "metrics_json_log", label: "--control plus --access-log --access-log-format json",
-                  flags: ->(dir) { ["--control", "unix://#{dir}/control.sock", "--access-log", "--access-log-format", "json"] })
-    ].freeze
-
-    def initialize(options)
-      @options = options
-      @variants = CommandLine.select(VARIANTS, @options[:only])
-      @apps = CommandLine.select(apps, @options[:apps])
-    end
+    APPS = {
+      "hello" => { title: "hello world, GET /", rackup: File.expand_path("support/server_app.ru", __dir__), path: "/", env: {} },
+      "rails" => { title: "Rails GET /fast (select 1)", rackup: File.expand_path("rails/config.ru", __dir__), path: "/fast",
+                   env: { "NB_RAILS_ADAPTER" => "neverblock_postgresql", "NB_RAILS_POOL" => "16" } }
+    }.freeze
+    # The extra `neverblock serve` arguments of each variant; `dir` holds the control socket.
+    FLAGS = {
+      "off" => ->(_dir) { [] },
+      "metrics" => ->(dir) { ["--control", "unix://#{dir}/control.sock"] },
+      "metrics_json_log" => ->(dir) { ["--control", "unix://#{dir}/control.sock", "--access-log", "--access-log-format", "json"] }
+    }.freeze
 
     # @return [Boolean] true when every cell was measured without errors
     def call
-      @selector = Peers.use_selector(@options[:selector])
-      return warn("wrk is not installed; run bin/setup") && false unless Wrk.version
-
-      if @apps.any?(&:database) && (problem = PostgresServer.problem)
+      apps = @options[:apps]
+      unknown = apps - APPS.keys
+      raise ArgumentError, "unknown app(s) #{unknown.join(', ')}; use #{APPS.keys.join(',')}" unless unknown.empty?
+      if apps.include?("rails") && (problem = PostgresServer.problem)
         warn "skipping the Rails app: #{problem}"
-        @apps = @apps.reject(&:database)
+        apps -= ["rails"]
       end
       puts header
-      cells = @apps.product(@variants).map { |app, variant| Cell.new("#{app.name} #{variant.name}", app: app, variant: variant) }
+      @runs = Hash.new { |hash, key| hash[key] = [] } # [app, variant] => [{rps:, p99:, cpu_us:, errors:}, ...]
+      @failures = {}
       @options[:runs].times do |round|
-        @apps.each do |app|
-          mine = cells.select { |cell| cell[:app].equal?(app) }
-          mine.rotate(round % mine.size).each { |cell| measure(cell, round) }
+        apps.each do |app|
+          @options[:only].rotate(round % @options[:only].size).each { |variant| measure(app, variant, round) }
         end
       end
-      report(cells)
-      cells.all? { |cell| cell.failures.empty? && cell.runs.all? { |run| run.errors.zero? } }
+      report(apps)
+      @failures.empty? && @runs.values.flatten.all? { |run| run[:errors].zero? }
     ensure
       ServerProcess.stop_all
     end
 
     private
 
-    def apps
-      rails_env = { "NB_RAILS_ADAPTER" => "neverblock_postgresql", "NB_RAILS_POOL" => "16" }
-      [App.new(name: "hello", title: "Hello world", rackup: File.expand_path("support/server_app.ru", __dir__), path: "/", env: {}),
-       App.new(name: "rails", title: "Rails GET /fast (select 1)", rackup: File.expand_path("rails/config.ru", __dir__),
-               path: "/fast", env: rails_env, database: true)]
-    end
-
     def header
-      db = @apps.any?(&:database) ? "\nPostgreSQL: #{PostgresServer.description}; #{PostgresServer.driver_description}" : ""
-      <<~TEXT
-        NeverBlock observability cost: the same server with metrics and logs off and on
-        #{Machine.ruby_description}
-        neverblock #{NeverBlock::VERSION} (#{Checkout.description}), io-event #{Machine.gem_version('io-event')}, selector #{@selector}; #{Wrk.version}#{db}
-        #{Machine.description}; wrk and the server on the same machine
-        neverblock serve APP -w 1 (master + 1 worker); wrk -t1 -c#{@options[:connections]} -d#{@options[:duration]}s after a #{@options[:warmup]} s warm-up; #{@options[:runs]} interleaved rounds, medians
-        CPU us/request: user+system time of the server's whole process session (master and worker) over the measured run / requests (from /proc)
-        load average at start: #{Machine.load_average}
-      TEXT
+      NeverBlockBench.header(
+        "NeverBlock observability cost: the same server with metrics and logs off and on",
+        "neverblock #{NeverBlock::VERSION} (#{Checkout.description}), io-event #{Machine.gem_version('io-event')}; #{Wrk.version}",
+        "neverblock serve APP -w 1 (master + 1 worker); wrk -t1 -c#{@options[:connections]} -d#{@options[:duration]}s " \
+        "after a #{@options[:warmup]} s warm-up; #{@options[:runs]} interleaved rounds, medians",
+        "CPU us/request: user+system time of the server's whole process session (master and worker) over the measured run / requests"
+      )
     end
 
-    def measure(cell, round)
-      app, variant = cell[:app], cell[:variant] # rubocop:disable Style/ParallelAssignment
+    def measure(app_name, variant, round)
+      app = APPS.fetch(app_name)
       port = ServerProcess.free_port
-      warn "#{cell.name} (run #{round + 1}/#{@options[:runs]}) on 127.0.0.1:#{port}"
+      warn "#{app_name} #{variant} (run #{round + 1}/#{@options[:runs]}) on 127.0.0.1:#{port}"
       Dir.mktmpdir("neverblock-bench-observability-") do |dir|
-        command = [RbConfig.ruby, File.join(PeerServers::REPO, "exe/neverblock"), "serve", app.rackup, "--workers", "1",
-                   "--bind", "tcp://127.0.0.1:#{port}", "--env", "production", *variant.flags.call(dir)]
-        process = ServerProcess.start("neverblock-#{cell.name.tr(' ', '-')}", command, port: port, env: app.env)
+        process = PeerServers.neverblock(app[:rackup], port: port, args: ["-w", "1", *FLAGS.fetch(variant).call(dir)],
+                                                       env: app[:env], name: "neverblock-#{app_name}-#{variant}")
         begin
-          process.wait_until_ready(path: app.path)
-          url = "http://127.0.0.1:#{port}#{app.path}"
+          process.wait_until_ready(path: app[:path])
+          url = "http://127.0.0.1:#{port}#{app[:path]}"
           Wrk.run(url, connections: @options[:connections], duration: @options[:warmup]) if @options[:warmup].positive?
           cpu_before = ProcessCpu.session_seconds(process.pid)
           result = Wrk.run(url, connections: @options[:connections], duration: @options[:duration])
           cpu = ProcessCpu.session_seconds(process.pid) - cpu_before
-          cell.runs << result
-          cell.cpu << cpu * 1e6 / result.requests if result.requests.positive?
-          warn format("  %9.0f req/s  p99 %.2f ms  %s us CPU/req%s", result.requests_per_second, (result.p99 || 0) * 1000,
-                      cell.cpu.last&.round(1) || "-", result.errors.positive? ? "  (#{result.error_text})" : "")
+          run = { rps: result.requests_per_second, p99: result.p99, errors: result.errors,
+                  cpu_us: (cpu * 1e6 / result.requests if result.requests.positive?) }
+          @runs[[app_name, variant]] << run
+          warn format("  %9.0f req/s  p99 %.2f ms  %s us CPU/req", run[:rps], (run[:p99] || 0) * 1000, run[:cpu_us]&.round(1) || "-")
         ensure
           process.stop
         end
       end
     rescue StandardError => e
-      warn "  #{cell.name} FAILED: #{e.message}"
-      cell.failures << e.message.lines.first.strip
+      warn "  #{app_name} #{variant} FAILED: #{e.message}"
+      @failures[[app_name, variant]] ||= e.message.lines.first.strip
     end
 
-    def cpu(cell) = cell && !cell.cpu.empty? ? Samples.new(cell.cpu).median : nil
-    def rate(cell) = cell.runs.empty? ? nil : Samples.new(cell.runs.map(&:requests_per_second)).median
-    def p99(cell) = cell.runs.empty? ? nil : Samples.new(cell.runs.filter_map(&:p99)).median
-
-    # @return [Float, nil] this cell's CPU per request over the same app's with everything off
-    def over_off(cells, cell)
-      off = cpu(cells.find { |other| other[:app].equal?(cell[:app]) && other[:variant].name == "off" })
-      mine = cpu(cell)
-      mine && off&.positive? ? mine / off : nil
-    end
-
-    def report(cells)
-      puts "\nload average at end: #{Machine.load_average}"
-      puts "\nVariants:"
-      @variants.each { |variant| puts "  #{variant.name}: #{variant.label}" }
-      rows = cells.map do |cell|
-        ratio = over_off(cells, cell)
-        target = METRICS_TARGET if cell[:variant].name == "metrics"
-        [cell[:app].name, cell[:variant].name, rate(cell)&.round, p99(cell)&.*(1000)&.round(2), cpu(cell)&.round(1),
-         cell.cpu.map { |value| value.round(1) }.join(" "), ratio&.round(3), target, (ratio <= target ? "yes" : "no" if ratio && target),
-         cell.failures.first]
+    def report(apps)
+      median = ->(key, app, variant) { NeverBlockBench.median(@runs[[app, variant]].filter_map { |run| run[key] }) }
+      rows = apps.product(@options[:only]).map do |app, variant|
+        cpu = median.call(:cpu_us, app, variant)
+        off = median.call(:cpu_us, app, "off") if @options[:only].include?("off")
+        ratio = cpu / off if cpu && off&.positive?
+        target = METRICS_TARGET if variant == "metrics"
+        { "app" => app, "variant" => variant, "req_per_s" => median.call(:rps, app, variant)&.round,
+          "p99_ms" => median.call(:p99, app, variant)&.*(1000)&.round(2), "cpu_us_per_req" => cpu&.round(1),
+          "cpu_us_per_req_runs" => NeverBlockBench.listing(@runs[[app, variant]].filter_map { |run| run[:cpu_us] }, 1),
+          "cpu_over_off" => ratio&.round(3), "target" => target, "met" => (ratio <= target ? "yes" : "no" if ratio && target),
+          "errors" => @runs[[app, variant]].sum { |run| run[:errors] }, "note" => @failures[[app, variant]] }
       end
-      @apps.each do |app|
-        puts "\n#{app.title}: GET #{app.path}, #{@options[:connections]} connections"
-        table = Table.new(["variant", "req/s", "p99 ms", "CPU us/req", "CPU us/req runs", "CPU / off", "target", "met"])
-        rows.select { |row| row[0] == app.name }.each do |row|
-          table << [row[1], row[2] || "FAILED", row[3] || "-", row[4] || "-", row[5], row[6] ? format("%.3fx", row[6]) : "",
-                    row[7] ? "<= #{row[7]}x" : "", row[8].to_s]
-        end
-        puts table
+      rows.group_by { |row| row["app"] }.each do |app, mine|
+        puts "\n#{APPS.fetch(app)[:title]}, #{@options[:connections]} connections\n\n"
+        puts Table.of(mine, %w[variant req_per_s p99_ms cpu_us_per_req cpu_us_per_req_runs cpu_over_off target met errors])
       end
-      NeverBlockBench.write_results(@options[:out], "observability", %w[app variant req_per_s p99_ms cpu_us_per_req cpu_us_per_req_runs
-                                                                         cpu_over_off target met note], rows, chart(cells))
-    end
-
-    def chart(cells)
-      chart = SvgChart.new(title: "What metrics and the JSON access log cost per request (neverblock serve -w 1)",
-                           subtitle: ["ruby #{RUBY_VERSION}; #{Machine.description}; wrk -t1 -c#{@options[:connections]} on the same machine" \
-                                      "#{@options[:quick] ? '; quick run' : ''}",
-                                      "server CPU (master + worker) per request; medians of #{@options[:runs]} interleaved rounds"])
-      series = @variants.to_h do |variant|
-        [variant.name, @apps.map { |app| cpu(cells.find { |c| c[:app].equal?(app) && c[:variant].equal?(variant) })&.round(1) || "failed" }]
-      end
-      chart.add_panel(title: "server CPU per request, us (lower is better)", categories: @apps.map(&:title), series: series)
+      chart = NeverBlockBench.chart("What metrics and the JSON access log cost per request (neverblock serve -w 1)",
+                                    "wrk -t1 -c#{@options[:connections]} on the same machine; server CPU (master + worker) " \
+                                    "per request; medians of #{@options[:runs]} interleaved rounds#{@options[:quick] ? '; quick run' : ''}")
+      chart.pivot("server CPU per request, us (lower is better)", "cpu_us_per_req", series: "variant", by: "app")
+      NeverBlockBench.write_results(@options[:out], "observability", rows, chart)
     end
   end
 end
 
-if $PROGRAM_NAME == __FILE__
-  require "neverblock"
-  NeverBlockBench::CommandLine.main(NeverBlockBench::ObservabilityBench, "observability", variants: "off,metrics,metrics_json_log") do |opts, options|
-    opts.on("--duration SECONDS", Integer, "measured seconds per cell (8)") { |value| options[:duration] = value }
-    opts.on("--warmup SECONDS", Integer, "wrk warm-up seconds before each cell, 0 for none (2)") { |value| options[:warmup] = value }
-    opts.on("--connections N", Integer, "wrk's keep-alive connections (16)") { |value| options[:connections] = value }
-    opts.on("--runs N", Integer, "interleaved rounds; each cell's median is reported (5)") { |value| options[:runs] = value }
-    opts.on("--apps LIST", Array, "hello,rails (both)") { |list| options[:apps] = list }
-  end
-end
+NeverBlockBench::CommandLine.main(NeverBlockBench::ObservabilityBench, "observability") if $PROGRAM_NAME == __FILE__
