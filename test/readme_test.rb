@@ -131,15 +131,26 @@ class ReadmeTest < PlainTest
   end
 
   # The documents' examples use the ports a user would type (8080, 9292,
-  # 3000, ...), so two passes of the suite running at once (bin/test
-  # --jobs) take turns: one block at a time on this machine, whichever
-  # Ruby runs it (the lock file is in the repository, which the chroots
-  # see as /src).
+  # 3000, ...), so two suites running at once on this machine (bin/test
+  # --jobs, or another checkout's) take turns: one block at a time. The
+  # turn is an abstract unix socket's name, held while bound: the chroots
+  # share the host's network namespace, and the kernel releases it with
+  # the process, however that ends.
+  PORTS_TURN = "\0neverblock-readme-ports"
+
   def setup
     super
-    FileUtils.mkdir_p(File.join(ROOT, "tmp"))
-    @ports_lock = File.open(File.join(ROOT, "tmp", "readme-ports.lock"), File::RDWR | File::CREAT, 0o644)
-    @ports_lock.flock(File::LOCK_EX)
+    deadline = now + 900
+    begin
+      @ports_turn = Socket.new(:UNIX, :STREAM)
+      @ports_turn.bind(Socket.pack_sockaddr_un(PORTS_TURN))
+    rescue Errno::EADDRINUSE
+      @ports_turn.close
+      raise "another suite held the documents' ports for 15 minutes" if now > deadline
+
+      sleep 0.1
+      retry
+    end
   end
 
   def teardown
@@ -148,7 +159,7 @@ class ReadmeTest < PlainTest
     super
     FileUtils.rm_rf(@dir) if @dir
   ensure
-    @ports_lock&.close # releases the lock
+    @ports_turn&.close # the next suite's turn
   end
 
   private
