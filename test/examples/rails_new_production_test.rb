@@ -76,7 +76,7 @@ class RailsNewProductionTest < PlainTest
 
     assert_equal "enqueued\n", http_get("/probe/enqueue?note=walk").body
     eventually(timeout: 60) { http_get("/probe/visits").body == "walk\n" }
-    assert_match(/supervising `bin\/jobs` \(pid \d+\)/, output_lines(@thruster).join, "Solid Queue under NeverBlock's master")
+    assert_match(/supervising `bin\/jobs` \(pid \d+\)/, output, "Solid Queue under NeverBlock's master")
 
     assert_h2c
 
@@ -86,7 +86,7 @@ class RailsNewProductionTest < PlainTest
     assert_operator tree.size, :>=, 4, "thrust, the master, a worker, bin/jobs and its forks: #{tree}"
     Process.kill("TERM", @thruster[:pid])
     assert_equal [["200", "slept\n"]] * 5, in_flight.map { |thread| [thread.value.code, thread.value.body] }, "drained"
-    assert wait_exit(@thruster, timeout: 60).success?, output_lines(@thruster).join
+    assert wait_exit(@thruster, timeout: 60).success?, output
     eventually(timeout: 30) { tree.none? { |pid| alive?(pid) } }
     $stderr.puts("\n#{self.class}: #{timings.transform_values { |seconds| seconds.round(1) }} s")
   end
@@ -240,8 +240,38 @@ class RailsNewProductionTest < PlainTest
     writer.close
     @thruster = { pid: pid, out: reader, lines: [] }
     (@servers ||= []) << @thruster
-    wait_for_line(@thruster, /Booting NeverBlock/, timeout: 120) # past db:prepare
+    read_output(reader)
+    eventually(timeout: 120) { output.include?("Booting NeverBlock") } # past db:prepare
     eventually(timeout: 60) { up? }
+  end
+
+  # Thruster's output (its own log and the server's) read as it comes: a
+  # pipe left unread fills up after a hundred requests' log lines, and then
+  # the app's logger blocks the requests that log.
+  def read_output(reader)
+    @output = +""
+    @output_lock = Mutex.new
+    @output_reader = Thread.new do
+      while (chunk = reader.readpartial(65_536))
+        @output_lock.synchronize { @output << chunk }
+      end
+    rescue EOFError, IOError
+      nil
+    end
+  end
+
+  def output
+    @output_lock.synchronize { @output.dup }
+  end
+
+  # ServeProcesses#eventually, whose failure shows what the server said.
+  def eventually(timeout: 15)
+    deadline = now + timeout
+    until (value = yield)
+      flunk "condition not met within #{timeout} s; output:\n#{@output_lock ? output : '(not started)'}" if now > deadline
+      sleep 0.05
+    end
+    value
   end
 
   def up?
