@@ -83,8 +83,9 @@ module Rackup
         # serves beside it, saying so. Puma runs Solid Queue in single mode
         # too (a fork of its one process); a NeverBlock master is what
         # restarts bin/jobs when it dies and stops it on TERM. An explicit
-        # `Workers=0` keeps one process (and the server's warning that
-        # nothing is supervised).
+        # `workers 0` (or rackup's `-O Workers=0`; `rails server` has no
+        # -O) keeps one process, and the server's warning that nothing is
+        # supervised.
         def with_sidecars(options)
           options[:supervise] = ::NeverBlock::RailsIntegration.supervise_solid_queue(
             options.fetch(:supervise, []), $stderr, "NeverBlock"
@@ -92,7 +93,8 @@ module Rackup
           return { workers: 0, **options } if options.key?(:workers) || options[:supervise].empty?
 
           commands = options[:supervise].map { |command| Array(command).join(" ") }.join(", ")
-          $stdout.puts("NeverBlock: a master supervises #{commands} beside 1 worker (-O Workers=N for more)")
+          $stdout.puts("NeverBlock: a master supervises #{commands} beside 1 worker " \
+                       "(for more: `workers N` in #{CONFIG_FILE}, or rackup's -O Workers=N)")
           { **options, workers: 1 }
         end
 

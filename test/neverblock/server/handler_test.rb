@@ -117,7 +117,7 @@ class ServerHandlerTest < PlainTest
     jobs = Integer(eventually { File.exist?(events) && File.read(events)[/^started (\d+) #{Regexp.escape(File.realpath(@dir))}$/, 1] })
     assert stop_and_wait("TERM").success?, @output
     assert_includes File.read(events), "stopped #{jobs}\n"
-    assert_match(%r{NeverBlock: a master supervises bin/jobs beside 1 worker}, @output)
+    assert_match(%r{NeverBlock: a master supervises bin/jobs beside 1 worker \(for more: `workers N` in config/neverblock.rb}, @output)
   end
 
   def test_rails_server_u_neverblock_under_solid_queue_in_puma_without_bin_jobs_says_so
@@ -130,6 +130,24 @@ class ServerHandlerTest < PlainTest
     stop_and_wait
     assert_includes @output, "NeverBlock: SOLID_QUEUE_IN_PUMA is set but #{File.realpath(@dir)}/bin/jobs does not exist; " \
                              "not running Solid Queue"
+  end
+
+  # An explicit `workers 0` in config/neverblock.rb (`rails server` has
+  # no -O) keeps the one process: bin/jobs is not run, and the server says why.
+  def test_rails_server_u_neverblock_with_workers_0_in_config_under_solid_queue_in_puma_runs_no_bin_jobs
+    @dir = Dir.mktmpdir("nb-rails")
+    FileUtils.cp_r(File.join(FIXTURES, "rails_app", "."), @dir)
+    FileUtils.cp(File.join(FIXTURES, "sidecar_app", "bin", "jobs"), File.join(@dir, "bin", "jobs"))
+    File.write(File.join(@dir, "config", "neverblock.rb"), "workers 0\n")
+    events = File.join(@dir, "jobs.log")
+    port = free_port
+    start(RbConfig.ruby, "bin/rails", "server", "-u", "neverblock", "-b", "127.0.0.1", "-p", port.to_s,
+          "-P", File.join(@dir, "server.pid"), chdir: @dir,
+          env: { "SOLID_QUEUE_IN_PUMA" => "true", "SIDECAR_EVENTS" => events })
+    assert_match(/\Arails #{@pid} /, wait_for_answer(port, timeout: 90).body, "served in the one process")
+    stop_and_wait
+    refute File.exist?(events), "bin/jobs ran"
+    assert_match(/supervise needs a master \(workers: 1 or more\); with workers: 0 nothing runs bin\/jobs/, @output)
   end
 
   private
