@@ -44,6 +44,29 @@ module NeverBlock
                "config/database.yml gives ActiveRecord a pool of #{RAILS_MAX_THREADS_DEFAULT} connections per process")
     end
 
+    # Rails 8's generated config/puma.rb runs Solid Queue in the server
+    # (`plugin :solid_queue if ENV["SOLID_QUEUE_IN_PUMA"]`, which Kamal's
+    # deploy.yml sets): the same variable has a NeverBlock master supervise
+    # the app's bin/jobs (Solid Queue's supervisor), for `neverblock serve`
+    # and `rails server -u neverblock` alike. Reads the current directory,
+    # the app's root.
+    # @param supervise [Array<String, Array<String>>] the commands already
+    #   supervised (a `-C` file's `solid_queue true`, `--supervise`).
+    # @param err [IO] told when bin/jobs is missing.
+    # @param who [String] the command, for that message.
+    # @return [Array<String, Array<String>>] `supervise`, plus `"bin/jobs"`
+    #   when SOLID_QUEUE_IN_PUMA is set, bin/jobs exists and no bin/jobs
+    #   command is there yet.
+    def supervise_solid_queue(supervise, err, who)
+      return supervise unless ENV["SOLID_QUEUE_IN_PUMA"]
+      return supervise if supervise.any? { |command| Array(command).join(" ").split.first&.end_with?("bin/jobs") }
+      return supervise + ["bin/jobs"] if File.file?("bin/jobs")
+
+      err.puts("#{who}: SOLID_QUEUE_IN_PUMA is set but #{File.expand_path('bin/jobs')} does not exist; " \
+               "not running Solid Queue")
+      supervise
+    end
+
     # Runs the block, which loads an app: if the app loads Rails, the
     # Railtie is defined when the app's class is (Active Support's
     # `before_configuration` hook), before the app initializes; if it loads

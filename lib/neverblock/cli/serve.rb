@@ -219,7 +219,7 @@ module NeverBlock
           ENV["RAILS_ENV"] ||= opts[:environment]
         end
         Dir.chdir(File.dirname(path))
-        supervise_solid_queue if ENV["SOLID_QUEUE_IN_PUMA"]
+        opts[:supervise] = NeverBlock::RailsIntegration.supervise_solid_queue(opts[:supervise], @err, "neverblock serve")
         NeverBlock::RailsIntegration.default_rails_max_threads(@out)
         require_relative "../server"
         # Rack itself (not the app) loads once, in the master: a worker that
@@ -252,21 +252,6 @@ module NeverBlock
         0
       ensure
         remove_pidfile(opts[:pidfile]) if opts && opts[:pidfile]
-      end
-
-      # Rails 8's generated config/puma.rb runs Solid Queue in the server
-      # (`plugin :solid_queue if ENV["SOLID_QUEUE_IN_PUMA"]`, which Kamal's
-      # deploy.yml sets): the same variable has the master supervise the
-      # app's bin/jobs, as a -C file's `solid_queue` does.
-      def supervise_solid_queue
-        return if @options[:supervise].any? { |command| command.to_s.split.first&.end_with?("bin/jobs") }
-
-        if File.file?("bin/jobs")
-          @options[:supervise] << "bin/jobs"
-        else
-          @err.puts("neverblock serve: SOLID_QUEUE_IN_PUMA is set but #{File.expand_path('bin/jobs')} does not exist; " \
-                    "not running Solid Queue")
-        end
       end
 
       # stdout and stderr (the banner, NeverBlock's log, the access log)

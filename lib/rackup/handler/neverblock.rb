@@ -24,7 +24,7 @@ module Rackup
         # An address it cannot listen on ends the process with one line
         # (exit 1), as `neverblock serve` does, not a backtrace.
         def run(app, **options)
-          server = ::NeverBlock::Server.new(app, workers: 0, **config_file_options, **server_options(options))
+          server = ::NeverBlock::Server.new(app, **with_sidecars({ **config_file_options, **server_options(options) }))
           @server = server
           yield server if block_given?
           server.run(handle_signals: true)
@@ -74,6 +74,28 @@ module Rackup
           ignored = options.delete(:ignored)
           $stdout.puts("NeverBlock: reading #{CONFIG_FILE}#{"; #{ignored.join(', ')} apply to `neverblock serve -C` only" if ignored.any?}")
           options
+        end
+
+        # Serves in this one process (`workers: 0`) unless told otherwise,
+        # but what is to be supervised (Solid Queue's bin/jobs under
+        # SOLID_QUEUE_IN_PUMA, which Kamal's deploy.yml sets, or a
+        # config/neverblock.rb `supervise`) needs a master: then one worker
+        # serves beside it, saying so. Puma runs Solid Queue in single mode
+        # too (a fork of its one process); a NeverBlock master is what
+        # restarts bin/jobs when it dies and stops it on TERM. An explicit
+        # `workers 0` (or rackup's `-O Workers=0`; `rails server` has no
+        # -O) keeps one process, and the server's warning that nothing is
+        # supervised.
+        def with_sidecars(options)
+          options[:supervise] = ::NeverBlock::RailsIntegration.supervise_solid_queue(
+            options.fetch(:supervise, []), $stderr, "NeverBlock"
+          )
+          return { workers: 0, **options } if options.key?(:workers) || options[:supervise].empty?
+
+          commands = options[:supervise].map { |command| Array(command).join(" ") }.join(", ")
+          $stdout.puts("NeverBlock: a master supervises #{commands} beside 1 worker " \
+                       "(for more: `workers N` in #{CONFIG_FILE}, or rackup's -O Workers=N)")
+          { **options, workers: 1 }
         end
 
         def server_options(options)

@@ -98,4 +98,66 @@ class ServerHandlerTest < PlainTest
     assert_match(/ pool=40\n\z/, response.body)
     stop_and_wait
   end
+
+  # Rails 8's Dockerfile runs `./bin/thrust ./bin/rails server` and Kamal's
+  # deploy.yml sets SOLID_QUEUE_IN_PUMA: with `-u neverblock` the app's
+  # bin/jobs (here a stand-in that notes its start and its TERM) runs under
+  # a master, beside one worker, and stops with the server.
+  def test_rails_server_u_neverblock_supervises_bin_jobs_under_solid_queue_in_puma
+    @dir = Dir.mktmpdir("nb-rails")
+    FileUtils.cp_r(File.join(FIXTURES, "rails_app", "."), @dir)
+    FileUtils.cp(File.join(FIXTURES, "sidecar_app", "bin", "jobs"), File.join(@dir, "bin", "jobs"))
+    events = File.join(@dir, "jobs.log")
+    port = free_port
+    start(RbConfig.ruby, "bin/rails", "server", "-u", "neverblock", "-b", "127.0.0.1", "-p", port.to_s,
+          "-P", File.join(@dir, "server.pid"), chdir: @dir,
+          env: { "SOLID_QUEUE_IN_PUMA" => "true", "SIDECAR_EVENTS" => events })
+    response = wait_for_answer(port, timeout: 90)
+    refute_includes response.body, "rails #{@pid} ", "answered by the worker, not the master"
+    jobs = Integer(eventually { File.exist?(events) && File.read(events)[/^started (\d+) #{Regexp.escape(File.realpath(@dir))}$/, 1] })
+    assert stop_and_wait("TERM").success?, @output
+    assert_includes File.read(events), "stopped #{jobs}\n"
+    assert_match(%r{NeverBlock: a master supervises bin/jobs beside 1 worker \(for more: `workers N` in config/neverblock.rb}, @output)
+  end
+
+  def test_rails_server_u_neverblock_under_solid_queue_in_puma_without_bin_jobs_says_so
+    @dir = Dir.mktmpdir("nb-rails")
+    FileUtils.cp_r(File.join(FIXTURES, "rails_app", "."), @dir)
+    port = free_port
+    start(RbConfig.ruby, "bin/rails", "server", "-u", "neverblock", "-b", "127.0.0.1", "-p", port.to_s,
+          "-P", File.join(@dir, "server.pid"), chdir: @dir, env: { "SOLID_QUEUE_IN_PUMA" => "true" })
+    assert_match(/\Arails #{@pid} /, wait_for_answer(port, timeout: 90).body, "served in the one process")
+    stop_and_wait
+    assert_includes @output, "NeverBlock: SOLID_QUEUE_IN_PUMA is set but #{File.realpath(@dir)}/bin/jobs does not exist; " \
+                             "not running Solid Queue"
+  end
+
+  # An explicit `workers 0` in config/neverblock.rb (`rails server` has
+  # no -O) keeps the one process: bin/jobs is not run, and the server says why.
+  def test_rails_server_u_neverblock_with_workers_0_in_config_under_solid_queue_in_puma_runs_no_bin_jobs
+    @dir = Dir.mktmpdir("nb-rails")
+    FileUtils.cp_r(File.join(FIXTURES, "rails_app", "."), @dir)
+    FileUtils.cp(File.join(FIXTURES, "sidecar_app", "bin", "jobs"), File.join(@dir, "bin", "jobs"))
+    File.write(File.join(@dir, "config", "neverblock.rb"), "workers 0\n")
+    events = File.join(@dir, "jobs.log")
+    port = free_port
+    start(RbConfig.ruby, "bin/rails", "server", "-u", "neverblock", "-b", "127.0.0.1", "-p", port.to_s,
+          "-P", File.join(@dir, "server.pid"), chdir: @dir,
+          env: { "SOLID_QUEUE_IN_PUMA" => "true", "SIDECAR_EVENTS" => events })
+    assert_match(/\Arails #{@pid} /, wait_for_answer(port, timeout: 90).body, "served in the one process")
+    stop_and_wait
+    refute File.exist?(events), "bin/jobs ran"
+    assert_match(/supervise needs a master \(workers: 1 or more\); with workers: 0 nothing runs bin\/jobs/, @output)
+  end
+
+  private
+
+  def eventually(timeout: 30)
+    deadline = now + timeout
+    until (value = yield)
+      flunk "condition not met within #{timeout} s; output:\n#{@output}" if now > deadline
+      sleep 0.05
+    end
+    value
+  end
 end
