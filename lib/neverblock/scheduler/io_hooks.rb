@@ -164,10 +164,16 @@ module NeverBlock
       # loop looks every CLOSE_WATCH seconds for closed ones and raises
       # IOError in their fiber, as Ruby does for a thread.
       CLOSE_WATCH = RUBY_VERSION < "4.0" ? 0.1 : nil
-      private_constant :CLOSE_WATCH
+      # Waits one look checks every CLOSE_WATCH seconds at most: with more
+      # fibers waiting, the looks are further apart (1 s at 10,000), so that
+      # a loop holding many idle waits (a server's keep-alive connections)
+      # spends about 10,000 checks a second on the watch, not 10 per wait.
+      CLOSE_WATCH_WAITS = 1000
+      private_constant :CLOSE_WATCH, :CLOSE_WATCH_WAITS
 
       def arm_close_watch
-        @close_watch = @timers.after(CLOSE_WATCH) do
+        interval = CLOSE_WATCH * [@io_waiting.fdiv(CLOSE_WATCH_WAITS), 1].max
+        @close_watch = @timers.after(interval) do
           @close_watch = nil
           interrupt_closed_waits
           arm_close_watch if @io_waiting.positive?
@@ -177,8 +183,9 @@ module NeverBlock
       # Raises IOError in every fiber waiting in the selector on an IO that
       # has been closed meanwhile.
       def interrupt_closed_waits
-        closed = @waits.select { |_fiber, waited| waited.is_a?(IO) && waited.closed? }
-        closed.each do |fiber, io|
+        closed = nil # most looks find none, and allocate nothing
+        @waits.each { |fiber, waited| (closed ||= []) << [fiber, waited] if waited.is_a?(IO) && waited.closed? }
+        closed&.each do |fiber, io|
           interrupt_fiber(fiber, IOError.new("stream closed in another thread")) { @waits[fiber].equal?(io) }
         end
       end

@@ -109,7 +109,69 @@ class ConformanceIOCloseTest < ConformanceTest
     outside&.close
   end
 
+  # Before Ruby 4.0 the loop looks for closed IOs under waiting fibers; with
+  # thousands waiting (a server's idle keep-alive connections) the looks are
+  # spaced out, and a closed one is still found.
+  def test_closing_an_io_that_thousands_of_fibers_wait_on_raises_ioerror_in_each
+    known_failure_on :uring, bug: "on io_uring the reader gets Errno::EBADF from io_uring_poll_add instead of IOError"
+    known_failure_on :select, bug: "on the select selector the IOError is raised from io-event's select.rb in the loop, not in the reader"
+    inside, outside = UNIXSocket.pair
+    errors = 0
+    waiting = 0
+    on_scheduler_thread(limit: 20) do
+      WATCHED_WAITS.times do
+        schedule do
+          waiting += 1
+          inside.wait_readable
+        rescue IOError
+          errors += 1
+        end
+      end
+      schedule { inside.close }
+    end
+    assert_equal [WATCHED_WAITS, WATCHED_WAITS], [waiting, errors]
+  ensure
+    inside&.close
+    outside&.close
+  end
+
+  # The look for closed IOs costs about 10,000 `closed?` checks a second
+  # however many fibers wait (it used to check every wait ten times a
+  # second: 50,000 a second here).
+  def test_the_close_watch_checks_a_bounded_number_of_waits_a_second
+    requires_ruby_below_4
+    checks = [0]
+    counting = Class.new(IO) do
+      define_method(:closed?) do
+        checks[0] += 1
+        super()
+      end
+    end
+    reader, writer = counting.pipe
+    rate = nil
+    on_scheduler_thread(limit: 20) do
+      WATCHED_WAITS.times { schedule { reader.wait_readable } }
+      schedule do
+        started = now
+        counted = checks[0]
+        sleep 2
+        rate = (checks[0] - counted) / (now - started)
+        writer.write("x") # every waiter wakes, and the loop ends
+      end
+    end
+    assert_operator rate, :<, 25_000, "closed? checks a second with #{WATCHED_WAITS} fibers waiting"
+  ensure
+    reader&.close
+    writer&.close
+  end
+
   private
+
+  WATCHED_WAITS = 5000
+
+  def requires_ruby_below_4
+    skip "Ruby #{RUBY_VERSION} tells the scheduler of a close (no close watch)" unless RUBY_VERSION < "4.0"
+  end
 
   # On Ruby 3.2 and 3.3, IO#close waits for the thread still using the
   # descriptor with Mutex#sleep and is woken with Thread#wakeup, which does
