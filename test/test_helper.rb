@@ -42,6 +42,21 @@ module TestSupport
   end
 
   # Seconds on the monotonic clock.
+  # Polls the block (every 20 ms) until it returns a truthy value, and
+  # returns that; fails after `timeout` seconds with #failure_context (what a
+  # test class's server printed, say) after the message.
+  def eventually(timeout: 30)
+    deadline = now + timeout
+    until (value = yield)
+      flunk "condition not met within #{timeout} s#{failure_context}" if now > deadline
+      sleep 0.02
+    end
+    value
+  end
+
+  # What a failed #eventually adds to its message; "" unless a class says.
+  def failure_context = ""
+
   def now
     NeverBlock::Clock.now
   end

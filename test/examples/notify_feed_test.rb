@@ -323,11 +323,5 @@ class NotifyFeedExampleTest < PlainTest
     conn&.close
   end
 
-  def eventually(timeout: 10)
-    deadline = now + timeout
-    until yield
-      flunk "condition not met within #{timeout} s; server output:\n#{@output}" if now > deadline
-      sleep 0.05
-    end
-  end
+  def failure_context = "; server output:\n#{@output}"
 end

@@ -267,15 +267,8 @@ class RailsNewProductionTest < PlainTest
     @output_lock.synchronize { @output.dup }
   end
 
-  # ServeProcesses#eventually, whose failure shows what the server said.
-  def eventually(timeout: 15)
-    deadline = now + timeout
-    until (value = yield)
-      flunk "condition not met within #{timeout} s; output:\n#{@output_lock ? output : '(not started)'}" if now > deadline
-      sleep 0.05
-    end
-    value
-  end
+  # A failed #eventually shows what the server said.
+  def failure_context = "; output:\n#{@output_lock ? output : '(not started)'}"
 
   def up?
     http_get("/up").code == "200"

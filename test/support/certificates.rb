@@ -34,4 +34,14 @@ module TestCertificates
     cert.sign(key, OpenSSL::Digest.new("SHA256"))
     [cert, key]
   end
+
+  # @param name [String] an IP address or a host name.
+  # @return [OpenSSL::SSL::SSLContext] a server's, with a certificate of its own for `name`.
+  def server_context(name)
+    certificate, key = self_signed(name)
+    context = OpenSSL::SSL::SSLContext.new
+    context.cert = certificate
+    context.key = key
+    context
+  end
 end

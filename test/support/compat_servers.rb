@@ -20,7 +20,7 @@ module CompatServers
     listener = TCPServer.new("127.0.0.1", 0)
     port = listener.local_address.ip_port
     if tls
-      listener = OpenSSL::SSL::SSLServer.new(listener, tls_server_context)
+      listener = OpenSSL::SSL::SSLServer.new(listener, TestCertificates.server_context("127.0.0.1"))
       listener.start_immediately = false # the handshake runs on the connection's thread
     end
     serve(listener) do |client|
@@ -166,13 +166,5 @@ module CompatServers
       answer.add_answer(name, 60, Resolv::DNS::Resource::IN::A.new("10.0.0.1")) if type == Resolv::DNS::Resource::IN::A
     end
     answer.encode
-  end
-
-  def tls_server_context
-    certificate, key = TestCertificates.self_signed("127.0.0.1")
-    context = OpenSSL::SSL::SSLContext.new
-    context.cert = certificate
-    context.key = key
-    context
   end
 end

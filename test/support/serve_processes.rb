@@ -97,14 +97,6 @@ module ServeProcesses
     end.sort
   end
 
-  def eventually(timeout: 15)
-    deadline = now + timeout
-    until (value = yield)
-      flunk "condition not met within #{timeout} s" if now > deadline
-      sleep 0.05
-    end
-    value
-  end
 
   def wait_exit(server, timeout: 30)
     Timeout.timeout(timeout) { Process.wait2(server[:pid])[1] }

@@ -61,7 +61,7 @@ class ConformanceHTTPTest < ConformanceTest
   def test_gets_over_tls_with_a_self_signed_certificate
     tcp = TCPServer.new("127.0.0.1", 0)
     port = tcp.local_address.ip_port
-    server = OpenSSL::SSL::SSLServer.new(tcp, tls_context)
+    server = OpenSSL::SSL::SSLServer.new(tcp, TestCertificates.server_context("localhost"))
     bodies = []
     on_scheduler_thread do
       serve(server, 3, 0.01)
@@ -78,15 +78,5 @@ class ConformanceHTTPTest < ConformanceTest
     assert_equal 3.times.map { |index| "hello /secure/#{index}" }, bodies.sort
   ensure
     tcp&.close
-  end
-
-  private
-
-  def tls_context
-    certificate, key = TestCertificates.self_signed("localhost")
-    context = OpenSSL::SSL::SSLContext.new
-    context.cert = certificate
-    context.key = key
-    context
   end
 end

@@ -152,12 +152,5 @@ class ServerHandlerTest < PlainTest
 
   private
 
-  def eventually(timeout: 30)
-    deadline = now + timeout
-    until (value = yield)
-      flunk "condition not met within #{timeout} s; output:\n#{@output}" if now > deadline
-      sleep 0.05
-    end
-    value
-  end
+  def failure_context = "; output:\n#{@output}"
 end

@@ -286,11 +286,7 @@ class ServerRequestTimeoutSettingsTest < PlainTest
     eventually { output.include?("GET /slow timed out after") }
   end
 
-  def eventually(timeout: 10)
-    deadline = now + timeout
-    sleep 0.02 until yield || now > deadline
-    assert yield, "not within #{timeout} s; output:\n#{output}"
-  end
+  def failure_context = "; output:\n#{output}"
 
   def test_neverblock_serve_request_timeout
     port = free_port

@@ -90,13 +90,4 @@ module ServerHelper
   def fd_count
     Dir.children("/proc/self/fd").size
   end
-
-  # Waits until the block is true (polling, since the server runs in another thread).
-  def eventually(timeout: 10)
-    deadline = now + timeout
-    until yield
-      flunk "condition not met within #{timeout} s" if now > deadline
-      sleep 0.01
-    end
-  end
 end
