@@ -18,7 +18,13 @@
 #     (200); request i (from 0) goes to /sleep when i % N == 0, else to /fast,
 #     for N in --every (200,100,50,20,10). One NeverBlock process against Puma
 #     clusters of 1, 2 and 4 workers (Puma's default threads 0:5, stock adapter
-#     with pool 5: a connection per thread).
+#     with pool 5: a connection per thread), and one Puma process in its IO
+#     mode (puma_io: threads 0:5 plus max_io_threads --puma-io-threads (200, the
+#     concurrency) for /sleep, which marks itself IO-bound; stock adapter with
+#     pool 5 + 200, a connection for every thread there can be). Puma 8.0.2's
+#     IO mode does not give back an exited IO thread's place (puma#3958, fixed
+#     upstream by #3968): after its first lull it stays at 5 threads. So also
+#     puma_0x205, Puma with threads 205:205: IO mode's most threads, unbroken.
 # (c) CPU per request: only /fast, --fast-requests (4000) per cell at concurrency
 #     16 and 200 (--fast-concurrency), against one NeverBlock process (with its
 #     adaptive limit, and with --no-adaptive-limit) and one Puma process (0:5
@@ -48,12 +54,13 @@ require_relative "support/postgres"
 module NeverBlockBench
   # Runs the Rails benchmark and reports it. See the file comment.
   class RailsBench < Bench
-    DEFAULTS = { requests: 1000, concurrency: 200, every: [200, 100, 50, 20, 10], puma_workers: [1, 2, 4], nb_pool: 200,
+    DEFAULTS = { requests: 1000, concurrency: 200, every: [200, 100, 50, 20, 10], puma_workers: [1, 2, 4], nb_pool: 200, puma_io_threads: 200,
                  fast_requests: 4000, fast_concurrency: [16, 200], puma_matched_threads: 16, runs: 3 }.freeze
     QUICK = { every: [20, 10], runs: 1, requests: 200, fast_requests: 400 }.freeze
     ONLY = %w[sleeps mixed fast].freeze # the parts
     APP = File.expand_path("rails/config.ru", __dir__)
     PUMA_THREADS = 5 # Puma 8's default maximum on MRI (0:5)
+    PUMA_IO_CONFIG = File.expand_path("support/puma_io.rb", __dir__)
     # One server configuration: `start` takes a port and returns a ServerProcess.
     Setup = Struct.new(:name, :label, :start, keyword_init: true)
 
@@ -110,6 +117,21 @@ module NeverBlockBench
                 end)
     end
 
+    # Puma 8's IO mode in one process: its default 0:5 threads, plus up to
+    # io_threads more for requests marked IO-bound (/sleep); the stock adapter's
+    # pool holds a connection for each thread there can be, so none waits for one.
+    def puma_io
+      io_threads = @options[:puma_io_threads]
+      pool = PUMA_THREADS + io_threads
+      Setup.new(name: "puma_io", label: "Puma IO mode, 1 process (single mode), threads 0:#{PUMA_THREADS} + max_io_threads " \
+                                        "#{io_threads}, postgresql pool #{pool}",
+                start: lambda do |port|
+                  PeerServers.puma(APP, port: port, config: PUMA_IO_CONFIG, name: "puma-rails-puma_io",
+                                        env: { "NB_RAILS_ADAPTER" => "postgresql", "NB_RAILS_POOL" => pool.to_s,
+                                               "NB_BENCH_PUMA_IO_THREADS" => io_threads.to_s })
+                end)
+    end
+
     def cells_for(part, setups, values, requests:, concurrency: nil)
       setups.to_h do |setup|
         [setup, values.map do |value|
@@ -127,7 +149,8 @@ module NeverBlockBench
 
     # (b) The mixed workload; each server started once per run for all N values.
     def measure_mixed
-      setups = [neverblock] + @options[:puma_workers].map { |workers| puma(workers: workers, threads: PUMA_THREADS) }
+      setups = [neverblock] + @options[:puma_workers].map { |workers| puma(workers: workers, threads: PUMA_THREADS) } +
+               [puma_io, puma(workers: 0, threads: PUMA_THREADS + @options[:puma_io_threads])]
       cells = cells_for("mixed", setups, @options[:every], requests: @options[:requests], concurrency: @options[:concurrency])
       measure(cells) do |port, cell|
         drive(port, Array.new(cell[:requests]) { |i| (i % cell[:every]).zero? ? "/sleep" : "/fast" }, cell[:concurrency])

@@ -1,7 +1,7 @@
 #!/usr/bin/env ruby
 # frozen_string_literal: true
 
-# NeverBlock::Server against Puma, Falcon, Thin, iodine and agoo (nginx as
+# NeverBlock::Server against Puma (also in its IO mode), Falcon, Thin, iodine and agoo (nginx as
 # the hardware reference), one serving process each, loaded by Debian's wrk
 # (`wrk -t1 -cN -dXs --latency`, keep-alive): req/s, latency, the server's
 # CPU time per request (its whole session, from /proc) and, for NeverBlock,
@@ -13,13 +13,22 @@
 #
 # Scenarios (bench/support/server_app.rb is every server's app):
 #   hello  GET /, --connections (100): every server
-#   sleep  GET /sleep, `sleep 0.01`, --io-connections (256): NeverBlock, Puma, Falcon
+#   sleep  GET /sleep, `sleep 0.01`, --io-connections (256): NeverBlock, Puma, Puma IO, Falcon
 #   pg     GET /pg, `select pg_sleep(0.01)` through NeverBlock::Postgres.pool(size: 64)
 #          (NeverBlock), a fair fiber pool of 64 (Falcon), a connection per thread (Puma)
 # Thin, iodine and agoo run the app on one thread, so they run hello only.
+# puma_io is Puma 8's IO mode (support/puma_io.rb): its default threads 0:5
+# plus --puma-io-threads (256, the connections) for requests marked IO-bound,
+# as /sleep and /pg are; it runs those two only (hello marks nothing). In
+# Puma 8.0.2 (the newest release) an IO thread that exits over the limit
+# does not give back its place (puma#3958, fixed upstream by #3968): after the
+# first lull (the warm-up's end) the pool cannot grow past 5 threads again.
+# puma_threads, Puma with threads 0:(5 + --puma-io-threads), is what IO mode
+# allows at most for these all-IO endpoints, without that bug.
 # Targets, in each table's "met" columns: NeverBlock's req/s over the peer's
 # (hello >= 1.2x Puma, >= 2x Falcon, >= Thin; sleep and pg >= 10x Puma, >= 1.2x
-# Falcon) and its CPU per request over the peer's (hello <= 0.5x Puma, <= 1.5x iodine).
+# Falcon; pg >= 3x Puma IO, issue 24) and its CPU per request over the peer's
+# (hello <= 0.5x Puma, <= 1.5x iodine; pg <= 1x Puma IO).
 #
 # Each server starts once per round (setsid), is warmed up per scenario, then
 # measured; --runs rounds are interleaved (every server once per round) and
@@ -34,11 +43,13 @@ require_relative "support/server_app"
 module NeverBlockBench
   # Runs the server benchmark and reports it. See the file comment.
   class ServerBench < Bench
-    DEFAULTS = { duration: 10, warmup: 2, connections: 100, io_connections: 256, db_pool: 64, fiber_pool: 1000, runs: 1,
+    DEFAULTS = { duration: 10, warmup: 2, connections: 100, io_connections: 256, puma_io_threads: 256, db_pool: 64, fiber_pool: 1000, runs: 1,
                  scenarios: %w[hello sleep pg] }.freeze
     QUICK = { duration: 3, warmup: 1 }.freeze
-    ONLY = %w[neverblock puma falcon thin iodine agoo nginx].freeze # the servers
+    ONLY = %w[neverblock puma puma_io puma_threads falcon thin iodine agoo nginx].freeze # the servers
     APP = File.expand_path("support/server_app.ru", __dir__)
+    PUMA_IO_CONFIG = File.expand_path("support/puma_io.rb", __dir__)
+    PUMA_THREADS = 5 # Puma 8's default maximum on MRI (0:5)
     # `targets`: peer => the req/s ratio NeverBlock should reach; `cpu_targets`: the CPU ratio it should stay under.
     Scenario = Struct.new(:name, :path, :title, :connections, :targets, :cpu_targets, :database, keyword_init: true)
     # `start` takes a port and returns a ServerProcess; `gc_socket`, given a port, where NeverBlock answers its allocations.
@@ -82,12 +93,14 @@ module NeverBlockBench
        Scenario.new(name: "sleep", path: "/sleep", title: "IO-bound: sleep 0.01", connections: @options[:io_connections],
                     targets: { "puma" => 10.0, "falcon" => 1.2 }, cpu_targets: {}),
        Scenario.new(name: "pg", path: "/pg", title: "IO-bound: select pg_sleep(0.01) through a pool", connections: @options[:io_connections],
-                    targets: { "puma" => 10.0, "falcon" => 1.2 }, cpu_targets: {}, database: true)]
+                    targets: { "puma" => 10.0, "falcon" => 1.2, "puma_io" => 3.0, "puma_threads" => 3.0 },
+                    cpu_targets: { "puma_io" => 1.0, "puma_threads" => 1.0 }, database: true)]
     end
 
     def servers
       pool = @options[:db_pool]
       all = %w[hello sleep pg]
+      io_threads = @options[:puma_io_threads]
       v = PeerServers.locked_versions
       gc_socket = ->(port) { File.join(@scratch, "neverblock-#{port}-gc.sock") }
       db = ->(kind) { { "NB_BENCH_DB" => kind, "NB_BENCH_DB_POOL" => pool.to_s } }
@@ -100,6 +113,20 @@ module NeverBlockBench
                   end),
        Server.new(name: "puma", label: "Puma #{v['puma']} (single mode, default threads 0:5; pg: a connection per thread)", scenarios: all,
                   start: ->(port) { PeerServers.puma(APP, port: port, env: db.call("threads")) }),
+       # Puma 8's IO mode: up to 5 threads plus io_threads more for requests marked IO-bound, a pg connection each.
+       Server.new(name: "puma_io", scenarios: %w[sleep pg],
+                  label: "Puma #{v['puma']} IO mode (single mode, threads 0:#{PUMA_THREADS} + max_io_threads #{io_threads}; " \
+                         "pg: a connection per thread, up to #{PUMA_THREADS + io_threads})",
+                  start: lambda do |port|
+                    PeerServers.puma(APP, port: port, config: PUMA_IO_CONFIG, name: "puma_io",
+                                          env: db.call("threads").merge("NB_BENCH_PUMA_IO_THREADS" => io_threads.to_s))
+                  end),
+       # As many threads as IO mode allows at most, without its accounting bug (see the file comment).
+       Server.new(name: "puma_threads", scenarios: %w[sleep pg],
+                  label: "Puma #{v['puma']} (single mode, threads 0:#{PUMA_THREADS + io_threads}; pg: a connection per thread)",
+                  start: lambda do |port|
+                    PeerServers.puma(APP, port: port, threads: "0:#{PUMA_THREADS + io_threads}", name: "puma_threads", env: db.call("threads"))
+                  end),
        # Falcon with one forked server process (its supervisor is the other), HTTP/1.1.
        Server.new(name: "falcon", label: "Falcon #{v['falcon']} (async #{v['async']}, --count 1; pg: fair fiber pool of #{pool})", scenarios: all,
                   start: ->(port) { peer.call("falcon", port, *%W[serve --bind http://127.0.0.1:#{port} --count 1 --config #{APP}], env: db.call("fibers")) }),
@@ -215,7 +242,7 @@ module NeverBlockBench
           puts "#{row['server']}: #{row['note']}" if row["note"]
         end
       end
-      chart = NeverBlockBench.chart("NeverBlock::Server vs Puma, Falcon, Thin, iodine, agoo, nginx: one process each",
+      chart = NeverBlockBench.chart("NeverBlock::Server vs Puma (and its IO mode), Falcon, Thin, iodine, agoo, nginx: one process each",
                                     @servers.map { |s| s.label.split(" (").first }.join(", "),
                                     "hello: #{@options[:connections]} connections; sleep and pg_sleep(0.01): #{@options[:io_connections]} " \
                                     "connections, db pool #{@options[:db_pool]}; medians of #{@options[:runs]}; wrk -t1 on the same machine")

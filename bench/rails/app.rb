@@ -51,8 +51,10 @@ end
 # The benchmark's two actions.
 class BenchController < ActionController::API
   # One second in the database. `execute`, not `select_value`: pg_sleep returns
-  # void, whose type ActiveRecord would warn about.
+  # void, whose type ActiveRecord would warn about. First it tells Puma 8 the
+  # request waits on IO, for its IO mode (max_io_threads; nil elsewhere).
   def slow
+    request.env["puma.mark_as_io_bound"]&.call
     ActiveRecord::Base.with_connection { |conn| conn.execute("select pg_sleep(1)").clear }
     render plain: "slept\n"
   end

@@ -9,6 +9,8 @@ module NeverBlockBench
   #   GET /sleep  `sleep 0.01`, then "slept\n": a fiber sleep under NeverBlock
   #               and Falcon, a thread sleep under Puma
   #   GET /pg     `select pg_sleep(0.01)` through a database pool, then "slept\n"
+  # /sleep and /pg first mark the request as IO-bound for Puma 8's IO mode
+  # (env["puma.mark_as_io_bound"]; see puma_io.rb).
   #
   # How /pg reaches PostgreSQL depends on the server, `db:`
   # - "neverblock": NeverBlock::Postgres.pool(size: db_pool), the library's own
@@ -43,9 +45,11 @@ module NeverBlockBench
       case env["PATH_INFO"]
       when "/" then text(HELLO)
       when "/sleep"
+        mark_as_io_bound(env)
         sleep(@sleep_seconds)
         text(SLEPT)
       when "/pg"
+        mark_as_io_bound(env)
         query(@pg_sql)
         text(SLEPT)
       else [404, { "content-type" => "text/plain", "content-length" => "10" }, ["not found\n"]]
@@ -53,6 +57,10 @@ module NeverBlockBench
     end
 
     private
+
+    # Tells Puma 8 the request waits on IO, so that its IO mode (max_io_threads)
+    # lets it run beyond the `threads` maximum; nil under every other server.
+    def mark_as_io_bound(env) = env["puma.mark_as_io_bound"]&.call
 
     def text(body)
       [200, { "content-type" => "text/plain", "content-length" => body.bytesize.to_s }, [body]]
