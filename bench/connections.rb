@@ -24,10 +24,8 @@
 # are opened and while they are held; and how many were still open at the end.
 #
 #   bench/run connections                   -> bench/results/connections.{txt,csv,svg}
-#   bench/run connections --quick           smoke run: 500 connections, 2 s windows
+#   bench/run connections --quick           smoke run: 300 connections, 1,000 tasks, 1 s windows
 #   bench/run connections --only neverblock --parts idle --connections 5000
-#   bench/run connections --parts queue --tasks 10_000
-#   bench/run connections --only neverblock --neverblock /tmp/main --out /tmp/before
 #
 # The connections are opened and held by a forked child of this script (plain
 # nonblocking sockets; for sse it reads the events), so the fresh requests'
@@ -44,18 +42,19 @@ require "neverblock/version"
 
 module NeverBlockBench
   # Runs the held-connections benchmark and reports it. See the file comment.
-  class ConnectionsBench
-    DEFAULTS = { connections: 10_000, fresh: 1000, window: 10, settle: 2, tasks: 100_000, parts: %w[idle sse queue],
-                 out: RESULTS, selector: Peers::DEFAULT_SELECTOR }.freeze
-    QUICK = { connections: 500, fresh: 100, window: 2, settle: 1, tasks: 2000 }.freeze
+  class ConnectionsBench < Bench
+    DEFAULTS = { connections: 10_000, fresh: 1000, window: 10, settle: 2, tasks: 100_000, parts: %w[idle sse queue] }.freeze
+    QUICK = { connections: 300, fresh: 50, window: 1, settle: 1, tasks: 1000 }.freeze
+    ONLY = %w[neverblock puma falcon].freeze # the servers
     PARTS = %w[idle sse queue].freeze
     # Memory mappings per fiber (stack, guard page) and what a process has besides (see bench/fibers.rb).
-    MAPPINGS_PER_FIBER = 2
-    MAPPINGS_BESIDES = 10_000
+    MAP_COUNT = ->(fibers) { (fibers * 2) + 10_000 }
     # Connections opened at once (connect, write, then read every reply): below
     # every server's listen backlog, so no SYN is dropped and retried a second later.
     BATCH = 100
     IDLE_TIMEOUT = 3600 # seconds, every server's keep-alive timeout here
+    # The parts' servers that cannot hold its connections, and why.
+    CANNOT = { "sse" => { "puma" => "cannot hold them (5 threads: a stream holds one)" } }.freeze
 
     # Every server's app: hello world, and an event stream ticking each whole second.
     APP = <<~RUBY
@@ -89,43 +88,22 @@ module NeverBlockBench
       end)
     RUBY
 
-    # What one server holding one part's connections measured.
-    Result = Struct.new(:part, :server, :held, :opened, :still_open, :rss_before, :rss_after, :pss_before, :pss_after,
-                        :cpu_per_second, :fresh_before, :fresh_during, :events_per_second, :failure, keyword_init: true) do
-      # @return [Float, nil] KB per connection
-      def rss_each = opened&.positive? ? (rss_after - rss_before).to_f / opened : nil
-      def pss_each = opened&.positive? ? (pss_after - pss_before).to_f / opened : nil
-    end
-
-    def initialize(options)
-      @options = options
-      @parts = CommandLine.parts(@options[:parts], PARTS)
-      @servers = CommandLine.select(servers, @options[:only])
-    end
-
     # @return [Boolean] true when every server held every connection it was given
     def call
-      @fd_limit = Machine.raise_fd_limit(@options[:connections] + 1000)
-      @selector = Peers.use_selector(@options[:selector])
-      if (@parts - ["queue"]).any? && (@servers.map(&:name) & %w[puma falcon]).any? && (problem = PeerServers.problem)
-        return warn(problem) && false
-      end
-
+      parts = CommandLine.only(@options[:parts], PARTS)
+      Machine.raise_fd_limit(@options[:connections] + 1000)
+      Peers.use_epoll
       @scratch = Dir.mktmpdir("neverblock-bench-connections-")
       File.write(app_path, APP)
       File.write(File.join(@scratch, "neverblock.rb"), "limits idle_timeout: #{IDLE_TIMEOUT}\n")
       File.write(File.join(@scratch, "puma.rb"), "persistent_timeout #{IDLE_TIMEOUT}\n")
-      puts header
-      queue_ok = @parts.include?("queue") ? QueueParking.new(@options).call : true
-      results = (@parts - ["queue"]).flat_map do |part|
-        @servers.map do |server|
-          next Result.new(part: part, server: server.name, failure: "cannot hold them (#{server.skip[part]})") if server.skip[part]
-
-          measure(part, server)
-        end
+      puts header(parts)
+      queue_ok = parts.include?("queue") ? QueueParking.new(@options).call : true
+      rows = (parts - ["queue"]).product(@options[:only]).map do |part, server|
+        CANNOT.dig(part, server)&.then { |note| { "part" => part, "server" => server, "note" => note } } || measure(part, server)
       end
-      report(results) unless results.empty?
-      queue_ok && results.all? { |result| result.failure&.start_with?("cannot") || (result.failure.nil? && result.still_open == result.held) }
+      report(rows) unless rows.empty?
+      queue_ok && rows.all? { |row| row["note"]&.start_with?("cannot") || row["open at end"] == "#{@options[:connections]}/#{@options[:connections]}" }
     ensure
       ServerProcess.stop_all
       FileUtils.rm_rf(@scratch) if @scratch
@@ -133,85 +111,65 @@ module NeverBlockBench
 
     private
 
-    # `start` takes a port and returns a ServerProcess; `skip` names the parts it cannot run and why.
-    Server = Struct.new(:name, :label, :start, :skip, keyword_init: true)
-
-    def servers
-      v = PeerServers.locked_versions
-      repo = PeerServers::REPO
-      [Server.new(name: "neverblock", skip: {},
-                  label: "NeverBlock #{NeverBlock::VERSION} (neverblock serve -w 0, fiber_pool 1000#{", from #{@options[:neverblock]}" if @options[:neverblock]})",
-                  start: lambda do |port|
-                    ServerProcess.start("neverblock", [RbConfig.ruby, File.join(@options[:neverblock] || repo, "exe/neverblock"), "serve", app_path, "-w", "0",
-                                                       "-b", "tcp://127.0.0.1:#{port}", "-C", File.join(@scratch, "neverblock.rb")],
-                                        port: port)
-                  end),
-       Server.new(name: "puma", label: "Puma #{v['puma']} (single mode, default threads 0:5)",
-                  skip: { "sse" => "5 threads: a stream holds one" },
-                  start: lambda do |port|
-                    peer("puma", %W[bundle exec puma --environment production --bind tcp://127.0.0.1:#{port}
-                                    -C #{File.join(@scratch, 'puma.rb')} #{app_path}], port)
-                  end),
-       Server.new(name: "falcon", label: "Falcon #{v['falcon']} (async #{v['async']}, --count 1, --timeout #{IDLE_TIMEOUT})", skip: {},
-                  start: lambda do |port|
-                    peer("falcon", %W[bundle exec falcon serve --bind http://127.0.0.1:#{port} --count 1
-                                      --timeout #{IDLE_TIMEOUT} --config #{app_path}], port)
-                  end)]
-    end
-
     def app_path = File.join(@scratch, "config.ru")
 
-    def peer(name, command, port)
-      PeerServers.unbundled { ServerProcess.start(name, command, port: port, env: PeerServers.bundle_env("RACK_ENV" => "production")) }
+    # @return [ServerProcess] `server` serving the app on `port`
+    def start(server, port)
+      case server
+      when "neverblock" then PeerServers.neverblock(app_path, port: port, args: ["-w", "0", "-C", File.join(@scratch, "neverblock.rb")])
+      when "puma" then PeerServers.puma(app_path, port: port, config: File.join(@scratch, "puma.rb"))
+      else PeerServers.peer("falcon", %W[bundle exec falcon serve --bind http://127.0.0.1:#{port} --count 1
+                                          --timeout #{IDLE_TIMEOUT} --config #{app_path}], port, { "RACK_ENV" => "production" })
+      end
     end
 
-    def header
-      machine = <<~TEXT
-        #{Machine.description}; load average #{Machine.load_average} at the start
-        #{Machine.ruby_description}; #{Checkout.description}; RLIMIT_NOFILE #{@fd_limit}
-      TEXT
-      return "# Parked tasks\n\n#{machine}" if @parts == ["queue"]
-
-      <<~TEXT
-        # Held connections: #{@options[:connections]} per server, one process each
-
-        #{machine.chomp}
-        #{@servers.map(&:label).join('; ')}
-        idle: one GET / per connection, then idle; sse: GET /sse, an event each whole second.
-        Memory: VmRSS and smaps_rollup Pss of the server's session, #{@options[:settle]} s after the last connection,
-        per connection over the count before; CPU: the session's user+sys over #{@options[:window]} s while held;
-        fresh: #{@options[:fresh]} sequential GET / on new connections before and while held (after the CPU window).
-      TEXT
+    def header(parts)
+      v = PeerServers.locked_versions
+      title = parts == ["queue"] ? "# Parked tasks" : "# Held connections: #{@options[:connections]} per server, one process each"
+      facts = ["#{Checkout.description}; RLIMIT_NOFILE #{Process.getrlimit(:NOFILE).first}"]
+      unless parts == ["queue"]
+        facts << "NeverBlock #{NeverBlock::VERSION} (neverblock serve -w 0, fiber_pool 1000); Puma #{v['puma']} (single mode, " \
+                 "default threads 0:5); Falcon #{v['falcon']} (async #{v['async']}, --count 1, --timeout #{IDLE_TIMEOUT})"
+        facts << <<~TEXT.chomp
+          idle: one GET / per connection, then idle; sse: GET /sse, an event each whole second.
+          Memory: VmRSS and smaps_rollup Pss of the server's session, #{@options[:settle]} s after the last connection,
+          per connection over the count before; CPU: the session's user+sys over #{@options[:window]} s while held;
+          fresh: #{@options[:fresh]} sequential GET / on new connections before and while held (after the CPU window).
+        TEXT
+      end
+      NeverBlockBench.header(title, *facts)
     end
 
     # Starts the server, measures one part, stops the server.
-    # @return [Result]
+    # @return [Hash] the CSV row
     def measure(part, server)
-      warn "#{part}: #{server.name}"
+      warn "#{part}: #{server}"
       port = ServerProcess.free_port
-      process = server.start.call(port)
+      process = start(server, port)
       process.wait_until_ready
       fresh_requests(port, 200) # warm-up
-      result = Result.new(part: part, server: server.name, held: @options[:connections],
-                          fresh_before: fresh_requests(port, @options[:fresh]))
-      result.rss_before, result.pss_before = memory_kb(process.pid)
+      before = fresh_requests(port, @options[:fresh])
+      rss_before, pss_before = memory_kb(process.pid)
       holder = Holder.start(port, @options[:connections], sse: part == "sse")
-      result.opened = holder.opened
       sleep @options[:settle]
-      result.rss_after, result.pss_after = memory_kb(process.pid)
+      rss_after, pss_after = memory_kb(process.pid)
       cpu = ProcessCpu.session_seconds(process.pid)
       sleep @options[:window]
-      result.cpu_per_second = (ProcessCpu.session_seconds(process.pid) - cpu) / @options[:window]
-      result.fresh_during = fresh_requests(port, @options[:fresh])
-      report = holder.finish
-      result.still_open = report[:open]
-      result.events_per_second = report[:events_per_second] if part == "sse"
-      result.failure = report[:failure]
-      warn "  #{result.opened} opened, #{result.still_open} open at the end; RSS #{format('%.1f', result.rss_each || 0)} KB each"
-      result
+      cpu = (ProcessCpu.session_seconds(process.pid) - cpu) / @options[:window]
+      during = fresh_requests(port, @options[:fresh])
+      held = holder.finish
+      each = ->(kb) { format("%.1f", kb.to_f / holder.opened) if holder.opened.positive? }
+      ms = ->(samples, fraction) { format("%.2f", samples.sort[((samples.size - 1) * fraction).round] * 1000) }
+      warn "  #{holder.opened} opened, #{held[:open]} open at the end; RSS #{each.call(rss_after - rss_before)} KB each"
+      { "part" => part, "server" => server, "open at end" => "#{held[:open]}/#{@options[:connections]}",
+        "RSS before MB" => format("%.1f", rss_before / 1024.0), "RSS KB/conn" => each.call(rss_after - rss_before),
+        "PSS KB/conn" => each.call(pss_after - pss_before), "CPU ms/s held" => format("%.1f", cpu * 1000),
+        "fresh p50 ms before" => ms.call(before, 0.5), "fresh p99 ms before" => ms.call(before, 0.99),
+        "fresh p50 ms held" => ms.call(during, 0.5), "fresh p99 ms held" => ms.call(during, 0.99),
+        "events/s" => (held[:events_per_second]&.round if part == "sse"), "note" => held[:failure] }
     rescue StandardError => e
-      warn "  #{server.name} failed: #{e.class}: #{e.message}"
-      Result.new(part: part, server: server.name, failure: "#{e.class}: #{e.message.lines.first&.strip}")
+      warn "  #{server} failed: #{e.class}: #{e.message}"
+      { "part" => part, "server" => server, "note" => "#{e.class}: #{e.message.lines.first&.strip}" }
     ensure
       holder&.kill
       process&.stop
@@ -219,80 +177,44 @@ module NeverBlockBench
 
     # @return [Array(Integer, Integer)] VmRSS and Pss in kB, summed over the session's processes
     def memory_kb(session)
-      session_pids(session).map do |pid|
-        rss = File.read("/proc/#{pid}/status")[/^VmRSS:\s+(\d+)/, 1].to_i
-        pss = File.read("/proc/#{pid}/smaps_rollup")[/^Pss:\s+(\d+)/, 1].to_i
-        [rss, pss]
+      Dir.glob("/proc/[0-9]*/stat").filter_map do |path|
+        stat = File.read(path)
+        next unless Integer(stat[(stat.rindex(")") + 2)..].split[3]) == session
+
+        dir = File.dirname(path)
+        [File.read("#{dir}/status")[/^VmRSS:\s+(\d+)/, 1].to_i, File.read("#{dir}/smaps_rollup")[/^Pss:\s+(\d+)/, 1].to_i]
       rescue SystemCallError
-        [0, 0]
+        nil
       end.transpose.map(&:sum)
     end
 
-    def session_pids(session)
-      Dir.glob("/proc/[0-9]*/stat").filter_map do |path|
-        text = File.read(path)
-        Integer(path[%r{/proc/(\d+)/}, 1]) if Integer(text[(text.rindex(")") + 2)..].split[3]) == session
-      rescue SystemCallError
-        nil
-      end
-    end
-
     # Times `count` sequential GET / each on a new connection.
-    # @return [Samples] seconds
+    # @return [Array<Float>] seconds
     def fresh_requests(port, count)
-      Samples.new(Array.new(count) do
-        timed do
+      Array.new(count) do
+        NeverBlockBench.timed do
           Socket.tcp("127.0.0.1", port) do |socket|
             socket.write("GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
             HTTP.read_response(socket, NeverBlockBench.now + 10) or raise "no response to a fresh GET /"
           end
         end
-      end)
-    end
-
-    def timed(&block) = NeverBlockBench.timed(&block)
-
-    def percentile(samples, fraction)
-      sorted = samples.values.sort
-      sorted[((sorted.size - 1) * fraction).round]
-    end
-
-    def report(results)
-      ms = ->(seconds) { seconds && format("%.2f", seconds * 1000) }
-      kb = ->(value) { value && format("%.1f", value) }
-      headers = ["part", "server", "open at end", "RSS before MB", "RSS KB/conn", "PSS KB/conn", "CPU ms/s held",
-                 "fresh p50 ms before", "fresh p99 ms before", "fresh p50 ms held", "fresh p99 ms held", "events/s", "note"]
-      rows = results.map do |r|
-        [r.part, r.server, r.still_open && "#{r.still_open}/#{r.held}", r.rss_before && format("%.1f", r.rss_before / 1024.0),
-         kb.call(r.rss_each), kb.call(r.pss_each), r.cpu_per_second && format("%.1f", r.cpu_per_second * 1000),
-         ms.call(r.fresh_before && percentile(r.fresh_before, 0.5)), ms.call(r.fresh_before && percentile(r.fresh_before, 0.99)),
-         ms.call(r.fresh_during && percentile(r.fresh_during, 0.5)), ms.call(r.fresh_during && percentile(r.fresh_during, 0.99)),
-         r.events_per_second&.round, r.failure]
       end
-      table = Table.new(headers, align: %i[left left] + [:right] * 10 + [:left])
-      rows.each { |row| table << row }
-      puts "\n#{table}"
-      puts "load average #{Machine.load_average} at the end"
-      write_results(rows, headers, results)
     end
 
-    def write_results(rows, headers, results)
-      categories = results.map { |r| "#{r.part} #{r.server}" }
-      value = ->(r, v) { r.failure && !r.opened ? r.failure[/\A\S+ \S+ \S+/] : v }
-      chart = SvgChart.new(title: "#{@options[:connections]} held connections, one server process each",
-                           subtitle: [Machine.description, Machine.ruby_description])
-      chart.add_panel(title: "RSS per connection (KB)", categories: categories,
-                      series: { "RSS KB/conn" => results.map { |r| value.call(r, r.rss_each&.round(1)) },
-                                "PSS KB/conn" => results.map { |r| value.call(r, r.pss_each&.round(1)) } })
-      chart.add_panel(title: "fresh requests meanwhile, p99 (ms)", categories: categories,
-                      series: { "before" => results.map { |r| value.call(r, r.fresh_before && (percentile(r.fresh_before, 0.99) * 1000).round(2)) },
-                                "held" => results.map { |r| value.call(r, r.fresh_during && (percentile(r.fresh_during, 0.99) * 1000).round(2)) } })
-      chart.add_panel(title: "CPU while held (ms per second)", categories: categories,
-                      series: { "CPU ms/s" => results.map { |r| value.call(r, r.cpu_per_second && (r.cpu_per_second * 1000).round(1)) } })
-      NeverBlockBench.write_results(@options[:out], "connections", headers, rows, chart)
+    COLUMNS = ["part", "server", "open at end", "RSS before MB", "RSS KB/conn", "PSS KB/conn", "CPU ms/s held", "fresh p50 ms before",
+               "fresh p99 ms before", "fresh p50 ms held", "fresh p99 ms held", "events/s", "note"].freeze
+
+    def report(rows)
+      rows = rows.map { |row| COLUMNS.to_h { |column| [column, row[column]] } }
+      puts "\n#{Table.new(COLUMNS, rows.map(&:values), align: %i[left left] + [:right] * 10 + [:left])}"
+      chart = NeverBlockBench.chart("#{@options[:connections]} held connections, one server process each")
+      chart.pivot("RSS per connection (KB)", "RSS KB/conn", series: "server", by: "part")
+      chart.pivot("PSS per connection (KB)", "PSS KB/conn", series: "server", by: "part")
+      chart.pivot("fresh requests while held, p99 (ms)", "fresh p99 ms held", series: "server", by: "part")
+      chart.pivot("CPU while held (ms per second)", "CPU ms/s held", series: "server", by: "part")
+      NeverBlockBench.write_results(@options[:out], "connections", rows, chart)
     end
 
-    # Reading one HTTP/1.1 response from a blocking-or-not socket.
     module HTTP
       module_function
 
@@ -447,13 +369,13 @@ module NeverBlockBench
       # @return [Boolean] true when every variant parked and woke every task
       def call
         count = @options[:tasks]
-        note = map_count_note(count)
+        Machine.raise_sysctl("vm/max_map_count", MAP_COUNT.call(count))
         rows = variants.map do |variant|
           outcome = Isolated.run(timeout: 300) { measure(variant, count) }
           warn "queue: #{variant.name}: #{outcome.is_a?(Isolated::Failure) ? "FAILED #{outcome}" : format('%.2f KB/task', outcome[:rss])}"
           [variant, outcome]
         end
-        report(count, rows, note)
+        report(count, rows)
         rows.none? { |_, outcome| outcome.is_a?(Isolated::Failure) }
       end
 
@@ -506,42 +428,22 @@ module NeverBlockBench
         [Machine.status_kb("VmRSS"), File.read("/proc/self/smaps_rollup")[/^Pss:\s+(\d+)/, 1].to_i]
       end
 
-      def map_count_note(count)
-        needed = (count * MAPPINGS_PER_FIBER) + MAPPINGS_BESIDES
-        status, value, detail = Machine.raise_sysctl("vm/max_map_count", minimum: needed, target: needed)
-        case status
-        when :raised then "Raised vm.max_map_count from #{value} to #{detail} (it stays raised)."
-        when :failed then "vm.max_map_count=#{value} is below the #{needed} #{count} fibers need (#{detail}): expect FiberError."
-        end
-      end
-
-      def report(count, rows, note)
-        headers = ["variant", "RSS KB/task", "PSS KB/task", "what"]
-        table = Table.new(headers, align: %i[left right right left])
-        csv = rows.map do |variant, outcome|
+      def report(count, outcomes)
+        rows = outcomes.map do |variant, outcome|
           failed = outcome.is_a?(Isolated::Failure)
-          [variant.name, (format("%.2f", outcome[:rss]) unless failed), (format("%.2f", outcome[:pss]) unless failed),
-           failed ? "FAILED #{outcome}" : variant.label].tap { |row| table << row }
+          { "variant" => variant.name, "RSS KB/task" => (format("%.2f", outcome[:rss]) unless failed),
+            "PSS KB/task" => (format("%.2f", outcome[:pss]) unless failed), "what" => failed ? "FAILED #{outcome}" : variant.label }
         end
-        puts "\n## #{count} tasks parked on a Thread::Queue, memory per task (a forked child each)\n\n#{note}#{"\n" if note}#{table}"
-        chart = SvgChart.new(title: "#{count} tasks parked on a Thread::Queue: memory per task",
-                             subtitle: [Machine.description, Machine.ruby_description])
-        chart.add_panel(title: "KB per parked task", categories: rows.map { |variant, _| variant.name },
-                        series: { "RSS" => csv.map { |row| row[1]&.to_f || "failed" }, "PSS" => csv.map { |row| row[2]&.to_f || "failed" } })
-        NeverBlockBench.write_results(@options[:out], "connections_queue", headers, csv, chart)
+        columns = ["variant", "RSS KB/task", "PSS KB/task", "what"]
+        puts "\n## #{count} tasks parked on a Thread::Queue, memory per task (a forked child each)\n\n" \
+             "vm.max_map_count #{Machine.sysctl('vm/max_map_count')}\n#{Table.new(columns, rows.map(&:values), align: %i[left right right left])}"
+        chart = NeverBlockBench.chart("#{count} tasks parked on a Thread::Queue: memory per task")
+        chart.pivot("RSS KB per parked task", "RSS KB/task", series: "variant")
+        chart.pivot("PSS KB per parked task", "PSS KB/task", series: "variant")
+        NeverBlockBench.write_results(@options[:out], "connections_queue", rows, chart)
       end
     end
   end
 end
 
-if $PROGRAM_NAME == __FILE__
-  NeverBlockBench::CommandLine.main(NeverBlockBench::ConnectionsBench, "connections", variants: "neverblock,puma,falcon") do |opts, options|
-    opts.on("--connections N", Integer, "connections each server holds (10_000)") { |n| options[:connections] = n }
-    opts.on("--fresh N", Integer, "sequential fresh requests timed before and while held (1000)") { |n| options[:fresh] = n }
-    opts.on("--window SECONDS", Float, "how long the CPU of a server holding them is measured (10)") { |s| options[:window] = s }
-    opts.on("--settle SECONDS", Float, "wait after the last connection before reading memory (2)") { |s| options[:settle] = s }
-    opts.on("--neverblock DIR", "a checkout whose exe/neverblock serves (this one), for before/after runs") { |dir| options[:neverblock] = File.expand_path(dir) }
-    opts.on("--tasks N", Integer, "tasks parked on a queue in the queue part (100_000)") { |n| options[:tasks] = n }
-    opts.on("--parts LIST", Array, "idle,sse,queue (all)") { |list| options[:parts] = list }
-  end
-end
+NeverBlockBench::CommandLine.main(NeverBlockBench::ConnectionsBench, "connections") if $PROGRAM_NAME == __FILE__
