@@ -164,10 +164,11 @@ module NeverBlock
       # loop looks every CLOSE_WATCH seconds for closed ones and raises
       # IOError in their fiber, as Ruby does for a thread.
       CLOSE_WATCH = RUBY_VERSION < "4.0" ? 0.1 : nil
-      # Waits one look checks every CLOSE_WATCH seconds at most: with more
-      # fibers waiting, the looks are further apart (1 s at 10,000), so that
-      # a loop holding many idle waits (a server's keep-alive connections)
-      # spends about 10,000 checks a second on the watch, not 10 per wait.
+      # How many waits a look may check per CLOSE_WATCH seconds: with more
+      # fibers waiting, the looks come further apart (1 s at 10,000 waits),
+      # so that a loop holding many idle waits (a server's keep-alive
+      # connections) spends about 10,000 checks a second on the watch, not
+      # 10 a second for each wait.
       CLOSE_WATCH_WAITS = 1000
       private_constant :CLOSE_WATCH, :CLOSE_WATCH_WAITS
 
