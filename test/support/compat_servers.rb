@@ -73,6 +73,8 @@ module CompatServers
         compat_threads << Thread.new do
           sleep delay
           socket.send(dns_answer(packet), 0, host, port)
+        rescue IOError, Errno::EBADF
+          nil # the server closed at teardown while this answer waited (seen on io_uring)
         end
       end
     rescue IOError, Errno::EBADF
