@@ -42,11 +42,9 @@ class ServerHandlerTest < PlainTest
   end
 
   def test_rails_server_u_neverblock
-    @dir = Dir.mktmpdir("nb-rails")
-    FileUtils.cp_r(File.join(FIXTURES, "rails_app", "."), @dir)
+    copy_rails_app
     port = free_port
-    start(RbConfig.ruby, "bin/rails", "server", "-u", "neverblock", "-b", "127.0.0.1", "-p", port.to_s,
-          "-P", File.join(@dir, "server.pid"), chdir: @dir, env: { "RAILS_MAX_THREADS" => nil })
+    start_rails_server(port, env: { "RAILS_MAX_THREADS" => nil })
     response = wait_for_answer(port, timeout: 90)
     assert_equal "200", response.code
     # RAILS_MAX_THREADS was unset: the handler set it to 25 before the app
@@ -60,12 +58,10 @@ class ServerHandlerTest < PlainTest
   # config/neverblock.rb (what `neverblock serve -C` reads): an upload limit
   # raised there applies, and what only `neverblock serve` does is named.
   def test_rails_server_u_neverblock_reads_config_neverblock_rb
-    @dir = Dir.mktmpdir("nb-rails")
-    FileUtils.cp_r(File.join(FIXTURES, "rails_app", "."), @dir)
+    copy_rails_app
     File.write(File.join(@dir, "config", "neverblock.rb"), "limits max_body: 16\npidfile 'tmp/x.pid'\n")
     port = free_port
-    start(RbConfig.ruby, "bin/rails", "server", "-u", "neverblock", "-b", "127.0.0.1", "-p", port.to_s,
-          "-P", File.join(@dir, "server.pid"), chdir: @dir)
+    start_rails_server(port)
     assert_equal "200", wait_for_answer(port, timeout: 90).code
     response = Net::HTTP.start("127.0.0.1", port) { |http| http.post("/", "x" * 17, "content-type" => "text/plain") }
     assert_equal "413", response.code
@@ -75,8 +71,7 @@ class ServerHandlerTest < PlainTest
   end
 
   def test_rails_server_u_neverblock_on_a_port_in_use_says_so_in_one_line
-    @dir = Dir.mktmpdir("nb-rails")
-    FileUtils.cp_r(File.join(FIXTURES, "rails_app", "."), @dir)
+    copy_rails_app
     taken = TCPServer.new("127.0.0.1", 0)
     port = taken.addr[1]
     out, status = Open3.capture2e(RbConfig.ruby, "bin/rails", "server", "-u", "neverblock", "-b", "127.0.0.1", "-p", port.to_s,
@@ -89,11 +84,9 @@ class ServerHandlerTest < PlainTest
   end
 
   def test_rails_server_u_neverblock_keeps_a_rails_max_threads_it_finds
-    @dir = Dir.mktmpdir("nb-rails")
-    FileUtils.cp_r(File.join(FIXTURES, "rails_app", "."), @dir)
+    copy_rails_app
     port = free_port
-    start(RbConfig.ruby, "bin/rails", "server", "-u", "neverblock", "-b", "127.0.0.1", "-p", port.to_s,
-          "-P", File.join(@dir, "server.pid"), chdir: @dir, env: { "RAILS_MAX_THREADS" => "40" })
+    start_rails_server(port, env: { "RAILS_MAX_THREADS" => "40" })
     response = wait_for_answer(port, timeout: 90)
     assert_match(/ pool=40\n\z/, response.body)
     stop_and_wait
@@ -104,14 +97,11 @@ class ServerHandlerTest < PlainTest
   # bin/jobs (here a stand-in that notes its start and its TERM) runs under
   # a master, beside one worker, and stops with the server.
   def test_rails_server_u_neverblock_supervises_bin_jobs_under_solid_queue_in_puma
-    @dir = Dir.mktmpdir("nb-rails")
-    FileUtils.cp_r(File.join(FIXTURES, "rails_app", "."), @dir)
+    copy_rails_app
     FileUtils.cp(File.join(FIXTURES, "sidecar_app", "bin", "jobs"), File.join(@dir, "bin", "jobs"))
     events = File.join(@dir, "jobs.log")
     port = free_port
-    start(RbConfig.ruby, "bin/rails", "server", "-u", "neverblock", "-b", "127.0.0.1", "-p", port.to_s,
-          "-P", File.join(@dir, "server.pid"), chdir: @dir,
-          env: { "SOLID_QUEUE_IN_PUMA" => "true", "SIDECAR_EVENTS" => events })
+    start_rails_server(port, env: { "SOLID_QUEUE_IN_PUMA" => "true", "SIDECAR_EVENTS" => events })
     response = wait_for_answer(port, timeout: 90)
     refute_includes response.body, "rails #{@pid} ", "answered by the worker, not the master"
     jobs = Integer(eventually { File.exist?(events) && File.read(events)[/^started (\d+) #{Regexp.escape(File.realpath(@dir))}$/, 1] })
@@ -121,11 +111,9 @@ class ServerHandlerTest < PlainTest
   end
 
   def test_rails_server_u_neverblock_under_solid_queue_in_puma_without_bin_jobs_says_so
-    @dir = Dir.mktmpdir("nb-rails")
-    FileUtils.cp_r(File.join(FIXTURES, "rails_app", "."), @dir)
+    copy_rails_app
     port = free_port
-    start(RbConfig.ruby, "bin/rails", "server", "-u", "neverblock", "-b", "127.0.0.1", "-p", port.to_s,
-          "-P", File.join(@dir, "server.pid"), chdir: @dir, env: { "SOLID_QUEUE_IN_PUMA" => "true" })
+    start_rails_server(port, env: { "SOLID_QUEUE_IN_PUMA" => "true" })
     assert_match(/\Arails #{@pid} /, wait_for_answer(port, timeout: 90).body, "served in the one process")
     stop_and_wait
     assert_includes @output, "NeverBlock: SOLID_QUEUE_IN_PUMA is set but #{File.realpath(@dir)}/bin/jobs does not exist; " \
@@ -135,15 +123,12 @@ class ServerHandlerTest < PlainTest
   # An explicit `workers 0` in config/neverblock.rb (`rails server` has
   # no -O) keeps the one process: bin/jobs is not run, and the server says why.
   def test_rails_server_u_neverblock_with_workers_0_in_config_under_solid_queue_in_puma_runs_no_bin_jobs
-    @dir = Dir.mktmpdir("nb-rails")
-    FileUtils.cp_r(File.join(FIXTURES, "rails_app", "."), @dir)
+    copy_rails_app
     FileUtils.cp(File.join(FIXTURES, "sidecar_app", "bin", "jobs"), File.join(@dir, "bin", "jobs"))
     File.write(File.join(@dir, "config", "neverblock.rb"), "workers 0\n")
     events = File.join(@dir, "jobs.log")
     port = free_port
-    start(RbConfig.ruby, "bin/rails", "server", "-u", "neverblock", "-b", "127.0.0.1", "-p", port.to_s,
-          "-P", File.join(@dir, "server.pid"), chdir: @dir,
-          env: { "SOLID_QUEUE_IN_PUMA" => "true", "SIDECAR_EVENTS" => events })
+    start_rails_server(port, env: { "SOLID_QUEUE_IN_PUMA" => "true", "SIDECAR_EVENTS" => events })
     assert_match(/\Arails #{@pid} /, wait_for_answer(port, timeout: 90).body, "served in the one process")
     stop_and_wait
     refute File.exist?(events), "bin/jobs ran"
@@ -151,6 +136,18 @@ class ServerHandlerTest < PlainTest
   end
 
   private
+
+  # The Rails fixture app, copied to @dir (a fresh temporary directory).
+  def copy_rails_app
+    @dir = Dir.mktmpdir("nb-rails")
+    FileUtils.cp_r(File.join(FIXTURES, "rails_app", "."), @dir)
+  end
+
+  # `bin/rails server -u neverblock` in @dir on 127.0.0.1:`port`.
+  def start_rails_server(port, env: {})
+    start(RbConfig.ruby, "bin/rails", "server", "-u", "neverblock", "-b", "127.0.0.1", "-p", port.to_s,
+          "-P", File.join(@dir, "server.pid"), chdir: @dir, env: env)
+  end
 
   def failure_context = "; output:\n#{@output}"
 end
