@@ -51,11 +51,16 @@ module NeverBlock
     # Runs the block in a pooled fiber, now or, if all `size` fibers are
     # busy, once one is free.
     #
+    # @param defer [Boolean] true: a new fiber for the block starts on the
+    #   loop's next turn, so the caller goes on without giving up its turn
+    #   (a parked fiber of the pool is always handed the block that way).
+    #   Should Ruby then fail to allocate its stack, the block waits for a
+    #   busy fiber of the pool instead (or fails, if there is none).
     # @return [Task] the block's task.
     # @raise [PoolFull] when `queue_limit` blocks are already waiting.
     # @raise [PoolClosed] after {#shutdown}.
     # @raise [NoReactorError] outside {NeverBlock.run}.
-    def spawn(&block)
+    def spawn(defer: false, &block)
       raise ArgumentError, "FiberPool#spawn needs a block" unless block
       raise PoolClosed, "this FiberPool has been shut down" if @closed
 
@@ -68,7 +73,7 @@ module NeverBlock
       task = Task.new(scheduler, block)
       task.storage = Fiber.current.storage if STORAGE
       scheduler.adopt(task)
-      dispatch(scheduler, task)
+      dispatch(scheduler, task, defer)
       task
     end
 
@@ -143,13 +148,13 @@ module NeverBlock
       scheduler
     end
 
-    def dispatch(scheduler, task)
+    def dispatch(scheduler, task, defer = false)
       if (worker = @idle.pop)
         @active[task] = true # handed over; it starts on the loop's next turn
         scheduler.wake(worker, task)
       elsif @workers < @size
         @workers += 1
-        start_worker(scheduler, task)
+        defer ? start_worker_later(scheduler, task) : start_worker(scheduler, task)
       else
         task.owner = self
         @queue << task
@@ -162,6 +167,23 @@ module NeverBlock
       @workers -= 1
       @active.delete(task)
       task.fail_to_start(e)
+    end
+
+    def start_worker_later(scheduler, task)
+      @active[task] = true # handed over; it starts on the loop's next turn
+      scheduler.start_fiber_later(new_worker(scheduler, task), lambda do |error|
+        @workers -= 1
+        @active.delete(task)
+        if @workers.zero? || @closed
+          task.fail_to_start(error)
+        elsif (worker = @idle.pop)
+          @active[task] = true
+          scheduler.wake(worker, task)
+        else
+          task.owner = self
+          @queue.unshift(task) # the next fiber to finish a block takes it
+        end
+      end)
     end
 
     def new_worker(scheduler, task)

@@ -255,6 +255,19 @@ module NeverBlock
       start(fiber)
     end
 
+    # @api private
+    # Starts a raw fiber on the loop's next turn, after what is ready now,
+    # rather than switching to it at once: a fiber starting many (the
+    # server's acceptor taking in a backlog of connections) goes on without
+    # giving up its turn for each. `on_failure` is called with the
+    # FiberError if Ruby cannot allocate the fiber's stack then.
+    # @param fiber [Fiber]
+    # @param on_failure [#call]
+    # @return [void]
+    def start_fiber_later(fiber, on_failure)
+      @ready.push(fiber, START, on_failure)
+    end
+
     # --- Waiting and waking ------------------------------------------------
 
     # Suspends the current (non-blocking) fiber until {#wake} resumes it.
@@ -471,9 +484,11 @@ module NeverBlock
       target.fail_to_start(e)
     end
 
-    def start_deferred(target)
+    def start_deferred(target, on_failure)
       start(target)
     rescue FiberError => e
+      return on_failure.call(e) if on_failure
+
       NeverBlock.logger.error("NeverBlock") { "could not start #{target.inspect}: #{e.message}" }
     end
 
@@ -551,7 +566,7 @@ module NeverBlock
         value = ready[index + 2]
         index += 3
         if token.equal?(START)
-          start_deferred(target)
+          start_deferred(target, value)
         elsif token.equal?(RESUME)
           resume_displaced(target)
         elsif @waits[target] == token

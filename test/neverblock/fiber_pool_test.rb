@@ -31,6 +31,21 @@ class FiberPoolTest < NeverBlockTest
     assert_equal 2, fibers.uniq.size
   end
 
+  def test_a_deferred_spawn_lets_the_caller_go_on_and_starts_the_blocks_in_order_on_the_next_turn
+    pool = NeverBlock::FiberPool.new(size: 10)
+    order = []
+    tasks = 5.times.map do |i|
+      pool.spawn(defer: true) { order << i }.tap { order << :"spawned#{i}" }
+    end
+    assert_equal (0..4).map { |i| :"spawned#{i}" }, order, "a block ran before its caller gave up its turn"
+    assert_equal [:pending] * 5, tasks.map(&:status)
+    NeverBlock.wait_all(tasks)
+    assert_equal [0, 1, 2, 3, 4], order.last(5)
+    eager = []
+    NeverBlock::FiberPool.new(size: 1).spawn { eager << :ran }
+    assert_equal [:ran], eager, "without defer: a new fiber runs the block at once"
+  end
+
   def test_waiting_blocks_run_in_fifo_order
     pool = NeverBlock::FiberPool.new(size: 1)
     order = []

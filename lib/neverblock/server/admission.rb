@@ -122,6 +122,19 @@ module NeverBlock
         end
       end
 
+      # Waits for a turn in the same first-come-first-served queue as
+      # requests waiting for a slot, then passes the slot on: a server's
+      # acceptor calls it when the slots are all taken, so a connection
+      # waiting in the kernel's accept queue is let in after the requests
+      # queued before it, instead of only when a slot is released with no
+      # request waiting, which keep-alive connections (each queuing its next
+      # request as it releases its slot) could put off indefinitely.
+      # @return [void]
+      def wait_turn
+        acquire
+        release
+      end
+
       # Counts a request that gave its slot back early (the slot itself comes
       # back through {#release}).
       # @return [void]
