@@ -70,7 +70,10 @@ class FiberPoolTest < NeverBlockTest
   def test_after_a_burst_at_most_idle_limit_fibers_are_kept
     pool = NeverBlock::FiberPool.new(size: 1000)
     assert_equal NeverBlock::FiberPool::IDLE_LIMIT, pool.idle_limit
-    fibers = 1000.times.map { pool.spawn { sleep 0.02; Fiber.current } }.map(&:value)
+    gate = Thread::Queue.new # all 1,000 run at once
+    tasks = 1000.times.map { pool.spawn { gate.pop; Fiber.current } }
+    1000.times { gate << true }
+    fibers = tasks.map(&:value)
     assert_equal 1000, fibers.uniq.size
     assert_equal NeverBlock::FiberPool::IDLE_LIMIT, pool.stats[:idle]
     assert_equal NeverBlock::FiberPool::IDLE_LIMIT, fibers.count(&:alive?)
