@@ -200,6 +200,16 @@ module NeverBlock
       attr_reader :idle_deadline
 
       # @api private
+      # Parks the connection if its fiber waits for a next request and it
+      # may park (see #park?): the {IdleSweeper} calls it once the wait
+      # lasted a sweep interval. Its task then ends, and the fiber goes back
+      # to the pool.
+      # @return [void]
+      def park_idle
+        Fiber.scheduler.interrupt(@task, IdleSweeper::Park.new) if @idle && @fiber && @task && !@parked && park?
+      end
+
+      # @api private
       # Ends its wait for a next request if {#idle_deadline} is `now` or
       # earlier (the {IdleSweeper}); the connection then closes.
       # @param now [Float] monotonic seconds.
@@ -282,8 +292,12 @@ module NeverBlock
       # Waits (idle) for the first bytes of the next request, for at most
       # `idle_timeout` seconds, holding no request slot. The wait has no
       # timer of its own: the server's {IdleSweeper} ends it at
-      # {#idle_deadline}.
-      # @return [String, nil] the bytes, nil on EOF or idle timeout.
+      # {#idle_deadline}, and parks the connection ({#park_idle}) once it
+      # has waited one sweep interval: a client that sends its next request
+      # at once (a busy keep-alive connection) finds its fiber still
+      # waiting, which costs less than a park and a new task.
+      # @return [String, nil] the bytes, nil on EOF or idle timeout, or
+      #   when it parked ({#parked?}).
       def read_next_request
         release_slot
         @idle = true
@@ -297,10 +311,14 @@ module NeverBlock
           @idle_deadline = Clock.now + @limits.idle_timeout
           @context.idle_sweeper.watch
         end
-        return park if park?
-
         while true # rubocop:disable Style/InfiniteLoop -- Kernel#loop adds a C frame to every idle fiber's stack
-          @socket.wait_readable
+          begin
+            @socket.wait_readable
+          rescue IdleSweeper::Park
+            return park if park?
+
+            next
+          end
           data = @socket.read_nonblock(READ_SIZE, buffer, exception: false)
           return data unless data == :wait_readable
         end

@@ -29,8 +29,11 @@ module IdleConnectionBehaviour
     eventually(timeout: 10) { @server.stats[:connection_fibers] && @server.instance_variable_get(:@scheduler) }
   end
 
+  # Waits until `count` connections are idle, and (with the IdleSet) parked:
+  # the IdleSweeper parks a connection that waited one sweep interval.
   def wait_idle(count)
     eventually(timeout: 10) { @server.stats[:idle_connections] == count }
+    eventually(timeout: 10) { @server.stats[:connection_fibers][:busy].zero? } if parks?
   end
 
   def test_idle_connections_are_served_again_after_an_idle_period
@@ -39,7 +42,6 @@ module IdleConnectionBehaviour
     sockets.each { |socket| socket.write(get) }
     sockets.each { |socket| assert_equal 200, read_response(socket)[0] }
     wait_idle(500)
-    sleep 0.2 # idle: nothing happens on any of them
     sockets.each { |socket| socket.write(get("/again")) }
     sockets.each { |socket| assert_equal [200, "hello\n"], read_response(socket).values_at(0, 2) }
     assert_equal 500, @server.stats[:connections]
@@ -62,10 +64,10 @@ module IdleConnectionBehaviour
     start_server(app, lint: false)
     idle = Array.new(20) { connect }
     idle.each { |socket| assert_equal 200, request(socket)[0] }
+    wait_idle(20)
     busy = connect
     busy.write(get("/slow"))
     eventually(timeout: 10) { @server.stats[:requests_in_flight] == 1 }
-    wait_idle(20)
     stopper = Thread.new { @server.stop }
     idle.each { |socket| assert_equal "", read_all(socket, timeout: 10) }
     release << true
@@ -107,7 +109,6 @@ module IdleConnectionBehaviour
     sockets = Array.new(30) { tls_connect }
     sockets.each { |ssl| assert_equal 200, request(ssl)[0] }
     wait_idle(30)
-    sleep 0.1
     2.times do
       sockets.each { |ssl| assert_equal [200, "hello\n"], request(ssl).values_at(0, 2) }
       wait_idle(30)
@@ -143,6 +144,8 @@ class ServerIdleSetTest < PlainTest
     super
   end
 
+  def parks? = true
+
   # The point of the IdleSet: 200 idle connections, and not a task (so not
   # a fiber) of the server's holds one of them.
   def test_idle_connections_hold_no_fiber
@@ -152,7 +155,6 @@ class ServerIdleSetTest < PlainTest
     sockets = Array.new(200) { connect }
     sockets.each { |socket| assert_equal 200, request(socket)[0] }
     wait_idle(200)
-    eventually(timeout: 10) { @server.stats[:connection_fibers][:busy].zero? }
     assert_equal base, server_tasks, "tasks besides the server's own"
     assert_operator @server.stats[:connection_fibers][:idle], :<=, NeverBlock::FiberPool::IDLE_LIMIT
   end
@@ -161,6 +163,8 @@ end
 class ServerIdleFiberTest < PlainTest
   include IdleConnectionBehaviour
   include FiberPerIdleConnection
+
+  def parks? = false
 
   # What the IdleSet saves: without it each idle connection holds a task.
   def test_each_idle_connection_holds_a_fiber
