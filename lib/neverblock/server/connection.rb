@@ -295,7 +295,10 @@ module NeverBlock
       # {#idle_deadline}, and parks the connection ({#park_idle}) once it
       # has waited one sweep interval: a client that sends its next request
       # at once (a busy keep-alive connection) finds its fiber still
-      # waiting, which costs less than a park and a new task.
+      # waiting, which costs less than a park and a new task. Beyond
+      # {IdleSet::WAITING_FIBERS} such waits the connection parks at once,
+      # so that many connections going idle together (a burst) do not hold
+      # as many fibers, whose stack pages Ruby keeps resident once touched.
       # @return [String, nil] the bytes, nil on EOF or idle timeout, or
       #   when it parked ({#parked?}).
       def read_next_request
@@ -311,6 +314,12 @@ module NeverBlock
           @idle_deadline = Clock.now + @limits.idle_timeout
           @context.idle_sweeper.watch
         end
+        if (idle_set = @context.idle_set)
+          return park if idle_set.crowded? && park?
+
+          idle_set.fiber_waits += 1
+          counted = true
+        end
         while true # rubocop:disable Style/InfiniteLoop -- Kernel#loop adds a C frame to every idle fiber's stack
           begin
             @socket.wait_readable
@@ -325,6 +334,7 @@ module NeverBlock
       rescue IdleSweeper::Expired
         nil
       ensure
+        idle_set.fiber_waits -= 1 if counted
         unless @parked
           @idle = false
           @idle_deadline = nil

@@ -21,8 +21,13 @@ module NeverBlock
     # One per serving process, made in the loop after a fork ({.build} in
     # {Server#serve_here}): an epoll set is never shared between workers.
     # A connection parks only when nothing of its next request is read yet
-    # (see {Connection#park?}); {#unpark} takes one out that is closed while
-    # parked (the {IdleSweeper}'s idle timeout, {Server#stop}).
+    # (see Connection#park?), and not at once: its fiber first waits on the
+    # socket, until the {IdleSweeper} finds it idle a sweep interval (0.5 s
+    # by default) and parks it, so a busy keep-alive connection's next
+    # request costs no park, no epoll_ctl and no new task. Only beyond
+    # {WAITING_FIBERS} such waits does a connection park as soon as it is
+    # idle. {#unpark} takes out one that is closed while parked (the
+    # {IdleSweeper}'s idle timeout, {Server#stop}).
     #
     # Without the extension (not Linux), or with the environment variable
     # `NEVERBLOCK_IDLE_SET=off`, {.build} returns nil and every idle
@@ -33,6 +38,18 @@ module NeverBlock
       # The environment variable that turns it off (`off`): the server then
       # waits for each idle connection's next request in a fiber of its own.
       SWITCH = "NEVERBLOCK_IDLE_SET"
+
+      # Connections that may wait for their next request in their own fiber
+      # at once (see {Connection}: a busy keep-alive connection's next
+      # request usually comes before the {IdleSweeper} parks it, and a fiber
+      # waiting is cheaper than a park and a new task); beyond that many,
+      # an idle connection parks at once. The fibers the pool keeps
+      # ({FiberPool::IDLE_LIMIT}) are as many.
+      WAITING_FIBERS = FiberPool::IDLE_LIMIT
+
+      # @return [Integer] connections waiting for their next request in
+      #   their own fiber now (kept by {Connection}).
+      attr_accessor :fiber_waits
 
       # @return [Boolean] whether {.build} makes one: the extension is built
       #   and {SWITCH} is not `off`.
@@ -53,6 +70,13 @@ module NeverBlock
         @epoll = Epoll.new
         @io = IO.for_fd(@epoll.fileno, autoclose: false)
         @parked = {} # descriptor => Connection
+        @fiber_waits = 0
+      end
+
+      # @return [Boolean] true when {WAITING_FIBERS} connections wait in
+      #   their fibers: the next to go idle parks at once.
+      def crowded?
+        @fiber_waits >= WAITING_FIBERS
       end
 
       # @return [Integer] connections parked now.

@@ -158,6 +158,17 @@ class ServerIdleSetTest < PlainTest
     assert_equal base, server_tasks, "tasks besides the server's own"
     assert_operator @server.stats[:connection_fibers][:idle], :<=, NeverBlock::FiberPool::IDLE_LIMIT
   end
+  # Going idle together, at most WAITING_FIBERS connections wait in their
+  # fibers (until the IdleSweeper parks them); the others park at once.
+  def test_beyond_waiting_fibers_idle_connections_park_at_once
+    start_server(idle_timeout: 60) # the sweeper parks after 0.5 s
+    count = NeverBlock::Server::IdleSet::WAITING_FIBERS + 100
+    sockets = Array.new(count) { connect }
+    sockets.each { |socket| socket.write(get) }
+    sockets.each { |socket| assert_equal 200, read_response(socket)[0] }
+    eventually(timeout: 10) { @server.stats[:idle_connections] == count }
+    assert_operator @server.stats[:connection_fibers][:busy], :<=, NeverBlock::Server::IdleSet::WAITING_FIBERS
+  end
 end
 
 class ServerIdleFiberTest < PlainTest
