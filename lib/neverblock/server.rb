@@ -43,10 +43,10 @@ module NeverBlock
   #   each from the end of its head until its response is written; an idle
   #   keep-alive connection, or one still sending a request head, holds no
   #   such slot (so clients trickling partial heads, slowloris, do not
-  #   starve complete requests), only its parked fiber and
-  #   a few objects (about 20 KiB with a small app: 10,000 idle
-  #   connections take 200-250 MB; an app with deep stacks leaves each
-  #   fiber with more stack pages touched). A request
+  #   starve complete requests). On Linux an idle keep-alive connection
+  #   holds no fiber either, once parked in the worker's {IdleSet} (about
+  #   3 KB each: 10,000 idle connections take 30 MB); without the C
+  #   extension it keeps its fiber waiting (about 20 KB each). A request
   #   whose head arrives while every slot is taken waits for one (FIFO; its
   #   connection reads nothing more meanwhile), and the server stops accepting;
   #   at `max_connections` open connections too. New connections then wait

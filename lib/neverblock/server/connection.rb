@@ -11,11 +11,12 @@ module NeverBlock
     # of its server comes in a {Context}.
     #
     # Waiting for its next request with nothing of it read, the connection
-    # holds no fiber where the server has an {IdleSet} (Linux): its task
-    # parks it there and ends ({#parked?}), and when its socket turns
-    # readable the server calls {#resume} in a new task. Otherwise (no
-    # IdleSet, a TLS connection with decrypted bytes pending, a stopping
-    # server) its fiber waits on the socket.
+    # holds no fiber for long where the server has an {IdleSet} (Linux):
+    # after a sweep interval of waiting in its fiber (at once when many
+    # wait so), its task parks it there and ends ({#parked?}), and when its
+    # socket turns readable the server calls {#resume} in a new task.
+    # Otherwise (no IdleSet, a TLS connection with decrypted bytes pending,
+    # a stopping server) its fiber waits on the socket.
     #
     # From the end of a request's head until the connection is idle again
     # (its requests answered, nothing more read) it holds one of the
@@ -323,16 +324,18 @@ module NeverBlock
         while true # rubocop:disable Style/InfiniteLoop -- Kernel#loop adds a C frame to every idle fiber's stack
           begin
             @socket.wait_readable
+            data = @socket.read_nonblock(READ_SIZE, buffer, exception: false) # (TLS may wait to write)
           rescue IdleSweeper::Park
             return park if park?
 
             next
           end
-          data = @socket.read_nonblock(READ_SIZE, buffer, exception: false)
           return data unless data == :wait_readable
         end
       rescue IdleSweeper::Expired
         nil
+      rescue IdleSweeper::Park # at a TLS write in the first read of a resumed connection
+        park? ? park : nil
       ensure
         idle_set.fiber_waits -= 1 if counted
         unless @parked
