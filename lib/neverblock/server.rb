@@ -326,6 +326,8 @@ module NeverBlock
         if (idle_set = IdleSet.build(method(:resume)))
           @context.idle_set = idle_set
           @idle_watch = NeverBlock.spawn { idle_set.run }
+        elsif (reason = IdleSet.missing_reason)
+          NeverBlock.logger.debug("NeverBlock::Server") { "idle keep-alive connections each keep a fiber: #{reason}" }
         end
         acceptors = @listeners.map { |listener| NeverBlock.spawn { accept_loop(listener) } }
         @beats = NeverBlock.spawn { beat(*@heartbeat) } if @heartbeat

@@ -64,6 +64,17 @@ module NeverBlock
         new(on_readable) if available?
       end
 
+      # @return [String, nil] why there is none on Linux, for the log:
+      #   the extension was not built (a Gemfile `path:` gem: Bundler builds
+      #   no extension for those), or {SWITCH} is `off`; nil elsewhere.
+      def self.missing_reason
+        return unless RUBY_PLATFORM.include?("linux")
+        return "#{SWITCH}=off" if ENV[SWITCH] == "off"
+
+        "neverblock/epoll is not built (from a Gemfile path: gem, Bundler builds no extension; install the gem, " \
+          "or a git: source)" unless defined?(NeverBlock::Epoll)
+      end
+
       # @param on_readable [#call] see {.build}.
       def initialize(on_readable)
         @on_readable = on_readable
