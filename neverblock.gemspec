@@ -28,7 +28,11 @@ Gem::Specification.new do |spec|
     "rubygems_mfa_required" => "true"
   }
 
-  spec.files = Dir["lib/**/*.rb", "exe/*", "README.md", "docs/*.md", "CHANGELOG.md", "LICENSE"]
+  spec.files = Dir["lib/**/*.rb", "ext/**/*.{c,rb}", "exe/*", "README.md", "docs/*.md", "CHANGELOG.md", "LICENSE"]
+  # NeverBlock::Epoll, which lets the server hold idle keep-alive connections
+  # without a fiber each; built on Linux only (elsewhere extconf.rb builds
+  # nothing and the server keeps a fiber per idle connection).
+  spec.extensions = ["ext/neverblock/epoll/extconf.rb"]
   spec.bindir = "exe"
   spec.executables = ["neverblock"]
   spec.require_paths = ["lib"]

@@ -18,7 +18,10 @@
 #         NeverBlock.spawn and Async tasks, each in a forked child
 #
 # For each server: RSS and PSS (VmRSS and /proc/PID/smaps_rollup, summed over
-# its session) before and after the connections, per connection; its CPU per
+# its session) before and after the connections, per connection, and RSS
+# less LazyFree (smaps_rollup's Rss minus LazyFree: pages freed with
+# madvise(MADV_FREE), as Ruby frees fiber stacks, stay in RSS until the
+# kernel needs the memory); its CPU per
 # second while they are held (ms of CPU per second, its whole session, from
 # /proc); p50/p99 of --fresh sequential GET / on new connections before they
 # are opened and while they are held; and how many were still open at the end.
@@ -132,7 +135,7 @@ module NeverBlockBench
                  "default threads 0:5); Falcon #{v['falcon']} (async #{v['async']}, --count 1, --timeout #{IDLE_TIMEOUT})"
         facts << <<~TEXT.chomp
           idle: one GET / per connection, then idle; sse: GET /sse, an event each whole second.
-          Memory: VmRSS and smaps_rollup Pss of the server's session, #{@options[:settle]} s after the last connection,
+          Memory: VmRSS, smaps_rollup Pss and Rss less LazyFree of the server's session, #{@options[:settle]} s after the last connection,
           per connection over the count before; CPU: the session's user+sys over #{@options[:window]} s while held;
           fresh: #{@options[:fresh]} sequential GET / on new connections before and while held (after the CPU window).
         TEXT
@@ -149,10 +152,10 @@ module NeverBlockBench
       process.wait_until_ready
       fresh_requests(port, 200) # warm-up
       before = fresh_requests(port, @options[:fresh])
-      rss_before, pss_before = memory_kb(process.pid)
+      rss_before, pss_before, used_before = memory_kb(process.pid)
       holder = Holder.start(port, @options[:connections], sse: part == "sse")
       sleep @options[:settle]
-      rss_after, pss_after = memory_kb(process.pid)
+      rss_after, pss_after, used_after = memory_kb(process.pid)
       cpu = ProcessCpu.session_seconds(process.pid)
       sleep @options[:window]
       cpu = (ProcessCpu.session_seconds(process.pid) - cpu) / @options[:window]
@@ -163,7 +166,8 @@ module NeverBlockBench
       warn "  #{holder.opened} opened, #{held[:open]} open at the end; RSS #{each.call(rss_after - rss_before)} KB each"
       { "part" => part, "server" => server, "open at end" => "#{held[:open]}/#{@options[:connections]}",
         "RSS before MB" => format("%.1f", rss_before / 1024.0), "RSS KB/conn" => each.call(rss_after - rss_before),
-        "PSS KB/conn" => each.call(pss_after - pss_before), "CPU ms/s held" => format("%.1f", cpu * 1000),
+        "PSS KB/conn" => each.call(pss_after - pss_before), "RSS-LazyFree KB/conn" => each.call(used_after - used_before),
+        "CPU ms/s held" => format("%.1f", cpu * 1000),
         "fresh p50 ms before" => ms.call(before, 0.5), "fresh p99 ms before" => ms.call(before, 0.99),
         "fresh p50 ms held" => ms.call(during, 0.5), "fresh p99 ms held" => ms.call(during, 0.99),
         "events/s" => (held[:events_per_second]&.round if part == "sse"), "note" => held[:failure] }
@@ -175,14 +179,17 @@ module NeverBlockBench
       process&.stop
     end
 
-    # @return [Array(Integer, Integer)] VmRSS and Pss in kB, summed over the session's processes
+    # @return [Array(Integer, Integer, Integer)] VmRSS, Pss and Rss minus
+    #   LazyFree in kB, summed over the session's processes
     def memory_kb(session)
       Dir.glob("/proc/[0-9]*/stat").filter_map do |path|
         stat = File.read(path)
         next unless Integer(stat[(stat.rindex(")") + 2)..].split[3]) == session
 
         dir = File.dirname(path)
-        [File.read("#{dir}/status")[/^VmRSS:\s+(\d+)/, 1].to_i, File.read("#{dir}/smaps_rollup")[/^Pss:\s+(\d+)/, 1].to_i]
+        rollup = File.read("#{dir}/smaps_rollup")
+        [File.read("#{dir}/status")[/^VmRSS:\s+(\d+)/, 1].to_i, rollup[/^Pss:\s+(\d+)/, 1].to_i,
+         rollup[/^Rss:\s+(\d+)/, 1].to_i - rollup[/^LazyFree:\s+(\d+)/, 1].to_i]
       rescue SystemCallError
         nil
       end.transpose.map(&:sum)
@@ -201,15 +208,16 @@ module NeverBlockBench
       end
     end
 
-    COLUMNS = ["part", "server", "open at end", "RSS before MB", "RSS KB/conn", "PSS KB/conn", "CPU ms/s held", "fresh p50 ms before",
+    COLUMNS = ["part", "server", "open at end", "RSS before MB", "RSS KB/conn", "PSS KB/conn", "RSS-LazyFree KB/conn", "CPU ms/s held", "fresh p50 ms before",
                "fresh p99 ms before", "fresh p50 ms held", "fresh p99 ms held", "events/s", "note"].freeze
 
     def report(rows)
       rows = rows.map { |row| COLUMNS.to_h { |column| [column, row[column]] } }
-      puts "\n#{Table.new(COLUMNS, rows.map(&:values), align: %i[left left] + [:right] * 10 + [:left])}"
+      puts "\n#{Table.new(COLUMNS, rows.map(&:values), align: %i[left left] + [:right] * 11 + [:left])}"
       chart = NeverBlockBench.chart("#{@options[:connections]} held connections, one server process each")
       chart.pivot("RSS per connection (KB)", "RSS KB/conn", series: "server", by: "part")
       chart.pivot("PSS per connection (KB)", "PSS KB/conn", series: "server", by: "part")
+      chart.pivot("RSS less LazyFree per connection (KB)", "RSS-LazyFree KB/conn", series: "server", by: "part")
       chart.pivot("fresh requests while held, p99 (ms)", "fresh p99 ms held", series: "server", by: "part")
       chart.pivot("CPU while held (ms per second)", "CPU ms/s held", series: "server", by: "part")
       NeverBlockBench.write_results(@options[:out], "connections", rows, chart)

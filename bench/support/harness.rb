@@ -1,10 +1,10 @@
 # frozen_string_literal: true
 
 # What every script under bench/ shares, loaded first (`require_relative
-# "support/harness"`): the start-up (lib/ on the load path, the bundle), the
-# command line (the DEFAULTS, --only, --out, --quick), a fork per measurement,
-# medians, the printed table, the CSV file and the header's facts about the
-# machine. Charts are in svg_chart.rb.
+# "support/harness"`): the start-up (lib/ and the C extension on the load
+# path, the bundle), the command line (the DEFAULTS, --only, --out,
+# --quick), a fork per measurement, medians, the printed table, the CSV
+# file and the header's facts about the machine. Charts are in svg_chart.rb.
 #
 # Quick mode (--quick, or BENCH_QUICK=1 in the environment) is a smoke run:
 # each script shrinks its durations and counts to seconds and one round, so
@@ -15,6 +15,14 @@ begin
   require "bundler/setup"
 rescue LoadError, StandardError => e
   warn "bundler/setup failed (#{e.message.lines.first&.strip}); using installed gems"
+end
+# The C extension (ext/neverblock/epoll), compiled for this Ruby if needed:
+# on the load path here and, through RUBYLIB, of every `neverblock serve`
+# a script starts (peers run under a bundle of their own, without it).
+require_relative "../../bin/lib/compile_ext"
+NeverBlockExtension.build.then do |ext|
+  $LOAD_PATH.unshift(ext)
+  ENV["RUBYLIB"] = [ext, ENV.fetch("RUBYLIB", nil)].compact.reject(&:empty?).join(File::PATH_SEPARATOR)
 end
 require "etc"
 require "fileutils"

@@ -14,6 +14,10 @@ module NeverBlock
   #   `size` fibers, which are reused rather than created per block.
   # - Blocks beyond `size` wait in FIFO order; beyond `queue_limit` waiting
   #   blocks, {#spawn} raises {PoolFull} instead of growing without bound.
+  # - A fiber whose block ends waits for the next block, up to `idle_limit`
+  #   fibers; beyond that it ends, so the memory a burst of blocks took
+  #   (each fiber's stack pages and struct, 15-25 KB) goes back once it is
+  #   over, instead of staying with `size` parked fibers.
   # - Before each block, the worker's fiber-local variables
   #   (`Thread.current[:key]`) are reset to nil, and on Ruby 3.2+ its fiber
   #   storage (`Fiber[:key]`) becomes the spawner's, as for a new fiber; so
@@ -33,12 +37,24 @@ module NeverBlock
     # @return [Integer] the most blocks that may wait for a fiber.
     attr_reader :queue_limit
 
+    # @return [Integer] the most fibers kept waiting for a block.
+    attr_reader :idle_limit
+
+    # Fibers kept for reuse by default, at most: enough that a steady load
+    # of a few hundred concurrent blocks makes no fibers, few enough that a
+    # pool of thousands gives the memory of a burst back.
+    IDLE_LIMIT = 256
+
     # @param size [Integer] fibers in the pool (>= 1).
     # @param queue_limit [Integer] waiting blocks allowed (>= 0).
+    # @param idle_limit [Integer] fibers kept waiting for the next block
+    #   (>= 0; default `size` or {IDLE_LIMIT}, the smaller); the others end
+    #   when their block does.
     # @raise [ArgumentError] for negative, zero-size, non-integer values.
-    def initialize(size: 50, queue_limit: 10_000)
+    def initialize(size: 50, queue_limit: 10_000, idle_limit: nil)
       @size = NeverBlock.validate_size!(size, :size)
       @queue_limit = NeverBlock.validate_size!(queue_limit, :queue_limit, minimum: 0)
+      @idle_limit = idle_limit ? NeverBlock.validate_size!(idle_limit, :idle_limit, minimum: 0) : [@size, IDLE_LIMIT].min
       @scheduler = nil
       @queue = []
       @idle = []
@@ -212,13 +228,14 @@ module NeverBlock
     end
 
     # The next queued task, or parks the fiber until {#dispatch} hands it
-    # one; nil when the pool retires it.
+    # one; nil when the pool retires it (closed, or `idle_limit` fibers
+    # wait already).
     def next_task(scheduler, fiber)
       while (task = @queue.shift)
         task.owner = nil
         return task if task.status == :pending
       end
-      return nil if @closed
+      return nil if @closed || @idle.size >= @idle_limit
 
       @idle << fiber
       parked = true

@@ -7,6 +7,7 @@ require_relative "server/limits"
 require_relative "server/concurrency_limit"
 require_relative "server/admission"
 require_relative "server/idle_sweeper"
+require_relative "server/idle_set"
 require_relative "server/listener"
 require_relative "server/request"
 require_relative "server/parser"
@@ -42,10 +43,10 @@ module NeverBlock
   #   each from the end of its head until its response is written; an idle
   #   keep-alive connection, or one still sending a request head, holds no
   #   such slot (so clients trickling partial heads, slowloris, do not
-  #   starve complete requests), only its parked fiber and
-  #   a few objects (about 20 KiB with a small app: 10,000 idle
-  #   connections take 200-250 MB; an app with deep stacks leaves each
-  #   fiber with more stack pages touched). A request
+  #   starve complete requests). On Linux an idle keep-alive connection
+  #   holds no fiber either, once parked in the worker's {IdleSet} (about
+  #   3 KB each: 10,000 idle connections take 30 MB); without the C
+  #   extension it keeps its fiber waiting (about 20 KB each). A request
   #   whose head arrives while every slot is taken waits for one (FIFO; its
   #   connection reads nothing more meanwhile), and the server stops accepting;
   #   at `max_connections` open connections too. New connections then wait
@@ -246,7 +247,8 @@ module NeverBlock
       # What every connection gets (see Context).
       @context = Context.new(app: @app, limits: @limits, admission: @admission, access_log: @access_log,
                              idle_sweeper: IdleSweeper.new(@connections, @limits.idle_timeout),
-                             on_hijack: method(:connection_hijacked), early_hints: early_hints,
+                             on_hijack: method(:connection_hijacked), on_close: method(:finish),
+                             early_hints: early_hints,
                              opentelemetry: opentelemetry)
       @pool = nil
       @scheduler = nil
@@ -318,10 +320,16 @@ module NeverBlock
       NeverBlock.run do
         @scheduler = NeverBlock.current_scheduler!
         @admission.start
-        @pool = FiberPool.new(size: @limits.max_connections, queue_limit: 0)
+        @pool = FiberPool.new(size: @limits.max_connections, queue_limit: 0) # keeps FiberPool::IDLE_LIMIT fibers after a burst
         @accepting = {}
         # Before the acceptors: a connection already in the backlog is served at once.
         @sweeper = NeverBlock.spawn { @context.idle_sweeper.run }
+        if (idle_set = IdleSet.build(method(:resume)))
+          @context.idle_set = idle_set
+          @idle_watch = NeverBlock.spawn { idle_set.run }
+        elsif (reason = IdleSet.missing_reason)
+          NeverBlock.logger.debug("NeverBlock::Server") { "idle keep-alive connections each keep a fiber: #{reason}" }
+        end
         acceptors = @listeners.map { |listener| NeverBlock.spawn { accept_loop(listener) } }
         @beats = NeverBlock.spawn { beat(*@heartbeat) } if @heartbeat
         @probe = NeverBlock.spawn { @metrics.probe_loop_lag } if @metrics
@@ -625,22 +633,44 @@ module NeverBlock
         spawned = true
         connection.run
       ensure
-        @connections.delete(connection)
-        socket.close unless socket.closed? || connection.hijacked?
-        room_freed
+        finish(connection) unless connection.parked?
       end
       # Ruby could not create the fiber (the task failed and was logged).
-      discard(connection, socket) unless spawned || connection.task.alive?
+      finish(connection) unless spawned || connection.task.alive?
     rescue StandardError
       raise if spawned
 
-      discard(connection, socket)
+      finish(connection)
       raise
     end
 
-    def discard(connection, socket)
+    # The IdleSet found a parked connection's socket readable: a pooled
+    # task reads and serves it (or parks it again). The pool has room: it
+    # has a fiber for each of `max_connections` connections, and a parked
+    # one holds none.
+    def resume(connection)
+      connection.unpark
+      spawned = false
+      connection.task = @pool.spawn do
+        spawned = true
+        connection.resume
+      ensure
+        finish(connection) unless connection.parked?
+      end
+      finish(connection) unless spawned || connection.task.alive?
+    rescue StandardError => e
+      raise if spawned
+
+      NeverBlock.logger.error("NeverBlock::Server: could not resume an idle connection: #{e.class}: #{e.message}")
+      finish(connection)
+    end
+
+    # A connection ended (its task's end, or closed while parked): its
+    # socket is closed unless the app took it, and there is room for another.
+    def finish(connection)
       @connections.delete(connection)
-      socket.close unless socket.closed?
+      connection.close
+      room_freed
     end
 
     def shutdown(acceptors)
@@ -652,11 +682,23 @@ module NeverBlock
       acceptors.each(&:wait)
       @listeners.each(&:close)
       drain_idle_connections
-      @connections.each_key(&:close_if_idle)
+      @connections.keys.each(&:close_if_idle) # a copy: a parked one leaves @connections at once
       # The sweeper last: a connection may begin an idle wait after the
       # above (a TLS handshake that ends now), and then closes in idle_timeout.
       @pool.shutdown(@limits.shutdown_timeout)
       @sweeper&.cancel
+      close_idle_set
+    end
+
+    # After the pool's shutdown no task serves a connection: any still
+    # counted (a resuming task cancelled before it started) is closed here.
+    def close_idle_set
+      idle_set = @context.idle_set or return
+
+      @idle_watch.cancel
+      @connections.keys.each { |connection| finish(connection) }
+      idle_set.close
+      @context.idle_set = nil
     end
 
     # A keep-alive client may have sent its next request just as the stop

@@ -79,6 +79,31 @@ class FiberPoolTest < NeverBlockTest
     assert_equal({ size: 2, busy: 0, idle: 2, queued: 0, completed: 5 }, pool.stats)
   end
 
+  # A burst of 1,000 blocks runs in 1,000 fibers; once it is over the pool
+  # keeps IDLE_LIMIT of them (their memory reused) and the rest end (theirs
+  # goes back to Ruby and the kernel).
+  def test_after_a_burst_at_most_idle_limit_fibers_are_kept
+    pool = NeverBlock::FiberPool.new(size: 1000)
+    assert_equal NeverBlock::FiberPool::IDLE_LIMIT, pool.idle_limit
+    gate = Thread::Queue.new # all 1,000 run at once
+    tasks = 1000.times.map { pool.spawn { gate.pop; Fiber.current } }
+    1000.times { gate << true }
+    fibers = tasks.map(&:value)
+    assert_equal 1000, fibers.uniq.size
+    assert_equal NeverBlock::FiberPool::IDLE_LIMIT, pool.stats[:idle]
+    assert_equal NeverBlock::FiberPool::IDLE_LIMIT, fibers.count(&:alive?)
+    assert_equal 10, 10.times.map { pool.spawn { sleep 0.001; Fiber.current } }.map(&:value).count { |fiber| fibers.include?(fiber) },
+                 "the kept fibers are reused"
+  end
+
+  def test_an_idle_limit_of_zero_keeps_no_fiber
+    pool = NeverBlock::FiberPool.new(size: 4, idle_limit: 0)
+    fibers = 4.times.map { pool.spawn { sleep 0.01; Fiber.current } }.map(&:value)
+    assert_equal 0, pool.stats[:idle]
+    assert fibers.none?(&:alive?)
+    assert_equal :again, pool.spawn { :again }.value
+  end
+
   def test_full_while_every_fiber_is_busy
     pool = NeverBlock::FiberPool.new(size: 2)
     refute pool.full?
@@ -161,6 +186,8 @@ class FiberPoolTest < NeverBlockTest
       assert_raises(ArgumentError, bad.inspect) { NeverBlock::FiberPool.new(size: bad) }
     end
     assert_raises(ArgumentError) { NeverBlock::FiberPool.new(queue_limit: -1) }
+    assert_raises(ArgumentError) { NeverBlock::FiberPool.new(idle_limit: -1) }
+    assert_raises(ArgumentError) { NeverBlock::FiberPool.new(idle_limit: 1.5) }
     assert_raises(ArgumentError) { NeverBlock::FiberPool.new.shutdown(-1) }
   end
 

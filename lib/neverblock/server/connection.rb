@@ -2,13 +2,21 @@
 
 module NeverBlock
   class Server
-    # One client connection, served in one fiber of the server's FiberPool:
+    # One client connection, served in tasks of the server's FiberPool:
     # reads, parses, calls the app for each request in order (pipelined
     # requests included) and keeps the connection open while HTTP and the
     # server allow. {Server}'s accept loop makes one per accepted socket
-    # (`Server#serve`) and calls {#run} in the connection's fiber; the
-    # {IdleSweeper} calls {#expire_idle}, and {Server#stop} {#close_if_idle}.
-    # All it uses of its server comes in a {Context}.
+    # (`Server#serve`) and calls {#run} in a pooled task; the {IdleSweeper}
+    # calls {#expire_idle}, and {Server#stop} {#close_if_idle}. All it uses
+    # of its server comes in a {Context}.
+    #
+    # Waiting for its next request with nothing of it read, the connection
+    # holds no fiber for long where the server has an {IdleSet} (Linux):
+    # after a sweep interval of waiting in its fiber (at once when many
+    # wait so), its task parks it there and ends ({#parked?}), and when its
+    # socket turns readable the server calls {#resume} in a new task.
+    # Otherwise (no IdleSet, a TLS connection with decrypted bytes pending,
+    # a stopping server) its fiber waits on the socket.
     #
     # From the end of a request's head until the connection is idle again
     # (its requests answered, nothing more read) it holds one of the
@@ -52,10 +60,12 @@ module NeverBlock
       RETRY_AFTER = 1
 
       # @return [Task, nil] the task serving it (set by the server once its
-      #   spawn returns, which is at the connection's first wait).
+      #   spawn returns, which is at the connection's first wait); the last
+      #   one while it is parked.
       attr_accessor :task
 
-      # @return [Fiber, nil] the fiber serving it, from its start.
+      # @return [Fiber, nil] the fiber serving it, from its task's start;
+      #   nil while it is parked (and until a resuming task starts).
       attr_reader :fiber
 
       # @param context [Context] its server's app, limits, request slots...
@@ -65,6 +75,7 @@ module NeverBlock
         @context = context
         @admission = context.admission # on every request's path: one read, not two
         @socket = socket
+        @io = socket # the accepted socket (@socket becomes a TLS one)
         @listener = listener
         @idle = false
         @idle_deadline = nil
@@ -72,10 +83,12 @@ module NeverBlock
         @waited = 0.0 # seconds the request being answered waited for its slot
         @app_env = nil # the env of the request the app is handling, while it does
         @hijacked = false
+        @parked = false
       end
 
       # Serves requests until the client or HTTP ends the connection, an
-      # error closes it, or the server stops. Does not close the socket.
+      # error closes it, the server stops, or it parks ({#parked?}: then
+      # {#resume} goes on). Does not close the socket.
       # @return [void]
       def run
         @fiber = Fiber.current
@@ -90,40 +103,38 @@ module NeverBlock
         end
         @parser = Parser.new(limits, base_env, @listener.unix? ? "localhost" : local_host, (@listener.port || 0).to_s)
         @response = Response.new(@socket, limits.write_timeout)
-        requests = @parser.requests
-        loop do
-          data = read_more or return
-          error = nil
-          begin
-            @parser << data
-          rescue HTTPError => e
-            error = e
-          end
-          acquire_slot unless @slot || requests.empty?
-
-          while (request = requests.first)&.complete
-            requests.shift
-            acquire_slot unless @slot # the request before it was marked IO-bound
-            begin
-              keep_open = serve(request)
-            ensure
-              request.close # a spooled body's file
-            end
-            return unless keep_open
-          end
-          return refuse(error) if error
-          return if @context.stopping? && !@parser.in_message?
-
-          if (request = requests.first)&.expects_continue
-            request.expects_continue = false
-            @response.write_continue
-          end
-        end
+        serve_requests
       rescue Response::ClientGone, SystemCallError, IOError
         nil # the client went away (or reset the connection before we started)
-      ensure
-        @parser&.requests&.each(&:close) # refused or cut short: their spooled bodies
-        release_slot
+      end
+
+      # Goes on serving a parked connection whose socket turned readable
+      # (the server calls it in a new task; see {#run}).
+      # @return [void]
+      def resume
+        @fiber = Fiber.current
+        serve_requests
+      end
+
+      # @return [Boolean] true while it waits for its next request in the
+      #   server's {IdleSet}, with no task: the task that parked it ended
+      #   without closing it.
+      def parked?
+        @parked
+      end
+
+      # The {IdleSet} took it out (its socket is readable): a task is about
+      # to {#resume} it.
+      # @return [void]
+      def unpark
+        @parked = false
+      end
+
+      # Closes the socket, unless the app took it (rack.hijack) or it is
+      # closed already.
+      # @return [void]
+      def close
+        @io.close unless @io.closed? || @hijacked
       end
 
       # @return [Boolean] true while it waits for the first bytes of its next
@@ -178,12 +189,26 @@ module NeverBlock
       # {Server#stop}); one in the middle of a request is left to finish.
       # @return [void]
       def close_if_idle
-        @task&.cancel if @idle
+        if @parked
+          closed_while_parked
+        elsif @idle && @fiber # (not a resuming task that has not started: it has bytes to read)
+          @task&.cancel
+        end
       end
 
       # @return [Float, nil] when its wait for a next request times out
       #   (monotonic seconds), while it waits on the socket for one.
       attr_reader :idle_deadline
+
+      # @api private
+      # Parks the connection if its fiber waits for a next request and it
+      # may park (see #park?): the {IdleSweeper} calls it once the wait
+      # lasted a sweep interval. Its task then ends, and the fiber goes back
+      # to the pool.
+      # @return [void]
+      def park_idle
+        Fiber.scheduler.interrupt(@task, IdleSweeper::Park.new) if @idle && @fiber && @task && !@parked && park?
+      end
 
       # @api private
       # Ends its wait for a next request if {#idle_deadline} is `now` or
@@ -192,10 +217,54 @@ module NeverBlock
       # @return [void]
       def expire_idle(now)
         deadline = @idle_deadline
-        Fiber.scheduler.interrupt(@task, IdleSweeper::Expired.new) if deadline && deadline <= now && @task
+        return unless deadline && deadline <= now
+
+        if @parked
+          closed_while_parked
+        elsif @fiber && @task
+          Fiber.scheduler.interrupt(@task, IdleSweeper::Expired.new)
+        end
       end
 
       private
+
+      # Reads, parses and answers requests (see {#run}).
+      def serve_requests
+        requests = @parser.requests
+        loop do
+          data = read_more or return
+          error = nil
+          begin
+            @parser << data
+          rescue HTTPError => e
+            error = e
+          end
+          acquire_slot unless @slot || requests.empty?
+
+          while (request = requests.first)&.complete
+            requests.shift
+            acquire_slot unless @slot # the request before it was marked IO-bound
+            begin
+              keep_open = serve(request)
+            ensure
+              request.close # a spooled body's file
+            end
+            return unless keep_open
+          end
+          return refuse(error) if error
+          return if @context.stopping? && !@parser.in_message?
+
+          if (request = requests.first)&.expects_continue
+            request.expects_continue = false
+            @response.write_continue
+          end
+        end
+      rescue Response::ClientGone, SystemCallError, IOError
+        nil # the client went away
+      ensure
+        @parser&.requests&.each(&:close) # refused or cut short: their spooled bodies
+        release_slot
+      end
 
       # @return [String, nil] the next bytes, or nil when the connection
       #   should just be closed (EOF, idle timeout).
@@ -224,8 +293,15 @@ module NeverBlock
       # Waits (idle) for the first bytes of the next request, for at most
       # `idle_timeout` seconds, holding no request slot. The wait has no
       # timer of its own: the server's {IdleSweeper} ends it at
-      # {#idle_deadline}.
-      # @return [String, nil] the bytes, nil on EOF or idle timeout.
+      # {#idle_deadline}, and parks the connection ({#park_idle}) once it
+      # has waited one sweep interval: a client that sends its next request
+      # at once (a busy keep-alive connection) finds its fiber still
+      # waiting, which costs less than a park and a new task. Beyond
+      # {IdleSet::WAITING_FIBERS} such waits the connection parks at once,
+      # so that many connections going idle together (a burst) do not hold
+      # as many fibers, whose stack pages Ruby keeps resident once touched.
+      # @return [String, nil] the bytes, nil on EOF or idle timeout, or
+      #   when it parked ({#parked?}).
       def read_next_request
         release_slot
         @idle = true
@@ -233,18 +309,69 @@ module NeverBlock
         data = @socket.read_nonblock(READ_SIZE, buffer, exception: false)
         return data unless data == :wait_readable
 
-        @idle_deadline = Clock.now + @limits.idle_timeout
-        @context.idle_sweeper.watch
+        # A resumed connection that found no request (TLS: part of a record)
+        # keeps the deadline it parked with.
+        unless @idle_deadline
+          @idle_deadline = Clock.now + @limits.idle_timeout
+          @context.idle_sweeper.watch
+        end
+        if (idle_set = @context.idle_set)
+          return park if idle_set.crowded? && park?
+
+          idle_set.fiber_waits += 1
+          counted = true
+        end
         while true # rubocop:disable Style/InfiniteLoop -- Kernel#loop adds a C frame to every idle fiber's stack
-          @socket.wait_readable
-          data = @socket.read_nonblock(READ_SIZE, buffer, exception: false)
+          begin
+            @socket.wait_readable
+            data = @socket.read_nonblock(READ_SIZE, buffer, exception: false) # (TLS may wait to write)
+          rescue IdleSweeper::Park
+            return park if park?
+
+            next
+          end
           return data unless data == :wait_readable
         end
       rescue IdleSweeper::Expired
         nil
+      rescue IdleSweeper::Park # at a TLS write in the first read of a resumed connection
+        park? ? park : nil
       ensure
+        idle_set.fiber_waits -= 1 if counted
+        unless @parked
+          @idle = false
+          @idle_deadline = nil
+        end
+      end
+
+      # Whether the wait for the next request may end the connection's task
+      # (see {IdleSet}): the server has an idle set and is not stopping
+      # (a stopping server's idle waits are cancelled by its tasks), the app
+      # did not take the socket, and TLS holds no decrypted bytes, which
+      # the socket's readability would not announce. Nothing of the next
+      # request is read: it waits at a message boundary with no pipelined
+      # request left.
+      def park?
+        @context.idle_set && !@context.stopping? && !@hijacked && !(@listener.tls && @socket.ssl.pending.positive?)
+      end
+
+      # Parks the connection in the server's {IdleSet}: its task ends, and
+      # {#resume} goes on in another once the socket is readable.
+      def park
+        @context.idle_set.park(self, @io.fileno)
+        @parked = true
+        @fiber = nil
+        nil
+      end
+
+      # Closes a parked connection (idle timeout, stop): out of the set, then
+      # what the end of its task would have done.
+      def closed_while_parked
+        @context.idle_set.unpark(@io.fileno)
+        @parked = false
         @idle = false
         @idle_deadline = nil
+        @context.connection_closed(self)
       end
 
       # A request's head is complete: acquires a request slot, waiting (FIFO,

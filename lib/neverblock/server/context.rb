@@ -36,6 +36,11 @@ module NeverBlock
       # @return [IdleSweeper] ends idle keep-alive waits (while serving).
       attr_reader :idle_sweeper
 
+      # @return [IdleSet, nil] where idle keep-alive connections wait
+      #   without a fiber, while serving (nil: each waits in its fiber; see
+      #   {IdleSet.build}).
+      attr_accessor :idle_set
+
       # @return [RefusalLog] logs the requests the server refuses itself.
       attr_reader :refusal_log
 
@@ -64,9 +69,11 @@ module NeverBlock
       # @param idle_sweeper [IdleSweeper]
       # @param on_hijack [#call] called with a {Connection} whose socket the
       #   app took.
+      # @param on_close [#call] called with a {Connection} closed while it
+      #   was parked in the {IdleSet} (no task of its own ends it).
       # @param early_hints [Boolean] see {Server#initialize}.
       # @param opentelemetry [Boolean] see {Server#initialize}.
-      def initialize(app:, limits:, admission:, access_log:, idle_sweeper:, on_hijack:, early_hints: false,
+      def initialize(app:, limits:, admission:, access_log:, idle_sweeper:, on_hijack:, on_close:, early_hints: false,
                      opentelemetry: false)
         @app = app
         @limits = limits
@@ -74,6 +81,8 @@ module NeverBlock
         @access_log = access_log
         @idle_sweeper = idle_sweeper
         @on_hijack = on_hijack
+        @on_close = on_close
+        @idle_set = nil
         @refusal_log = RefusalLog.new
         @early_hints = early_hints
         @opentelemetry = opentelemetry
@@ -135,6 +144,14 @@ module NeverBlock
       # @return [void]
       def hijacked(connection)
         @on_hijack.call(connection)
+      end
+
+      # A parked connection was closed (see {Connection#close_if_idle}):
+      # the server closes its socket and stops counting it.
+      # @param connection [Connection]
+      # @return [void]
+      def connection_closed(connection)
+        @on_close.call(connection)
       end
     end
   end

@@ -17,10 +17,21 @@ module NeverBlock
     # While no connection waits idle the sweeper is parked, and costs
     # nothing.
     #
+    # Where the server has an {IdleSet}, a connection whose fiber has waited
+    # one interval is parked there ({Park}, {Connection#park_idle}): one or
+    # two intervals after its last request it holds no fiber. A parked
+    # connection that expires is closed by {Connection#expire_idle} itself.
+    #
     # Not thread-safe: the server uses it from its loop only.
     class IdleSweeper
       # Raised at a connection's idle wait when its deadline has passed.
       class Expired < StandardError
+      end
+
+      # Raised at a connection's idle wait once it lasted a sweep interval:
+      # the connection parks in the server's {IdleSet} and its fiber is
+      # freed (see {Connection#park_idle}).
+      class Park < StandardError
       end
 
       # Seconds between sweeps, at least and at most.
@@ -35,6 +46,7 @@ module NeverBlock
       # @param idle_timeout [Numeric] seconds.
       def initialize(connections, idle_timeout)
         @connections = connections
+        @idle_timeout = idle_timeout
         @interval = (idle_timeout / 8.0).clamp(MIN_INTERVAL, MAX_INTERVAL)
         @fiber = nil
         @parked = false
@@ -69,23 +81,29 @@ module NeverBlock
 
       private
 
-      # Expires the connections whose idle wait is over.
+      # Expires the connections whose idle wait is over, and parks those
+      # that waited a whole interval in a fiber.
       # @return [Integer] connections still waiting idle, plus those expired
       #   (while they ran, others may have begun to wait).
       def sweep
         now = Clock.now
         waiting = 0
+        # A deadline this early: the wait began an interval ago or more.
+        park_before = now + @idle_timeout - @interval
         # A snapshot: an expired connection runs (and leaves @connections)
         # before #expire_idle returns, and others may meanwhile be accepted.
         due = nil
+        parking = nil
         @connections.each_key do |connection|
           deadline = connection.idle_deadline or next
           if deadline <= now
             (due ||= []) << connection
           else
             waiting += 1
+            (parking ||= []) << connection if deadline <= park_before && !connection.parked?
           end
         end
+        parking&.each(&:park_idle)
         return waiting unless due
 
         # Each one is checked again: one that was served meanwhile and waits

@@ -49,6 +49,12 @@ class ServerIdleSweeperTest < PlainTest
     assert_operator NeverBlock::Clock.now - responded, :<, 10 * IDLE
     assert_equal "", read_all(idle)
   end
+end
+
+# The same with a fiber per idle connection (no IdleSet), where expiring a
+# connection's wait lets its fiber run before the sweep goes on.
+class ServerIdleSweeperFiberWaitTest < ServerIdleSweeperTest
+  include FiberPerIdleConnection
 
   # Due in the same sweep as another connection, this one is served
   # before the sweeper gets to it: its fresh idle wait must run its full
@@ -84,5 +90,29 @@ class ServerIdleSweeperTest < PlainTest
     assert_operator NeverBlock::Clock.now - responded, :>=, IDLE * 0.8,
                     "closed before its own idle_timeout"
     (idle + [waiting]).each { |socket| read_all(socket) }
+  end
+end
+
+# With the IdleSet, parked connections whose idle_timeout passed are closed
+# in the sweep itself: no fiber runs for them.
+class ServerIdleSweeperParkedTest < PlainTest
+  include ServerHelper
+
+  IDLE = 0.2
+
+  def test_parked_connections_are_closed_after_idle_timeout_without_a_task
+    server = start_server(idle_timeout: IDLE)
+    sockets = Array.new(20) { connect }
+    sockets.each { |socket| socket.write(get) }
+    sockets.each { |socket| assert_equal 200, read_response(socket)[0] }
+    completed = nil
+    eventually(timeout: 5) do
+      stats = server.stats
+      completed = stats[:connection_fibers][:completed]
+      stats[:idle_connections] == 20 && stats[:connection_fibers][:busy].zero?
+    end
+    sockets.each { |socket| assert_equal "", read_all(socket, timeout: 10 * IDLE) }
+    eventually(timeout: 5) { server.stats[:connections].zero? }
+    assert_equal completed, server.stats[:connection_fibers][:completed], "a task ran to close a parked connection"
   end
 end

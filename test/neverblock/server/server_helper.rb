@@ -91,3 +91,20 @@ module ServerHelper
     Dir.children("/proc/self/fd").size
   end
 end
+
+# Included after ServerHelper in a test class: its servers hold each idle
+# keep-alive connection in a fiber of its own, as without the C extension
+# (NeverBlock::Server::IdleSet turned off), so that path stays tested.
+module FiberPerIdleConnection
+  def setup
+    super
+    @idle_set_switch = ENV.fetch(NeverBlock::Server::IdleSet::SWITCH, nil)
+    ENV[NeverBlock::Server::IdleSet::SWITCH] = "off"
+  end
+
+  def teardown
+    super
+  ensure
+    ENV[NeverBlock::Server::IdleSet::SWITCH] = @idle_set_switch
+  end
+end

@@ -1,0 +1,81 @@
+# frozen_string_literal: true
+
+# Compiles NeverBlock's C extension (ext/neverblock/epoll) for the Ruby
+# running this file, in a checkout: the tests and benchmarks run lib/ from
+# the repository (-Ilib), where no `gem install` built it. Each Ruby gets a
+# build directory of its own, tmp/ext/<version>-<platform>[-<prefix>], since
+# the 3.4 chroot's Ruby and the YJIT one share a version but not a libruby.
+# Rebuilt only when the sources or the Ruby changed (a stamp file); locked,
+# since passes of bin/test --jobs may build at once.
+#
+#   ruby bin/lib/compile_ext.rb      builds if needed, prints the directory to
+#                                    put on the load path (RUBYLIB, -I)
+#
+# From Ruby: `NeverBlockExtension.build` returns that directory. Where the
+# extension cannot be built (not Linux), the directory holds no
+# neverblock/epoll.so and NeverBlock::Server falls back to a fiber per idle
+# connection.
+require "digest"
+require "fileutils"
+require "rbconfig"
+
+module NeverBlockExtension
+  REPO = File.expand_path("../..", __dir__)
+  SOURCE = File.join(REPO, "ext/neverblock/epoll")
+
+  module_function
+
+  # @return [String] the directory to put on the load path (it holds
+  #   neverblock/epoll.so once built).
+  # @raise [RuntimeError] when the compiler fails (its output in the message).
+  def build
+    dir = File.join(REPO, "tmp/ext", key)
+    lib = File.join(dir, "lib")
+    stamp = File.join(dir, "stamp")
+    FileUtils.mkdir_p(dir)
+    File.open(File.join(dir, "lock"), File::RDWR | File::CREAT) do |lock|
+      lock.flock(File::LOCK_EX)
+      next if File.exist?(stamp) && File.read(stamp) == digest
+
+      started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      compile(File.join(dir, "build"), lib)
+      File.write(stamp, digest)
+      warn format("==> compiled ext/neverblock/epoll for %s in %.1f s (%s)",
+                  RUBY_DESCRIPTION[/\A\S+ \S+/], Process.clock_gettime(Process::CLOCK_MONOTONIC) - started,
+                  dir.delete_prefix("#{REPO}/"))
+    end
+    lib
+  end
+
+  # @return [String] e.g. "3.1.2-x86_64-linux-gnu", "3.4.5-x86_64-linux-opt-ruby-3.4-yjit"
+  def key
+    prefix = RbConfig::CONFIG["prefix"]
+    name = "#{RUBY_VERSION}-#{RUBY_PLATFORM}"
+    prefix == "/usr" ? name : "#{name}-#{prefix.delete_prefix('/').tr('/', '-')}"
+  end
+
+  def digest
+    sources = Dir[File.join(SOURCE, "*.{c,h,rb}")].sort.map { |path| [File.basename(path), File.read(path)] }
+    Digest::SHA256.hexdigest(Marshal.dump([sources, RbConfig.ruby, RUBY_DESCRIPTION]))
+  end
+
+  def compile(build, lib)
+    FileUtils.rm_rf([build, lib])
+    FileUtils.mkdir_p(build)
+    env = { "RUBYOPT" => nil, "RUBYLIB" => nil } # not an outer bundle's: mkmf is the standard library
+    run(env, RbConfig.ruby, File.join(SOURCE, "extconf.rb"), chdir: build)
+    run(env, "make", "-j2", chdir: build)
+    built = File.join(build, "epoll.so")
+    return unless File.exist?(built) # extconf.rb built nothing here (not Linux)
+
+    FileUtils.mkdir_p(File.join(lib, "neverblock"))
+    FileUtils.cp(built, File.join(lib, "neverblock/epoll.so"))
+  end
+
+  def run(env, *command, chdir:)
+    output = IO.popen(env, command, chdir: chdir, err: %i[child out], &:read)
+    raise "#{command.join(' ')} failed in #{chdir}:\n#{output}" unless $?.success?
+  end
+end
+
+puts NeverBlockExtension.build if $PROGRAM_NAME == __FILE__
