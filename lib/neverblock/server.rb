@@ -110,6 +110,10 @@ module NeverBlock
     # request already on its way (see {#stop}).
     STOP_IDLE_GRACE = 1.0
 
+    # Connections a worker beside others takes from the backlog on one turn
+    # at least (more when it has more free request slots): see #accept_loop.
+    ACCEPT_BATCH = 16
+
     # @return [#call] the Rack app.
     attr_reader :app
 
@@ -543,17 +547,21 @@ module NeverBlock
 
     # Accepts while there is room: fewer than `max_connections` open (and
     # a free fiber for one) and a free request slot. Once it has one, it
-    # takes in as many more from the kernel's backlog as there are free
-    # slots, their fibers starting together on the loop's next turn (one
-    # at a time, it would get one connection a turn: 15 a second when each
-    # turn runs 64 one-millisecond requests, while the rest waited in the
-    # backlog for seconds). When the slots are all taken it waits for a
-    # turn among the requests waiting for one (#wait_turn), then takes in
-    # every connection waiting by then, whose requests queue behind those
-    # already waiting. With no room for a connection it waits until one
-    # ends. None is dropped. Only its waits (for room, for a connection)
-    # may be interrupted by {#shutdown}: it never waits while it holds an
-    # accepted socket.
+    # takes in more from the kernel's backlog on the same turn, their
+    # fibers starting together on the loop's next turn (one at a time, it
+    # would get one connection a turn: 15 a second when each turn runs 64
+    # one-millisecond requests, while the rest waited in the backlog for
+    # seconds): all of them when it is the only worker; beside other
+    # workers of the same listener, as many as there are free request slots
+    # or ACCEPT_BATCH, the larger, and the others take the rest. (Under
+    # requests that never yield the adaptive limit falls to its minimum, so
+    # free slots alone would again be one or two a turn.) When the slots
+    # are all taken it waits for a turn among the requests waiting for one
+    # (#wait_turn), then takes in every connection waiting by then, whose
+    # requests queue behind those already waiting. With no room for a
+    # connection it waits until one ends. None is dropped. Only its waits
+    # (for room, for a connection) may be interrupted by {#shutdown}: it
+    # never waits while it holds an accepted socket.
     def accept_loop(listener)
       until stopping?
         @accepting[listener] = true
@@ -567,7 +575,7 @@ module NeverBlock
         next unless socket
 
         serve(socket, listener)
-        more = turn ? @limits.max_connections : @admission.limit - @admission.taken - 1
+        more = turn || @workers <= 1 ? @limits.max_connections : [@admission.limit - @admission.taken, ACCEPT_BATCH].max - 1
         while more.positive? && !stopping? && room_for_connection? && (socket = accept_now(listener))
           serve(socket, listener)
           more -= 1
@@ -647,11 +655,13 @@ module NeverBlock
     # The IdleSet found a parked connection's socket readable: a pooled
     # task reads and serves it (or parks it again). The pool has room: it
     # has a fiber for each of `max_connections` connections, and a parked
-    # one holds none.
+    # one holds none. The task starts on the loop's next turn, with the
+    # others the IdleSet found readable at once (see #accept_loop: one at a
+    # time, they would get one a turn).
     def resume(connection)
       connection.unpark
       spawned = false
-      connection.task = @pool.spawn do
+      connection.task = @pool.spawn(defer: true) do
         spawned = true
         connection.resume
       ensure
