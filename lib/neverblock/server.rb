@@ -110,9 +110,6 @@ module NeverBlock
     # request already on its way (see {#stop}).
     STOP_IDLE_GRACE = 1.0
 
-    # Connections a worker beside others takes from the backlog on one turn
-    # at least (more when it has more free request slots): see #accept_loop.
-    ACCEPT_BATCH = 16
 
     # @return [#call] the Rack app.
     attr_reader :app
@@ -258,6 +255,7 @@ module NeverBlock
       @scheduler = nil
       @waiters = [] # acceptors waiting for room
       @turn_waiters = 0 # acceptors waiting for a turn for a slot (#wait_turn)
+      @starting = 0 # connections accepted whose fibers have not started yet
       @accept_failed_at = nil
       @stop_requested = false
       @wake_reader, @wake_writer = IO.pipe
@@ -546,22 +544,21 @@ module NeverBlock
     end
 
     # Accepts while there is room: fewer than `max_connections` open (and
-    # a free fiber for one) and a free request slot. Once it has one, it
-    # takes in more from the kernel's backlog on the same turn, their
-    # fibers starting together on the loop's next turn (one at a time, it
-    # would get one connection a turn: 15 a second when each turn runs 64
-    # one-millisecond requests, while the rest waited in the backlog for
-    # seconds): all of them when it is the only worker; beside other
-    # workers of the same listener, as many as there are free request slots
-    # or ACCEPT_BATCH, the larger, and the others take the rest. (Under
-    # requests that never yield the adaptive limit falls to its minimum, so
-    # free slots alone would again be one or two a turn.) When the slots
+    # a free fiber for one) and a free request slot. A connection's fiber
+    # starts on the loop's next turn (FiberPool#spawn(defer: true)), so the
+    # acceptor takes in the backlog on one turn instead of one connection a
+    # turn (15 a second when each turn runs 64 one-millisecond requests,
+    # while the rest waited in the backlog for seconds). Beside other
+    # workers of the same listener it takes in only as many as it has free
+    # slots, counting the connections not started yet (#starting), and
+    # leaves the rest to them; the only worker takes in all. When the slots
     # are all taken it waits for a turn among the requests waiting for one
-    # (#wait_turn), then takes in every connection waiting by then, whose
-    # requests queue behind those already waiting. With no room for a
-    # connection it waits until one ends. None is dropped. Only its waits
-    # (for room, for a connection) may be interrupted by {#shutdown}: it
-    # never waits while it holds an accepted socket.
+    # (#wait_turn) and then takes in one connection, or, as the only worker,
+    # every connection waiting by then: their requests queue behind those
+    # already waiting. With no room for a connection it waits until one
+    # ends. None is dropped. Only its waits (for room, for a connection)
+    # may be interrupted by {#shutdown}: it never waits while it holds an
+    # accepted socket.
     def accept_loop(listener)
       until stopping?
         @accepting[listener] = true
@@ -575,11 +572,9 @@ module NeverBlock
         next unless socket
 
         serve(socket, listener)
-        more = turn || @workers <= 1 ? @limits.max_connections : [@admission.limit - @admission.taken, ACCEPT_BATCH].max - 1
-        while more.positive? && !stopping? && room_for_connection? && (socket = accept_now(listener))
-          serve(socket, listener)
-          more -= 1
-        end
+        next unless turn && alone?
+
+        serve(socket, listener) while !stopping? && room_for_connection? && (socket = accept_now(listener))
       end
     end
 
@@ -600,7 +595,13 @@ module NeverBlock
     end
 
     def room?
-      !@admission.full? && room_for_connection?
+      !@admission.full? && room_for_connection? && (alone? || @admission.taken + @starting < @admission.limit)
+    end
+
+    # Whether this is the listener's only worker (none beside it to leave
+    # connections in the backlog to).
+    def alone?
+      @workers <= 1
     end
 
     def room_for_connection?
@@ -637,19 +638,31 @@ module NeverBlock
       connection = Connection.new(@context, socket, listener)
       @connections[connection] = true
       spawned = false
-      connection.task = @pool.spawn(defer: true) do
+      connection.task = @pool.spawn(defer: true) do # starts on the next turn, after this returns
         spawned = true
+        started
         connection.run
       ensure
         finish(connection) unless connection.parked?
       end
+      @starting += 1
       # Ruby could not create the fiber (the task failed and was logged).
-      finish(connection) unless spawned || connection.task.alive?
+      unless spawned || connection.task.alive?
+        started
+        finish(connection)
+      end
     rescue StandardError
       raise if spawned
 
       finish(connection)
       raise
+    end
+
+    # A connection's fiber started (or will not): it no longer counts
+    # against the slots an acceptor beside other workers may fill (#room?).
+    def started
+      @starting -= 1
+      room_freed
     end
 
     # The IdleSet found a parked connection's socket readable: a pooled

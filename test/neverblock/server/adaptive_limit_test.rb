@@ -98,15 +98,17 @@ class ServerAdaptiveLimitTest < Minitest::Test
 
   # A worker at its limit stops accepting: new connections wait in the
   # kernel's accept queue, where another worker of the same socket would take
-  # them (Puma's wait_for_less_busy_worker, without the guess). A fiber pool
-  # of 2 keeps the limit at 2 here. Each request is written before the next
-  # connection is opened, so the server has every head when it accepts: with
-  # client threads, a loaded machine let the server accept all five before
-  # any head arrived (a connection takes a slot with its head), and nothing
-  # was left queued.
+  # them (Puma's wait_for_less_busy_worker, without the guess). Here the
+  # server is one of two workers (Server#serve_here, what each forked worker
+  # runs; the only worker takes in its whole backlog). A fiber pool of 2
+  # keeps the limit at 2. Accepted connections whose fibers have not started
+  # count against it, so however early they are accepted, only two are.
   def test_at_its_limit_it_leaves_new_connections_in_the_accept_queue
     app = Counting.new(wait: 1.5, cpu: 0) # three stay queued for the first 1.5 s
-    server = start_server(app, fiber_pool: 2, adaptive_limit: { min: 2, initial: 2 })
+    server = @server = NeverBlock::Server.new(Rack::Lint.new(app), bind: ["tcp://127.0.0.1:0"], workers: 2,
+                                              fiber_pool: 2, adaptive_limit: { min: 2, initial: 2 })
+    @port = Integer(server.bound_addresses.first[/\d+\z/])
+    @server_thread = Thread.new { server.send(:serve_here) }
     listener = server.instance_variable_get(:@listeners).first
     sockets = Array.new(5) { connect.tap { |socket| socket.write(get) } }
     queued = nil
