@@ -234,7 +234,7 @@ module NeverBlockBench
     def check_ruby(server, path: "/ruby")
       require "net/http"
       answer = Net::HTTP.get(URI("http://127.0.0.1:#{server.port}#{path}")).strip
-      wanted = "yjit=#{NeverBlockBench.yjit?}"
+      wanted = "yjit=#{defined?(RubyVM::YJIT) && RubyVM::YJIT.enabled? ? true : false}"
       raise "#{server.name} runs #{answer.inspect}, wanted #{wanted} as in the benchmark's own Ruby" unless answer.end_with?(wanted)
 
       answer
