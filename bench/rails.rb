@@ -39,7 +39,8 @@
 # warmed up (#warm_up); each cell is the median of its runs (the others beside
 # it). NeverBlock runs `neverblock serve bench/rails/config.ru -w 0` from this
 # checkout; Puma 8 from bench/gemfiles/servers.gemfile (vendor/bundle-servers);
-# ActiveRecord 7.2 on both. The client is this process: NeverBlock tasks, one
+# ActiveRecord 7.2 on both (on Ruby 3.4, bench/run --ruby 3.4[-yjit]: both from
+# bench/gemfiles/ruby34.gemfile, Rails 8.1). The client is this process: NeverBlock tasks, one
 # per concurrent request, each on a keep-alive Net::HTTP connection, taking
 # the next request until all are sent; req/s = requests / wall time. Client,
 # servers and PostgreSQL (bench/run starts it) share one machine: the numbers
@@ -199,6 +200,7 @@ module NeverBlockBench
       warn "#{setup.label} on 127.0.0.1:#{port}"
       process = setup.start.call(port)
       process.wait_until_ready(path: "/fast", timeout: 120)
+      warn "  #{PeerServers.check_ruby(process)}"
       warm_up(port, setup, process)
       yield port, process.pid
     ensure

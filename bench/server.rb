@@ -7,7 +7,8 @@
 # CPU time per request (its whole session, from /proc) and, for NeverBlock,
 # allocations per request (GcProbe).
 #
-#   bench/run server --runs 3           -> bench/results/server.{txt,csv,svg} (Ruby 3.1 only)
+#   bench/run server --runs 3           -> bench/results/server.{txt,csv,svg} (Ruby 3.1)
+#   bench/run --ruby 3.4-yjit server    -> bench/results/ruby34-yjit/: every server on Ruby 3.4, YJIT on
 #   bench/run server --quick            smoke run: 3 s per cell, 1 s warm-up
 #   bench/run server --only neverblock,puma --scenarios hello
 #
@@ -178,6 +179,7 @@ module NeverBlockBench
       warn "#{server.name} (run #{round + 1}/#{@options[:runs]}) on 127.0.0.1:#{port}"
       process = server.start.call(port)
       process.wait_until_ready
+      warn "  #{PeerServers.check_ruby(process)}" unless server.name == "nginx"
       gc_socket = server.gc_socket&.call(port)
       cells.each do |cell|
         url = "http://127.0.0.1:#{port}#{cell[:scenario].path}"

@@ -63,6 +63,11 @@ class BenchController < ActionController::API
     ActiveRecord::Base.with_connection { |conn| conn.select_value("select 1") }
     render plain: "ok\n"
   end
+
+  # Which Ruby serves, and whether YJIT is on in it (PeerServers.check_ruby).
+  def ruby
+    render plain: "#{RUBY_DESCRIPTION} yjit=#{defined?(RubyVM::YJIT) && RubyVM::YJIT.enabled? ? true : false}\n"
+  end
 end
 
 Rails.application.initialize!
@@ -71,4 +76,5 @@ Rails.application.initialize!
 Rails.application.routes.draw do
   get "/sleep", to: "bench#slow"
   get "/fast", to: "bench#fast"
+  get "/ruby", to: "bench#ruby"
 end

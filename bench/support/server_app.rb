@@ -3,12 +3,18 @@
 require_relative "postgres"
 
 module NeverBlockBench
+  # @return [String] this Ruby and whether YJIT is on in it, e.g. "ruby 3.4.5 ... yjit=true\n"
+  def self.ruby_description = "#{RUBY_DESCRIPTION} yjit=#{yjit?}\n"
+
+  def self.yjit? = defined?(RubyVM::YJIT) && RubyVM::YJIT.enabled? ? true : false
+
   # The Rack 3 app every server in bench/server.rb runs (one process each):
   #
   #   GET /       "Hello world\n"
   #   GET /sleep  `sleep 0.01`, then "slept\n": a fiber sleep under NeverBlock
   #               and Falcon, a thread sleep under Puma
   #   GET /pg     `select pg_sleep(0.01)` through a database pool, then "slept\n"
+  #   GET /ruby   the serving Ruby (PeerServers.check_ruby: is YJIT on in it?)
   # /sleep and /pg first mark the request as IO-bound for Puma 8's IO mode
   # (env["puma.mark_as_io_bound"]; see puma_io.rb).
   #
@@ -52,6 +58,7 @@ module NeverBlockBench
         mark_as_io_bound(env)
         query(@pg_sql)
         text(SLEPT)
+      when "/ruby" then text(NeverBlockBench.ruby_description)
       else [404, { "content-type" => "text/plain", "content-length" => "10" }, ["not found\n"]]
       end
     end

@@ -125,10 +125,13 @@ module NeverBlockBench
   # bench/gemfiles/servers.gemfile (gems in vendor/bundle-servers, installed by
   # bench/run: run directly, a peer without it fails to start and its log says
   # why), so the main Gemfile.lock does not change; nginx with a generated
-  # config as the hardware reference.
+  # config as the hardware reference. On Ruby 3.4 bench/run names the 3.4 bench
+  # bundle instead (NB_BENCH_PEERS_GEMFILE, NB_BENCH_PEERS_PATH), which holds the
+  # peers beside NeverBlock.
   module PeerServers
     REPO = File.expand_path("../..", __dir__)
-    GEMFILE = File.join(REPO, "bench/gemfiles/servers.gemfile")
+    GEMFILE = ENV.fetch("NB_BENCH_PEERS_GEMFILE", File.join(REPO, "bench/gemfiles/servers.gemfile"))
+    BUNDLE_PATH = ENV.fetch("NB_BENCH_PEERS_PATH", File.join(REPO, "vendor/bundle-servers"))
 
     module_function
 
@@ -136,7 +139,7 @@ module NeverBlockBench
     # variables (Bundler.with_unbundled_env restores the environment as it was
     # before Peers.use_epoll set them).
     def bundle_env(extra = {})
-      { "BUNDLE_GEMFILE" => GEMFILE, "BUNDLE_PATH" => File.join(REPO, "vendor/bundle-servers"),
+      { "BUNDLE_GEMFILE" => GEMFILE, "BUNDLE_PATH" => BUNDLE_PATH,
         "BUNDLE_FROZEN" => "true", "BUNDLE_SILENCE_ROOT_WARNING" => "1", "RUBYOPT" => nil, "RUBYLIB" => nil,
         "IO_EVENT_SELECTOR" => ENV.fetch("IO_EVENT_SELECTOR", nil),
         "NEVERBLOCK_SELECTOR" => ENV.fetch("NEVERBLOCK_SELECTOR", nil) }.merge(extra)
@@ -220,6 +223,21 @@ module NeverBlockBench
         }
       NGINX
       ServerProcess.start(name, ["nginx", "-p", prefix, "-c", "#{prefix}/nginx.conf"], port: port)
+    end
+
+    # Asks a Ruby server which Ruby serves (GET `path`, ServerApp's /ruby) and
+    # raises unless YJIT is on in it exactly when it is on here: bench/run
+    # --ruby 3.4-yjit turns it on for every Ruby process through
+    # RUBY_YJIT_ENABLE, and a peer that lost the variable would be measured
+    # on the interpreter.
+    # @return [String] the server's answer, e.g. "ruby 3.4.5 ... yjit=true"
+    def check_ruby(server, path: "/ruby")
+      require "net/http"
+      answer = Net::HTTP.get(URI("http://127.0.0.1:#{server.port}#{path}")).strip
+      wanted = "yjit=#{defined?(RubyVM::YJIT) && RubyVM::YJIT.enabled? ? true : false}"
+      raise "#{server.name} runs #{answer.inspect}, wanted #{wanted} as in the benchmark's own Ruby" unless answer.end_with?(wanted)
+
+      answer
     end
 
     def peer(name, command, port, env)
