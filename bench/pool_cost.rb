@@ -37,14 +37,16 @@ module PoolCost
   def cpu = Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID)
 
   # Runs `queries` exec_params through `run` (a lambda of count), measured
-  # after a warm-up; returns [cpu us/query, allocations/query].
+  # after a warm-up; returns [cpu us/query, allocations/query, GC runs per 1000 queries].
   def measure(queries, name)
     yield WARM_UP
     GC.start
     allocated = GC.stat(:total_allocated_objects)
+    runs = GC.count
     started = cpu
     profile(name) { yield queries }
-    [(cpu - started) * 1e6 / queries, (GC.stat(:total_allocated_objects) - allocated).fdiv(queries)]
+    [(cpu - started) * 1e6 / queries, (GC.stat(:total_allocated_objects) - allocated).fdiv(queries),
+     (GC.count - runs) * 1000.0 / queries]
   end
 
   def profile(name, &block)
@@ -118,10 +120,11 @@ module PoolCost
     options[:runs].times { variants.each { |name| results[name] << in_child(name, options[:queries]) } }
     base = median(results["blocking"]&.map(&:first) || [])
     puts "#{RUBY_DESCRIPTION}; #{options[:queries]} queries x #{options[:runs]} runs; load #{File.read('/proc/loadavg').split[0, 3].join(' ')}"
-    puts format("%-10s %9s %8s %9s  %s", "variant", "cpu_us/q", "x_block", "allocs/q", "runs (cpu us/q)")
+    puts format("%-10s %9s %8s %9s %8s  %s", "variant", "cpu_us/q", "x_block", "allocs/q", "gc/1000q", "runs (cpu us/q)")
     results.each do |name, runs|
       us = median(runs.map(&:first))
-      puts format("%-10s %9.2f %8s %9.1f  %s", name, us, base ? format("%.2f", us / base) : "", median(runs.map(&:last)),
+      puts format("%-10s %9.2f %8s %9.1f %8.2f  %s", name, us, base ? format("%.2f", us / base) : "", median(runs.map { _1[1] }),
+                  median(runs.map(&:last)),
                   runs.map { |r| r.first.round(1) }.join(" "))
     end
   end
