@@ -230,6 +230,10 @@ module NeverBlock
         unless sync&.result_status == PG::PGRES_PIPELINE_SYNC
           raise PG::ConnectionBad, "pipeline out of step: expected a sync point, got #{sync&.res_status || 'nothing'}"
         end
+        # Freed now rather than by the garbage collector: pg counts each
+        # result's libpq memory towards the next GC, so a sync point left
+        # to it made GC run (and sweep) about twice as often per statement.
+        sync.clear
 
         begin
           result.check

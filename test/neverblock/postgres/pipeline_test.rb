@@ -123,6 +123,21 @@ class PostgresPipelineTest < NeverBlockTest
     db&.exec("SELECT 1")
   end
 
+  # The timed-out statement is answered later (cancelled) into the record
+  # it was sent with; statements sent after it, by this fiber or others,
+  # must each get their own result, never that late answer.
+  def test_statements_after_a_timed_out_one_each_get_their_own_result
+    db = client(size: 1)
+    open_connections(db, 1)
+    assert_raises(NeverBlock::TimeoutError) { NeverBlock.timeout(0.1) { db.exec("SELECT pg_sleep(3)") } }
+    others = 5.times.map do |t|
+      NeverBlock.spawn { 10.times.map { |i| db.exec_params("SELECT $1::int", [(t * 100) + i]).getvalue(0, 0).to_i } }
+    end
+    mine = 10.times.map { |i| db.exec_params("SELECT $1::int", [1000 + i]).getvalue(0, 0).to_i }
+    assert_equal (1000...1010).to_a, mine
+    others.each_with_index { |task, t| assert_equal (0...10).map { |i| (t * 100) + i }, task.value }
+  end
+
   def test_terminating_a_pipelined_backend_fails_the_statements_in_flight_and_later_ones_succeed
     db = client(size: 1)
     open_connections(db, 1)
