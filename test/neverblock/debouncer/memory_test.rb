@@ -28,7 +28,11 @@ class DebouncerMemoryTest < NeverBlockTest
     assert_equal 1000, debouncer.store.size
     assert_equal 0, debouncer.store.in_flight
     growth_mib = (rss_kib - before) / 1024.0
-    assert_operator growth_mib, :<, 64, "RSS grew #{growth_mib.round} MiB; unbounded it would be ~200 MiB"
+    # Half of what the bodies alone would take unbounded: the heap's own
+    # growth over 100,000 requests varies with what the suite ran before
+    # (68 and 86 MiB in two whole-suite runs on 3.1, under 64 alone); the
+    # bodies kept (1,000 of them) are 2 MiB.
+    assert_operator growth_mib, :<, 100, "RSS grew #{growth_mib.round} MiB; unbounded it would be ~200 MiB"
   end
 
   def test_the_least_recently_used_response_goes_first
