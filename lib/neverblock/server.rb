@@ -630,6 +630,7 @@ module NeverBlock
       fiber = Fiber.current
       @waiters << fiber
       @scheduler.wait_until { room? }
+      false
     ensure
       @waiters.delete(fiber) if fiber
     end
