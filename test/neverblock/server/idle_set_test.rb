@@ -36,6 +36,14 @@ module IdleConnectionBehaviour
     eventually(timeout: 10) { @server.stats[:connection_fibers][:busy].zero? } if parks?
   end
 
+  # `count` new connections, each answered once and then idle (#wait_idle).
+  def idle_connections(count)
+    sockets = Array.new(count) { connect }
+    sockets.each { |socket| assert_equal 200, request(socket)[0] }
+    wait_idle(count)
+    sockets
+  end
+
   def test_idle_connections_are_served_again_after_an_idle_period
     start_server(lint: false)
     sockets = Array.new(500) { connect }
@@ -62,9 +70,7 @@ module IdleConnectionBehaviour
       [200, { "content-length" => "2" }, ["ok"]]
     end
     start_server(app, lint: false)
-    idle = Array.new(20) { connect }
-    idle.each { |socket| assert_equal 200, request(socket)[0] }
-    wait_idle(20)
+    idle = idle_connections(20)
     busy = connect
     busy.write(get("/slow"))
     eventually(timeout: 10) { @server.stats[:requests_in_flight] == 1 }
@@ -81,9 +87,7 @@ module IdleConnectionBehaviour
     start_server
     wait_serving
     before = fd_count
-    sockets = Array.new(50) { connect }
-    sockets.each { |socket| assert_equal 200, request(socket)[0] }
-    wait_idle(50)
+    sockets = idle_connections(50)
     sockets.each(&:close)
     @sockets.clear
     eventually(timeout: 10) { @server.stats[:connections].zero? }
@@ -152,9 +156,7 @@ class ServerIdleSetTest < PlainTest
     start_server
     wait_serving
     base = server_tasks
-    sockets = Array.new(200) { connect }
-    sockets.each { |socket| assert_equal 200, request(socket)[0] }
-    wait_idle(200)
+    sockets = idle_connections(200)
     assert_equal base, server_tasks, "tasks besides the server's own"
     assert_operator @server.stats[:connection_fibers][:idle], :<=, NeverBlock::FiberPool::IDLE_LIMIT
   end
@@ -182,9 +184,7 @@ class ServerIdleFiberTest < PlainTest
     start_server
     wait_serving
     base = server_tasks
-    sockets = Array.new(50) { connect }
-    sockets.each { |socket| assert_equal 200, request(socket)[0] }
-    wait_idle(50)
+    sockets = idle_connections(50)
     assert_equal base + 50, server_tasks
   end
 end
