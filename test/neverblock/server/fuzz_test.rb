@@ -85,10 +85,21 @@ class ServerFuzzTest < PlainTest
     end
   end
 
+  # An Upgrade ends a pipeline only after requests without a body: after a
+  # body that spans reads (run_case sends in random pieces) the server
+  # refuses it with 400, the known limit README names (the llhttp gem cannot
+  # say where the upgrade request ended); hijack_test covers that refusal.
   def valid_pipeline(random)
     requests = Array.new(random.rand(1..4)) { valid_request(random) }
-    requests << last_request(random) if random.rand(3).zero?
+    if random.rand(3).zero?
+      last = last_request(random)
+      requests << last unless last.last.first == 101 && requests.any? { |request, _| body?(request) }
+    end
     [requests.map(&:first).join, requests.map(&:last)]
+  end
+
+  def body?(request)
+    request.match?(/^(?:Content-Length|Transfer-Encoding): /)
   end
 
   SPECIAL = ["\r", "\n", "\r\n", "\0", " ", ":", "\t", "0", "ffffffffffffffffff", "-1", "\xff".b, "%", "?", "#",
