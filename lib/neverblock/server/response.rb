@@ -177,11 +177,14 @@ module NeverBlock
           return keep_alive
         end
 
-        parts = body.to_ary if body.respond_to?(:to_ary)
+        if body.respond_to?(:to_ary)
+          parts = body.to_ary
+          parts_bytes = parts.sum(&:bytesize) # summed once: length, the check below, write_parts
+        end
         if length || framed_by_app
           chunked = false
         elsif parts
-          length = parts.sum(&:bytesize)
+          length = parts_bytes
           head << "content-length: " << length.to_s << "\r\n"
         elsif request.http10
           keep_alive = false # the body ends when the connection closes
@@ -193,8 +196,8 @@ module NeverBlock
         head << connection_header(keep_alive, request) << "\r\n"
 
         declared = declared_length(length) unless framed_by_app
-        if parts && (declared.nil? || declared == parts.sum(&:bytesize))
-          write_parts(head, parts)
+        if parts && (declared.nil? || declared == parts_bytes)
+          write_parts(head, parts, parts_bytes)
         elsif parts
           write_each(head, parts, false, declared) # cut at the declared length
         elsif body.respond_to?(:each)
@@ -263,19 +266,21 @@ module NeverBlock
 
       # Values are Strings or Arrays of Strings (Rack 3); a newline inside a
       # value would split the response, so it starts a new header line instead.
+      # Checked with include? rather than a regex: no Onigmo match (and its
+      # stack) per header of every response (see Parser).
       def add_header(head, key, value)
         if value.is_a?(Array)
           value.each { |item| add_header(head, key, item) }
-        elsif (value = value.to_s).match?(/[\r\n]/)
+        elsif (value = value.to_s).include?("\n") || value.include?("\r")
           value.split(/[\r\n]+/).each { |line| head << key << ": " << line << "\r\n" }
         else
           head << key << ": " << value << "\r\n"
         end
       end
 
-      def write_parts(head, parts)
-        @body_bytes = parts.sum(&:bytesize)
-        if @body_bytes <= COALESCE
+      def write_parts(head, parts, bytes)
+        @body_bytes = bytes
+        if bytes <= COALESCE
           parts.each { |part| head << part }
           write_all(head)
         else

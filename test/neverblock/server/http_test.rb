@@ -311,6 +311,21 @@ class ServerHTTPTest < PlainTest
     assert_includes response, "set-cookie: a=1\r\nset-cookie: b=2\r\n"
   end
 
+  # A CR or LF inside a value would end the header line and let the value
+  # write headers (or a body) of its own: each line is sent as a value of
+  # the same header instead. (Rack::Lint refuses such a value: not a
+  # conforming app, but one the server must not let split the response.)
+  def test_a_newline_in_a_header_value_cannot_split_the_response
+    app = ->(_env) { [200, { "x-a" => "1\r\nset-cookie: evil=1", "x-b" => "2\rx-c: 3", "x-d" => ["4\n\nbody"], "content-length" => "0" }, []] }
+    start_server(app, lint: false)
+    response = exchange(get("/", "Connection: close\r\n"))
+    head = response.split("\r\n\r\n", 2).first
+    assert_includes head, "x-a: 1\r\nx-a: set-cookie: evil=1\r\n"
+    assert_includes head, "x-b: 2\r\nx-b: x-c: 3\r\n"
+    assert_includes head, "x-d: 4\r\nx-d: body\r\n"
+    refute_match(/^(?:set-cookie|x-c|body)/, head)
+  end
+
   def test_upgrade_requests_are_answered_then_closed_without_hijack
     start_server
     response = exchange("GET / HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
