@@ -286,16 +286,9 @@ module NeverBlock
       fiber = Fiber.current
       @waits[fiber] = (@token += 1)
       @running = nil
-      following = @runs_next
+      following = runs_next if @runs_next
       return @loop.transfer unless following
 
-      @runs_next = nil
-      # Still in the wait #wake_next queued it for (its entry in @ready is
-      # then stale and skipped by #run_ready), and the loop has not been
-      # passed over too often this turn.
-      return @loop.transfer unless @waits[following] == @runs_next_token && @direct_switches.positive?
-
-      @direct_switches -= 1
       following.transfer(@runs_next_value)
     ensure
       @waits.delete(fiber)
@@ -320,17 +313,20 @@ module NeverBlock
     # and lets it run next: when the calling fiber next suspends (a wait in
     # {#suspend}: a pool's, a Mutex's, a sleep), it switches straight to
     # `fiber` instead of to the loop, and `fiber` runs in its place. The
-    # caller runs on meanwhile, undisturbed; one that next waits on IO, or
-    # ends, leaves `fiber` to the loop's next turn, as {#wake} would.
+    # caller runs on meanwhile, undisturbed; one that ends leaves `fiber` to
+    # the loop's next turn, as {#wake} would.
     #
     # For a caller that has just handed `fiber` what it waits for (a pool's
     # checkin hands it a connection): `fiber` acts within this turn of the
     # loop (its query is sent before the selector looks at the connection's
     # socket again, which keeps that socket registered), at one fiber
     # switch, where running it at once and the caller after it from the
-    # ready queue took two. At most DIRECT_SWITCHES fibers a turn run
-    # this way, so that fibers that keep handing each other something
-    # without waiting on IO cannot hold the loop.
+    # ready queue took two. A caller that next waits on IO instead lets
+    # `fiber` run first, then waits one turn on the ready queue (#give_way:
+    # the selector's wait cannot switch to another fiber). At most
+    # DIRECT_SWITCHES fibers a turn run this way, so that fibers that keep
+    # handing each other something without waiting on IO cannot hold the
+    # loop.
     #
     # Called from another thread, or from a fiber the loop cannot switch
     # away from (the loop itself, a blocking fiber), it is {#unblock} or
@@ -344,6 +340,29 @@ module NeverBlock
       @runs_next = fiber
       @runs_next_token = @waits[fiber]
       @runs_next_value = value
+    end
+
+    # @api private
+    # Called by a fiber about to wait in the selector (IOHooks#in_selector)
+    # while the fiber #wake_next woke has not run yet: the selector's wait
+    # switches to the loop, never to another fiber, so `fiber` lets that
+    # one run first, now, and waits on the ready queue meanwhile; it goes
+    # on to its IO wait on the loop's next turn. An interrupt aimed at it
+    # meanwhile is raised here, at the start of its wait.
+    # @return [void]
+    def give_way(fiber)
+      following = runs_next or return
+
+      token = (@token += 1)
+      @waits[fiber] = token
+      @ready.push(fiber, token, true)
+      @running = nil
+      following.transfer(@runs_next_value)
+    ensure
+      if token
+        @waits.delete(fiber)
+        entered(fiber)
+      end
     end
 
     # @api private
@@ -445,6 +464,21 @@ module NeverBlock
     end
 
     private
+
+    # --- Waking (private) ---------------------------------------------------
+
+    # The fiber #wake_next woke, taken for a direct switch (@runs_next is
+    # cleared): nil unless it is still in the wait it was woken from (else
+    # its @ready entry is stale, skipped by #run_ready) and the turn has
+    # switches past the loop left.
+    def runs_next
+      following = @runs_next
+      @runs_next = nil
+      return nil unless @waits[following] == @runs_next_token && @direct_switches.positive?
+
+      @direct_switches -= 1
+      following
+    end
 
     # --- Starting ----------------------------------------------------------
 

@@ -37,8 +37,33 @@ class SchedulerTest < NeverBlockTest
     waiters.each(&:wait)
   end
 
-  # A caller that waits on IO next, or the loop fiber itself (a timer's or a
-  # posted callback), leaves the fiber to the loop's next turn, as #wake.
+  # A caller that waits on IO next lets the fiber run first, at the start of
+  # its wait (the selector's wait can only switch to the loop).
+  def test_wake_next_runs_the_fiber_first_when_the_caller_waits_on_io
+    scheduler = Fiber.scheduler
+    reader, writer = IO.pipe
+    events = []
+    blocked = {}
+    waiters = %i[earlier handed].map do |name|
+      NeverBlock.spawn do
+        blocked[name] = Fiber.current
+        scheduler.block(:a_blocker, nil)
+        events << name
+      end
+    end
+    scheduler.wake(blocked[:earlier])
+    scheduler.wake_next(blocked[:handed])
+    events << :caller_waits
+    assert_nil reader.wait_readable(0.01)
+    assert_equal %i[caller_waits handed earlier], events
+    waiters.each(&:wait)
+  ensure
+    reader&.close
+    writer&.close
+  end
+
+  # The loop fiber itself (a timer's or a posted callback) leaves the fiber
+  # to the loop's next turn, as #wake.
   def test_wake_next_from_the_loop_itself_wakes_the_fiber_for_the_next_turn
     scheduler = Fiber.scheduler
     events = []
