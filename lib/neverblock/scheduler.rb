@@ -465,7 +465,7 @@ module NeverBlock
 
     private
 
-    # --- Waking (private) ---------------------------------------------------
+    # --- Waking a fiber next -----------------------------------------------
 
     # The fiber #wake_next woke, taken for a direct switch (@runs_next is
     # cleared): nil unless it is still in the wait it was woken from (else

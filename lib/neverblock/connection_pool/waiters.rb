@@ -20,9 +20,9 @@ module NeverBlock
     # - a fiber of a NeverBlock loop suspends in its scheduler
     #   (Scheduler#block) and is woken by Scheduler#unblock from any thread,
     #   or by Scheduler#wake_next from a fiber of its own loop, which lets it
-    #   run in that fiber's place (#wait_in_loop). Nothing is allocated per wait: Waiter records are
-    #   reused, and the waiters of one loop share one expiry timer
-    #   (#arm_expiry, #expire_waiters);
+    #   run in that fiber's place (#wait_in_loop). Nothing is allocated per
+    #   wait: Waiter records are reused, and the waiters of one loop share
+    #   one expiry timer (#arm_expiry, #expire_waiters);
     # - a plain thread, a blocking fiber, or a fiber under another scheduler
     #   waits on its Waiter's condition variable (#wait_on_condition).
     #
