@@ -5,6 +5,9 @@
 # `select $1` (exec_params), layer by layer.
 #
 #   blocking   PG::Connection#exec_params, no scheduler
+#   blocking_awake  the same with the other CPUs kept busy (Spinner, see bench/db.rb):
+#              a client that waits for every reply pays for waking a halted virtual
+#              CPU, which on a quiet machine inflates blocking's CPU per query
 #   sched      the same on one NeverBlock::Postgres::Connection, one fiber
 #              under NeverBlock's scheduler (the scheduler's cost)
 #   pool1      NeverBlock::Postgres.pool(size: 1), one fiber (checkout, checkin)
@@ -33,7 +36,7 @@ module NeverBlockBench
   class PoolCostBench < Bench
     DEFAULTS = { queries: 10_000, runs: 5, queries_only: false }.freeze
     QUICK = { queries: 500, runs: 1 }.freeze
-    ONLY = %w[blocking sched pool1 pool pipeline].freeze # the variants
+    ONLY = %w[blocking blocking_awake sched pool1 pool pipeline].freeze # the variants
     SQL = "select $1"
     OPEN_SQL = "select pg_sleep(0.02)" # long enough that each warm-up task holds a connection of its own
     WARM_UP = 500 # queries each measurement runs before its clock starts
@@ -77,6 +80,8 @@ module NeverBlockBench
       when "blocking"
         conn = PG.connect(**@conninfo)
         measure(name, queries) { |count| count.times { |i| conn.exec_params(SQL, [i]) } }
+      when "blocking_awake"
+        Spinner.awake { run_variant("blocking", queries) }
       when "sched"
         NeverBlock.run do
           conn = NeverBlock::Postgres::Connection.new(**@conninfo)
