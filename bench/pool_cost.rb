@@ -5,6 +5,9 @@
 # `select $1` (exec_params), layer by layer.
 #
 #   blocking   PG::Connection#exec_params, no scheduler
+#   blocking_awake  the same with the other CPUs kept busy (Spinner, see bench/db.rb):
+#              a client that waits for every reply pays for waking a halted virtual
+#              CPU, which on a quiet machine inflates blocking's CPU per query
 #   sched      the same on one NeverBlock::Postgres::Connection, one fiber
 #              under NeverBlock's scheduler (the scheduler's cost)
 #   pool1      NeverBlock::Postgres.pool(size: 1), one fiber (checkout, checkin)
@@ -12,122 +15,135 @@
 #              a connection, handing over)
 #   pipeline   pool(size: 12, pipeline: true), 100 fibers
 #
-#   bin/databases run bundle exec ruby -Ilib bench/pool_cost.rb [--queries N] [--runs N] [VARIANT...]
-#   POOL_COST_STACKPROF=DIR   also write a stackprof (cpu mode) dump per variant to DIR
-#   POOL_COST_QUERIES_ONLY=1  run each variant once, print nothing but its pid (for strace -c)
+#   bench/run pool_cost                       Ruby 3.1 -> bench/results/pool_cost.{txt,csv}
+#   bench/run --ruby 3.4-yjit pool_cost       Ruby 3.4 + YJIT -> bench/results/ruby34-yjit/
+#   bench/run pool_cost --only pool,blocking --queries 100000 --runs 3
+#   bench/run pool_cost --quick               smoke run: 500 queries, one round
+#   POOL_COST_STACKPROF=DIR   also write a stackprof (cpu mode) dump per variant and run to DIR
+#                             (stackprof is in the development bundles, not the bench ones)
+#   --queries-only            run each variant once in this process, measure and print nothing
+#                             (for `strace -c -f` or perf around the whole run)
 #
 # Each measurement is a forked child that connects and warms up first;
-# variants are interleaved round by round and medians printed with every run.
+# variants are interleaved round by round, and the median printed with
+# every run beside it.
 
-require "optparse"
-require "pg"
+require_relative "support/harness"
 require_relative "support/postgres"
-require "neverblock"
-require "neverblock/postgres"
 
-module PoolCost
-  SQL = "select $1"
-  WARM_UP = 500
-  VARIANTS = %w[blocking sched pool1 pool pipeline].freeze
+module NeverBlockBench
+  # Measures a pooled query's CPU layer by layer and reports it. See the file comment.
+  class PoolCostBench < Bench
+    DEFAULTS = { queries: 10_000, runs: 5, queries_only: false }.freeze
+    QUICK = { queries: 500, runs: 1 }.freeze
+    ONLY = %w[blocking blocking_awake sched pool1 pool pipeline].freeze # the variants
+    SQL = "select $1"
+    OPEN_SQL = "select pg_sleep(0.02)" # long enough that each warm-up task holds a connection of its own
+    WARM_UP = 500 # queries each measurement runs before its clock starts
+    FIBERS = 100
+    POOL_SIZE = 12
 
-  module_function
+    # @return [Boolean] true when every measurement succeeded
+    def call
+      return warn(PostgresServer.problem) if PostgresServer.problem
 
-  def conninfo = NeverBlockBench::PostgresServer.conninfo
-
-  def cpu = Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID)
-
-  # Runs `queries` exec_params through `run` (a lambda of count), measured
-  # after a warm-up; returns [cpu us/query, allocations/query, GC runs per 1000 queries].
-  def measure(queries, name)
-    yield WARM_UP
-    GC.start
-    allocated = GC.stat(:total_allocated_objects)
-    runs = GC.count
-    started = cpu
-    profile(name) { yield queries }
-    [(cpu - started) * 1e6 / queries, (GC.stat(:total_allocated_objects) - allocated).fdiv(queries),
-     (GC.count - runs) * 1000.0 / queries]
-  end
-
-  def profile(name, &block)
-    return yield unless (dir = ENV["POOL_COST_STACKPROF"])
-
-    require "stackprof"
-    StackProf.run(mode: :cpu, interval: 100, raw: true, out: File.join(dir, "#{name}.dump"), &block)
-  end
-
-  def spread(db, count, fibers)
-    per, extra = count.divmod(fibers)
-    tasks = Array.new(fibers) { |f| NeverBlock.spawn { (per + (f < extra ? 1 : 0)).times { |i| db.exec_params(SQL, [i]) } } }
-    NeverBlock.wait_all(tasks)
-  end
-
-  def run_variant(name, queries)
-    case name
-    when "blocking"
-      conn = PG.connect(**conninfo)
-      measure(queries, name) { |n| n.times { |i| conn.exec_params(SQL, [i]) } }
-    when "sched"
-      NeverBlock.run do
-        conn = NeverBlock::Postgres::Connection.new(**conninfo)
-        measure(queries, name) { |n| n.times { |i| conn.exec_params(SQL, [i]) } }
+      require "pg"
+      require "neverblock"
+      require "neverblock/postgres"
+      @conninfo = PostgresServer.conninfo
+      if @options[:queries_only]
+        @options[:only].each { |name| run_variant(name, @options[:queries]) }
+        return true
       end
-    when "pool1"
-      db = NeverBlock::Postgres.pool(size: 1, **conninfo)
-      NeverBlock.run { measure(queries, name) { |n| n.times { |i| db.exec_params(SQL, [i]) } } }
-    when "pool", "pipeline"
-      db = NeverBlock::Postgres.pool(size: 12, pipeline: name == "pipeline", **conninfo)
-      NeverBlock.run do
-        # every connection opened first (a long query each holds one)
-        NeverBlock.wait_all(Array.new(100) { NeverBlock.spawn { db.exec("select pg_sleep(0.02)") } })
-        measure(queries, name) { |n| spread(db, n, 100) }
+
+      puts header
+      cells = @options[:only].map { |name| Cell.new(name, variant: name) }
+      NeverBlockBench.rounds(cells, @options[:runs]) { |cell| run_variant(cell[:variant], @options[:queries]) }
+      report(cells)
+      cells.none? { |cell| cell.failures.any? }
+    end
+
+    private
+
+    def header
+      NeverBlockBench.header(
+        "NeverBlock pool cost: a pooled query's client CPU, layer by layer",
+        "neverblock #{NeverBlock::VERSION} (#{Checkout.description}), io-event #{IO::Event::VERSION}",
+        "#{PostgresServer.driver_description}; server: #{PostgresServer.description}",
+        "#{@options[:queries]} `#{SQL}` per run, #{@options[:runs]} runs interleaved, each in a forked child warmed up first"
+      )
+    end
+
+    # @return [Hash] :seconds, :cpu and :allocations of `queries` queries, and :gc_runs (in the child)
+    def run_variant(name, queries)
+      case name
+      when "blocking"
+        conn = PG.connect(**@conninfo)
+        measure(name, queries) { |count| count.times { |i| conn.exec_params(SQL, [i]) } }
+      when "blocking_awake"
+        Spinner.awake { run_variant("blocking", queries) }
+      when "sched"
+        NeverBlock.run do
+          conn = NeverBlock::Postgres::Connection.new(**@conninfo)
+          measure(name, queries) { |count| count.times { |i| conn.exec_params(SQL, [i]) } }
+        end
+      when "pool1"
+        db = NeverBlock::Postgres.pool(size: 1, **@conninfo)
+        NeverBlock.run { measure(name, queries) { |count| count.times { |i| db.exec_params(SQL, [i]) } } }
+      when "pool", "pipeline"
+        db = NeverBlock::Postgres.pool(size: POOL_SIZE, pipeline: name == "pipeline", **@conninfo)
+        NeverBlock.run do
+          NeverBlock.wait_all(Array.new(FIBERS) { NeverBlock.spawn { db.exec(OPEN_SQL) } }) # every connection opened first
+          measure(name, queries) { |count| fan_out(db, count) }
+        end
       end
-    else abort "unknown variant #{name}"
     end
-  end
 
-  def in_child(name, queries)
-    reader, writer = IO.pipe
-    pid = fork do
-      reader.close
-      writer.write(Marshal.dump(run_variant(name, queries)))
-      writer.close
-      exit!(0)
+    # Runs the block with WARM_UP, then, measured, with `queries`. Under the
+    # scheduler also counts the fibers it entered (Scheduler#switches).
+    def measure(name, queries)
+      yield WARM_UP
+      GC.start
+      runs = GC.count
+      scheduler = Fiber.scheduler
+      switches = scheduler&.switches
+      outcome = NeverBlockBench.timed_with_cpu { profile(name) { yield queries } }
+      outcome.merge(gc_runs: GC.count - runs, switches: switches && (scheduler.switches - switches))
     end
-    writer.close
-    result = reader.read
-    Process.wait(pid)
-    result.empty? ? nil : Marshal.load(result) # rubocop:disable Security/MarshalLoad -- our own child
-  end
 
-  def median(values)
-    sorted = values.compact.sort
-    sorted.empty? ? nil : (sorted[(sorted.size - 1) / 2] + sorted[sorted.size / 2]) / 2.0
-  end
+    def profile(name, &block)
+      return yield unless (dir = ENV.fetch("POOL_COST_STACKPROF", nil))
 
-  def main(argv)
-    options = { queries: 10_000, runs: 5 }
-    OptionParser.new do |o|
-      o.on("--queries N", Integer) { |v| options[:queries] = v }
-      o.on("--runs N", Integer) { |v| options[:runs] = v }
-    end.parse!(argv)
-    variants = argv.empty? ? VARIANTS : argv
-    if ENV["POOL_COST_QUERIES_ONLY"]
-      variants.each { |name| run_variant(name, options[:queries]) }
-      return
+      require "stackprof"
+      FileUtils.mkdir_p(dir)
+      StackProf.run(mode: :cpu, interval: 100, raw: true, out: File.join(dir, "#{name}-#{Process.pid}.dump"), &block)
     end
-    results = variants.to_h { |name| [name, []] }
-    options[:runs].times { variants.each { |name| results[name] << in_child(name, options[:queries]) } }
-    base = median(results["blocking"]&.map(&:first) || [])
-    puts "#{RUBY_DESCRIPTION}; #{options[:queries]} queries x #{options[:runs]} runs; load #{File.read('/proc/loadavg').split[0, 3].join(' ')}"
-    puts format("%-10s %9s %8s %9s %8s  %s", "variant", "cpu_us/q", "x_block", "allocs/q", "gc/1000q", "runs (cpu us/q)")
-    results.each do |name, runs|
-      us = median(runs.map(&:first))
-      puts format("%-10s %9.2f %8s %9.1f %8.2f  %s", name, us, base ? format("%.2f", us / base) : "", median(runs.map { _1[1] }),
-                  median(runs.map(&:last)),
-                  runs.map { |r| r.first.round(1) }.join(" "))
+
+    # `count` exec_params over FIBERS tasks, each running its share in order.
+    def fan_out(db, count)
+      NeverBlock.wait_all(NeverBlockBench.split(count, FIBERS).map { |share| NeverBlock.spawn { share.times { |i| db.exec_params(SQL, [i]) } } })
+    end
+
+    def report(cells)
+      queries = @options[:queries]
+      per_query = ->(values) { NeverBlockBench.median(values)&./(queries) }
+      blocking = cells.find { |cell| cell[:variant] == "blocking" }
+      base = blocking && per_query.call(blocking.cpu)&.*(1e6)
+      rows = cells.map do |cell|
+        us = per_query.call(cell.cpu)&.*(1e6)
+        { "variant" => cell[:variant], "cpu_us/q" => us && format("%.2f", us), "x_block" => (format("%.2f", us / base) if us && base),
+          "allocs/q" => per_query.call(cell.allocations)&.then { |value| format("%.1f", value) },
+          "gc/1000q" => per_query.call(cell.outcomes.map { |outcome| outcome[:gc_runs] })&.then { |value| format("%.2f", value * 1000) },
+          "switches/q" => per_query.call(cell.outcomes.filter_map { |outcome| outcome[:switches] })&.then { |value| format("%.2f", value) },
+          "runs (cpu us/q)" => cell.cpu.map { |cpu| (cpu * 1e6 / queries).round(1) }.join(" "), "note" => cell.failures.first }
+      end
+      puts
+      puts Table.of(rows, ["variant", "cpu_us/q", "x_block", "allocs/q", "gc/1000q", "switches/q", "runs (cpu us/q)"])
+      puts "switches/q: fibers the scheduler entered per query (Scheduler#switches: a return from a wait, or a task's start)"
+      rows.each { |row| puts "#{row['variant']}: #{row['note']}" if row["note"] }
+      NeverBlockBench.write_results(@options[:out], "pool_cost", rows)
     end
   end
 end
 
-PoolCost.main(ARGV) if $PROGRAM_NAME == __FILE__
+NeverBlockBench::CommandLine.main(NeverBlockBench::PoolCostBench, "pool_cost") if $PROGRAM_NAME == __FILE__

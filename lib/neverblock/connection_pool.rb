@@ -452,9 +452,8 @@ module NeverBlock
     end
 
     # Called without the lock: runs the block (a #take_back_locked) with the
-    # lock held, then, with the lock let go, does what the block's outcome
-    # leaves to do: close the connection (true), or run the waiter it was
-    # handed to (a Waiter of this fiber's loop, see #hand).
+    # lock held, then, with the lock let go, closes the connection if the
+    # block's outcome says so (true).
     #
     # When another thread holds the lock a fiber waits for it, and an
     # interrupt arriving then (a timeout, a cancel) must not skip the
@@ -467,21 +466,16 @@ module NeverBlock
       ensure
         @lock.unlock
       end
-      if outcome.equal?(true)
-        close_quietly(connection)
-      elsif outcome
-        outcome.scheduler.hand_over(outcome.fiber)
-      end
+      close_quietly(connection) if outcome.equal?(true)
       raise interrupt if interrupt
     end
 
     # Called with the lock held: one level up; at the outermost level the
-    # connection goes to the next waiter or the idle list, or, if broken or
-    # from before #disconnect_all, is to be closed (by the caller, after the
+    # connection goes to the next waiter (which runs next if it is of the
+    # caller's own loop, see #hand) or the idle list, or, if broken or from
+    # before #disconnect_all, is to be closed (by the caller, after the
     # counts are right, so that a slow close delays no one).
-    # @return [Boolean, Waiter] true when the caller must close it; a
-    #   Waiter of the caller's own loop that it went to, for the caller to
-    #   run (see #hand).
+    # @return [Boolean] true when the caller must close it.
     def take_back_locked(hold)
       hold.depth -= 1
       return false if hold.depth.positive?
@@ -496,17 +490,16 @@ module NeverBlock
         true
       else
         hand_or_idle(hold, true)
+        false
       end
     end
 
     # Called with the lock held: a Hold no one owns goes to the oldest
     # waiter, else back to the idle list. `here` as for #hand.
-    # @return [Waiter, false] (see #hand)
+    # @return [void]
     def hand_or_idle(hold, here = false)
       hold.returned_at = Clock.now if @healthy && @check_after.positive?
-      handed = hand(hold, here)
-      @idle.push(hold) unless handed
-      handed.equal?(true) ? false : handed
+      @idle.push(hold) unless hand(hold, here)
     end
 
     # --- Opening and closing ---------------------------------------------

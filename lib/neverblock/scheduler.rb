@@ -44,7 +44,7 @@ module NeverBlock
   #
   # This file is the core, to be read top to bottom: construction, the
   # task and fiber lifecycle ({#run}, {#spawn}, #start), the wait/wake
-  # protocol ({#suspend}, {#wake}, {#hand_over}) and the ready queue it
+  # protocol ({#suspend}, {#wake}, {#wake_next}) and the ready queue it
   # fills, {#close}, then the loop itself (#run_loop, #run_once,
   # #run_ready). The other jobs have files of their own under scheduler/:
   #
@@ -76,7 +76,10 @@ module NeverBlock
     # Marks a @ready entry that resumes a fiber displaced by a plain
     # Fiber#raise or #transfer (see #run_ready).
     RESUME = :resume
-    private_constant :START, :RESUME
+    # Fibers a turn of the loop may switch to directly, past the loop
+    # (#wake_next).
+    DIRECT_SWITCHES = 256
+    private_constant :START, :RESUME, :DIRECT_SWITCHES
 
     include BlockingHooks
     include IOHooks
@@ -136,7 +139,10 @@ module NeverBlock
       # these was displaced by user code (Fiber#raise) and is rescheduled.
       @waits = {}.compare_by_identity
       @unblockable = {}.compare_by_identity # fibers in #block or #kernel_sleep (BlockingHooks)
-      @handing_over = {}.compare_by_identity # fibers queued by #hand_over: not a wait, not interrupted there
+      # #wake_next's fiber, the token of its wait and its value, until the
+      # caller suspends; switches past the loop left this turn.
+      @runs_next = @runs_next_token = @runs_next_value = nil
+      @direct_switches = DIRECT_SWITCHES
       @released = {}.compare_by_identity # fibers that left the loop's care (FiberHooks)
       @token = 0
       @tasks = {}.compare_by_identity # live tasks => true
@@ -280,7 +286,10 @@ module NeverBlock
       fiber = Fiber.current
       @waits[fiber] = (@token += 1)
       @running = nil
-      @loop.transfer
+      following = runs_next if @runs_next
+      return @loop.transfer unless following
+
+      following.transfer(@runs_next_value)
     ensure
       @waits.delete(fiber)
       entered(fiber)
@@ -300,44 +309,59 @@ module NeverBlock
     end
 
     # @api private
-    # Resumes `fiber`, suspended in {#block} (a Mutex-free wait such as a
-    # connection pool's), right now in place of the calling fiber, which
-    # goes to the back of the ready queue: for a caller that has just handed
-    # `fiber` what it waits for and wants it to act within this turn of the
-    # loop (the pool hands a connection this way, so that its next query
-    # is sent at once). Falls back to {#wake} where that cannot be done:
-    # `fiber` is not in {#block}, or the caller is not a fiber the loop
-    # itself runs (the loop, a blocking fiber, a fiber resumed by another
-    # one, another thread).
+    # Schedules `fiber`, suspended in {#suspend}, to resume as {#wake} does,
+    # and lets it run next: when the calling fiber next suspends (a wait in
+    # {#suspend}: a pool's, a Mutex's, a sleep), it switches straight to
+    # `fiber` instead of to the loop, and `fiber` runs in its place. The
+    # caller runs on meanwhile, undisturbed; one that ends leaves `fiber` to
+    # the loop's next turn, as {#wake} would.
     #
-    # The caller's time in the ready queue is not a wait of its own: an
-    # interrupt aimed at it meanwhile ({Task#cancel}, {NeverBlock.timeout},
-    # `Timeout.timeout`) is held back and delivered at its next wait, if it
-    # still applies then (a timeout whose block has returned does not), so
-    # that code which finished its work is not told it failed.
+    # For a caller that has just handed `fiber` what it waits for (a pool's
+    # checkin hands it a connection): `fiber` acts within this turn of the
+    # loop (its query is sent before the selector looks at the connection's
+    # socket again, which keeps that socket registered), at one fiber
+    # switch, where running it at once and the caller after it from the
+    # ready queue took two. A caller that next waits on IO instead lets
+    # `fiber` run first, then waits one turn on the ready queue (#give_way:
+    # the selector's wait cannot switch to another fiber). At most
+    # DIRECT_SWITCHES fibers a turn run this way, so that fibers that keep
+    # handing each other something without waiting on IO cannot hold the
+    # loop.
+    #
+    # Called from another thread, or from a fiber the loop cannot switch
+    # away from (the loop itself, a blocking fiber), it is {#unblock} or
+    # {#wake}.
+    # @param value [Object] returned by `fiber`'s {#suspend}.
     # @return [void]
-    def hand_over(fiber, value = true)
-      current = Fiber.current
-      unless @running.equal?(current) && @unblockable.key?(fiber) && @waits[fiber].is_a?(Integer) &&
-             loop_thread? && !current.blocking?
-        return loop_thread? ? wake(fiber, value) : unblock(nil, fiber)
-      end
+    def wake_next(fiber, value = true)
+      return unblock(nil, fiber) unless loop_thread?
+      return unless wake(fiber, value) && !Fiber.current.blocking?
+
+      @runs_next = fiber
+      @runs_next_token = @waits[fiber]
+      @runs_next_value = value
+    end
+
+    # @api private
+    # Called by a fiber about to wait in the selector (IOHooks#in_selector)
+    # while the fiber #wake_next woke has not run yet: the selector's wait
+    # switches to the loop, never to another fiber, so `fiber` lets that
+    # one run first, now, and waits on the ready queue meanwhile; it goes
+    # on to its IO wait on the loop's next turn. An interrupt aimed at it
+    # meanwhile is raised here, at the start of its wait.
+    # @return [void]
+    def give_way(fiber)
+      following = runs_next or return
 
       token = (@token += 1)
-      @waits[current] = token
-      @ready.push(current, token, true)
-      @handing_over[current] = true
+      @waits[fiber] = token
+      @ready.push(fiber, token, true)
       @running = nil
-      begin
-        fiber.transfer(value)
-      rescue FiberError
-        wake(fiber, value) # not resumable from here after all: on the loop's next turn
-      end
+      following.transfer(@runs_next_value)
     ensure
       if token
-        @handing_over.delete(current)
-        @waits.delete(current)
-        entered(current)
+        @waits.delete(fiber)
+        entered(fiber)
       end
     end
 
@@ -441,6 +465,21 @@ module NeverBlock
 
     private
 
+    # --- Waking a fiber next -----------------------------------------------
+
+    # The fiber #wake_next woke, taken for a direct switch (@runs_next is
+    # cleared): nil unless it is still in the wait it was woken from (else
+    # its @ready entry is stale, skipped by #run_ready) and the turn has
+    # switches past the loop left.
+    def runs_next
+      following = @runs_next
+      @runs_next = nil
+      return nil unless @waits[following] == @runs_next_token && @direct_switches.positive?
+
+      @direct_switches -= 1
+      following
+    end
+
     # --- Starting ----------------------------------------------------------
 
     # Starts a task (or a raw fiber) at once; it runs until its first wait.
@@ -530,6 +569,8 @@ module NeverBlock
 
     # One turn: run what is ready, wait for IO or the next timer, fire timers.
     def run_once
+      @runs_next = nil
+      @direct_switches = DIRECT_SWITCHES
       drain_inbox unless @inbox.empty?
       run_ready
       return if @tasks.empty? || @raw_failure

@@ -16,27 +16,55 @@ class SchedulerTest < NeverBlockTest
     writer&.close
   end
 
-  # Scheduler#hand_over (what a pool checkin uses): the fiber waiting in
-  # #block runs at once, the caller after it, from the ready queue.
-  def test_hand_over_runs_a_blocked_fiber_at_once_and_the_caller_after_it
+  # Scheduler#wake_next (what a pool checkin uses): the caller runs on; the
+  # woken fiber runs in its place at the caller's next wait, ahead of
+  # fibers woken before it.
+  def test_wake_next_runs_the_fiber_at_the_callers_next_wait_ahead_of_the_ready_queue
     scheduler = Fiber.scheduler
     events = []
-    blocked = nil
-    waiter = NeverBlock.spawn do
-      blocked = Fiber.current
-      events << :blocked
-      events << [:resumed_with, scheduler.block(:a_blocker, nil)]
+    blocked = {}
+    waiters = %i[earlier handed].map do |name|
+      NeverBlock.spawn do
+        blocked[name] = Fiber.current
+        events << [name, scheduler.block(:a_blocker, nil)]
+      end
     end
-    assert_equal [:blocked], events
-    scheduler.hand_over(blocked, :handed)
+    scheduler.wake(blocked[:earlier], :woken)
+    scheduler.wake_next(blocked[:handed], :given)
     events << :caller_went_on
-    assert_equal [:blocked, [:resumed_with, :handed], :caller_went_on], events
-    waiter.wait
+    sleep 0 # a wait: `handed` runs in its place
+    assert_equal [:caller_went_on, %i[handed given], %i[earlier woken]], events
+    waiters.each(&:wait)
   end
 
-  # From the loop fiber (a timer's or a posted callback) there is no fiber
-  # to queue in its place: the blocked fiber is woken for the next turn.
-  def test_hand_over_from_the_loop_itself_wakes_the_fiber_instead
+  # A caller that waits on IO next lets the fiber run first, at the start of
+  # its wait (the selector's wait can only switch to the loop).
+  def test_wake_next_runs_the_fiber_first_when_the_caller_waits_on_io
+    scheduler = Fiber.scheduler
+    reader, writer = IO.pipe
+    events = []
+    blocked = {}
+    waiters = %i[earlier handed].map do |name|
+      NeverBlock.spawn do
+        blocked[name] = Fiber.current
+        scheduler.block(:a_blocker, nil)
+        events << name
+      end
+    end
+    scheduler.wake(blocked[:earlier])
+    scheduler.wake_next(blocked[:handed])
+    events << :caller_waits
+    assert_nil reader.wait_readable(0.01)
+    assert_equal %i[caller_waits handed earlier], events
+    waiters.each(&:wait)
+  ensure
+    reader&.close
+    writer&.close
+  end
+
+  # The loop fiber itself (a timer's or a posted callback) leaves the fiber
+  # to the loop's next turn, as #wake.
+  def test_wake_next_from_the_loop_itself_wakes_the_fiber_for_the_next_turn
     scheduler = Fiber.scheduler
     events = []
     blocked = nil
@@ -46,11 +74,56 @@ class SchedulerTest < NeverBlockTest
       events << :resumed
     end
     scheduler.post do
-      scheduler.hand_over(blocked)
+      scheduler.wake_next(blocked)
       events << :callback_done
     end
     waiter.wait
     assert_equal %i[callback_done resumed], events
+  end
+
+  # A fiber woken by #wake_next that something else resumes first (an
+  # interrupt) is not resumed again by the caller's next wait.
+  def test_wake_next_of_a_fiber_interrupted_first_resumes_it_once
+    scheduler = Fiber.scheduler
+    blocked = nil
+    resumed = 0
+    waiter = NeverBlock.spawn do
+      blocked = Fiber.current
+      scheduler.block(:a_blocker, nil)
+    ensure
+      resumed += 1
+    end
+    scheduler.wake_next(blocked)
+    waiter.cancel # raised in it at its wait: it ends now
+    assert_equal 1, resumed
+    sleep 0 # the caller's wait finds the fiber gone and goes to the loop
+    assert_raises(NeverBlock::Cancelled) { waiter.value }
+    assert_equal 1, resumed
+  end
+
+  # Fibers that keep waking each other with #wake_next and waiting, without
+  # IO, still let the loop run its timers and other tasks.
+  def test_fibers_waking_each_other_without_io_do_not_hold_the_loop
+    scheduler = Fiber.scheduler
+    stop = false
+    hops = 0
+    fibers = []
+    players = 2.times.map do |i|
+      NeverBlock.spawn do
+        fibers[i] = Fiber.current
+        scheduler.block(:a_blocker, nil) if i.zero?
+        # (Held loops give up after a million hops, to fail below rather than hang.)
+        until stop || (hops += 1) > 1_000_000
+          scheduler.wake_next(fibers[1 - i])
+          scheduler.block(:a_blocker, nil)
+        end
+        scheduler.wake(fibers[1 - i])
+      end
+    end
+    sleep 0.01 # a timer: fires while the two hand to each other without IO
+    stop = true
+    players.each(&:wait)
+    assert_operator hops, :<=, 1_000_000, "the loop ran no timer while the two handed to each other"
   end
 
   def test_pipe_reads_and_writes_between_fibers

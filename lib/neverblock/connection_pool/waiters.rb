@@ -19,10 +19,10 @@ module NeverBlock
     #
     # - a fiber of a NeverBlock loop suspends in its scheduler
     #   (Scheduler#block) and is woken by Scheduler#unblock from any thread,
-    #   or run at once by Scheduler#hand_over from a fiber of its own loop
-    #   (#wait_in_loop). Nothing is allocated per wait: Waiter records are
-    #   reused, and the waiters of one loop share one expiry timer
-    #   (#arm_expiry, #expire_waiters);
+    #   or by Scheduler#wake_next from a fiber of its own loop, which lets it
+    #   run in that fiber's place (#wait_in_loop). Nothing is allocated per
+    #   wait: Waiter records are reused, and the waiters of one loop share
+    #   one expiry timer (#arm_expiry, #expire_waiters);
     # - a plain thread, a blocking fiber, or a fiber under another scheduler
     #   waits on its Waiter's condition variable (#wait_on_condition).
     #
@@ -86,23 +86,25 @@ module NeverBlock
 
       # Called with the lock held, and holds it on every way out: hands
       # `what` (a Hold, or :open for the right to open a connection) to the
-      # oldest waiter and wakes it. With `here`, a waiter in the calling
-      # fiber's own loop is not woken but returned: the caller runs it at
-      # once, once it has let go of the lock (Scheduler#hand_over, see
-      # ConnectionPool#taking_back), so that the waiter's query goes out
-      # within the same turn of the loop, and the selector does not drop and
-      # re-add the connection's socket between the two fibers' waits on it.
-      # @return [Boolean, Waiter] whether there was a waiter, or the Waiter
-      #   to run.
+      # oldest waiter and wakes it. With `here` (a checkin), a waiter in the
+      # calling fiber's own loop runs next (Scheduler#wake_next): in the
+      # caller's place as soon as the caller waits, typically for its next
+      # checkout. So the waiter's query goes out within the same turn of
+      # the loop, and the selector does not drop and re-add the
+      # connection's socket between the two fibers' waits on it, at one
+      # fiber switch per checkin.
+      # @return [Boolean] whether there was a waiter.
       def hand(what, here = false)
         waiter = @waiters.shift or return false
         @opened += 1 if what.equal?(:open)
         waiter.handed = what
         if (fiber = waiter.fiber)
           scheduler = waiter.scheduler
-          return waiter if here && scheduler.equal?(Fiber.scheduler) && !Fiber.current.blocking?
-
-          scheduler.unblock(waiter, fiber)
+          if here && scheduler.equal?(Fiber.scheduler)
+            scheduler.wake_next(fiber)
+          else
+            scheduler.unblock(waiter, fiber)
+          end
         else
           waiter.condition.signal
         end
@@ -113,7 +115,7 @@ module NeverBlock
       # it back before returning or raising (#relock). Suspends this fiber
       # in its NeverBlock scheduler (other threads may take connections back
       # meanwhile) until one is handed to it and it is woken
-      # (Scheduler#unblock, from any thread; or Scheduler#hand_over) or its
+      # (Scheduler#unblock, from any thread; or Scheduler#wake_next) or its
       # deadline passes.
       #
       # No timer per wait: every waiter has the pool's one `timeout` and

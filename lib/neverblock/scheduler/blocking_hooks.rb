@@ -19,8 +19,8 @@ module NeverBlock
     #   (ConditionVariable#wait and Mutex#sleep sleep there too);
     # - Ruby, from any thread, #unblock once the Mutex, Queue or thread the
     #   fiber waits on lets it go; ConnectionPool calls #block and #unblock
-    #   the same way for its own waits, and Scheduler#hand_over (the core)
-    #   resumes a fiber in #block directly;
+    #   the same way for its own waits (and wakes a waiter of its own loop
+    #   with Scheduler#wake_next, the core);
     # - NeverBlock's own code (FiberPool, Server, Mapper), from a
     #   non-blocking fiber on the loop's thread: #wait_until.
     #

@@ -18,12 +18,11 @@ module NeverBlock
     #
     # Contracts:
     # - An exception is raised only at a wait: code that computes without
-    #   waiting is not interrupted, and a fiber in Scheduler#hand_over (in
-    #   the ready queue, not waiting) has it held back until its next wait.
+    #   waiting is not interrupted.
     # - A delivery that cannot happen now (the fiber is resuming another
-    #   fiber, such as an Enumerator, or is in hand_over) is retried a
-    #   millisecond later, and only if the `still` block, when given, says
-    #   the fiber is still in the wait the exception was meant for.
+    #   fiber, such as an Enumerator) is retried a millisecond later, and
+    #   only if the `still` block, when given, says the fiber is still in
+    #   the wait the exception was meant for.
     # - Loop's thread only, except #fiber_interrupt; no locks.
     module Interrupts
       # Raises `exception` inside the task's fiber at its current wait.
@@ -69,7 +68,6 @@ module NeverBlock
       # whether the fiber is still in the wait the exception is meant for.
       def interrupt_fiber(fiber, exception, &still)
         return unless fiber.alive?
-        return retry_interrupt(fiber, exception, still) if @handing_over.key?(fiber)
 
         if Fiber.current.blocking?
           fiber.raise(exception)

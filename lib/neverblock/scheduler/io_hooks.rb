@@ -144,17 +144,21 @@ module NeverBlock
       private
 
       # The hot path of every IO wait: keep it lean.
+      # A fiber woken by Scheduler#wake_next runs first (#give_way).
       def in_selector(fiber, io = :process)
-        @io_waiting += 1
-        @waits[fiber] = io
-        arm_close_watch unless @close_watch || !CLOSE_WATCH
-        @running = nil
-        yield
-      ensure
-        @io_waiting -= 1
-        @waits.delete(fiber)
-        @running = fiber
-        @switches += 1
+        give_way(fiber) if @runs_next
+        begin
+          @io_waiting += 1
+          @waits[fiber] = io
+          arm_close_watch unless @close_watch || !CLOSE_WATCH
+          @running = nil
+          yield
+        ensure
+          @io_waiting -= 1
+          @waits.delete(fiber)
+          @running = fiber
+          @switches += 1
+        end
       end
 
       # Before Ruby 4.0 (which calls #fiber_interrupt; 3.4.11 does not yet),

@@ -13,7 +13,7 @@ module NeverBlock
     #   Scheduler#run, #spawn, #fiber and #close, on the calling thread:
     #   #claim_thread, which binds again if that thread is another one;
     # - any thread: #loop_thread? (Task, FiberPool, the blocking hooks and
-    #   Scheduler#hand_over choose their path by it) and #post
+    #   Scheduler#wake_next choose their path by it) and #post
     #   (ThreadPool::Job when its work is done, Task#cancel and
     #   #fiber_interrupt from another thread);
     # - another thread than the loop's, from Task#wait or Task#value:

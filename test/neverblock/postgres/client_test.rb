@@ -53,7 +53,7 @@ class PostgresClientTest < NeverBlockTest
 
   # (Not in the contract: with trilogy, the waiters were sometimes served
   # last-first, 1 run in 2 on 2026-11-23.)
-  def test_queries_waiting_for_the_pool_are_served_in_order_by_hand_over
+  def test_queries_waiting_for_the_pool_are_served_in_order
     db = client(size: 1)
     pid = backend_pid(db)
     order = []
@@ -76,8 +76,10 @@ class PostgresClientTest < NeverBlockTest
       cancelled = NeverBlock.spawn { db.exec("SELECT 'never' FROM pg_sleep(10)") }
       patient = NeverBlock.spawn { db.exec("SELECT 'served'").getvalue(0, 0) }
     end
-    # The connection went to `cancelled` as the block returned (hand_over ran it at
-    # once: its query is on the server and cannot answer before the cancel lands).
+    # The connection went to `cancelled` as the block returned, and this
+    # fiber's wait runs it in its place (Scheduler#wake_next): its query is
+    # on the server and cannot answer before the cancel lands.
+    sleep 0
     cancelled.cancel
     assert_raises(NeverBlock::Cancelled) { cancelled.value }
     assert_equal "served", patient.value
