@@ -6,6 +6,7 @@ require "neverblock/minitest"
 require "stringio"
 require "socket"
 require_relative "fixtures/child_ruby"
+require_relative "support/child_rendezvous"
 
 # Shared helpers for NeverBlock's own suite. Every test class that includes
 # NeverBlock::Minitest runs each test inside NeverBlock.run with a timeout
