@@ -58,8 +58,8 @@ class SchedulerTest < NeverBlockTest
     consumer = NeverBlock.spawn { reader.read }
     producer = NeverBlock.spawn do
       3.times { |i| writer.write("chunk#{i};"); sleep 0.01 }
-      # Ruby 3.4 closes through blocking_operation_wait: the reader can see
-      # EOF before this task has resumed from the close, so wait for it too.
+      # Where Ruby closes through blocking_operation_wait (4.0), the reader
+      # can see EOF before this task has resumed from the close: wait for it too.
       writer.close
     end
     assert_equal "chunk0;chunk1;chunk2;", consumer.value
