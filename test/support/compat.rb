@@ -130,11 +130,14 @@ module CompatMatrix
             stood_still = [stood_still, now - before - 0.02].max
           end
         end
-        tasks = Array.new(count) do |index|
-          NeverBlock.spawn { fix == :defer ? NeverBlock.defer { call.call(index) } : call.call(index) }
+        begin
+          tasks = Array.new(count) do |index|
+            NeverBlock.spawn { fix == :defer ? NeverBlock.defer { call.call(index) } : call.call(index) }
+          end
+          values = tasks.map(&:value)
+        ensure
+          ticker.cancel # a call that failed must fail the test, not leave the loop ticking forever
         end
-        values = tasks.map(&:value)
-        ticker.cancel
       end
     end
     [values, seconds, stood_still]
