@@ -50,7 +50,7 @@ module CompatMatrix
     defer: { text: "wrap each call in NeverBlock.defer { } (the call waits inside C)", holds_loop: true },
     connection_per_fiber: {
       text: "one Faraday connection per fiber (or per call): fibers sharing one connection of the httpx " \
-            "adapter take turns before Ruby 3.4, while the loop stays free",
+            "adapter take turns, while the loop stays free",
       holds_loop: false
     }
   }.freeze
