@@ -6,6 +6,8 @@ require "neverblock/minitest"
 require "stringio"
 require "socket"
 require_relative "fixtures/child_ruby"
+require_relative "support/watchdog"
+require_relative "support/child_rendezvous"
 
 # Shared helpers for NeverBlock's own suite. Every test class that includes
 # NeverBlock::Minitest runs each test inside NeverBlock.run with a timeout
@@ -112,15 +114,19 @@ class Latch
 end
 
 # Base class for tests that run inside the event loop.
+# A test that runs for minutes gets what the process is doing written to
+# stderr (test/support/watchdog.rb).
 class NeverBlockTest < Minitest::Test
   include TestSupport
   include NeverBlock::Minitest
+  include TestWatchdog::Hook # outermost: the loop's closing is watched too
   make_my_diffs_pretty!
 end
 
 # Base class for tests that run outside any event loop (they start their own).
 class PlainTest < Minitest::Test
   include TestSupport
+  include TestWatchdog::Hook
 end
 
 # NeverBlockTest::Databases: how to reach the PostgreSQL and MariaDB that bin/test starts.

@@ -58,7 +58,8 @@ module NeverBlock
   #   threads.rb        Threads: binding to a thread, post and the inbox
   #                     it fills, other threads waiting on a task
   #   blocking_work.rb  BlockingWork: defer, DNS, process_wait and
-  #                     blocking_operation_wait, off the loop
+  #                     offload (blocking_operation_wait, Ruby 4.0+), off
+  #                     the loop
   #   interrupts.rb     Interrupts: raising in a fiber at its wait
   #                     (Task#cancel, timeouts, IO#timeout)
   #   fork.rb           Fork: a forked child detaching from the loop

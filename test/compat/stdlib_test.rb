@@ -20,9 +20,11 @@ class CompatStdlibTest < CompatTest
     assert_equal ["10.0.0.1"] * CALLS, addresses
   end
 
+  # The child-process rows: each child sleeps DELAY, then waits for all the
+  # others to have started (CompatMatrix#child_argv).
   def test_open3
-    outputs = assert_concurrent_calls("Open3.capture2") do |index|
-      output, status = Open3.capture2("sh", "-c", "sleep #{DELAY}; echo #{index}")
+    outputs = assert_concurrent_calls("Open3.capture2", children: true) do |index|
+      output, status = Open3.capture2(*child_argv(index, output: index.to_s))
       assert_predicate status, :success?
       output
     end
@@ -30,16 +32,16 @@ class CompatStdlibTest < CompatTest
   end
 
   def test_spawn_and_wait
-    statuses = assert_concurrent_calls("Process.spawn + Process.wait") do |index|
-      pid = Process.spawn("sh", "-c", "sleep #{DELAY}; exit #{index}")
+    statuses = assert_concurrent_calls("Process.spawn + Process.wait", children: true) do |index|
+      pid = Process.spawn(*child_argv(index, exit_status: index))
       Process.wait2(pid).last.exitstatus
     end
     assert_equal CALLS.times.to_a, statuses
   end
 
   def test_pipes_from_a_child
-    outputs = assert_concurrent_calls("IO.popen (pipes)") do |index|
-      IO.popen(["sh", "-c", "sleep #{DELAY}; echo #{index}"], &:read)
+    outputs = assert_concurrent_calls("IO.popen (pipes)", children: true) do |index|
+      IO.popen(child_argv(index, output: index.to_s), &:read)
     end
     assert_equal lines, outputs
   end

@@ -131,8 +131,8 @@ class SchedulerTest < NeverBlockTest
     consumer = NeverBlock.spawn { reader.read }
     producer = NeverBlock.spawn do
       3.times { |i| writer.write("chunk#{i};"); sleep 0.01 }
-      # Ruby 3.4 closes through blocking_operation_wait: the reader can see
-      # EOF before this task has resumed from the close, so wait for it too.
+      # Where Ruby closes through blocking_operation_wait (4.0), the reader
+      # can see EOF before this task has resumed from the close: wait for it too.
       writer.close
     end
     assert_equal "chunk0;chunk1;chunk2;", consumer.value
@@ -275,14 +275,19 @@ class SchedulerTest < NeverBlockTest
     assert_equal 3, status.exitstatus
   end
 
-  # Six half-second commands: one at a time that is 3 s.
+  # Six children that each wait until all six have started
+  # (ChildRendezvous): run one at a time, the first would wait alone until
+  # its deadline.
+  neverblock_timeout ChildRendezvous::LIMIT + 10, :test_backticks_and_system_run_concurrently
   def test_backticks_and_system_run_concurrently
-    time = elapsed do
-      tasks = 3.times.map { NeverBlock.spawn { `sleep 0.5; echo out` } }
-      tasks += 3.times.map { NeverBlock.spawn { system("sleep 0.5") } }
-      assert_equal ["out\n"] * 3 + [true] * 3, tasks.map(&:value)
-    end
-    assert_operator time, :<, 2
+    rendezvous = ChildRendezvous.new(6)
+    tasks = 3.times.map { |index| NeverBlock.spawn { `#{rendezvous.shell("backticks-#{index}", output: "out")}` } }
+    tasks += 3.times.map { |index| NeverBlock.spawn { system(rendezvous.shell("system-#{index}")) } }
+    values = tasks.map(&:value)
+    assert rendezvous.all_together?, "the children did not all run at once: #{rendezvous.verdicts}"
+    assert_equal ["out\n"] * 3 + [true] * 3, values
+  ensure
+    rendezvous&.close
   end
 
   def test_io_timeout_raises_io_timeout_error

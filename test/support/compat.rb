@@ -14,7 +14,12 @@ require_relative "compat_servers"
 # after the other, CALLS * DELAY (5 s). The test asserts the order of
 # magnitude: under CONCURRENT_LIMIT, or, on a machine so loaded that it is
 # not, under CALLS * DELAY with the loop never standing still for most of a
-# call meanwhile.
+# call meanwhile. Rows whose calls start child processes (`children: true`)
+# assert the concurrency itself instead: their children (#child_argv) each
+# sleep DELAY and then wait until all CALLS have started (ChildRendezvous),
+# which one-after-the-other calls never achieve and a loaded machine, which
+# only starts children more slowly, cannot prevent (at load 8 ten such
+# children took 3.3-4.6 s, and starting one could hold the loop 0.3 s).
 #
 # A row that blocks the loop names its fix (one of FIXES). Its test then
 # shows both halves: without the fix, in a child Ruby that runs only this
@@ -45,7 +50,7 @@ module CompatMatrix
     defer: { text: "wrap each call in NeverBlock.defer { } (the call waits inside C)", holds_loop: true },
     connection_per_fiber: {
       text: "one Faraday connection per fiber (or per call): fibers sharing one connection of the httpx " \
-            "adapter take turns before Ruby 3.4, while the loop stays free",
+            "adapter take turns, while the loop stays free",
       holds_loop: false
     }
   }.freeze
@@ -62,22 +67,45 @@ module CompatMatrix
   # @param unfixed [Proc, nil] for a fix made in the block itself: the calls
   #   without it, which the blocking probe runs (and, with no fix needed on
   #   this Ruby, the test itself) instead of the block.
+  # @param children [Boolean] each call runs the child process of
+  #   #child_argv: the children must all have run at once.
   # @return [Array] the calls' values, in index order.
-  def assert_concurrent_calls(row, gem: nil, fix: nil, unfixed: nil, &call)
+  def assert_concurrent_calls(row, gem: nil, fix: nil, unfixed: nil, children: false, &call)
     raise ArgumentError, "unknown fix #{fix.inspect}" if fix && !FIXES.key?(fix)
+    raise ArgumentError, "a row with children needs no fix (its probe would have no rendezvous)" if children && fix
     plain = unfixed || call
     return probe_blocking(&plain) if ENV["NEVERBLOCK_COMPAT_PROBE"]
 
     probe = fix && blocking_probe_in_child(FIXES.fetch(fix)[:holds_loop])
+    @rendezvous = ChildRendezvous.new(CALLS) if children
     values, seconds, stood_still = run_calls(CALLS, fix: fix, &(fix ? call : plain))
     record_row(row, gem: gem, fix: fix, seconds: seconds, probe: probe)
-    # On a loaded machine the calls can take longer together without waiting
-    # one after the other: then the loop went on turning while they waited,
-    # and they still took less than one after the other at the least would.
-    assert seconds < CONCURRENT_LIMIT || (stood_still < DELAY * 0.6 && seconds < CALLS * DELAY),
-           "#{row}: #{CALLS} calls of #{DELAY} s took #{seconds.round(2)} s, and the loop stood still for " \
-           "#{stood_still.round(2)} s at a time: one after the other?"
+    if children
+      assert @rendezvous.all_together?,
+             "#{row}: the #{CALLS} children did not all run at once (each waits until all have started; " \
+             "\"alone\": it gave up): #{@rendezvous.verdicts}"
+    else
+      # On a loaded machine the calls can take longer together without waiting
+      # one after the other: then the loop went on turning while they waited,
+      # and they still took less than one after the other at the least would.
+      assert seconds < CONCURRENT_LIMIT || (stood_still < DELAY * 0.6 && seconds < CALLS * DELAY),
+             "#{row}: #{CALLS} calls of #{DELAY} s took #{seconds.round(2)} s, and the loop stood still for " \
+             "#{stood_still.round(2)} s at a time: one after the other?"
+    end
     values
+  ensure
+    @rendezvous&.close
+    @rendezvous = nil
+  end
+
+  # The command of call `index` in a row with `children: true`: a child
+  # that sleeps DELAY, then waits until all CALLS children have started.
+  # @param options [Hash] ChildRendezvous#argv's exit_status: and output:.
+  # @return [Array<String>] an argv.
+  def child_argv(index, **options)
+    raise ArgumentError, "child_argv is for rows with children: true" unless @rendezvous
+
+    @rendezvous.argv(index, sleep: DELAY, **options)
   end
 
   # The server side shared by the rows: see CompatServers.
@@ -102,11 +130,14 @@ module CompatMatrix
             stood_still = [stood_still, now - before - 0.02].max
           end
         end
-        tasks = Array.new(count) do |index|
-          NeverBlock.spawn { fix == :defer ? NeverBlock.defer { call.call(index) } : call.call(index) }
+        begin
+          tasks = Array.new(count) do |index|
+            NeverBlock.spawn { fix == :defer ? NeverBlock.defer { call.call(index) } : call.call(index) }
+          end
+          values = tasks.map(&:value)
+        ensure
+          ticker.cancel # a call that failed must fail the test, not leave the loop ticking forever
         end
-        values = tasks.map(&:value)
-        ticker.cancel
       end
     end
     [values, seconds, stood_still]

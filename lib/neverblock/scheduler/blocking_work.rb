@@ -5,14 +5,15 @@ module NeverBlock
     # Blocking work: calls that would block the whole thread, done off the
     # loop while only the calling fiber waits. Most run on the scheduler's
     # thread pool (ThreadPool): {NeverBlock.defer}'s block, DNS lookups,
-    # GVL-releasing C calls (blocking_operation_wait), and Process.wait for
-    # any child or with WNOHANG; Process.wait for one child waits in the
-    # selector (a pidfd) instead.
+    # GVL-releasing C calls (#offload; Ruby hands them to
+    # blocking_operation_wait from 4.0 on, see OFFLOAD_HOOK), and
+    # Process.wait for any child or with WNOHANG; Process.wait for one child
+    # waits in the selector (a pidfd) instead.
     #
     # Who calls it, and when:
     # - a non-blocking fiber on the loop's thread: #defer (through
     #   NeverBlock.defer), and Ruby's hooks #process_wait, #address_resolve
-    #   and #blocking_operation_wait;
+    #   and (Ruby 4.0+) #blocking_operation_wait;
     # - ThreadPool::Job, on the loop's thread once its work is done (carried
     #   there by Scheduler#post): #job_done.
     #
@@ -21,9 +22,9 @@ module NeverBlock
     #   Job#done? each time it is woken; #job_done wakes it through
     #   Scheduler#wake, so a late result never resumes it in another wait.
     # - A fiber interrupted while it waits: #defer gives up at once and the
-    #   job's result is dropped (ThreadPool::Job#abandon);
-    #   #blocking_operation_wait holds the interruption until the operation
-    #   has ended (it works on memory of the caller's C frame).
+    #   job's result is dropped (ThreadPool::Job#abandon); #offload holds
+    #   the interruption until the operation has ended (it works on memory
+    #   of the caller's C frame).
     module BlockingWork
       # Runs `block` on the scheduler's thread pool and suspends only the
       # calling fiber until it finishes. If the fiber is cancelled or times out
@@ -76,18 +77,37 @@ module NeverBlock
       IPV6_LITERAL = /\A[\h:]*:[\h:.]*\z/.freeze
       private_constant :IPV4_LITERAL, :IPV6_LITERAL
 
-      # Fiber::Scheduler hook (Ruby 3.4+): a blocking call that releases the
-      # GVL (Ruby marks the safe ones: zlib, for example) runs on the thread
-      # pool and only the calling fiber waits.
+      # Whether Ruby gets the blocking_operation_wait hook (below). Ruby 3.4
+      # hands it IO.copy_stream too, whose waits for its IOs then run on the
+      # pool thread but ask for the scheduler of the loop's thread: when the
+      # loop's thread is in the loop at that instant there is none, and the
+      # copy blocks its pool thread in poll(2) for its whole life (two copies
+      # relaying a connection both ways deadlock a pool of one); when it is
+      # running a fiber, the pool thread calls this scheduler's io_wait,
+      # which fails (a fiber of another thread), and the copy stops with
+      # the bytes it had not copied left unread. The test suite hung that way
+      # on Ruby 3.4 in MySQLConnectTrilogyTest, whose proxy copies with
+      # IO.copy_stream. Ruby cannot be told which operations to keep, and
+      # run in place from the hook the operation would be offered to it
+      # again; so on 3.4 Ruby runs them all in place, as without a scheduler
+      # (zlib, File.read, IO#close then hold the loop while they run, as on
+      # Ruby 3.3), and IO.copy_stream waits through io_wait on the loop.
+      OFFLOAD_HOOK = RUBY_VERSION >= "4.0"
+
+      # @api private
+      # Runs a blocking call that releases the GVL (Ruby's `work`, a Proc on
+      # 3.4, an operation object on 4.0) on the thread pool; only the
+      # calling fiber waits. Ruby 4.0+ calls it as the Fiber::Scheduler hook
+      # blocking_operation_wait (OFFLOAD_HOOK says why not 3.4).
       #
       # Unlike {#defer}, the fiber waits for the operation to end even if it is
       # cancelled or times out meanwhile: the operation works on memory owned
       # by the caller's C frame, which must outlive it. The interruption is
       # raised once the operation has ended.
       # @return [void]
-      def blocking_operation_wait(work)
+      def offload(work)
         # No loop to wait in (a forked child detaching from its parent's loop
-        # closes the loop's pipe through here on Ruby 3.4): run it in place,
+        # may close the loop's pipe through here): run it in place,
         # as Ruby would without a scheduler. Returning without running it
         # would report a result that never happened.
         return without_hooks { work.call } if @forked || @closed || Process.pid != @pid
@@ -105,6 +125,8 @@ module NeverBlock
 
         job.result
       end
+
+      alias_method :blocking_operation_wait, :offload if OFFLOAD_HOOK
 
       private
 

@@ -19,7 +19,7 @@ module NeverBlock
     # The core checks @forked (and the pid it was created in, for a fork
     # that bypassed ForkHook) where a forked child must not go on as the
     # parent would: Scheduler#suspend, Scheduler#new_task_fiber,
-    # Scheduler#close and Scheduler#blocking_operation_wait.
+    # Scheduler#close and Scheduler#offload.
     module Fork
       # @api private
       # Called by ForkHook in a child process forked on this scheduler's

@@ -11,7 +11,7 @@ module NeverBlock
     # scheduler's thread, whenever that fiber's IO would block (io_close:
     # whenever a descriptor is closed on that thread). Inside NeverBlock,
     # Scheduler#process_wait waits in the selector through #in_selector too,
-    # and Scheduler#blocking_operation_wait uses #without_hooks.
+    # and Scheduler#offload uses #without_hooks.
     #
     # Contracts:
     # - Every wait goes through #in_selector, the hot path of all IO: it

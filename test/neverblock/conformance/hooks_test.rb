@@ -3,6 +3,7 @@
 require_relative "conformance_helper"
 require "tempfile"
 require "zlib"
+require "socket"
 
 # The hooks newer Rubies call (io_pread, io_close,
 # blocking_operation_wait, yield, scheduler_close). Each is exercised by a
@@ -15,7 +16,9 @@ class ConformanceHooksTest < ConformanceTest
       @calls ||= []
     end
 
-    %i[io_pread io_close blocking_operation_wait].each do |hook|
+    # Only the hooks the scheduler has on this Ruby (blocking_operation_wait
+    # from 4.0): defining one would make Ruby call it.
+    %i[io_pread io_close blocking_operation_wait].select { |hook| NeverBlock::Scheduler.method_defined?(hook) }.each do |hook|
       define_method(hook) do |*arguments|
         calls << hook
         super(*arguments)
@@ -141,11 +144,12 @@ class ConformanceHooksTest < ConformanceTest
     writer&.close
   end
 
+  # Scheduler#offload, which is the blocking_operation_wait hook on Ruby 4.0+.
   def test_blocking_operation_wait_runs_the_work_off_the_loop
     order = on_scheduler_thread do
       order = []
       Fiber.schedule do
-        Fiber.scheduler.blocking_operation_wait(-> { Kernel.sleep(0.1); order << :work })
+        Fiber.scheduler.offload(-> { Kernel.sleep(0.1); order << :work })
         order << :returned
       end
       Fiber.schedule { order << :other_fiber_ran }
@@ -160,7 +164,7 @@ class ConformanceHooksTest < ConformanceTest
       events = []
       Fiber.schedule do
         NeverBlock.timeout(0.01) do
-          Fiber.scheduler.blocking_operation_wait(-> { Kernel.sleep(0.1); events << :work_done })
+          Fiber.scheduler.offload(-> { Kernel.sleep(0.1); events << :work_done })
         end
       rescue NeverBlock::TimeoutError
         events << :timed_out
@@ -171,7 +175,10 @@ class ConformanceHooksTest < ConformanceTest
     assert_equal %i[work_done timed_out], events
   end
 
-  def test_zlib_runs_through_blocking_operation_wait_where_ruby_offloads_it
+  # Ruby 3.4 would hand zlib to blocking_operation_wait; NeverBlock offers
+  # the hook from Ruby 4.0 on only (Scheduler::BlockingWork::OFFLOAD_HOOK:
+  # on 3.4, IO.copy_stream broke there), and zlib then runs in place.
+  def test_zlib_runs_through_blocking_operation_wait_where_the_scheduler_offers_it
     requires_ruby "3.4", "Ruby hands GVL-free work to the scheduler from 3.4"
     data = Random.new(1).bytes(4 * 1024 * 1024)
     scheduler = SpyScheduler.new
@@ -183,7 +190,35 @@ class ConformanceHooksTest < ConformanceTest
       out
     end.value
     assert_equal data, inflated
-    assert_includes scheduler.calls, :blocking_operation_wait
+    offered = NeverBlock::Scheduler::BlockingWork::OFFLOAD_HOOK
+    assert_equal offered, scheduler.calls.include?(:blocking_operation_wait)
+    assert_equal RUBY_VERSION >= "4.0", offered
+  end
+
+  # Two IO.copy_streams relaying a connection both ways, as a proxy does
+  # (MySQLConnectTests' DelayingProxy), with a thread pool of one. Ruby 3.4
+  # offered IO.copy_stream to blocking_operation_wait, and on the pool
+  # thread its waits either blocked that thread in poll(2) (the other copy
+  # then never ran: a hang) or called io_wait from the wrong thread (the
+  # copy failed). Each copy must wait for its IOs in this loop.
+  def test_io_copy_streams_relaying_both_ways_wait_in_the_loop
+    client, front = UNIXSocket.pair
+    back, server = UNIXSocket.pair
+    replies = on_scheduler_thread(thread_pool_size: 1) do
+      schedule { IO.copy_stream(front, back); back.close_write }
+      schedule { IO.copy_stream(back, front); front.close_write }
+      schedule { server.write(server.gets) until server.eof?; server.close_write }
+      replies = []
+      schedule do
+        20.times { |index| client.write("#{index}\n"); replies << client.gets }
+        client.close_write
+      end
+      replies
+    end
+    assert_equal 20.times.map { |index| "#{index}\n" }, replies
+  ensure
+    # A copy stuck on a pool thread wakes when its peers are gone.
+    [client, front, back, server].each { |socket| socket&.close }
   end
 
   def test_yield_lets_the_other_ready_fibers_run_first

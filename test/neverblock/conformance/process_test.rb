@@ -39,32 +39,41 @@ class ConformanceProcessTest < ConformanceTest
     assert_equal "ok\n", output
   end
 
+  # Each child waits until all five have started (ChildRendezvous): waited
+  # for one after the other, the first would wait alone. No clock involved,
+  # so a loaded machine cannot fail it.
   def test_children_waited_for_by_different_fibers_run_at_the_same_time
+    rendezvous = ChildRendezvous.new(5)
     results = []
-    duration = elapsed do
-      on_scheduler_thread do
-        3.times { schedule { results << system("sleep 0.3") } }
-        2.times { schedule { results << `sleep 0.3; echo done` } }
-      end
+    on_scheduler_thread(limit: ChildRendezvous::LIMIT + HANG_LIMIT) do
+      3.times { |index| schedule { results << system(rendezvous.shell("system-#{index}")) } }
+      2.times { |index| schedule { results << `#{rendezvous.shell("backticks-#{index}", output: "done")}` } }
     end
+    assert rendezvous.all_together?, "the children did not all run at once: #{rendezvous.verdicts}"
     assert_equal 3, results.count(true)
     assert_equal 2, results.count("done\n")
-    assert_operator duration, :<, 1.2, "five 0.3 s children waited for one after the other?"
+  ensure
+    rendezvous&.close
   end
 
+  # The child ends only once the other fiber has run: a loop held while the
+  # child is waited for would leave it waiting alone until its deadline.
   def test_waiting_for_a_child_does_not_hold_up_other_fibers
+    rendezvous = ChildRendezvous.new(2)
     events = []
-    on_scheduler_thread do
+    on_scheduler_thread(limit: ChildRendezvous::LIMIT + HANG_LIMIT) do
       schedule do
-        system("sleep 0.3")
-        events << :child_exited
+        events << [:child_exited, system(rendezvous.shell("child"))]
       end
       schedule do
         sleep 0.02
         events << :other_fiber_ran
+        rendezvous.arrive("fiber")
       end
     end
-    assert_equal %i[other_fiber_ran child_exited], events
+    assert_equal [:other_fiber_ran, [:child_exited, true]], events
+  ensure
+    rendezvous&.close
   end
 
   # Ruby's test_fork (newest form): wait from a fiber for a child forked
