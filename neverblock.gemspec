@@ -32,7 +32,9 @@ Gem::Specification.new do |spec|
   # NeverBlock::Epoll, which lets the server hold idle keep-alive connections
   # without a fiber each; built on Linux only (elsewhere extconf.rb builds
   # nothing and the server keeps a fiber per idle connection).
-  spec.extensions = ["ext/neverblock/epoll/extconf.rb"]
+  # NeverBlock::HTTPHead, the server's request head -> env fast path in C
+  # (without it every head goes through llhttp's Ruby callbacks).
+  spec.extensions = ["ext/neverblock/epoll/extconf.rb", "ext/neverblock/http_head/extconf.rb"]
   spec.bindir = "exe"
   spec.executables = ["neverblock"]
   spec.require_paths = ["lib"]

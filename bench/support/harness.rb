@@ -16,7 +16,7 @@ begin
 rescue LoadError, StandardError => e
   warn "bundler/setup failed (#{e.message.lines.first&.strip}); using installed gems"
 end
-# The C extension (ext/neverblock/epoll), compiled for this Ruby if needed:
+# The C extensions (ext/neverblock/epoll, http_head), compiled for this Ruby if needed:
 # on the load path here and, through RUBYLIB, of every `neverblock serve`
 # a script starts (peers run under a bundle of their own, without it).
 require_relative "../../bin/lib/compile_ext"

@@ -1,8 +1,8 @@
 # frozen_string_literal: true
 
-# Compiles NeverBlock's C extension (ext/neverblock/epoll) for the Ruby
-# running this file, in a checkout: the tests and benchmarks run lib/ from
-# the repository (-Ilib), where no `gem install` built it. Each Ruby gets a
+# Compiles NeverBlock's C extensions (ext/neverblock/*: epoll, http_head)
+# for the Ruby running this file, in a checkout: the tests and benchmarks run
+# lib/ from the repository (-Ilib), where no `gem install` built them. Each Ruby gets a
 # build directory of its own, tmp/ext/<version>-<platform>[-<prefix>], since
 # the 3.4 chroot's Ruby and the YJIT one share a version but not a libruby.
 # Rebuilt only when the sources or the Ruby changed (a stamp file); locked,
@@ -12,21 +12,22 @@
 #                                    put on the load path (RUBYLIB, -I)
 #
 # From Ruby: `NeverBlockExtension.build` returns that directory. Where the
-# extension cannot be built (not Linux), the directory holds no
-# neverblock/epoll.so and NeverBlock::Server falls back to a fiber per idle
-# connection.
+# extension cannot be built (epoll: not Linux), the directory holds no
+# neverblock/<name>.so for it and NeverBlock::Server falls back (a fiber
+# per idle connection; llhttp's callbacks for every request head).
 require "digest"
 require "fileutils"
 require "rbconfig"
 
 module NeverBlockExtension
   REPO = File.expand_path("../..", __dir__)
-  SOURCE = File.join(REPO, "ext/neverblock/epoll")
+  # One directory per extension, each with its extconf.rb: built into neverblock/<name>.so.
+  SOURCES = Dir[File.join(REPO, "ext/neverblock/*/extconf.rb")].map { |extconf| File.dirname(extconf) }.sort
 
   module_function
 
   # @return [String] the directory to put on the load path (it holds
-  #   neverblock/epoll.so once built).
+  #   neverblock/epoll.so and neverblock/http_head.so once built).
   # @raise [RuntimeError] when the compiler fails (its output in the message).
   def build
     dir = File.join(REPO, "tmp/ext", key)
@@ -40,9 +41,9 @@ module NeverBlockExtension
       started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
       compile(File.join(dir, "build"), lib)
       File.write(stamp, digest)
-      warn format("==> compiled ext/neverblock/epoll for %s in %.1f s (%s)",
-                  RUBY_DESCRIPTION[/\A\S+ \S+/], Process.clock_gettime(Process::CLOCK_MONOTONIC) - started,
-                  dir.delete_prefix("#{REPO}/"))
+      warn format("==> compiled ext/neverblock/{%s} for %s in %.1f s (%s)",
+                  SOURCES.map { |source| File.basename(source) }.join(","), RUBY_DESCRIPTION[/\A\S+ \S+/],
+                  Process.clock_gettime(Process::CLOCK_MONOTONIC) - started, dir.delete_prefix("#{REPO}/"))
     end
     lib
   end
@@ -55,21 +56,26 @@ module NeverBlockExtension
   end
 
   def digest
-    sources = Dir[File.join(SOURCE, "*.{c,h,rb}")].sort.map { |path| [File.basename(path), File.read(path)] }
+    sources = SOURCES.flat_map { |source| Dir[File.join(source, "*.{c,h,rb}")] }.sort
+                     .map { |path| [path.delete_prefix(REPO), File.read(path)] }
     Digest::SHA256.hexdigest(Marshal.dump([sources, RbConfig.ruby, RUBY_DESCRIPTION]))
   end
 
   def compile(build, lib)
     FileUtils.rm_rf([build, lib])
-    FileUtils.mkdir_p(build)
-    env = { "RUBYOPT" => nil, "RUBYLIB" => nil } # not an outer bundle's: mkmf is the standard library
-    run(env, RbConfig.ruby, File.join(SOURCE, "extconf.rb"), chdir: build)
-    run(env, "make", "-j2", chdir: build)
-    built = File.join(build, "epoll.so")
-    return unless File.exist?(built) # extconf.rb built nothing here (not Linux)
-
     FileUtils.mkdir_p(File.join(lib, "neverblock"))
-    FileUtils.cp(built, File.join(lib, "neverblock/epoll.so"))
+    env = { "RUBYOPT" => nil, "RUBYLIB" => nil } # not an outer bundle's: mkmf is the standard library
+    SOURCES.each do |source|
+      name = File.basename(source)
+      dir = File.join(build, name)
+      FileUtils.mkdir_p(dir)
+      run(env, RbConfig.ruby, File.join(source, "extconf.rb"), chdir: dir)
+      run(env, "make", "-j2", chdir: dir)
+      built = File.join(dir, "#{name}.so")
+      next unless File.exist?(built) # extconf.rb built nothing here (epoll: not Linux)
+
+      FileUtils.cp(built, File.join(lib, "neverblock/#{name}.so"))
+    end
   end
 
   def run(env, *command, chdir:)

@@ -8,6 +8,11 @@ rescue LoadError => e
   raise LoadError, "NeverBlock::Server parses HTTP with the llhttp gem: add `gem \"llhttp\", \"~> 0.6\"` " \
                    "to your Gemfile (#{e.message})"
 end
+begin
+  require "neverblock/http_head"
+rescue LoadError
+  nil # not compiled (a `path:` gem): every head goes through llhttp's callbacks (see Parser.head_parser?)
+end
 
 module NeverBlock
   class Server
@@ -25,7 +30,20 @@ module NeverBlock
     # after an Upgrade or CONNECT request, which ends the HTTP exchange (the
     # connection serves it and stops reading; see #upgrade for the bytes
     # that may follow it).
+    #
+    # The fast path: at a message boundary the bytes go first to
+    # {NeverBlock::HTTPHead} (ext/neverblock/http_head), which builds the
+    # env of a plain, complete, kept-alive head in C and declines anything
+    # else; what it declines goes to llhttp as above, from that boundary, so
+    # llhttp only ever starts at one. It gives the env llhttp's callbacks
+    # would (test/neverblock/server/head_parser_test.rb compares them), and
+    # its requests' Content-Length bodies are read here ({#take_body}).
+    # Without the extension, or with `NEVERBLOCK_HEAD_PARSER=off`, every
+    # request goes through llhttp.
     class Parser < LLHttp::Delegate
+      # The environment variable that turns the C fast path off (`off`).
+      HEAD_PARSER_SWITCH = "NEVERBLOCK_HEAD_PARSER"
+
       # llhttp error names mapped to statuses other than 400.
       STATUSES = { "HPE_PAUSED_H2_UPGRADE" => 505, "HPE_INVALID_VERSION" => 505 }.freeze
 
@@ -45,10 +63,17 @@ module NeverBlock
       # @return [Array<Request>] requests whose headers are complete, oldest first.
       attr_reader :requests
 
+      # @return [Boolean] whether parsers take the C fast path: the extension
+      #   is built and {HEAD_PARSER_SWITCH} is not `off`.
+      def self.head_parser?
+        defined?(NeverBlock::HTTPHead) && ENV[HEAD_PARSER_SWITCH] != "off" ? true : false
+      end
+
       # @param limits [Limits]
       # @param base_env [Hash] the connection's env entries (REMOTE_ADDR, rack.errors, ...).
       # @param default_host [String], default_port [String] for a request without Host.
-      def initialize(limits, base_env, default_host, default_port)
+      # @param head_parser [Boolean] whether to take the C fast path ({.head_parser?}).
+      def initialize(limits, base_env, default_host, default_port, head_parser = Parser.head_parser?)
         super()
         @limits = limits
         @base_env = base_env
@@ -65,6 +90,9 @@ module NeverBlock
         @server_port = nil
         @timed = !limits.request_timeout.nil? # requests need their head's time
         @llhttp = LLHttp::Parser.new(self, type: :request)
+        @head = (HTTPHead.new(base_env, default_host, default_port, limits.max_request_target, limits.max_header_bytes,
+                              limits.max_headers, limits.max_body) if head_parser)
+        @body_left = 0 # bytes of a fast-path request's body still to come
       end
 
       # Parses `data`; complete requests are appended to {#requests}.
@@ -74,7 +102,13 @@ module NeverBlock
         if @current && !@current.complete && (@raw_body += data.bytesize) > @limits.max_body + 65_536
           fail_with(413, "request body (with chunk framing) over #{@limits.max_body} bytes")
         end
+        # Whether the read starts at a message boundary, for #upgrade: after
+        # the fast path took a body, llhttp starts at one, but the read did
+        # not, and the upgrade check stays as conservative as without it.
         boundary = !@in_message
+        if @head && (boundary || @body_left.positive?)
+          data = take_plain_requests(data) or return
+        end
         @value_fragments = 0
         begin
           @llhttp << data
@@ -184,6 +218,8 @@ module NeverBlock
       def on_message_complete
         @url = @headers = nil # (trailers went there) an idle connection keeps nothing of its last request
         @current.keep_alive = @llhttp.keep_alive?
+        # After a request not kept alive llhttp refuses more bytes: the fast path must not take them.
+        @head = nil unless @current.keep_alive
         @current.expects_continue = false
         @current.complete = true
         @current = nil
@@ -192,6 +228,65 @@ module NeverBlock
       end
 
       private
+
+      # The fast path (see the class comment): takes the requests
+      # {NeverBlock::HTTPHead} parses from the start of `data`, and the rest
+      # of a body it framed.
+      # @return [String, nil] the bytes from the first head it declined on,
+      #   for llhttp; nil when it took them all.
+      def take_plain_requests(data)
+        size = data.bytesize
+        offset = @body_left.positive? ? take_body(data, 0) : 0
+        head = @head
+        while offset < size && !@in_message
+          env = head.parse(data, offset) or break
+          offset = plain_request(env, data, head.head_end)
+        end
+        return nil if offset == size
+
+        offset.zero? ? data : data.byteslice(offset, size - offset)
+      ensure
+        flush_bodies
+      end
+
+      # Queues the request {NeverBlock::HTTPHead} just parsed (what
+      # #on_headers_complete and #build_request do for llhttp's), and takes
+      # its body from `data` at `offset`.
+      # @return [Integer] the offset after what it took.
+      def plain_request(env, data, offset)
+        head = @head
+        request = Request.new(env, head.head?, head.http10?, @limits.max_body_in_memory)
+        request.head_at = Clock.now if @timed
+        @requests << request
+        length = head.content_length
+        if length.zero?
+          request.keep_alive = true # the fast path takes only requests kept alive
+          request.complete = true
+          return offset
+        end
+
+        @current = request
+        @in_message = true
+        @raw_body = 0
+        @body_left = length
+        take_body(data, offset)
+      end
+
+      # Takes what `data` holds from `offset` on of the current fast-path
+      # request's body (its Content-Length is within max_body: no check
+      # here); the request is complete once all of it came.
+      # @return [Integer] the offset after what it took.
+      def take_body(data, offset)
+        size = [@body_left, data.bytesize - offset].min
+        @current.append_body(data.byteslice(offset, size)) if size.positive?
+        return offset + size if (@body_left -= size).positive?
+
+        @current.keep_alive = true # (set once complete, as for llhttp's requests)
+        @current.complete = true
+        @current = nil
+        @in_message = false
+        offset + size
+      end
 
       # CONNECT and `Connection: Upgrade` end the HTTP/1.1 exchange: llhttp
       # stops after the request (the last in {#requests}) and the connection

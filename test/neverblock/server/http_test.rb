@@ -359,3 +359,12 @@ class ServerHTTPTest < PlainTest
     refute File.exist?(path)
   end
 end
+
+# The same requests with every head parsed by llhttp's callbacks (no C fast path).
+class ServerHTTPLlhttpHeadsTest < ServerHTTPTest
+  include LlhttpHeads
+
+  def test_heads_go_through_llhttp
+    refute NeverBlock::Server::Parser.head_parser?, "the fast path is off"
+  end
+end

@@ -108,3 +108,21 @@ module FiberPerIdleConnection
     ENV[NeverBlock::Server::IdleSet::SWITCH] = @idle_set_switch
   end
 end
+
+# Included after ServerHelper in a test class: its servers parse every
+# request head with llhttp's callbacks, as without the C extension
+# (NeverBlock::Server::Parser's fast path, NeverBlock::HTTPHead, turned
+# off), so that path stays tested in every run.
+module LlhttpHeads
+  def setup
+    super
+    @head_parser_switch = ENV.fetch(NeverBlock::Server::Parser::HEAD_PARSER_SWITCH, nil)
+    ENV[NeverBlock::Server::Parser::HEAD_PARSER_SWITCH] = "off"
+  end
+
+  def teardown
+    super
+  ensure
+    ENV[NeverBlock::Server::Parser::HEAD_PARSER_SWITCH] = @head_parser_switch
+  end
+end
