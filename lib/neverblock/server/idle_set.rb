@@ -100,12 +100,14 @@ module NeverBlock
       # @param fd [Integer] its socket's descriptor.
       # @return [void]
       def park(connection, fd)
-        @epoll.add(fd)
+        @epoll.arm(fd) # one epoll_ctl: a socket parked before is still in the set, disarmed
         @parked[fd] = connection
       end
 
       # Takes a parked connection out without handing it on (it is being
-      # closed). Does nothing for one not parked.
+      # closed): out of the set too, so that its armed socket cannot report
+      # after the close if another descriptor still refers to it. Does
+      # nothing for one not parked.
       # @param fd [Integer] its socket's descriptor, still open.
       # @return [void]
       def unpark(fd)
@@ -120,8 +122,8 @@ module NeverBlock
         while true # rubocop:disable Style/InfiniteLoop -- ends by cancellation
           @io.wait_readable
           @epoll.ready.each do |fd|
+            # It stays in the set, disarmed (one-shot), until it parks again.
             connection = @parked.delete(fd) or next
-            @epoll.delete(fd)
             @on_readable.call(connection)
           end
         end
