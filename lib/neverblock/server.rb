@@ -7,6 +7,7 @@ require_relative "server/limits"
 require_relative "server/concurrency_limit"
 require_relative "server/admission"
 require_relative "server/idle_sweeper"
+require_relative "server/brief_waits"
 require_relative "server/idle_set"
 require_relative "server/listener"
 require_relative "server/request"
@@ -329,6 +330,7 @@ module NeverBlock
         if (idle_set = IdleSet.build(method(:resume)))
           @context.idle_set = idle_set
           @idle_watch = NeverBlock.spawn { idle_set.run }
+          @brief_watch = NeverBlock.spawn { idle_set.brief_waits.run }
         elsif (reason = IdleSet.missing_reason)
           NeverBlock.logger.debug("NeverBlock::Server") { "idle keep-alive connections each keep a fiber: #{reason}" }
         end
@@ -720,6 +722,7 @@ module NeverBlock
       idle_set = @context.idle_set or return
 
       @idle_watch.cancel
+      @brief_watch.cancel
       @connections.keys.each { |connection| finish(connection) }
       idle_set.close
       @context.idle_set = nil

@@ -297,9 +297,10 @@ module NeverBlock
       # has waited one sweep interval: a client that sends its next request
       # at once (a busy keep-alive connection) finds its fiber still
       # waiting, which costs less than a park and a new task. Beyond
-      # {IdleSet::WAITING_FIBERS} such waits the connection parks at once,
-      # so that many connections going idle together (a burst) do not hold
-      # as many fibers, whose stack pages Ruby keeps resident once touched.
+      # {IdleSet::WAITING_FIBERS} such waits the connection waits two turns
+      # of the loop ({BriefWaits}) and then parks, so that many connections
+      # going idle together (a burst) do not hold as many fibers for long,
+      # whose stack pages Ruby keeps resident once touched.
       # @return [String, nil] the bytes, nil on EOF or idle timeout, or
       #   when it parked ({#parked?}).
       def read_next_request
@@ -316,10 +317,12 @@ module NeverBlock
           @context.idle_sweeper.watch
         end
         if (idle_set = @context.idle_set)
-          return park if idle_set.crowded? && park?
-
-          idle_set.fiber_waits += 1
-          counted = true
+          if idle_set.crowded? && park?
+            (brief = idle_set.brief_waits).add(self)
+          else
+            idle_set.fiber_waits += 1
+            counted = true
+          end
         end
         while true # rubocop:disable Style/InfiniteLoop -- Kernel#loop adds a C frame to every idle fiber's stack
           begin
@@ -338,6 +341,7 @@ module NeverBlock
         park? ? park : nil
       ensure
         idle_set.fiber_waits -= 1 if counted
+        brief&.delete(self)
         unless @parked
           @idle = false
           @idle_deadline = nil

@@ -24,10 +24,11 @@ module NeverBlock
     # (see Connection#park?), and not at once: its fiber first waits on the
     # socket, until the {IdleSweeper} finds it idle a sweep interval (0.5 s
     # by default) and parks it, so a busy keep-alive connection's next
-    # request costs no park, no epoll_ctl and no new task. Only beyond
-    # {WAITING_FIBERS} such waits does a connection park as soon as it is
-    # idle. {#unpark} takes out one that is closed while parked (the
-    # {IdleSweeper}'s idle timeout, {Server#stop}).
+    # request costs no park, no epoll_ctl and no new task. Beyond
+    # {WAITING_FIBERS} such waits a connection waits in its fiber for two
+    # turns of the loop only ({BriefWaits}) before it parks. {#unpark}
+    # takes out one that is closed while parked (the {IdleSweeper}'s idle
+    # timeout, {Server#stop}).
     #
     # Without the extension (not Linux), or with the environment variable
     # `NEVERBLOCK_IDLE_SET=off`, {.build} returns nil and every idle
@@ -43,13 +44,18 @@ module NeverBlock
       # at once (see {Connection}: a busy keep-alive connection's next
       # request usually comes before the {IdleSweeper} parks it, and a fiber
       # waiting is cheaper than a park and a new task); beyond that many,
-      # an idle connection parks at once. The fibers the pool keeps
-      # ({FiberPool::IDLE_LIMIT}) are as many.
+      # an idle connection waits two turns of the loop ({BriefWaits}) and
+      # then parks. The fibers the pool keeps ({FiberPool::IDLE_LIMIT}) are
+      # as many.
       WAITING_FIBERS = FiberPool::IDLE_LIMIT
 
       # @return [Integer] connections waiting for their next request in
       #   their own fiber now (kept by {Connection}).
       attr_accessor :fiber_waits
+
+      # @return [BriefWaits] the waits beyond {WAITING_FIBERS} (its task is
+      #   the server's).
+      attr_reader :brief_waits
 
       # @return [Boolean] whether {.build} makes one: the extension is built
       #   and {SWITCH} is not `off`.
@@ -82,12 +88,14 @@ module NeverBlock
         @io = IO.for_fd(@epoll.fileno, autoclose: false)
         @parked = {} # descriptor => Connection
         @fiber_waits = 0
+        @waiting_fibers = WAITING_FIBERS # (a test lowers it)
+        @brief_waits = BriefWaits.new
       end
 
       # @return [Boolean] true when {WAITING_FIBERS} connections wait in
-      #   their fibers: the next to go idle parks at once.
+      #   their fibers: the next to go idle waits briefly ({BriefWaits}).
       def crowded?
-        @fiber_waits >= WAITING_FIBERS
+        @fiber_waits >= @waiting_fibers
       end
 
       # @return [Integer] connections parked now.
