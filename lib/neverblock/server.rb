@@ -248,7 +248,7 @@ module NeverBlock
       @connections = {}.compare_by_identity
       # What every connection gets (see Context).
       @context = Context.new(app: @app, limits: @limits, admission: @admission, access_log: @access_log,
-                             idle_sweeper: IdleSweeper.new(@connections, @limits.idle_timeout),
+                             idle_sweeper: IdleSweeper.new(@limits.idle_timeout),
                              on_hijack: method(:connection_hijacked), on_close: method(:finish),
                              early_hints: early_hints,
                              opentelemetry: opentelemetry)
@@ -542,6 +542,7 @@ module NeverBlock
     # server will not close it.
     def connection_hijacked(connection)
       @connections.delete(connection)
+      @context.idle_sweeper.forget(connection)
       room_freed
     end
 
@@ -695,6 +696,7 @@ module NeverBlock
     # socket is closed unless the app took it, and there is room for another.
     def finish(connection)
       @connections.delete(connection)
+      @context.idle_sweeper.forget(connection)
       connection.close
       room_freed
     end

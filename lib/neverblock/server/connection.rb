@@ -312,10 +312,8 @@ module NeverBlock
 
         # A resumed connection that found no request (TLS: part of a record)
         # keeps the deadline it parked with.
-        unless @idle_deadline
-          @idle_deadline = Clock.now + @limits.idle_timeout
-          @context.idle_sweeper.watch
-        end
+        @idle_deadline ||= Clock.now + @limits.idle_timeout
+        @context.idle_sweeper.watch(self)
         if (idle_set = @context.idle_set)
           if idle_set.crowded? && park?
             (brief = idle_set.brief_waits).add(self)
