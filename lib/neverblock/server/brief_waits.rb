@@ -9,27 +9,29 @@ module NeverBlock
     # server runs {#run} in a task of its own; {Connection} calls {#add}
     # and {#delete} around such a wait.
     #
-    # Briefly is two turns of the loop, counted by this object's own task,
-    # which passes its turn ({Scheduler#yield}) once per turn while any
-    # connection waits so: a wait begun at tick `t` has been through at
-    # least one whole selector call (epoll_wait, which resumes the fibers
-    # whose sockets turned readable) by tick `t + 2`. A client that keeps
-    # its connection busy (wrk -c400) sends its next request while the loop
-    # answers the others: parking it at once cost each of those requests a
-    # park, a wake-up of the {IdleSet} and a new task, about a third more
-    # CPU per request (docs/benchmarks.md, "Held connections results").
-    # Bounded memory is kept: connections going idle together (a burst)
-    # hold fibers for two turns at most, not for a sweep interval as the
-    # first {IdleSet::WAITING_FIBERS} do.
+    # Briefly is {SECONDS}, and two turns of the loop besides: a client
+    # that keeps its connection busy (wrk -c400) sends its next request
+    # within a millisecond of its answer, but a saturated loop may see it
+    # only a turn later (a turn answering hundreds of requests takes longer
+    # than {SECONDS}), and parking a connection whose request is already
+    # there cost that request a park, a wake-up of the {IdleSet} and a new
+    # task. So once the oldest waits have lasted {SECONDS}, this object's
+    # task passes its turn twice ({Scheduler#yield}), by which time the loop
+    # has been through a whole selector call (epoll_wait, which resumes the
+    # fibers whose sockets turned readable) since they began, and parks
+    # those still waiting. Memory stays bounded: connections going idle
+    # together (a burst) hold fibers for a few milliseconds, not for a sweep
+    # interval as the first {IdleSet::WAITING_FIBERS} do.
     #
     # Not thread-safe: the server uses it from its loop only.
     class BriefWaits
-      # Ticks a wait lasts before its connection parks.
-      TURNS = 2
+      # Seconds a wait lasts at least before its connection parks.
+      SECONDS = 0.005
 
-      def initialize
-        @waits = {}.compare_by_identity # Connection => the tick its wait began; oldest first
-        @tick = 0
+      # @param seconds [Numeric] see {SECONDS}.
+      def initialize(seconds: SECONDS)
+        @seconds = seconds
+        @waits = {}.compare_by_identity # Connection => when its wait began (monotonic seconds); oldest first
         @fiber = nil
         @asleep = false
       end
@@ -43,7 +45,7 @@ module NeverBlock
       # @param connection [Connection]
       # @return [void]
       def add(connection)
-        @waits[connection] = @tick
+        @waits[connection] = Clock.now
         return unless @asleep
 
         @asleep = false
@@ -58,7 +60,7 @@ module NeverBlock
         @waits.delete(connection)
       end
 
-      # Counts turns and parks the connections whose wait lasted {TURNS},
+      # Parks the connections whose wait lasted {SECONDS} and two turns,
       # until its task is cancelled. Asleep while none waits.
       # @return [void]
       def run
@@ -68,28 +70,46 @@ module NeverBlock
           if @waits.empty?
             @asleep = true
             scheduler.suspend while @asleep
-          else
-            scheduler.yield
-            @tick += 1
-            park_overdue
+            next
           end
+          wait = oldest + @seconds - Clock.now
+          NeverBlock.sleep(wait) if wait.positive?
+          cutoff = Clock.now - @seconds
+          due = overdue(cutoff) or next
+
+          scheduler.yield
+          scheduler.yield
+          park(due, cutoff)
         end
       end
 
       private
 
-      # Parks the connections that began to wait {TURNS} ticks ago or
-      # earlier: the first ones in @waits (a Hash keeps insertion order, and
-      # a wait is added once, at the tick it begins).
-      def park_overdue
-        due = @tick - TURNS
-        overdue = nil
-        @waits.each do |connection, tick|
-          break if tick > due
+      # @return [Float] when the oldest wait began.
+      def oldest
+        @waits.each_value { |began| return began }
+      end
 
-          (overdue ||= []) << connection
+      # @return [Array<Connection>, nil] those whose wait began at `cutoff`
+      #   or earlier: the first ones in @waits (a Hash keeps insertion order,
+      #   and a wait is added once, when it begins).
+      def overdue(cutoff)
+        due = nil
+        @waits.each do |connection, began|
+          break if began > cutoff
+
+          (due ||= []) << connection
         end
-        overdue&.each do |connection|
+        due
+      end
+
+      # Parks those of `due` still in the wait they were in at `cutoff` (one
+      # served meanwhile that waits afresh began after it).
+      def park(due, cutoff)
+        due.each do |connection|
+          began = @waits[connection]
+          next unless began && began <= cutoff
+
           @waits.delete(connection)
           connection.park_idle
         end

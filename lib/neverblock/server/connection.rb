@@ -297,8 +297,8 @@ module NeverBlock
       # has waited one sweep interval: a client that sends its next request
       # at once (a busy keep-alive connection) finds its fiber still
       # waiting, which costs less than a park and a new task. Beyond
-      # {IdleSet::WAITING_FIBERS} such waits the connection waits two turns
-      # of the loop ({BriefWaits}) and then parks, so that many connections
+      # {IdleSet::WAITING_FIBERS} such waits the connection waits a few
+      # milliseconds ({BriefWaits}) and then parks, so that many connections
       # going idle together (a burst) do not hold as many fibers for long,
       # whose stack pages Ruby keeps resident once touched.
       # @return [String, nil] the bytes, nil on EOF or idle timeout, or

@@ -4,11 +4,17 @@ require "test_helper"
 require "neverblock/server"
 require_relative "../../support/idle_waiter"
 
-# BriefWaits: an idle wait beyond IdleSet::WAITING_FIBERS parks after two
-# turns of the loop unless its connection was served meanwhile.
+# BriefWaits: an idle wait beyond IdleSet::WAITING_FIBERS parks after
+# BriefWaits::SECONDS and two turns of the loop unless its connection was
+# served meanwhile. Most of these count turns only (seconds: 0).
 class BriefWaitsTest < NeverBlockTest
   def setup
-    @waits = NeverBlock::Server::BriefWaits.new
+    start
+  end
+
+  def start(seconds: 0)
+    @task&.cancel
+    @waits = NeverBlock::Server::BriefWaits.new(seconds: seconds)
     @task = NeverBlock.spawn { @waits.run }
   end
 
@@ -52,16 +58,29 @@ class BriefWaitsTest < NeverBlockTest
     assert_equal [1, 1], [first.parks, second.parks]
   end
 
-  # With nothing to wait for it stops counting turns (it costs the loop nothing).
-  def test_it_counts_no_turns_while_nothing_waits
+  # Turns alone do not make a wait brief: it lasts its seconds too.
+  def test_a_wait_lasts_its_seconds_however_many_turns_pass
+    start(seconds: 1)
     waiter = IdleWaiter.new(nil)
     @waits.add(waiter)
     5.times { turn }
-    tick = @waits.instance_variable_get(:@tick)
+    assert_equal 0, waiter.parks, "parked before its second"
+    deadline = NeverBlock::Clock.now + 10
+    turn until waiter.parks == 1 || NeverBlock::Clock.now > deadline
+    assert_equal 1, waiter.parks
+  end
+
+  # With nothing to wait for its task sleeps (it costs the loop nothing)
+  # until the next wait.
+  def test_it_sleeps_while_nothing_waits
+    waiter = IdleWaiter.new(nil)
+    @waits.add(waiter)
     5.times { turn }
-    assert_equal tick, @waits.instance_variable_get(:@tick)
-    @waits.add(IdleWaiter.new(nil))
+    assert_equal 1, waiter.parks
+    assert @waits.instance_variable_get(:@asleep), "awake with nothing to wait for"
+    another = IdleWaiter.new(nil)
+    @waits.add(another)
     5.times { turn }
-    assert_operator @waits.instance_variable_get(:@tick), :>, tick
+    assert_equal 1, another.parks
   end
 end

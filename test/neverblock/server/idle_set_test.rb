@@ -161,9 +161,9 @@ class ServerIdleSetTest < PlainTest
     assert_operator @server.stats[:connection_fibers][:idle], :<=, NeverBlock::FiberPool::IDLE_LIMIT
   end
   # Going idle together, at most WAITING_FIBERS connections wait in their
-  # fibers (until the IdleSweeper parks them); the others park two turns of
-  # the loop later (BriefWaits), not after the sweeper's 0.5 s.
-  def test_beyond_waiting_fibers_idle_connections_park_within_turns
+  # fibers (until the IdleSweeper parks them); the others park a few
+  # milliseconds later (BriefWaits), not after the sweeper's 0.5 s.
+  def test_beyond_waiting_fibers_idle_connections_park_soon
     start_server(idle_timeout: 3600) # the sweeper parks after 0.5 s
     count = NeverBlock::Server::IdleSet::WAITING_FIBERS + 100
     sockets = Array.new(count) { connect }
