@@ -3,11 +3,12 @@
 module NeverBlock
   class Server
     # Keep-alive connections that went idle while {IdleSet::WAITING_FIBERS}
-    # others already waited for their next request in their fibers: each
-    # waits in its own fiber too, but only briefly, and parks in the
-    # {IdleSet} if no request came by then. Its {IdleSet} makes one; the
-    # server runs {#run} in a task of its own; {Connection} calls {#add}
-    # and {#delete} around such a wait.
+    # others already waited for their next request in their fibers, and
+    # whose last next request came soon (Connection#came_back_soon?: a busy
+    # client): each waits in its own fiber too, but only briefly, and parks
+    # in the {IdleSet} if no request came by then (the others park at
+    # once). Its {IdleSet} makes one; the server runs {#run} in a task of
+    # its own; {Connection} calls {#add} and {#delete} around such a wait.
     #
     # Briefly is {SECONDS}, and two turns of the loop besides: a client
     # that keeps its connection busy (wrk -c400) sends its next request

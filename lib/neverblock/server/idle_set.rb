@@ -25,8 +25,9 @@ module NeverBlock
     # socket, until the {IdleSweeper} finds it idle a sweep interval (0.5 s
     # by default) and parks it, so a busy keep-alive connection's next
     # request costs no park, no epoll_ctl and no new task. Beyond
-    # {WAITING_FIBERS} such waits a connection waits in its fiber a few
-    # milliseconds only ({BriefWaits}) before it parks. {#unpark}
+    # {WAITING_FIBERS} such waits a connection whose client is busy waits
+    # in its fiber a few milliseconds only ({BriefWaits}) before it parks,
+    # and any other parks at once. {#unpark}
     # takes out one that is closed while parked (the {IdleSweeper}'s idle
     # timeout, {Server#stop}).
     #
@@ -44,8 +45,8 @@ module NeverBlock
       # at once (see {Connection}: a busy keep-alive connection's next
       # request usually comes before the {IdleSweeper} parks it, and a fiber
       # waiting is cheaper than a park and a new task); beyond that many,
-      # an idle connection waits a few milliseconds ({BriefWaits}) and
-      # then parks. The fibers the pool keeps ({FiberPool::IDLE_LIMIT}) are
+      # an idle connection of a busy client waits a few milliseconds
+      # ({BriefWaits}) and then parks, any other at once. The fibers the pool keeps ({FiberPool::IDLE_LIMIT}) are
       # as many.
       WAITING_FIBERS = FiberPool::IDLE_LIMIT
 
