@@ -331,7 +331,9 @@ module NeverBlock
           @context.idle_set = idle_set
           @idle_watch = NeverBlock.spawn { idle_set.run }
           @brief_watch = NeverBlock.spawn { idle_set.brief_waits.run }
-        elsif (reason = IdleSet.missing_reason)
+        elsif ENV[IdleSet::SWITCH] != "off" && (reason = IdleSet.missing_reason)
+          # Not when switched off: the operator chose that, and a log that
+          # should stay empty would get a line from every worker.
           NeverBlock.logger.debug("NeverBlock::Server") { "idle keep-alive connections each keep a fiber: #{reason}" }
         end
         acceptors = @listeners.map { |listener| NeverBlock.spawn { accept_loop(listener) } }
