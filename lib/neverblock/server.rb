@@ -7,6 +7,7 @@ require_relative "server/limits"
 require_relative "server/concurrency_limit"
 require_relative "server/admission"
 require_relative "server/idle_sweeper"
+require_relative "server/brief_waits"
 require_relative "server/idle_set"
 require_relative "server/listener"
 require_relative "server/request"
@@ -247,7 +248,7 @@ module NeverBlock
       @connections = {}.compare_by_identity
       # What every connection gets (see Context).
       @context = Context.new(app: @app, limits: @limits, admission: @admission, access_log: @access_log,
-                             idle_sweeper: IdleSweeper.new(@connections, @limits.idle_timeout),
+                             idle_sweeper: IdleSweeper.new(@limits.idle_timeout),
                              on_hijack: method(:connection_hijacked), on_close: method(:finish),
                              early_hints: early_hints,
                              opentelemetry: opentelemetry)
@@ -329,7 +330,10 @@ module NeverBlock
         if (idle_set = IdleSet.build(method(:resume)))
           @context.idle_set = idle_set
           @idle_watch = NeverBlock.spawn { idle_set.run }
-        elsif (reason = IdleSet.missing_reason)
+          @brief_watch = NeverBlock.spawn { idle_set.brief_waits.run }
+        elsif ENV[IdleSet::SWITCH] != "off" && (reason = IdleSet.missing_reason)
+          # Not when switched off: the operator chose that, and a log that
+          # should stay empty would get a line from every worker.
           NeverBlock.logger.debug("NeverBlock::Server") { "idle keep-alive connections each keep a fiber: #{reason}" }
         end
         acceptors = @listeners.map { |listener| NeverBlock.spawn { accept_loop(listener) } }
@@ -540,6 +544,7 @@ module NeverBlock
     # server will not close it.
     def connection_hijacked(connection)
       @connections.delete(connection)
+      @context.idle_sweeper.forget(connection)
       room_freed
     end
 
@@ -693,6 +698,7 @@ module NeverBlock
     # socket is closed unless the app took it, and there is room for another.
     def finish(connection)
       @connections.delete(connection)
+      @context.idle_sweeper.forget(connection)
       connection.close
       room_freed
     end
@@ -720,6 +726,7 @@ module NeverBlock
       idle_set = @context.idle_set or return
 
       @idle_watch.cancel
+      @brief_watch.cancel
       @connections.keys.each { |connection| finish(connection) }
       idle_set.close
       @context.idle_set = nil

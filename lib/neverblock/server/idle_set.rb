@@ -24,10 +24,12 @@ module NeverBlock
     # (see Connection#park?), and not at once: its fiber first waits on the
     # socket, until the {IdleSweeper} finds it idle a sweep interval (0.5 s
     # by default) and parks it, so a busy keep-alive connection's next
-    # request costs no park, no epoll_ctl and no new task. Only beyond
-    # {WAITING_FIBERS} such waits does a connection park as soon as it is
-    # idle. {#unpark} takes out one that is closed while parked (the
-    # {IdleSweeper}'s idle timeout, {Server#stop}).
+    # request costs no park, no epoll_ctl and no new task. Beyond
+    # {WAITING_FIBERS} such waits a connection whose client is busy waits
+    # in its fiber a few milliseconds only ({BriefWaits}) before it parks,
+    # and any other parks at once. {#unpark}
+    # takes out one that is closed while parked (the {IdleSweeper}'s idle
+    # timeout, {Server#stop}).
     #
     # Without the extension (not Linux), or with the environment variable
     # `NEVERBLOCK_IDLE_SET=off`, {.build} returns nil and every idle
@@ -43,13 +45,18 @@ module NeverBlock
       # at once (see {Connection}: a busy keep-alive connection's next
       # request usually comes before the {IdleSweeper} parks it, and a fiber
       # waiting is cheaper than a park and a new task); beyond that many,
-      # an idle connection parks at once. The fibers the pool keeps
-      # ({FiberPool::IDLE_LIMIT}) are as many.
+      # an idle connection of a busy client waits a few milliseconds
+      # ({BriefWaits}) and then parks, any other at once. The fibers the pool keeps ({FiberPool::IDLE_LIMIT}) are
+      # as many.
       WAITING_FIBERS = FiberPool::IDLE_LIMIT
 
       # @return [Integer] connections waiting for their next request in
       #   their own fiber now (kept by {Connection}).
       attr_accessor :fiber_waits
+
+      # @return [BriefWaits] the waits beyond {WAITING_FIBERS} (its task is
+      #   the server's).
+      attr_reader :brief_waits
 
       # @return [Boolean] whether {.build} makes one: the extension is built
       #   and {SWITCH} is not `off`.
@@ -82,12 +89,14 @@ module NeverBlock
         @io = IO.for_fd(@epoll.fileno, autoclose: false)
         @parked = {} # descriptor => Connection
         @fiber_waits = 0
+        @waiting_fibers = WAITING_FIBERS # (a test lowers it)
+        @brief_waits = BriefWaits.new
       end
 
       # @return [Boolean] true when {WAITING_FIBERS} connections wait in
-      #   their fibers: the next to go idle parks at once.
+      #   their fibers: the next to go idle waits briefly ({BriefWaits}).
       def crowded?
-        @fiber_waits >= WAITING_FIBERS
+        @fiber_waits >= @waiting_fibers
       end
 
       # @return [Integer] connections parked now.
@@ -100,12 +109,14 @@ module NeverBlock
       # @param fd [Integer] its socket's descriptor.
       # @return [void]
       def park(connection, fd)
-        @epoll.add(fd)
+        @epoll.arm(fd) # one epoll_ctl: a socket parked before is still in the set, disarmed
         @parked[fd] = connection
       end
 
       # Takes a parked connection out without handing it on (it is being
-      # closed). Does nothing for one not parked.
+      # closed): out of the set too, so that its armed socket cannot report
+      # after the close if another descriptor still refers to it. Does
+      # nothing for one not parked.
       # @param fd [Integer] its socket's descriptor, still open.
       # @return [void]
       def unpark(fd)
@@ -120,8 +131,8 @@ module NeverBlock
         while true # rubocop:disable Style/InfiniteLoop -- ends by cancellation
           @io.wait_readable
           @epoll.ready.each do |fd|
+            # It stays in the set, disarmed (one-shot), until it parks again.
             connection = @parked.delete(fd) or next
-            @epoll.delete(fd)
             @on_readable.call(connection)
           end
         end

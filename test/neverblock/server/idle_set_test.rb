@@ -161,15 +161,33 @@ class ServerIdleSetTest < PlainTest
     assert_operator @server.stats[:connection_fibers][:idle], :<=, NeverBlock::FiberPool::IDLE_LIMIT
   end
   # Going idle together, at most WAITING_FIBERS connections wait in their
-  # fibers (until the IdleSweeper parks them); the others park at once.
-  def test_beyond_waiting_fibers_idle_connections_park_at_once
-    start_server(idle_timeout: 60) # the sweeper parks after 0.5 s
+  # fibers (until the IdleSweeper parks them); the others park a few
+  # milliseconds later (BriefWaits), not after the sweeper's 0.5 s.
+  def test_beyond_waiting_fibers_idle_connections_park_soon
+    start_server(idle_timeout: 3600) # the sweeper parks after 0.5 s
     count = NeverBlock::Server::IdleSet::WAITING_FIBERS + 100
     sockets = Array.new(count) { connect }
     sockets.each { |socket| socket.write(get) }
     sockets.each { |socket| assert_equal 200, read_response(socket)[0] }
     eventually(timeout: 10) { @server.stats[:idle_connections] == count }
-    assert_operator @server.stats[:connection_fibers][:busy], :<=, NeverBlock::Server::IdleSet::WAITING_FIBERS
+    eventually(timeout: 10) { @server.stats[:connection_fibers][:busy] <= NeverBlock::Server::IdleSet::WAITING_FIBERS }
+  end
+
+  # The same for busy clients (each sent its second request as soon as its
+  # first was answered: they wait briefly, BriefWaits), told apart from
+  # the sweeper's parking: the connections beyond the fiber waits park
+  # before the sweeper parks those (which it would do in the order they
+  # began to wait). Twenty fiber waits instead of 256, so that the
+  # connections are all served well within the sweeper's 0.5 s.
+  def test_busy_connections_beyond_the_fiber_waits_park_before_the_sweeper_comes
+    start_server(idle_timeout: 3600)
+    wait_serving
+    idle_set = @server.instance_variable_get(:@context).idle_set
+    idle_set.instance_variable_set(:@waiting_fibers, 20)
+    sockets = Array.new(50) { connect }
+    sockets.each { |socket| 2.times { assert_equal 200, request(socket)[0] } }
+    eventually(timeout: 10) { idle_set.size == 30 && idle_set.fiber_waits == 20 }
+    eventually(timeout: 10) { idle_set.size == 50 && idle_set.fiber_waits.zero? }
   end
 end
 

@@ -100,6 +100,11 @@ class ServerIdleSweeperParkedTest < PlainTest
 
   IDLE = 0.2
 
+  def setup
+    skip "no IdleSet here: #{NeverBlock::Server::IdleSet.missing_reason}" unless NeverBlock::Server::IdleSet.available?
+    super
+  end
+
   def test_parked_connections_are_closed_after_idle_timeout_without_a_task
     server = start_server(idle_timeout: IDLE)
     sockets = Array.new(20) { connect }

@@ -178,9 +178,9 @@ class ServerLimitsTest < PlainTest
   end
 
   def test_the_idle_sweep_interval_follows_the_idle_timeout_within_bounds
-    assert_in_delta 0.5, NeverBlock::Server::IdleSweeper.new({}, 5).interval, 1e-9
-    assert_in_delta 0.0375, NeverBlock::Server::IdleSweeper.new({}, 0.3).interval, 1e-9
-    assert_in_delta 0.005, NeverBlock::Server::IdleSweeper.new({}, 0.01).interval, 1e-9
+    assert_in_delta 0.5, NeverBlock::Server::IdleSweeper.new(5).interval, 1e-9
+    assert_in_delta 0.0375, NeverBlock::Server::IdleSweeper.new(0.3).interval, 1e-9
+    assert_in_delta 0.005, NeverBlock::Server::IdleSweeper.new(0.01).interval, 1e-9
   end
 
   # --- Request smuggling shapes: 400 and close --------------------------------
