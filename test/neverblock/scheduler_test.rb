@@ -62,6 +62,28 @@ class SchedulerTest < NeverBlockTest
     writer&.close
   end
 
+  # The caller's timed IO wait gives way before its timer starts: a fiber
+  # that runs longer than the timeout must not use it up meanwhile (the
+  # timer fired while the caller gave way, and its wait then never ended).
+  def test_wake_next_before_a_timed_io_wait_keeps_the_wait_s_timeout
+    scheduler = Fiber.scheduler
+    reader, writer = IO.pipe
+    blocked = nil
+    waiter = NeverBlock.spawn do
+      blocked = Fiber.current
+      scheduler.block(:a_blocker, nil)
+      spin_until = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 0.05
+      nil while Process.clock_gettime(Process::CLOCK_MONOTONIC) < spin_until # holds the loop past the timeout
+    end
+    scheduler.wake_next(blocked)
+    result = NeverBlock.timeout(5) { reader.wait_readable(0.01) }
+    assert_nil result, "the timed wait ended by its timeout"
+    waiter.wait
+  ensure
+    reader&.close
+    writer&.close
+  end
+
   # The loop fiber itself (a timer's or a posted callback) leaves the fiber
   # to the loop's next turn, as #wake.
   def test_wake_next_from_the_loop_itself_wakes_the_fiber_for_the_next_turn

@@ -31,6 +31,9 @@ module NeverBlock
       # @return [Integer, false] the ready events, false on timeout.
       def io_wait(io, events, timeout = nil)
         fiber = Fiber.current
+        # Before the timer: one that fired while the fiber gave way would
+        # resume it there, and its wait in the selector would then have none.
+        give_way(fiber) if @runs_next
         # An explicit timeout makes io_wait return false; IO#timeout raises.
         timer = timeout ? @timers.after(timeout, @io_expire_callback, fiber) : io_timeout_timer(io, fiber, "ready")
         in_selector(fiber, io) { @selector.io_wait(fiber, io, events) }
@@ -43,6 +46,7 @@ module NeverBlock
         # @return [Integer] bytes read, or a negated errno.
         def io_read(io, buffer, length, offset = 0)
           fiber = Fiber.current
+          give_way(fiber) if @runs_next # before the timer, as in #io_wait
           timer = io_timeout_timer(io, fiber, "readable")
           in_selector(fiber, io) { @selector.io_read(fiber, io, buffer, length, offset) }
         ensure
@@ -55,6 +59,7 @@ module NeverBlock
           # @return [Integer] bytes written, or a negated errno.
           def io_write(io, buffer, length, offset = 0)
             fiber = Fiber.current
+            give_way(fiber) if @runs_next # before the timer, as in #io_wait
             timer = io_timeout_timer(io, fiber, "writable")
             in_selector(fiber, io) { @selector.io_write(fiber, io, buffer, length, offset) }
           ensure
