@@ -92,37 +92,34 @@ module ServerHelper
   end
 end
 
-# Included after ServerHelper in a test class: its servers hold each idle
-# keep-alive connection in a fiber of its own, as without the C extension
-# (NeverBlock::Server::IdleSet turned off), so that path stays tested.
-module FiberPerIdleConnection
-  def setup
-    super
-    @idle_set_switch = ENV.fetch(NeverBlock::Server::IdleSet::SWITCH, nil)
-    ENV[NeverBlock::Server::IdleSet::SWITCH] = "off"
-  end
+# Test modules that turn one of the server's switches "off" for every test
+# of the class that includes them (after ServerHelper), and put it back.
+module ServerSwitch
+  # @param variable [String] the environment variable the server reads.
+  # @return [Module]
+  def self.off(variable)
+    Module.new do
+      define_method(:setup) do
+        super()
+        (@switches_before ||= {})[variable] = ENV.fetch(variable, nil)
+        ENV[variable] = "off"
+      end
 
-  def teardown
-    super
-  ensure
-    ENV[NeverBlock::Server::IdleSet::SWITCH] = @idle_set_switch
+      define_method(:teardown) do
+        super()
+      ensure
+        ENV[variable] = @switches_before[variable]
+      end
+    end
   end
 end
 
-# Included after ServerHelper in a test class: its servers parse every
-# request head with llhttp's callbacks, as without the C extension
-# (NeverBlock::Server::Parser's fast path, NeverBlock::HTTPHead, turned
-# off), so that path stays tested in every run.
-module LlhttpHeads
-  def setup
-    super
-    @head_parser_switch = ENV.fetch(NeverBlock::Server::Parser::HEAD_PARSER_SWITCH, nil)
-    ENV[NeverBlock::Server::Parser::HEAD_PARSER_SWITCH] = "off"
-  end
+# Its servers hold each idle keep-alive connection in a fiber of its own, as
+# without the C extension (NeverBlock::Server::IdleSet turned off), so that
+# path stays tested.
+FiberPerIdleConnection = ServerSwitch.off(NeverBlock::Server::IdleSet::SWITCH)
 
-  def teardown
-    super
-  ensure
-    ENV[NeverBlock::Server::Parser::HEAD_PARSER_SWITCH] = @head_parser_switch
-  end
-end
+# Its servers parse every request head with llhttp's callbacks, as without
+# the C extension (NeverBlock::Server::Parser's fast path,
+# NeverBlock::HTTPHead, turned off), so that path stays tested in every run.
+LlhttpHeads = ServerSwitch.off(NeverBlock::Server::Parser::HEAD_PARSER_SWITCH)
