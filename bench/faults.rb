@@ -18,9 +18,11 @@
 #              USR2; Puma: USR1, its phased restart). --restarts (10) runs; target:
 #              0 failed requests (wrk's socket errors + non-2xx) in every run.
 #   crash      wrk -c 20 for --duration (10 s), every 50th request GET /die, which
-#              kills its worker. Reported: requests answered, errors, whether the
-#              master is still up at the end (target: yes, and more answered than
-#              the 4.4-6.2k before the fix).
+#              kills its worker. Reported: requests answered (a response of 2xx/3xx),
+#              requests lost (no response: wrk's socket errors), about how many
+#              workers were killed (a fiftieth of the requests sent) and so how
+#              many requests each death took with it (the connections its worker
+#              held), and whether the master is still up at the end (target: yes).
 #
 # The servers:
 #   NeverBlock  exe/neverblock serve fault_app.ru -w 2 -E production (this checkout)
@@ -145,8 +147,11 @@ module NeverBlockBench
       each_server do |name, server|
         result = Wrk.run("http://127.0.0.1:#{server.port}/", connections: 20, duration: @options[:duration], timeout: 5, script: CRASH_SCRIPT)
         alive = !server.exited?
-        answered = result.requests - result.errors
-        @rows << ["crash", name, "answered requests", answered, "errors #{result.errors}, master up at the end: #{alive}"]
+        answered = result.requests - result.non2xx
+        lost = result.errors - result.non2xx # requests that got no response (wrk counts those apart from `requests`)
+        kills = (result.requests + lost) / 50.0 # every 50th request sent was a GET /die
+        @rows << ["crash", name, "answered requests", answered,
+                  format("lost %d, about %d workers killed: %.1f lost per kill; master up at the end: %s", lost, kills, lost / kills, alive)]
       end
     end
 

@@ -247,9 +247,11 @@ module NeverBlockBench
   end
 
   # wrk (Debian's 4.1) against a URL: requests/s, the --latency percentiles
-  # (seconds) and errors (socket errors and non-2xx/3xx responses).
+  # (seconds) and errors (socket errors and non-2xx/3xx responses). wrk's
+  # `requests` counts responses only: a request lost to a socket error is
+  # in `errors`, not in `requests`; a non-2xx/3xx response is in both.
   module Wrk
-    Result = Struct.new(:requests_per_second, :requests, :p50, :p90, :p99, :errors, :error_text, keyword_init: true)
+    Result = Struct.new(:requests_per_second, :requests, :p50, :p90, :p99, :errors, :non2xx, :error_text, keyword_init: true)
     UNITS = { "us" => 1e-6, "ms" => 1e-3, "s" => 1.0, "m" => 60.0 }.freeze
 
     module_function
@@ -283,7 +285,7 @@ module NeverBlockBench
       end
       Result.new(requests_per_second: Float(rate), requests: output[/(\d+) requests in/, 1].to_i,
                  p50: percentile.call(50), p90: percentile.call(90), p99: percentile.call(99),
-                 errors: (socket ? socket.scan(/\d+/).sum(&:to_i) : 0) + non2xx,
+                 errors: (socket ? socket.scan(/\d+/).sum(&:to_i) : 0) + non2xx, non2xx: non2xx,
                  error_text: [("socket errors: #{socket}" if socket), ("non-2xx/3xx: #{non2xx}" if non2xx.positive?)].compact.join("; "))
     end
   end
