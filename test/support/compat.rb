@@ -193,7 +193,9 @@ module CompatMatrix
   # row, gem, version (the gem's, or "stdlib"), ruby (RUBY_VERSION, "+YJIT"
   # when on), verdict ("concurrent", or "needs fix"), seconds (the
   # CALLS calls, with the fix if any), fix, fix_text, probe_seconds and
-  # warning (blocking rows), test.
+  # warning (blocking rows), test, load (the machine's 1-minute load average
+  # when the row ended, which the page shows beside the times; nil without
+  # /proc).
   def record_row(row, gem:, fix:, seconds:, probe:)
     dir = ENV.fetch("NEVERBLOCK_COMPAT_RESULTS", "")
     return if dir.empty?
@@ -204,12 +206,18 @@ module CompatMatrix
       "ruby" => "#{RUBY_VERSION}#{'+YJIT' if yjit}", "verdict" => fix ? "needs fix" : "concurrent",
       "seconds" => seconds.round(3), "fix" => fix&.to_s, "fix_text" => fix && FIXES.fetch(fix)[:text],
       "probe_seconds" => probe && probe["seconds"].round(3), "warning" => probe && probe["warning"],
-      "test" => "#{self.class.name}##{name}"
+      "test" => "#{self.class.name}##{name}", "load" => load_average
     }
     FileUtils.mkdir_p(dir)
     File.open(File.join(dir, "ruby-#{RUBY_VERSION}#{'-yjit' if yjit}.jsonl"), "a") do |file|
       file.flock(File::LOCK_EX)
       file.puts(JSON.generate(result))
     end
+  end
+
+  def load_average
+    File.read("/proc/loadavg").split.first.to_f
+  rescue SystemCallError
+    nil
   end
 end
