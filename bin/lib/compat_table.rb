@@ -44,13 +44,13 @@ class CompatTable
       10 tasks of one `NeverBlock.run`, against a local server that answers each call after
       **0.5 s** (PostgreSQL, MariaDB, Redis, memcached and RabbitMQ as `bin/test` starts them;
       HTTP, HTTPS, S3-style, SMTP and DNS servers the test starts). Concurrent, the 10 calls
-      take about 0.5 s (1 s where each call makes two exchanges: dalli asks memcached for its
-      version when it connects); one after the other they would take 5 s. A row passes when
-      they take under 2.5 s, or, on a machine so loaded that they do not, under 5 s with the
-      loop never standing still for 0.3 s meanwhile. The rows that start child processes
-      pass when all ten children ran at once (each waits until all ten have started), not by
-      the clock: a loaded machine starts children slowly. The time shown is one run's wall
-      time on a shared 2-core machine#{load_range}.
+      take about 0.5 s (1 s where each call makes two exchanges: the notes below a table say
+      where); one after the other they would take 5 s. A row passes when they take under
+      2.5 s, or, on a machine so loaded that they do not, under 5 s with the loop never
+      standing still for 0.3 s meanwhile. The rows that start child processes pass when all
+      ten children ran at once (each waits until all ten have started), not by the clock: a
+      loaded machine starts children slowly. The time shown is one run's wall time on a
+      shared 2-core machine#{load_range}.
 
       Where the plain calls are not concurrent on a Ruby, the row names the fix, and its test
       proves both halves: without the fix (in a child Ruby) two calls take 1 s and, when they
@@ -94,8 +94,19 @@ class CompatTable
     return if rows.empty?
 
     lines = ["## #{title}", "", table_head]
-    rows.sort_by { |row, _| row.downcase }.each { |row, results| lines << table_row(row, results) }
+    rows = rows.sort_by { |row, _| row.downcase }
+    rows.each { |row, results| lines << table_row(row, results) }
+    notes = rows.flat_map { |row, results| notes(row, results) }
+    lines.push("", *notes) unless notes.empty?
     lines.join("\n") + "\n"
+  end
+
+  # "- **Resolv::DNS**, Ruby 3.4.11, 3.4.5 + YJIT: NOTE" for each note a row's
+  # test recorded, with the Rubies it recorded it on.
+  def notes(row, results)
+    results.select { |result| result["note"] }.group_by { |result| result["note"] }.map do |note, noted|
+      "- **#{row}**, Ruby #{noted.map { |result| label(result['ruby']) }.join(', ')}: #{note}"
+    end
   end
 
   def table_head

@@ -57,6 +57,14 @@ class CompatTableTest < PlainTest
     refute_includes render(row("pg", ruby: "3.1.2")), "load average"
   end
 
+  def test_a_note_is_listed_below_its_table_with_the_rubies_that_recorded_it
+    note = "two exchanges a call"
+    page = render(row("Resolv::DNS", ruby: "3.1.2"), row("Resolv::DNS", ruby: "3.4.11", note: note),
+                  row("Resolv::DNS", ruby: "3.4.5+YJIT", note: note))
+    assert_match(/\| not needed \|\n\n- \*\*Resolv::DNS\*\*, Ruby 3\.4\.11, 3\.4\.5 \+ YJIT: two exchanges a call\n/, page)
+    refute_includes render(row("pg", ruby: "3.1.2")), "- **"
+  end
+
   private
 
   def render(*results)
@@ -64,10 +72,10 @@ class CompatTableTest < PlainTest
   end
 
   def row(name, ruby:, version: "1.7.0", gem: "gem", seconds: 0.5, fix: nil, warning: nil,
-          test: "CompatDatabasesTest#test_x", load: nil)
+          test: "CompatDatabasesTest#test_x", load: nil, note: nil)
     { "row" => name, "gem" => gem, "version" => version, "ruby" => ruby,
       "verdict" => fix ? "needs fix" : "concurrent", "seconds" => seconds, "fix" => fix,
       "fix_text" => fix && "the #{fix} text", "probe_seconds" => fix && 1.0, "warning" => warning, "test" => test,
-      "load" => load }
+      "load" => load, "note" => note }
   end
 end
