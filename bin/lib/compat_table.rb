@@ -22,9 +22,9 @@ class CompatTable
 
   # @param results [Array<Hash>] the JSON lines of every Ruby.
   def initialize(results)
-    @results = results
-    @rubies = results.map { |result| result["ruby"] }.uniq.sort_by { |ruby| Gem::Version.new(ruby[/\A[\d.]+/]) }
-    @rows = results.group_by { |result| result["row"] }
+    @rubies = results.map { |result| result["ruby"] }.uniq.sort_by { |ruby| ruby_order(ruby) }
+    @results = results.sort_by { |result| ruby_order(result["ruby"]) }
+    @rows = @results.group_by { |result| result["row"] }
   end
 
   # @return [String] the page.
@@ -44,17 +44,49 @@ class CompatTable
       10 tasks of one `NeverBlock.run`, against a local server that answers each call after
       **0.5 s** (PostgreSQL, MariaDB, Redis, memcached and RabbitMQ as `bin/test` starts them;
       HTTP, HTTPS, S3-style, SMTP and DNS servers the test starts). Concurrent, the 10 calls
-      take about 0.5 s; one after the other they would take 5 s. A row passes when they take
-      under 2.5 s. The time shown is one run's wall time on a shared 2-core machine.
+      take about 0.5 s (1 s where each call makes two exchanges: the notes below a table say
+      where); one after the other they would take 5 s. A row passes when they take under
+      2.5 s, or, on a machine so loaded that they do not, under 5 s with the loop never
+      standing still for 0.3 s meanwhile. The rows that start child processes pass when all
+      ten children ran at once (each waits until all ten have started), not by the clock: a
+      loaded machine starts children slowly. The time shown is one run's wall time on a
+      shared 2-core machine#{load_range}.
 
       Where the plain calls are not concurrent on a Ruby, the row names the fix, and its test
       proves both halves: without the fix (in a child Ruby) two calls take 1 s and, when they
       hold the loop, the stall detector warns (its warning is shown below the tables); with the
       fix the 10 calls run at once. Every row runs in CI on each Ruby (`bin/test`).
 
-      Regenerate with `bin/compat-table` (runs test/compat on Ruby #{@rubies.map { |ruby| ruby.sub(/\.\d+\z/, '') }.uniq.join(', ')}
+      Regenerate with `bin/compat-table` (runs test/compat on Ruby #{@rubies.map { |ruby| series(ruby) }.uniq.join(', ')}
       and rewrites this page).
     MARKDOWN
+  end
+
+  # ", load average 1.2-4.8 during the runs" from the rows' loads, if recorded.
+  def load_range
+    loads = @results.filter_map { |result| result["load"] }
+    return "" if loads.empty?
+
+    ", load average #{format('%.1f', loads.min)}-#{format('%.1f', loads.max)} during the runs"
+  end
+
+  # A Ruby as the tests record it ("3.4.5+YJIT") and as the page names it
+  # ("3.4.5 + YJIT", as docs/benchmarks.md does).
+  def label(ruby)
+    ruby.sub("+YJIT", " + YJIT")
+  end
+
+  # "3.4 + YJIT" for "3.4.5+YJIT": the series bin/compat-table selects.
+  def series(ruby)
+    label(ruby.sub(/\A(\d+\.\d+)\.\d+/, '\1'))
+  end
+
+  # Columns by series, each Ruby's YJIT build beside its interpreter: the
+  # YJIT Ruby is built from an older 3.4 source (3.4.5) than the chroot's
+  # Ruby 3.4 (3.4.11), and by version alone would come first.
+  def ruby_order(ruby)
+    version = Gem::Version.new(ruby[/\A[\d.]+/])
+    [version.segments.first(2), ruby.end_with?("+YJIT") ? 1 : 0, version]
   end
 
   def group(test_class, title)
@@ -62,12 +94,23 @@ class CompatTable
     return if rows.empty?
 
     lines = ["## #{title}", "", table_head]
-    rows.sort_by { |row, _| row.downcase }.each { |row, results| lines << table_row(row, results) }
+    rows = rows.sort_by { |row, _| row.downcase }
+    rows.each { |row, results| lines << table_row(row, results) }
+    notes = rows.flat_map { |row, results| notes(row, results) }
+    lines.push("", *notes) unless notes.empty?
     lines.join("\n") + "\n"
   end
 
+  # "- **Resolv::DNS**, Ruby 3.4.11, 3.4.5 + YJIT: NOTE" for each note a row's
+  # test recorded, with the Rubies it recorded it on.
+  def notes(row, results)
+    results.select { |result| result["note"] }.group_by { |result| result["note"] }.map do |note, noted|
+      "- **#{row}**, Ruby #{noted.map { |result| label(result['ruby']) }.join(', ')}: #{note}"
+    end
+  end
+
   def table_head
-    columns = ["Gem", "Version tested", *@rubies.map { |ruby| "Ruby #{ruby}" }, "Fix where not concurrent"]
+    columns = ["Gem", "Version tested", *@rubies.map { |ruby| "Ruby #{label(ruby)}" }, "Fix where not concurrent"]
     "| #{columns.join(' | ')} |\n|#{columns.map { '---' }.join('|')}|"
   end
 
@@ -75,7 +118,7 @@ class CompatTable
     by_ruby = results.to_h { |result| [result["ruby"], result] }
     cells = @rubies.map { |ruby| cell(by_ruby[ruby]) }
     fixes = results.select { |result| result["fix"] }.group_by { |result| result["fix_text"] }
-    fix = fixes.map { |text, fixed| "Ruby #{fixed.map { |result| result['ruby'] }.join(', ')}: #{text}" }.join("<br>")
+    fix = fixes.map { |text, fixed| "Ruby #{fixed.map { |result| label(result['ruby']) }.join(', ')}: #{text}" }.join("<br>")
     "| #{[row, versions(results), *cells, fix.empty? ? "not needed" : fix].join(' | ')} |"
   end
 
@@ -84,7 +127,7 @@ class CompatTable
     by_version = results.group_by { |result| result["version"] }
     return results.first["gem"] ? by_version.keys.first : "stdlib" if by_version.size == 1
 
-    by_version.map { |version, with| "#{version} (#{with.map { |result| result['ruby'] }.join(', ')})" }.join("<br>")
+    by_version.map { |version, with| "#{version} (#{with.map { |result| label(result['ruby']) }.join(', ')})" }.join("<br>")
   end
 
   def cell(result)
@@ -103,8 +146,8 @@ class CompatTable
     blocking = @results.select { |result| result["warning"] }
     return "" if blocking.empty?
 
-    sections = blocking.sort_by { |result| [result["row"].downcase, result["ruby"]] }.map do |result|
-      "### #{result['row']}, Ruby #{result['ruby']}\n\n#{SHOWN}\n```\n#{result['warning']}\n```\n"
+    sections = blocking.sort_by { |result| [result["row"].downcase, ruby_order(result["ruby"])] }.map do |result|
+      "### #{result['row']}, Ruby #{label(result['ruby'])}\n\n#{SHOWN}\n```\n#{result['warning']}\n```\n"
     end
     ["## The stall detector's warning for each blocking row", "",
      "What NeverBlock logs (stall threshold 0.2 s) when the plain calls hold the loop; the frames",

@@ -40,6 +40,31 @@ class CompatTableTest < PlainTest
     assert_includes page, "| pg | 1.7.0 | concurrent, 0.50 s | not run | not needed |"
   end
 
+  # The YJIT Ruby (3.4.5) is older than the chroot's 3.4.11 but its column
+  # stands beside 3.4's, after it, named as docs/benchmarks.md names it.
+  def test_the_yjit_ruby_has_its_column_after_its_series
+    page = render(row("pg", ruby: "3.4.5+YJIT", fix: "defer", warning: "held"), row("pg", ruby: "3.4.11"),
+                  row("pg", ruby: "3.1.2", fix: "defer", warning: "held"))
+    assert_includes page, "| Gem | Version tested | Ruby 3.1.2 | Ruby 3.4.11 | Ruby 3.4.5 + YJIT | Fix where not concurrent |"
+    assert_includes page, "| Ruby 3.1.2, 3.4.5 + YJIT: the defer text |"
+    assert_includes page, "test/compat on Ruby 3.1, 3.4, 3.4 + YJIT\n"
+    assert_operator page.index("### pg, Ruby 3.1.2"), :<, page.index("### pg, Ruby 3.4.5 + YJIT")
+  end
+
+  def test_the_page_names_the_load_the_rows_ran_at
+    page = render(row("pg", ruby: "3.1.2", load: 1.23), row("trilogy", ruby: "3.1.2", load: 4.56), row("redis", ruby: "3.1.2"))
+    assert_includes page, "shared 2-core machine, load average 1.2-4.6 during the runs."
+    refute_includes render(row("pg", ruby: "3.1.2")), "load average"
+  end
+
+  def test_a_note_is_listed_below_its_table_with_the_rubies_that_recorded_it
+    note = "two exchanges a call"
+    page = render(row("Resolv::DNS", ruby: "3.1.2"), row("Resolv::DNS", ruby: "3.4.11", note: note),
+                  row("Resolv::DNS", ruby: "3.4.5+YJIT", note: note))
+    assert_match(/\| not needed \|\n\n- \*\*Resolv::DNS\*\*, Ruby 3\.4\.11, 3\.4\.5 \+ YJIT: two exchanges a call\n/, page)
+    refute_includes render(row("pg", ruby: "3.1.2")), "- **"
+  end
+
   private
 
   def render(*results)
@@ -47,9 +72,10 @@ class CompatTableTest < PlainTest
   end
 
   def row(name, ruby:, version: "1.7.0", gem: "gem", seconds: 0.5, fix: nil, warning: nil,
-          test: "CompatDatabasesTest#test_x")
+          test: "CompatDatabasesTest#test_x", load: nil, note: nil)
     { "row" => name, "gem" => gem, "version" => version, "ruby" => ruby,
       "verdict" => fix ? "needs fix" : "concurrent", "seconds" => seconds, "fix" => fix,
-      "fix_text" => fix && "the #{fix} text", "probe_seconds" => fix && 1.0, "warning" => warning, "test" => test }
+      "fix_text" => fix && "the #{fix} text", "probe_seconds" => fix && 1.0, "warning" => warning, "test" => test,
+      "load" => load, "note" => note }
   end
 end

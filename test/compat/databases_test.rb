@@ -82,7 +82,9 @@ class CompatDatabasesTest < CompatTest
     require "dalli"
     server = slow_proxy(*memcached_server.split(":"))
     Dalli::Client.new(memcached_server).set("neverblock:compat", "cached")
-    values = assert_concurrent_calls("dalli (memcached)", gem: "dalli") do
+    values = assert_concurrent_calls("dalli (memcached)", gem: "dalli",
+                                     note: "two exchanges a call, about 1 s: dalli asks memcached for its version " \
+                                           "when it connects, then gets the value") do
       client = Dalli::Client.new(server, socket_timeout: 10)
       client.get("neverblock:compat")
     ensure

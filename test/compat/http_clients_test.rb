@@ -34,10 +34,11 @@ class CompatHTTPClientsTest < CompatTest
 
   # The adapter keeps one HTTPX session per Faraday connection: fibers
   # sharing a connection take turns (threads do not; the loop stays free
-  # meanwhile). A connection per fiber runs them at once. (On Ruby 3.4 with
-  # Scheduler#blocking_operation_wait the first ten calls on a new
-  # connection overlapped, because the plugins HTTPX requires on first use
-  # were read through the hook; every later batch took turns, 5 s.)
+  # meanwhile), on every Ruby. A connection per fiber runs them at once.
+  # (While NeverBlock offered Ruby 3.4 the blocking_operation_wait hook, the
+  # first ten calls on a new connection there overlapped, because the
+  # plugins HTTPX requires on first use were read through the hook, and the
+  # row read "concurrent"; every later batch took turns, 5 s.)
   def test_faraday_with_the_httpx_adapter
     require "faraday"
     require "httpx/adapters/faraday"

@@ -69,8 +69,12 @@ module CompatMatrix
   #   this Ruby, the test itself) instead of the block.
   # @param children [Boolean] each call runs the child process of
   #   #child_argv: the children must all have run at once.
+  # @param note [String, Proc, nil] what the page says below the row's table
+  #   on this Ruby, e.g. why its concurrent calls take two delays, not one;
+  #   a Proc is called after the calls (it may ask what they did) and may
+  #   return nil.
   # @return [Array] the calls' values, in index order.
-  def assert_concurrent_calls(row, gem: nil, fix: nil, unfixed: nil, children: false, &call)
+  def assert_concurrent_calls(row, gem: nil, fix: nil, unfixed: nil, children: false, note: nil, &call)
     raise ArgumentError, "unknown fix #{fix.inspect}" if fix && !FIXES.key?(fix)
     raise ArgumentError, "a row with children needs no fix (its probe would have no rendezvous)" if children && fix
     plain = unfixed || call
@@ -79,7 +83,8 @@ module CompatMatrix
     probe = fix && blocking_probe_in_child(FIXES.fetch(fix)[:holds_loop])
     @rendezvous = ChildRendezvous.new(CALLS) if children
     values, seconds, stood_still = run_calls(CALLS, fix: fix, &(fix ? call : plain))
-    record_row(row, gem: gem, fix: fix, seconds: seconds, probe: probe)
+    note = note.call if note.respond_to?(:call)
+    record_row(row, gem: gem, fix: fix, seconds: seconds, probe: probe, note: note)
     if children
       assert @rendezvous.all_together?,
              "#{row}: the #{CALLS} children did not all run at once (each waits until all have started; " \
@@ -193,8 +198,10 @@ module CompatMatrix
   # row, gem, version (the gem's, or "stdlib"), ruby (RUBY_VERSION, "+YJIT"
   # when on), verdict ("concurrent", or "needs fix"), seconds (the
   # CALLS calls, with the fix if any), fix, fix_text, probe_seconds and
-  # warning (blocking rows), test.
-  def record_row(row, gem:, fix:, seconds:, probe:)
+  # warning (blocking rows), test, load (the machine's 1-minute load average
+  # when the row ended, which the page shows beside the times; nil without
+  # /proc), note.
+  def record_row(row, gem:, fix:, seconds:, probe:, note:)
     dir = ENV.fetch("NEVERBLOCK_COMPAT_RESULTS", "")
     return if dir.empty?
 
@@ -204,12 +211,18 @@ module CompatMatrix
       "ruby" => "#{RUBY_VERSION}#{'+YJIT' if yjit}", "verdict" => fix ? "needs fix" : "concurrent",
       "seconds" => seconds.round(3), "fix" => fix&.to_s, "fix_text" => fix && FIXES.fetch(fix)[:text],
       "probe_seconds" => probe && probe["seconds"].round(3), "warning" => probe && probe["warning"],
-      "test" => "#{self.class.name}##{name}"
+      "test" => "#{self.class.name}##{name}", "load" => load_average, "note" => note
     }
     FileUtils.mkdir_p(dir)
     File.open(File.join(dir, "ruby-#{RUBY_VERSION}#{'-yjit' if yjit}.jsonl"), "a") do |file|
       file.flock(File::LOCK_EX)
       file.puts(JSON.generate(result))
     end
+  end
+
+  def load_average
+    File.read("/proc/loadavg").split.first.to_f
+  rescue SystemCallError
+    nil
   end
 end

@@ -62,7 +62,9 @@ module CompatServers
     listener.local_address.ip_port
   end
 
-  # A DNS server on UDP: every A question gets 10.0.0.1, DELAY seconds later.
+  # A DNS server on UDP: every A question gets 10.0.0.1, DELAY seconds later
+  # (any other, no record). The type of each question it was asked ("A",
+  # "AAAA") is added to #dns_questions.
   # @return [Integer] its port.
   def slow_dns_server(delay: CompatMatrix::DELAY)
     socket = UDPSocket.new
@@ -70,6 +72,7 @@ module CompatServers
     thread = Thread.new do
       loop do
         packet, (_, port, host) = socket.recvfrom(512)
+        Resolv::DNS::Message.decode(packet).each_question { |_, type| dns_questions << type.name.split("::").last }
         compat_threads << Thread.new do
           sleep delay
           socket.send(dns_answer(packet), 0, host, port)
@@ -124,6 +127,12 @@ module CompatServers
     end
     compat_threads.each { |thread| thread.join(2) }
     super
+  end
+
+  # @return [Array<String>] the types of the questions #slow_dns_server was
+  #   asked, in order.
+  def dns_questions
+    @dns_questions ||= []
   end
 
   private

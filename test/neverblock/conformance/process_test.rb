@@ -167,17 +167,21 @@ class ConformanceProcessTest < ConformanceTest
     assert_predicate status, :success?
   end
 
+  # The child answers only once the parent's other fiber has run (a pipe
+  # says so, not a sleep): a parent whose read of the child held the thread
+  # would print in the wrong order, after the child's 10 s wait.
   def test_a_child_forked_in_a_scheduled_fiber_works_while_the_parent_carries_on
     out, err, status = run_script(<<~RUBY)
       require "neverblock"
       $stdout.sync = true
       reader, writer = IO.pipe
+      carried_on, carrying_on = IO.pipe
       Thread.new do
         Fiber.set_scheduler(NeverBlock::Scheduler.new)
         Fiber.schedule do
           pid = fork do
             reader.close
-            sleep 0.2 # the parent's other fiber prints meanwhile
+            IO.select([carried_on], nil, nil, 10) # the parent's other fiber prints meanwhile
             writer.write("made by the child")
             writer.close
           end
@@ -187,8 +191,8 @@ class ConformanceProcessTest < ConformanceTest
           puts "child sent: \#{data}; exit status: \#{$?.exitstatus}"
         end
         Fiber.schedule do
-          sleep 0.05
           puts "parent carried on"
+          carrying_on.write("!")
         end
       end.join
     RUBY

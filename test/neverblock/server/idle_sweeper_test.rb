@@ -39,9 +39,9 @@ class ServerIdleSweeperTest < PlainTest
   # begins its idle wait then, and must still be closed, not left open
   # until some other connection goes idle.
   def test_a_connection_that_goes_idle_during_a_sweep_is_closed_in_time
-    app_waiting_for_connections(1)
+    server = app_waiting_for_connections(1)
     idle = connect # sends nothing: idle from the start
-    sleep 0.02
+    eventually { server.stats[:connections] == 1 } # accepted first: due first
     busy = connect
     assert_equal 200, request(busy, "/wait")[0]
     responded = NeverBlock::Clock.now
@@ -62,6 +62,7 @@ class ServerIdleSweeperFiberWaitTest < ServerIdleSweeperTest
   # request, which would be lost).
   def test_a_connection_served_during_a_sweep_is_not_closed_under_its_next_wait
     go = Thread::Queue.new
+    sent = Thread::Queue.new
     server = nil
     app = lambda do |env|
       if env["PATH_INFO"] == "/wait"
@@ -72,24 +73,29 @@ class ServerIdleSweeperFiberWaitTest < ServerIdleSweeperTest
           sleep 0
         end
         go << true
-        # Holds the loop (not the GVL) while the client sends on `third`.
-        Fiber.new(blocking: true) { sleep 0.02 }.resume
+        # Holds the loop (not the GVL) until the client has sent on `third`
+        # (on loopback the bytes are readable once its write returned).
+        Fiber.new(blocking: true) { sent.pop }.resume
       end
       [200, { "content-type" => "text/plain", "content-length" => "2" }, ["ok"]]
     end
     server = start_server(app, lint: false, idle_timeout: IDLE, adaptive_limit: false)
     idle = [connect, connect]
     third = connect # idle from the start, due in the same sweep as the other two
-    sleep 0.01
+    eventually { server.stats[:connections] == 3 } # all three accepted before the fourth
     waiting = connect
     waiting.write("GET /wait HTTP/1.1\r\nHost: x\r\n\r\n")
     go.pop
-    assert_equal 200, request(third, "/")[0]
+    third.write("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    sent << true
+    assert_equal 200, read_response(third)[0]
     responded = NeverBlock::Clock.now
     assert_equal "", read_all(third)
     assert_operator NeverBlock::Clock.now - responded, :>=, IDLE * 0.8,
                     "closed before its own idle_timeout"
     (idle + [waiting]).each { |socket| read_all(socket) }
+  ensure
+    sent&.push(true) # a test that failed before it sent must not leave the loop held
   end
 end
 
