@@ -103,6 +103,30 @@ class ServerControlTest < PlainTest
     end
   end
 
+  # A worker forked while the control listener holds a connection (here one
+  # whose request head is not all there yet) must not keep it open: the
+  # client, reading the answer to its end, would wait as long as that worker
+  # lives. `neverblock ctl phased-restart` hung so on a loaded machine when
+  # the new worker was forked before the answer's connection was closed.
+  # (The control thread waits 5 s for the rest of a head: the fork below
+  # comes well within that.)
+  def test_a_worker_forked_while_a_control_connection_is_open_does_not_keep_it
+    Dir.mktmpdir do |dir|
+      socket = File.join(dir, "control.sock")
+      server = serve("hang.ru", "-w", "1", "--control", "unix://#{socket}")
+      sockets = socket_count(server[:pid])
+      UNIXSocket.open(socket) do |client|
+        client.write("GET /stats HTTP/1.0\r\n")
+        eventually { socket_count(server[:pid]) > sockets } # the master took the connection
+        Process.kill("TTIN", server[:pid]) # one worker more: forked now
+        eventually { worker_pids(server[:pid]).size == 2 }
+        client.write("\r\n")
+        answer = read_to_end(client, timeout: 10)
+        assert_match(%r{\AHTTP/1\.0 200 OK\r\n}, answer)
+      end
+    end
+  end
+
   def test_ctl_usage_errors_and_an_unreachable_listener
     out, status = Open3.capture2e(RbConfig.ruby, EXE, "ctl", "-C", "tcp://127.0.0.1:1", "stats")
     assert_equal 1, status.exitstatus
@@ -136,5 +160,33 @@ class ServerControlTest < PlainTest
 
   def ctl(socket, command)
     Open3.capture2e(RbConfig.ruby, EXE, "ctl", "-C", "unix://#{socket}", command)
+  end
+
+  # Sockets the process holds (Linux /proc).
+  def socket_count(pid)
+    Dir.children("/proc/#{pid}/fd").count do |fd|
+      File.readlink("/proc/#{pid}/fd/#{fd}").start_with?("socket:")
+    rescue SystemCallError
+      false # closed meanwhile
+    end
+  end
+
+  # Reads `io` to its end, which comes once every process holding the
+  # other end closed it.
+  def read_to_end(io, timeout:)
+    deadline = now + timeout
+    data = +""
+    loop do
+      case (chunk = io.read_nonblock(4096, exception: false))
+      when nil then return data
+      when :wait_readable
+        left = deadline - now
+        next if left.positive? && io.wait_readable(left)
+
+        flunk "the connection did not end within #{timeout} s (read so far: #{data.inspect}): " \
+              "a process other than the master holds its other end"
+      else data << chunk
+      end
+    end
   end
 end
