@@ -5,6 +5,7 @@ require_relative "../../support/serve_processes"
 require "tmpdir"
 require "open3"
 require "neverblock/server"
+require "neverblock/cli"
 
 # The master's control listener (`--control`) and `neverblock ctl`, on real
 # processes: /metrics for the whole cluster, checked by Debian's promtool and
@@ -137,7 +138,122 @@ class ServerControlTest < PlainTest
     assert_raises(ArgumentError) { NeverBlock::Server.new(->(_) {}, workers: 1, control: "http://x") }
   end
 
+  def test_ctl_gives_up_on_a_unix_listener_that_takes_the_request_and_never_answers
+    Dir.mktmpdir do |dir|
+      path = File.join(dir, "control.sock")
+      UNIXServer.open(path) do |listener|
+        taken = Thread.new { listener.accept } # kept open, never answered
+        out, status, took = timed_ctl("unix://#{path}", "phased-restart", "--timeout", "2")
+        assert_equal 1, status.exitstatus, out
+        assert_match(%r{neverblock ctl: unix://#{Regexp.escape(path)} did not answer within 2 s \(--timeout SECONDS waits longer\)}, out)
+        assert_operator took, :>=, 2, "not before its timeout"
+        assert_operator took, :<, 20, "about when its timeout ran out, not much later"
+        connection = taken.value
+        assert_equal "POST /phased-restart HTTP/1.0\r\n", connection.gets, "it was the answer that did not come"
+        connection.close
+      end
+    end
+  end
+
+  def test_ctl_gives_up_on_a_tcp_listener_that_never_answers
+    TCPServer.open("127.0.0.1", 0) do |listener| # never accepts: the kernel completes the connection alone
+      out, status, took = timed_ctl("tcp://127.0.0.1:#{listener.addr[1]}", "stats", "--timeout", "2")
+      assert_equal 1, status.exitstatus, out
+      assert_match(%r{did not answer within 2 s}, out)
+      assert_operator took, :<, 20
+    end
+  end
+
+  def test_ctl_on_a_unix_socket_nobody_listens_on
+    Dir.mktmpdir do |dir|
+      path = File.join(dir, "control.sock")
+      UNIXServer.new(path).close # the socket file stays, with no listener: as after a master was killed
+      out, status, took = timed_ctl("unix://#{path}", "stats", "--timeout", "30")
+      assert_equal 1, status.exitstatus, out
+      assert_match(%r{neverblock ctl: cannot reach unix://#{Regexp.escape(path)}: Connection refused}, out)
+      assert_operator took, :<, 20, "at once, not after its timeout"
+    end
+  end
+
+  def test_ctl_on_a_unix_listener_whose_queue_is_full
+    Dir.mktmpdir do |dir|
+      path = File.join(dir, "control.sock")
+      UNIXServer.open(path) do |listener|
+        listener.listen(0)
+        queued = fill_queue(path)
+        out, status, took = timed_ctl("unix://#{path}", "stats", "--timeout", "30")
+        assert_equal 1, status.exitstatus, out
+        assert_match(%r{unix://#{Regexp.escape(path)} takes no more connections \(its queue is full\): the master does not accept them}, out)
+        assert_operator took, :<, 20, "at once, not after its timeout"
+      ensure
+        queued&.each(&:close)
+      end
+    end
+  end
+
+  def test_ctl_on_a_listener_that_closes_without_answering
+    Dir.mktmpdir do |dir|
+      path = File.join(dir, "control.sock")
+      UNIXServer.open(path) do |listener|
+        closer = Thread.new { listener.accept.then { |connection| connection.gets && connection.close } }
+        out, status = timed_ctl("unix://#{path}", "stats")
+        closer.join
+        assert_equal 1, status.exitstatus, out
+        assert_match(%r{neverblock ctl: unix://#{Regexp.escape(path)} closed the connection without answering$}, out)
+      end
+    end
+  end
+
+  def test_ctl_on_a_listener_that_does_not_speak_http
+    Dir.mktmpdir do |dir|
+      path = File.join(dir, "control.sock")
+      UNIXServer.open(path) do |listener|
+        talker = Thread.new do
+          connection = listener.accept
+          connection.gets # the request came
+          connection.write("SSH-2.0-OpenSSH\r\n")
+          connection.close
+        end
+        out, status = timed_ctl("unix://#{path}", "stats")
+        talker.join
+        assert_equal 1, status.exitstatus, out
+        assert_match(/did not answer in HTTP: "SSH-2\.0-OpenSSH\\r\\n"/, out)
+      end
+    end
+  end
+
+  def test_ctl_timeout_must_be_a_positive_number
+    %w[0 -1 soon].each do |seconds|
+      err = StringIO.new
+      status = NeverBlock::CLI.new(out: StringIO.new, err: err).call(["ctl", "-C", "tcp://127.0.0.1:1", "--timeout", seconds, "stats"])
+      assert_equal 64, status, err.string
+      assert_match(/\Aneverblock ctl: invalid argument: --timeout/, err.string)
+    end
+  end
+
   private
+
+  # `neverblock ctl -C URL COMMAND ARGS`: output, status and wall seconds.
+  def timed_ctl(url, command, *args)
+    out = status = nil
+    took = elapsed { out, status = Open3.capture2e(RbConfig.ruby, EXE, "ctl", "-C", url, *args, command) }
+    [out, status, took]
+  end
+
+  # Connects to the unix listener at `path` until its queue takes no more.
+  # @return [Array<Socket>] the connections queued.
+  def fill_queue(path)
+    queued = []
+    loop do
+      socket = Socket.new(:UNIX, :STREAM)
+      queued << socket
+      socket.connect_nonblock(Socket.sockaddr_un(path))
+      flunk "the queue of a listen(0) socket took #{queued.size} connections" if queued.size > 64
+    end
+  rescue Errno::EAGAIN
+    queued.pop.close
+    queued
+  end
 
   def pg_env
     { "NB_TEST_PG" => JSON.generate(pg_conninfo) }
