@@ -75,7 +75,8 @@ class ServerControlTest < PlainTest
     Dir.mktmpdir do |dir|
       socket = File.join(dir, "control.sock")
       server = serve("hang.ru", "-w", "2", "--control", "unix://#{socket}")
-      eventually { File.socket?(socket) && worker_pids(server[:pid]).size == 2 }
+      # "serving" comes once every worker accepts; the listener was there before the first fork.
+      assert_equal 2, worker_pids(server[:pid]).size
       assert_equal 0o600, File.stat(socket).mode & 0o777, "guarded by its permissions, not a token"
 
       out, status = ctl(socket, "stats")
@@ -84,10 +85,17 @@ class ServerControlTest < PlainTest
       assert_equal server[:pid], stats["master_pid"]
       assert_equal [0, 1], stats["workers"].map { |worker| worker["index"] }.sort
 
-      slow = Thread.new { get(server, "/slow?3") }
-      out = eventually { (text, = ctl(socket, "tasks")) && text.include?("GET /slow?3") && text }
-      assert_match(/GET \/slow\?3 from 127\.0\.0\.1, in .* waits:/, JSON.parse(out)["workers"].map { |w| w["tasks"] }.join)
-      assert_equal "200", slow.value.code
+      TCPServer.open("127.0.0.1", 0) do |release|
+        held = Thread.new { get(server, "/held?#{release.addr[1]}") }
+        assert release.wait_readable(30), "the request for /held reached its worker"
+        app = release.accept # the request is in flight until this connection gets a byte
+        out, status = ctl(socket, "tasks")
+        assert status.success?, out
+        assert_match(/GET \/held\?\d+ from 127\.0\.0\.1, in .* waits:/, JSON.parse(out)["workers"].map { |w| w["tasks"] }.join)
+        app.write(".")
+        app.close
+        assert_equal "200", held.value.code
+      end
 
       out, status = ctl(socket, "gc")
       assert status.success?, out
