@@ -1,10 +1,8 @@
 # frozen_string_literal: true
 
 require "optparse"
-require "net/http"
-require "socket"
-require "uri"
 require "json"
+require_relative "ctl/exchange"
 
 module NeverBlock
   class CLI
@@ -17,10 +15,15 @@ module NeverBlock
                    "restart" => %w[POST /restart], "phased-restart" => %w[POST /phased-restart],
                    "stop" => %w[POST /stop], "halt" => %w[POST /halt], "gc" => %w[POST /gc] }.freeze
 
+      # Seconds the master has to answer unless `--timeout` says.
+      DEFAULT_TIMEOUT = 30
+
       USAGE = <<~TEXT
-        Usage: neverblock ctl COMMAND [-C URL] [-T TOKEN]
+        Usage: neverblock ctl COMMAND [-C URL] [-T TOKEN] [--timeout SECONDS]
 
         Talks to the control listener of a running `neverblock serve --control URL`.
+        Exits 0 when the master answered 200, 1 when it answered otherwise, did not
+        answer within the timeout or could not be reached, 64 on a usage error.
         Commands: #{COMMANDS.keys.join(', ')}
           stats            the master's and every worker's state, as JSON
           tasks            every worker's requests in flight with their backtraces
@@ -39,6 +42,7 @@ module NeverBlock
         @err = err
         @url = ENV["NEVERBLOCK_CONTROL_URL"]
         @token = ENV["NEVERBLOCK_CONTROL_TOKEN"]
+        @timeout = DEFAULT_TIMEOUT
       end
 
       # @param argv [Array<String>]
@@ -51,11 +55,14 @@ module NeverBlock
         return usage_error("where is the control listener? -C tcp://127.0.0.1:9293 (or NEVERBLOCK_CONTROL_URL)") unless @url
 
         method, path = COMMANDS.fetch(command)
-        status, body = request(method, path)
+        status, body = Exchange.new(@url, @timeout).request(method, path, @token)
         (status == 200 ? @out : @err).puts(pretty(body))
         status == 200 ? 0 : 1
       rescue OptionParser::ParseError => e
         usage_error(e.message)
+      rescue Exchange::Unanswered => e
+        @err.puts("neverblock ctl: #{e.message}")
+        1
       rescue SystemCallError, IOError, SocketError => e
         @err.puts("neverblock ctl: cannot reach #{@url}: #{e.message}")
         1
@@ -68,29 +75,17 @@ module NeverBlock
           o.banner = USAGE
           o.on("-C", "--control URL", "tcp://HOST:PORT or unix://PATH (default $NEVERBLOCK_CONTROL_URL)") { |url| @url = url }
           o.on("-T", "--token TOKEN", "the control token (default $NEVERBLOCK_CONTROL_TOKEN)") { |token| @token = token }
+          o.on("-t", "--timeout SECONDS", Float,
+               "give up when the master has not answered within SECONDS (default #{DEFAULT_TIMEOUT})") do |seconds|
+            raise OptionParser::InvalidArgument, "#{seconds} (seconds, above 0)" unless seconds.positive?
+
+            @timeout = seconds
+          end
           o.on("-h", "--help", "this help") do
             @out.puts(o)
             throw :done, 0
           end
         end
-      end
-
-      # One HTTP/1.0 exchange, over TCP or a unix socket.
-      # @return [Array(Integer, String)] status and body.
-      def request(method, path)
-        socket = @url.start_with?("unix://") ? UNIXSocket.new(@url.delete_prefix("unix://")) : tcp_socket
-        auth = @token ? "authorization: Bearer #{@token}\r\n" : ""
-        socket.write("#{method} #{path} HTTP/1.0\r\nhost: neverblock\r\n#{auth}content-length: 0\r\n\r\n")
-        response = socket.read
-        head, body = response.split("\r\n\r\n", 2)
-        [Integer(head[%r{\AHTTP/1\.[01] (\d{3})}, 1]), body.to_s]
-      ensure
-        socket&.close
-      end
-
-      def tcp_socket
-        uri = URI.parse(@url.sub(%r{\Atcp://}, "http://"))
-        Socket.tcp(uri.host, uri.port, connect_timeout: 5)
       end
 
       def pretty(body)

@@ -718,11 +718,19 @@ module NeverBlock
                          "#{@last_boot_failure ? " (#{@last_boot_failure})" : ''}; giving up (details in the log above)"
       end
 
+      # Forks with the control listener's accepts held off: the worker then
+      # knows (Control#ios) the connection it may have inherited, and closes
+      # it; a connection kept open in a worker leaves its client waiting for
+      # the end of its answer while that worker lives.
+      def fork_holding_control(&block)
+        @control ? @control.hold_accepts { fork(&block) } : fork(&block)
+      end
+
       def spawn_worker(index, successor_of: nil)
         status_reader, status_writer = IO.pipe
         command_reader, command_writer = IO.pipe
         generation = @generation
-        pid = fork do
+        pid = fork_holding_control do
           @systemd.close # only the master speaks to systemd
           master_only = [status_reader, command_writer, @wake_reader, @wake_writer, @alive_writer, @predecessors&.alive].compact +
                         @workers.each_value.flat_map { |worker| [worker.status_reader, worker.commands] } +

@@ -5,6 +5,7 @@ require_relative "../../support/serve_processes"
 require "tmpdir"
 require "open3"
 require "neverblock/server"
+require "neverblock/cli"
 
 # The master's control listener (`--control`) and `neverblock ctl`, on real
 # processes: /metrics for the whole cluster, checked by Debian's promtool and
@@ -74,7 +75,8 @@ class ServerControlTest < PlainTest
     Dir.mktmpdir do |dir|
       socket = File.join(dir, "control.sock")
       server = serve("hang.ru", "-w", "2", "--control", "unix://#{socket}")
-      eventually { File.socket?(socket) && worker_pids(server[:pid]).size == 2 }
+      # "serving" comes once every worker accepts; the listener was there before the first fork.
+      assert_equal 2, worker_pids(server[:pid]).size
       assert_equal 0o600, File.stat(socket).mode & 0o777, "guarded by its permissions, not a token"
 
       out, status = ctl(socket, "stats")
@@ -83,10 +85,17 @@ class ServerControlTest < PlainTest
       assert_equal server[:pid], stats["master_pid"]
       assert_equal [0, 1], stats["workers"].map { |worker| worker["index"] }.sort
 
-      slow = Thread.new { get(server, "/slow?3") }
-      out = eventually { (text, = ctl(socket, "tasks")) && text.include?("GET /slow?3") && text }
-      assert_match(/GET \/slow\?3 from 127\.0\.0\.1, in .* waits:/, JSON.parse(out)["workers"].map { |w| w["tasks"] }.join)
-      assert_equal "200", slow.value.code
+      TCPServer.open("127.0.0.1", 0) do |release|
+        held = Thread.new { get(server, "/held?#{release.addr[1]}") }
+        assert release.wait_readable(30), "the request for /held reached its worker"
+        app = release.accept # the request is in flight until this connection gets a byte
+        out, status = ctl(socket, "tasks")
+        assert status.success?, out
+        assert_match(/GET \/held\?\d+ from 127\.0\.0\.1, in .* waits:/, JSON.parse(out)["workers"].map { |w| w["tasks"] }.join)
+        app.write(".")
+        app.close
+        assert_equal "200", held.value.code
+      end
 
       out, status = ctl(socket, "gc")
       assert status.success?, out
@@ -103,6 +112,30 @@ class ServerControlTest < PlainTest
     end
   end
 
+  # A worker forked while the control listener holds a connection (here one
+  # whose request head is not all there yet) must not keep it open: the
+  # client, reading the answer to its end, would wait as long as that worker
+  # lives. `neverblock ctl phased-restart` hung so on a loaded machine when
+  # the new worker was forked before the answer's connection was closed.
+  # (The control thread waits 5 s for the rest of a head: the fork below
+  # comes well within that.)
+  def test_a_worker_forked_while_a_control_connection_is_open_does_not_keep_it
+    Dir.mktmpdir do |dir|
+      socket = File.join(dir, "control.sock")
+      server = serve("hang.ru", "-w", "1", "--control", "unix://#{socket}")
+      sockets = socket_count(server[:pid])
+      UNIXSocket.open(socket) do |client|
+        client.write("GET /stats HTTP/1.0\r\n")
+        eventually { socket_count(server[:pid]) > sockets } # the master took the connection
+        Process.kill("TTIN", server[:pid]) # one worker more: forked now
+        eventually { worker_pids(server[:pid]).size == 2 }
+        client.write("\r\n")
+        answer = read_to_end(client, timeout: 10)
+        assert_match(%r{\AHTTP/1\.0 200 OK\r\n}, answer)
+      end
+    end
+  end
+
   def test_ctl_usage_errors_and_an_unreachable_listener
     out, status = Open3.capture2e(RbConfig.ruby, EXE, "ctl", "-C", "tcp://127.0.0.1:1", "stats")
     assert_equal 1, status.exitstatus
@@ -113,7 +146,122 @@ class ServerControlTest < PlainTest
     assert_raises(ArgumentError) { NeverBlock::Server.new(->(_) {}, workers: 1, control: "http://x") }
   end
 
+  def test_ctl_gives_up_on_a_unix_listener_that_takes_the_request_and_never_answers
+    Dir.mktmpdir do |dir|
+      path = File.join(dir, "control.sock")
+      UNIXServer.open(path) do |listener|
+        taken = Thread.new { listener.accept } # kept open, never answered
+        out, status, took = timed_ctl("unix://#{path}", "phased-restart", "--timeout", "2")
+        assert_equal 1, status.exitstatus, out
+        assert_match(%r{neverblock ctl: unix://#{Regexp.escape(path)} did not answer within 2 s \(--timeout SECONDS waits longer\)}, out)
+        assert_operator took, :>=, 2, "not before its timeout"
+        assert_operator took, :<, 20, "about when its timeout ran out, not much later"
+        connection = taken.value
+        assert_equal "POST /phased-restart HTTP/1.0\r\n", connection.gets, "it was the answer that did not come"
+        connection.close
+      end
+    end
+  end
+
+  def test_ctl_gives_up_on_a_tcp_listener_that_never_answers
+    TCPServer.open("127.0.0.1", 0) do |listener| # never accepts: the kernel completes the connection alone
+      out, status, took = timed_ctl("tcp://127.0.0.1:#{listener.addr[1]}", "stats", "--timeout", "2")
+      assert_equal 1, status.exitstatus, out
+      assert_match(%r{did not answer within 2 s}, out)
+      assert_operator took, :<, 20
+    end
+  end
+
+  def test_ctl_on_a_unix_socket_nobody_listens_on
+    Dir.mktmpdir do |dir|
+      path = File.join(dir, "control.sock")
+      UNIXServer.new(path).close # the socket file stays, with no listener: as after a master was killed
+      out, status, took = timed_ctl("unix://#{path}", "stats", "--timeout", "30")
+      assert_equal 1, status.exitstatus, out
+      assert_match(%r{neverblock ctl: cannot reach unix://#{Regexp.escape(path)}: Connection refused}, out)
+      assert_operator took, :<, 20, "at once, not after its timeout"
+    end
+  end
+
+  def test_ctl_on_a_unix_listener_whose_queue_is_full
+    Dir.mktmpdir do |dir|
+      path = File.join(dir, "control.sock")
+      UNIXServer.open(path) do |listener|
+        listener.listen(0)
+        queued = fill_queue(path)
+        out, status, took = timed_ctl("unix://#{path}", "stats", "--timeout", "30")
+        assert_equal 1, status.exitstatus, out
+        assert_match(%r{unix://#{Regexp.escape(path)} takes no more connections \(its queue is full\): the master does not accept them}, out)
+        assert_operator took, :<, 20, "at once, not after its timeout"
+      ensure
+        queued&.each(&:close)
+      end
+    end
+  end
+
+  def test_ctl_on_a_listener_that_closes_without_answering
+    Dir.mktmpdir do |dir|
+      path = File.join(dir, "control.sock")
+      UNIXServer.open(path) do |listener|
+        closer = Thread.new { listener.accept.then { |connection| connection.gets && connection.close } }
+        out, status = timed_ctl("unix://#{path}", "stats")
+        closer.join
+        assert_equal 1, status.exitstatus, out
+        assert_match(%r{neverblock ctl: unix://#{Regexp.escape(path)} closed the connection without answering$}, out)
+      end
+    end
+  end
+
+  def test_ctl_on_a_listener_that_does_not_speak_http
+    Dir.mktmpdir do |dir|
+      path = File.join(dir, "control.sock")
+      UNIXServer.open(path) do |listener|
+        talker = Thread.new do
+          connection = listener.accept
+          connection.gets # the request came
+          connection.write("SSH-2.0-OpenSSH\r\n")
+          connection.close
+        end
+        out, status = timed_ctl("unix://#{path}", "stats")
+        talker.join
+        assert_equal 1, status.exitstatus, out
+        assert_match(/did not answer in HTTP: "SSH-2\.0-OpenSSH\\r\\n"/, out)
+      end
+    end
+  end
+
+  def test_ctl_timeout_must_be_a_positive_number
+    %w[0 -1 soon].each do |seconds|
+      err = StringIO.new
+      status = NeverBlock::CLI.new(out: StringIO.new, err: err).call(["ctl", "-C", "tcp://127.0.0.1:1", "--timeout", seconds, "stats"])
+      assert_equal 64, status, err.string
+      assert_match(/\Aneverblock ctl: invalid argument: --timeout/, err.string)
+    end
+  end
+
   private
+
+  # `neverblock ctl -C URL COMMAND ARGS`: output, status and wall seconds.
+  def timed_ctl(url, command, *args)
+    out = status = nil
+    took = elapsed { out, status = Open3.capture2e(RbConfig.ruby, EXE, "ctl", "-C", url, *args, command) }
+    [out, status, took]
+  end
+
+  # Connects to the unix listener at `path` until its queue takes no more.
+  # @return [Array<Socket>] the connections queued.
+  def fill_queue(path)
+    queued = []
+    loop do
+      socket = Socket.new(:UNIX, :STREAM)
+      queued << socket
+      socket.connect_nonblock(Socket.sockaddr_un(path))
+      flunk "the queue of a listen(0) socket took #{queued.size} connections" if queued.size > 64
+    end
+  rescue Errno::EAGAIN
+    queued.pop.close
+    queued
+  end
 
   def pg_env
     { "NB_TEST_PG" => JSON.generate(pg_conninfo) }
@@ -136,5 +284,33 @@ class ServerControlTest < PlainTest
 
   def ctl(socket, command)
     Open3.capture2e(RbConfig.ruby, EXE, "ctl", "-C", "unix://#{socket}", command)
+  end
+
+  # Sockets the process holds (Linux /proc).
+  def socket_count(pid)
+    Dir.children("/proc/#{pid}/fd").count do |fd|
+      File.readlink("/proc/#{pid}/fd/#{fd}").start_with?("socket:")
+    rescue SystemCallError
+      false # closed meanwhile
+    end
+  end
+
+  # Reads `io` to its end, which comes once every process holding the
+  # other end closed it.
+  def read_to_end(io, timeout:)
+    deadline = now + timeout
+    data = +""
+    loop do
+      case (chunk = io.read_nonblock(4096, exception: false))
+      when nil then return data
+      when :wait_readable
+        left = deadline - now
+        next if left.positive? && io.wait_readable(left)
+
+        flunk "the connection did not end within #{timeout} s (read so far: #{data.inspect}): " \
+              "a process other than the master holds its other end"
+      else data << chunk
+      end
+    end
   end
 end

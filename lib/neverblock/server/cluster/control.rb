@@ -34,7 +34,19 @@ module NeverBlock
       # supervision), one short HTTP/1.0 exchange per connection, reading
       # the master's state only through calls that copy it in one step
       # ({Cluster#children}) and acting through {Cluster#command}, which the
-      # master's loop carries out.
+      # master's loop carries out once the answer is sent and the
+      # connection closed (a hot restart executes the master again: an
+      # answer still to be written would be lost).
+      #
+      # The master forks workers while this thread may hold a connection,
+      # and a forked worker would keep that connection's descriptor open
+      # for as long as it lives: its client, reading the answer to its end,
+      # would wait forever (`neverblock ctl phased-restart` did, on a loaded
+      # machine, when the new worker was forked before the answer's
+      # connection was closed). So the master forks inside
+      # {#hold_accepts}, during which no connection is accepted, and the
+      # worker closes the connection open at that moment with the listener
+      # ({#ios}).
       class Control
         # Seconds a client has to send its request.
         READ_TIMEOUT = 5
@@ -59,6 +71,8 @@ module NeverBlock
           @generated = token.nil?
           @server = nil
           @thread = nil
+          @client = nil # the connection being answered, which a forked worker closes
+          @accepting = Thread::Mutex.new # held while a connection is accepted, and around a fork
         end
 
         # Opens the listener and starts its thread.
@@ -81,9 +95,21 @@ module NeverBlock
           "tcp://#{addr.ip_address}:#{addr.ip_port}"
         end
 
-        # @return [Array<IO>] what a forked worker must close.
+        # @return [Array<IO>] what a forked worker must close: the listener
+        #   and the connection being answered when it was forked
+        #   ({#hold_accepts}).
         def ios
-          [@server].compact
+          [@server, @client].compact
+        end
+
+        # Runs the block (the master's fork of a worker) while no
+        # connection is being accepted: one accepted in the middle of a fork
+        # would be open in the child without the child knowing it. So {#ios}
+        # in the child names every descriptor of this listener it holds.
+        # Waits at most for one `accept(2)` to return.
+        # @return [Object] the block's value.
+        def hold_accepts(&block)
+          @accepting.synchronize(&block)
         end
 
         # Closes the listener; its thread ends.
@@ -113,31 +139,67 @@ module NeverBlock
 
         def serve
           loop do
-            client = @server.accept
+            client = accept or next
+            command = nil
             begin
-              answer(client)
+              command = answer(client)
             rescue StandardError => e
               NeverBlock.logger.warn { "NeverBlock::Server: control request failed: #{e.class}: #{e.message}" }
             ensure
-              client.close
+              close(client)
             end
+            @cluster.command(command) if command
           end
         rescue IOError, SystemCallError
           nil # closed by #stop
         end
 
+        # Waits for a connection and takes it under the lock a fork holds
+        # ({#hold_accepts}), so that a forked worker sees it in @client or
+        # does not have it at all.
+        # @return [IO, nil] nil when the connection went away meanwhile.
+        def accept
+          @server.wait_readable
+          @accepting.synchronize do
+            client = @server.accept_nonblock(exception: false)
+            @client = client unless client == :wait_readable
+          end
+        rescue Errno::ECONNABORTED, Errno::EPROTO
+          nil # the client gave up before it was taken
+        end
+
+        # Closes the connection under the lock a fork holds: Ruby may mark
+        # the IO closed and then close(2) it without the GVL, and a worker
+        # forked between the two would not know it holds the connection.
+        def close(client)
+          @accepting.synchronize do
+            client.close
+            @client = nil
+          end
+        end
+
+        # Answers one request.
+        # @return [String, nil] the command for the master to carry out
+        #   now that the answer is written ({COMMANDS}' values).
         def answer(client)
           head = read_head(client) or return
           method, target = head.lines.first.to_s.split(" ", 3)
           uri = URI.parse(target.to_s)
-          return respond(client, 401, "a token is needed (Authorization: Bearer TOKEN)\n") unless authorized?(head, uri)
+          unless authorized?(head, uri)
+            respond(client, 401, "a token is needed (Authorization: Bearer TOKEN)\n")
+            return nil
+          end
 
-          status, type, body = route(method, uri.path)
+          status, type, body, command = route(method, uri.path)
           respond(client, status, body, type)
+          command
         rescue URI::InvalidURIError
           respond(client, 400, "bad request\n")
+          nil
         end
 
+        # @return [Array(Integer, String, String, String)] status, content
+        #   type, body and, for a command, what {Cluster#command} is to do.
         def route(method, path)
           case [method, path]
           in ["GET", "/metrics"] then [200, "text/plain; version=0.0.4; charset=utf-8", Prometheus.render(@cluster)]
@@ -147,8 +209,7 @@ module NeverBlock
             each_worker_command("gc")
             [200, "application/json", %({"gc":"started"}\n)]
           in ["POST", command] if COMMANDS.key?(command)
-            @cluster.command(COMMANDS.fetch(command))
-            [200, "application/json", "#{JSON.generate(command: command.delete_prefix('/'), sent: true)}\n"]
+            [200, "application/json", "#{JSON.generate(command: command.delete_prefix('/'), sent: true)}\n", COMMANDS.fetch(command)]
           else [404, "text/plain", "unknown: #{method} #{path} (GET /metrics /stats /tasks; POST /phased-restart " \
                                     "/restart /stop /halt /gc)\n"]
           end
