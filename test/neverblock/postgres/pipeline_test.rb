@@ -61,6 +61,23 @@ class PostgresPipelineTest < NeverBlockTest
     db.with { |conn| assert_equal PG::PQ_PIPELINE_OFF, conn.pipeline_status }
   end
 
+  # Each burst is answered in full before the fibers that sent it send
+  # their next statements: the lane waits for them a turn rather than
+  # handing its connection back and opening a new lane per burst.
+  def test_fibers_sending_statement_after_statement_keep_one_lane
+    db = client(size: 1)
+    open_connections(db, 1)
+    lanes = 0
+    opening = TracePoint.new(:call) do |point|
+      lanes += 1 if point.method_id == :initialize && point.defined_class == NeverBlock::Postgres::Lane
+    end
+    opening.enable do
+      3.times.map { NeverBlock.spawn { 20.times { |i| db.exec_params("SELECT $1::int", [i]) } } }.each(&:wait)
+    end
+    assert_equal 1, lanes
+    assert_equal 0, db.stats[:in_use], "the lane kept its connection after the last statement"
+  end
+
   def test_a_transaction_takes_a_connection_out_of_pipelined_use
     db = client(size: 2)
     open_connections(db, 2)
