@@ -7,18 +7,28 @@ module NeverBlock
     # point (so an error fails only that statement), and a reader fiber takes
     # the results off the socket in order and hands each to the fiber that
     # sent the statement. While the lane has statements in flight it holds
-    # its connection; when the last result is handed out it leaves pipeline
-    # mode and returns the connection to the pool.
+    # its connection; when the last result is handed out and the fibers
+    # that got the last results have had their turn without sending
+    # another, it leaves pipeline mode and returns the connection to the
+    # pool.
     #
     # Statements from different fibers never interleave: with libpq >= 17
     # sending only buffers a statement and its sync point (nothing yields in
     # between); with older libpq a lock covers the pair.
     # The first sender of a burst lets the other ready fibers queue theirs
-    # (sleep 0) and then flushes them all in one write. A lane is used by one
-    # thread only.
+    # (it passes its turn) and then flushes them all in one write. A lane is
+    # used by one thread only.
+    #
+    # On NeverBlock's loop a sender waits for its result in the scheduler
+    # itself (Scheduler#suspend, woken by the reader with Scheduler#wake);
+    # under another scheduler, on a Thread::Queue. This runs per statement:
+    # the scheduler's own wait takes no queue, no block and unblock hooks.
     class Lane
-      # One statement: what to send, and where its result goes.
-      Request = Struct.new(:sql, :params, :result_format, :outcome, :abandoned)
+      # One statement: what to send, and where its result goes. A fiber of
+      # a NeverBlock loop waits in its scheduler (`to` is the scheduler,
+      # `waiter` the fiber, `outcome` PENDING until answered); under any
+      # other scheduler it waits on a Thread::Queue (`to`).
+      Request = Struct.new(:sql, :params, :result_format, :to, :waiter, :outcome, :abandoned)
 
       # libpq >= 17 can queue a sync point without flushing it.
       QUEUED_SYNC = PG::Connection.method_defined?(:send_pipeline_sync)
@@ -29,7 +39,9 @@ module NeverBlock
       # one may or may not have committed, and nothing after it is answered.
       CONNECTION_ENDING = [PG::AdminShutdown, PG::CrashShutdown, PG::CannotConnectNow].freeze
       NO_PARAMS = [].freeze
-      private_constant :QUEUED_SYNC, :BATCHED, :CONNECTION_ENDING, :NO_PARAMS
+      # A request's outcome until its result (or error) comes.
+      PENDING = Object.new.freeze
+      private_constant :QUEUED_SYNC, :BATCHED, :CONNECTION_ENDING, :NO_PARAMS, :PENDING
 
       # @param pool [ConnectionPool]
       # @param on_release [#call] called with the lane when it stops taking
@@ -86,15 +98,20 @@ module NeverBlock
       #   could not be sent; {OutcomeUnknown} when the connection was lost
       #   after it was sent.
       def exec(sql, params, result_format)
-        request = Request.new(sql, params || NO_PARAMS, result_format, Thread::Queue.new, false)
+        scheduler = Fiber.scheduler
+        request = if scheduler.is_a?(Scheduler)
+                    Request.new(sql, params || NO_PARAMS, result_format, scheduler, Fiber.current, PENDING, false)
+                  else
+                    Request.new(sql, params || NO_PARAMS, result_format, Thread::Queue.new, nil, PENDING, false)
+                  end
         enqueue(request)
         begin
           begin
-            BATCHED ? flush_burst : flush
+            BATCHED ? flush_burst(scheduler) : flush
           rescue PG::Error, IOError, SystemCallError
             nil # #fail gave every statement in flight, this one too, its OutcomeUnknown
           end
-          outcome = request.outcome.pop
+          outcome = wait_for(request)
         rescue Exception # rubocop:disable Lint/RescueException -- re-raised
           abandon(request)
           raise
@@ -153,18 +170,42 @@ module NeverBlock
       end
 
       # One flush for every statement queued by the fibers ready now: the
-      # first sender sleeps 0 s (the loop runs the others, which find the
-      # flush scheduled and only queue), then writes them all.
-      def flush_burst
+      # first sender passes its turn (the loop runs the others, which find
+      # the flush scheduled and only queue), then writes them all. On
+      # NeverBlock's loop it waits in the selector's ready queue
+      # (Scheduler#yield), which the loop runs once this turn's ready fibers
+      # have: no timer, as `sleep 0` makes.
+      def flush_burst(scheduler)
         return if @flush_scheduled
 
         @flush_scheduled = true
         begin
-          sleep(0)
+          scheduler.is_a?(Scheduler) ? scheduler.yield : sleep(0)
         ensure
           @flush_scheduled = false
           flush
         end
+      end
+
+      # The statement's outcome, once the reader has it. A wake-up without
+      # one (Scheduler#suspend may return for nothing) waits again.
+      def wait_for(request)
+        to = request.to
+        return to.pop unless to.is_a?(Scheduler)
+
+        to.suspend while PENDING.equal?(request.outcome)
+        request.outcome
+      end
+
+      # Hands a statement its outcome: into its queue, or wakes its fiber,
+      # unless that fiber has given up on it (it waits for something else
+      # now, which a wake-up would cut short).
+      def answer(request, outcome)
+        to = request.to
+        return to.push(outcome) unless to.is_a?(Scheduler)
+
+        request.outcome = outcome
+        to.wake(request.waiter) unless request.abandoned
       end
 
       def abandon(request)
@@ -197,19 +238,22 @@ module NeverBlock
       # The reader fiber: results in order until nothing is in flight.
       def read
         @reading = true
-        until @pending.empty?
-          request = @pending.first
-          cancel_running if request.abandoned && !@cancel_fence
-          outcome = read_one
-          @pending.shift
-          ours = (@cancelling || @cancel_fence) && outcome.is_a?(PG::QueryCanceled)
-          @cancel_fence = nil if ours || @cancel_fence.equal?(request)
-          if ours && !request.abandoned
-            enqueue(request)
-            @conn.flush
-          else
-            request.outcome.push(outcome)
+        while true # rubocop:disable Style/InfiniteLoop
+          until @pending.empty?
+            request = @pending.first
+            cancel_running if request.abandoned && !@cancel_fence
+            outcome = read_one
+            @pending.shift
+            ours = (@cancelling || @cancel_fence) && outcome.is_a?(PG::QueryCanceled)
+            @cancel_fence = nil if ours || @cancel_fence.equal?(request)
+            if ours && !request.abandoned
+              enqueue(request)
+              @conn.flush
+            else
+              answer(request, outcome)
+            end
           end
+          break unless more_coming?
         end
       rescue Exception => e # rubocop:disable Lint/RescueException -- delivered to every waiter
         fail(e)
@@ -217,6 +261,21 @@ module NeverBlock
         @reading = false
         close if @pending.empty?
         release unless @open
+      end
+
+      # Every statement sent has been answered. The fibers just answered
+      # often send their next one as soon as they run: the reader lets them
+      # run first (it passes its turn behind them), and goes on reading if
+      # they did. Closing at once would hand the connection back and open a
+      # new lane for that next burst (a checkout, pipeline mode on and off,
+      # a reader fiber): with 100 fibers over a pool of 12, a new lane every
+      # 18 statements.
+      def more_coming?
+        return false unless @open
+
+        scheduler = Fiber.scheduler
+        scheduler.is_a?(Scheduler) ? scheduler.yield : sleep(0)
+        !@pending.empty?
       end
 
       # One statement's result (or its error), then its sync point.
@@ -253,7 +312,7 @@ module NeverBlock
         pending = @pending.slice!(0..)
         unless pending.empty?
           unknown = outcome_unknown(error)
-          pending.each { |request| request.outcome.push(unknown) }
+          pending.each { |request| answer(request, unknown) }
         end
         close
       end

@@ -61,6 +61,23 @@ class PostgresPipelineTest < NeverBlockTest
     db.with { |conn| assert_equal PG::PQ_PIPELINE_OFF, conn.pipeline_status }
   end
 
+  # Each burst is answered in full before the fibers that sent it send
+  # their next statements: the lane waits for them a turn rather than
+  # handing its connection back and opening a new lane per burst.
+  def test_fibers_sending_statement_after_statement_keep_one_lane
+    db = client(size: 1)
+    open_connections(db, 1)
+    lanes = 0
+    opening = TracePoint.new(:call) do |point|
+      lanes += 1 if point.method_id == :initialize && point.defined_class == NeverBlock::Postgres::Lane
+    end
+    opening.enable do
+      3.times.map { NeverBlock.spawn { 20.times { |i| db.exec_params("SELECT $1::int", [i]) } } }.each(&:wait)
+    end
+    assert_equal 1, lanes
+    assert_equal 0, db.stats[:in_use], "the lane kept its connection after the last statement"
+  end
+
   def test_a_transaction_takes_a_connection_out_of_pipelined_use
     db = client(size: 2)
     open_connections(db, 2)
@@ -138,6 +155,20 @@ class PostgresPipelineTest < NeverBlockTest
     others.each_with_index { |task, t| assert_equal (0...10).map { |i| (t * 100) + i }, task.value }
   end
 
+  # A fiber that gave up on a statement waits for something else next: the
+  # statement's late answer (here the cancel's "query canceled") must not
+  # wake it from that wait.
+  def test_the_late_answer_to_an_abandoned_statement_does_not_cut_its_fibers_next_wait_short
+    db = client(size: 1)
+    open_connections(db, 1)
+    assert_raises(NeverBlock::TimeoutError) { NeverBlock.timeout(0.05) { db.exec("SELECT pg_sleep(3)") } }
+    started = now
+    sleep 0.5 # the cancelled statement is answered meanwhile, within milliseconds
+    assert_operator now - started, :>=, 0.5, "the sleep ended early"
+    assert_equal 0, db.stats[:in_use], "the answer was not read during the sleep"
+    assert_equal 1, db.pool.cancels
+  end
+
   def test_terminating_a_pipelined_backend_fails_the_statements_in_flight_and_later_ones_succeed
     db = client(size: 1)
     open_connections(db, 1)
@@ -209,6 +240,39 @@ class PostgresPipelineThreadsTest < PlainTest
     db = NeverBlock::Postgres.pool(size: 3, pipeline: true, **pg_conninfo)
     values = 3.times.map { |i| Thread.new { db.exec_params("SELECT $1::int", [i]).getvalue(0, 0) } }.map(&:value)
     assert_equal %w[0 1 2], values
+  ensure
+    db&.close
+  end
+end
+
+# A pipelined client under a fiber scheduler other than NeverBlock's
+# (async's): statements are still multiplexed, and each caller waits for
+# its own outcome on a queue rather than in NeverBlock's loop.
+class PostgresPipelineForeignSchedulerTest < PlainTest
+  include NeverBlockTest::Databases
+
+  def setup
+    require "async"
+  rescue LoadError
+    skip "async is not installed"
+  end
+
+  def test_async_tasks_share_a_pipelined_connection_and_each_gets_its_own_outcome
+    # Ten 50 ms statements on one connection take 0.5 s: more than the pool's
+    # timeout, so only statements waiting in the pipeline (not for the
+    # pool) all get through.
+    db = NeverBlock::Postgres.pool(size: 1, timeout: 0.2, pipeline: true, **pg_conninfo)
+    outcomes = Async do |task|
+      10.times.map do |i|
+        task.async do
+          i == 3 ? db.exec("SELECT 1/0") : db.exec_params("SELECT $1::int, pg_sleep(0.05)", [i]).getvalue(0, 0)
+        rescue PG::Error, NeverBlock::PoolTimeout => e
+          e
+        end
+      end.map(&:wait)
+    end.wait
+    assert_kind_of PG::DivisionByZero, outcomes.delete_at(3)
+    assert_equal (0...10).reject { |i| i == 3 }.map(&:to_s), outcomes
   ensure
     db&.close
   end
