@@ -99,7 +99,7 @@ class IdleSweeperWheelTest < NeverBlockTest
     first = IdleWaiter.new(NeverBlock::Clock.now + IDLE, parked: true)
     @sweeper.watch(first)
     wait_for { first.expired_at }
-    sleep 0.02 # asleep now
+    wait_for { @sweeper.asleep? }
     second = IdleWaiter.new(NeverBlock::Clock.now + IDLE, parked: true)
     @sweeper.watch(second)
     wait_for { second.expired_at }
