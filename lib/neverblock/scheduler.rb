@@ -348,8 +348,9 @@ module NeverBlock
     # while the fiber #wake_next woke has not run yet: the selector's wait
     # switches to the loop, never to another fiber, so `fiber` lets that
     # one run first, now, and waits on the ready queue meanwhile; it goes
-    # on to its IO wait on the loop's next turn. An interrupt aimed at it
-    # meanwhile is raised here, at the start of its wait.
+    # on to its IO wait on the loop's next turn, and only then starts the
+    # wait's timer, which must not run down meanwhile. An interrupt aimed
+    # at it meanwhile is raised here, at the start of its wait.
     # @return [void]
     def give_way(fiber)
       following = runs_next or return

@@ -66,19 +66,28 @@ class SchedulerTest < NeverBlockTest
   # that runs longer than the timeout must not use it up meanwhile (the
   # timer fired while the caller gave way, and its wait then never ended).
   def test_wake_next_before_a_timed_io_wait_keeps_the_wait_s_timeout
-    scheduler = Fiber.scheduler
     reader, writer = IO.pipe
-    blocked = nil
-    waiter = NeverBlock.spawn do
-      blocked = Fiber.current
-      scheduler.block(:a_blocker, nil)
-      spin_until = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 0.05
-      nil while Process.clock_gettime(Process::CLOCK_MONOTONIC) < spin_until # holds the loop past the timeout
-    end
-    scheduler.wake_next(blocked)
+    holder = wake_next_a_fiber_that_holds_the_loop(0.05)
     result = NeverBlock.timeout(5) { reader.wait_readable(0.01) }
     assert_nil result, "the timed wait ended by its timeout"
-    waiter.wait
+    holder.wait
+  ensure
+    reader&.close
+    writer&.close
+  end
+
+  # So does a read's IO#timeout (the io_read hook's timer): it times the
+  # read, not the fiber that ran first (which timed the read out before it
+  # had looked at its IO, with the data there).
+  def test_wake_next_before_a_read_leaves_the_read_its_io_timeout
+    skip "IO#timeout needs Ruby 3.2" unless IO.method_defined?(:timeout=)
+
+    reader, writer = IO.pipe
+    reader.timeout = 0.01
+    writer.write("z")
+    holder = wake_next_a_fiber_that_holds_the_loop(0.05)
+    assert_equal "z", reader.read(1)
+    holder.wait
   ensure
     reader&.close
     writer&.close
@@ -389,6 +398,25 @@ class SchedulerTest < NeverBlockTest
   def test_scheduler_selector_is_the_one_neverblock_selector_names
     expected = ENV["NEVERBLOCK_SELECTOR"].to_s.empty? ? IO::Event::Selector::EPoll : NeverBlock::Selector.resolve
     assert_equal expected, Fiber.scheduler.selector_class
+  end
+
+  private
+
+  # Spawns a task that blocks until it is woken, and then holds the loop
+  # for `seconds` (longer than the caller's next wait's timeout), and wakes
+  # it with Scheduler#wake_next: it runs at the caller's next wait.
+  # @return [NeverBlock::Task]
+  def wake_next_a_fiber_that_holds_the_loop(seconds)
+    scheduler = Fiber.scheduler
+    blocked = nil
+    holder = NeverBlock.spawn do
+      blocked = Fiber.current
+      scheduler.block(:a_blocker, nil)
+      hold_until = Process.clock_gettime(Process::CLOCK_MONOTONIC) + seconds
+      nil while Process.clock_gettime(Process::CLOCK_MONOTONIC) < hold_until
+    end
+    scheduler.wake_next(blocked)
+    holder
   end
 end
 

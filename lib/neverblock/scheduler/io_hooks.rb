@@ -15,10 +15,12 @@ module NeverBlock
     #
     # Contracts:
     # - Every wait goes through #in_selector, the hot path of all IO: it
-    #   counts the fiber in @io_waiting (the loop blocks in the selector
-    #   rather than parking while any fiber waits there) and records it in
-    #   @waits as waiting on `io`, which is how the close watch, IO#timeout
-    #   and Scheduler#interrupt_fiber's `still` checks know what it waits on.
+    #   lets a fiber woken by Scheduler#wake_next run first, then starts the
+    #   wait's timer (in that order), counts the fiber in @io_waiting (the
+    #   loop blocks in the selector rather than parking while any fiber
+    #   waits there) and records it in @waits as waiting on `io`, which is
+    #   how the close watch, IO#timeout and Scheduler#interrupt_fiber's
+    #   `still` checks know what it waits on.
     # - A timeout given to io_wait makes it return false; IO#timeout raises
     #   IO::TimeoutError in the fiber instead (Scheduler::Interrupts).
     # - Loop's thread only; no locks.
@@ -28,17 +30,12 @@ module NeverBlock
     # @io_expire_callback, @close_watch, @close_sweep.
     module IOHooks
       # Fiber::Scheduler hook: wait until `io` is ready for `events`.
+      # An explicit `timeout` (seconds) makes it return false; IO#timeout
+      # raises IO::TimeoutError instead (#in_selector starts either timer).
       # @return [Integer, false] the ready events, false on timeout.
       def io_wait(io, events, timeout = nil)
         fiber = Fiber.current
-        # Before the timer: one that fired while the fiber gave way would
-        # resume it there, and its wait in the selector would then have none.
-        give_way(fiber) if @runs_next
-        # An explicit timeout makes io_wait return false; IO#timeout raises.
-        timer = timeout ? @timers.after(timeout, @io_expire_callback, fiber) : io_timeout_timer(io, fiber, "ready")
-        in_selector(fiber, io) { @selector.io_wait(fiber, io, events) }
-      ensure
-        @timers.cancel(timer)
+        in_selector(fiber, io, "ready", timeout) { @selector.io_wait(fiber, io, events) }
       end
 
       if IO.const_defined?(:Buffer)
@@ -46,11 +43,7 @@ module NeverBlock
         # @return [Integer] bytes read, or a negated errno.
         def io_read(io, buffer, length, offset = 0)
           fiber = Fiber.current
-          give_way(fiber) if @runs_next # before the timer, as in #io_wait
-          timer = io_timeout_timer(io, fiber, "readable")
-          in_selector(fiber, io) { @selector.io_read(fiber, io, buffer, length, offset) }
-        ensure
-          @timers.cancel(timer)
+          in_selector(fiber, io, "readable") { @selector.io_read(fiber, io, buffer, length, offset) }
         end
 
         # Ruby 3.3.0's io_write hook miscomputes lengths; it is fixed in 3.3.1.
@@ -59,11 +52,7 @@ module NeverBlock
           # @return [Integer] bytes written, or a negated errno.
           def io_write(io, buffer, length, offset = 0)
             fiber = Fiber.current
-            give_way(fiber) if @runs_next # before the timer, as in #io_wait
-            timer = io_timeout_timer(io, fiber, "writable")
-            in_selector(fiber, io) { @selector.io_write(fiber, io, buffer, length, offset) }
-          ensure
-            @timers.cancel(timer)
+            in_selector(fiber, io, "writable") { @selector.io_write(fiber, io, buffer, length, offset) }
           end
         end
       end
@@ -149,9 +138,26 @@ module NeverBlock
       private
 
       # The hot path of every IO wait: keep it lean.
-      # A fiber woken by Scheduler#wake_next runs first (#give_way).
-      def in_selector(fiber, io = :process)
+      #
+      # A fiber woken by Scheduler#wake_next runs first (#give_way), and only
+      # then does the wait's timer start: one started before would run down
+      # while the caller gave way, and fire before its wait began. io_wait's
+      # timeout would resume it in #give_way, and its wait in the selector
+      # would then have no timeout at all; IO#timeout would raise
+      # IO::TimeoutError there, before it had looked at its IO.
+      #
+      # The timer: `timeout` seconds makes the wait return false (io_wait's
+      # own timeout); else, for a wait with a `direction` ("ready",
+      # "readable", "writable"; the hooks'), IO#timeout of `io` if it has
+      # one raises IO::TimeoutError naming it. Other waits (a child process,
+      # io_select's watchers, io_pread on io_uring) have none.
+      def in_selector(fiber, io = :process, direction = nil, timeout = nil)
         give_way(fiber) if @runs_next
+        timer = if timeout
+                  @timers.after(timeout, @io_expire_callback, fiber)
+                elsif direction
+                  io_timeout_timer(io, fiber, direction)
+                end
         begin
           @io_waiting += 1
           @waits[fiber] = io
@@ -163,6 +169,7 @@ module NeverBlock
           @waits.delete(fiber)
           @running = fiber
           @switches += 1
+          @timers.cancel(timer) if timer
         end
       end
 

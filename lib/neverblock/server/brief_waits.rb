@@ -26,6 +26,8 @@ module NeverBlock
     #
     # Not thread-safe: the server uses it from its loop only.
     class BriefWaits
+      include SleepsUntilWork
+
       # Seconds a wait lasts at least before its connection parks.
       SECONDS = 0.005
 
@@ -33,8 +35,7 @@ module NeverBlock
       def initialize(seconds: SECONDS)
         @seconds = seconds
         @waits = {}.compare_by_identity # Connection => when its wait began (monotonic seconds); oldest first
-        @fiber = nil
-        @asleep = false
+        @sleeper = nil # its task's fiber while nothing waits (SleepsUntilWork)
       end
 
       # @return [Integer] connections waiting briefly now.
@@ -47,10 +48,7 @@ module NeverBlock
       # @return [void]
       def add(connection)
         @waits[connection] = Clock.now
-        return unless @asleep
-
-        @asleep = false
-        Fiber.scheduler.wake(@fiber)
+        work_arrived
       end
 
       # `connection`'s brief wait ended (a request came, it parked, it
@@ -62,15 +60,14 @@ module NeverBlock
       end
 
       # Parks the connections whose wait lasted {SECONDS} and two turns,
-      # until its task is cancelled. Asleep while none waits.
+      # until its task is cancelled. Asleep while none waits
+      # ({SleepsUntilWork}).
       # @return [void]
       def run
-        @fiber = Fiber.current
         scheduler = Fiber.scheduler
         while true # rubocop:disable Style/InfiniteLoop -- ends by cancellation
           if @waits.empty?
-            @asleep = true
-            scheduler.suspend while @asleep
+            sleep_until_work
             next
           end
           wait = oldest + @seconds - Clock.now

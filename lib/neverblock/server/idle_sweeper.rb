@@ -20,7 +20,8 @@ module NeverBlock
     # is closed by {Connection#expire_idle} itself. A connection therefore
     # closes between `idle_timeout` and `idle_timeout` plus one interval
     # after its last request (5 to 5.5 s with the default 5 s). While no
-    # connection is watched the sweeper is parked, and costs nothing.
+    # connection is watched the sweeper sleeps ({SleepsUntilWork}), and
+    # costs nothing.
     #
     # Where the server has an {IdleSet}, a connection whose fiber has waited
     # one interval is parked there ({Park}, {Connection#park_idle}): one or
@@ -35,6 +36,8 @@ module NeverBlock
     #
     # Not thread-safe: the server uses it from its loop only.
     class IdleSweeper
+      include SleepsUntilWork
+
       # Raised at a connection's idle wait when its deadline has passed.
       class Expired < StandardError
       end
@@ -59,8 +62,7 @@ module NeverBlock
         @slots = {} # slot number => { Connection => true }
         @slot_of = {}.compare_by_identity # Connection => its slot number
         @swept = nil # the last slot swept (nil: none yet)
-        @fiber = nil
-        @parked = false
+        @sleeper = nil # its task's fiber while nothing is watched (SleepsUntilWork)
       end
 
       # @return [Integer] connections in the wheel: waiting idle, or served
@@ -69,16 +71,13 @@ module NeverBlock
         @slot_of.size
       end
 
-      # Sweeps while connections are watched, parked otherwise, until its
+      # Sweeps while connections are watched, asleep otherwise, until its
       # task is cancelled.
       # @return [void]
       def run
-        @fiber = Fiber.current
-        scheduler = Fiber.scheduler
         while true # rubocop:disable Style/InfiniteLoop -- ends by cancellation
           if @slot_of.empty?
-            @parked = true
-            scheduler.suspend while @parked
+            sleep_until_work
             skip_empty_slots
           else
             skip_empty_slots unless @swept # (watched before this task first ran)
@@ -95,17 +94,14 @@ module NeverBlock
 
       # `connection` waits for its next request ({Connection#idle_deadline}
       # set): it goes into the wheel, unless it is there already (from an
-      # earlier wait, which was due sooner). A parked sweeper starts again.
+      # earlier wait, which was due sooner). A sleeping sweeper wakes.
       # @param connection [Connection]
       # @return [void]
       def watch(connection)
         return if @slot_of.key?(connection)
 
         place(connection, due(connection, connection.idle_deadline))
-        return unless @parked
-
-        @parked = false
-        Fiber.scheduler.wake(@fiber)
+        work_arrived
       end
 
       # `connection` closed: out of the wheel (which would otherwise hold it

@@ -77,7 +77,7 @@ class BriefWaitsTest < NeverBlockTest
     @waits.add(waiter)
     5.times { turn }
     assert_equal 1, waiter.parks
-    assert @waits.instance_variable_get(:@asleep), "awake with nothing to wait for"
+    assert @waits.asleep?, "awake with nothing to wait for"
     another = IdleWaiter.new(nil)
     @waits.add(another)
     5.times { turn }

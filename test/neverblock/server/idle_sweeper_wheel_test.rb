@@ -99,7 +99,7 @@ class IdleSweeperWheelTest < NeverBlockTest
     first = IdleWaiter.new(NeverBlock::Clock.now + IDLE, parked: true)
     @sweeper.watch(first)
     wait_for { first.expired_at }
-    wait_for { @sweeper.instance_variable_get(:@parked) } # asleep now: nothing to watch
+    wait_for { @sweeper.asleep? } # nothing to watch
     second = IdleWaiter.new(NeverBlock::Clock.now + IDLE, parked: true)
     @sweeper.watch(second)
     wait_for { second.expired_at }
