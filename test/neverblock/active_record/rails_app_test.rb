@@ -105,7 +105,10 @@ class ActiveRecordRailsAppTest < PlainTest
     times = completed.map { |line| [line[/in (\d+)ms/, 1].to_i, Float(line[/ActiveRecord: ([\d.]+)ms/, 1])] }
     fast = times.min_by(&:first)
     assert_operator fast.first, :<, 300, completed.join
-    assert_operator fast.last, :<, 100, "the fast request was charged other requests' database time:\n#{completed.join}"
+    # Charged the others' time, it would show at least one slow request's
+    # 500 ms; its own select takes about a millisecond, more on a loaded
+    # machine (105.8 ms seen at load 10).
+    assert_operator fast.last, :<, 400, "the fast request was charged other requests' database time:\n#{completed.join}"
     times.each { |total, active_record| assert_operator active_record, :<=, total + 2, completed.join }
   end
 
