@@ -554,17 +554,17 @@ module NeverBlock
     # starts on the loop's next turn (FiberPool#spawn(defer: true)), so the
     # acceptor takes in the backlog on one turn instead of one connection a
     # turn (15 a second when each turn runs 64 one-millisecond requests,
-    # while the rest waited in the backlog for seconds). Beside other
-    # workers of the same listener it takes in only as many as it has free
-    # slots, counting the connections not started yet (#starting), and
-    # leaves the rest to them; the only worker takes in all. When the slots
-    # are all taken it waits for a turn among the requests waiting for one
-    # (#wait_turn) and then takes in one connection, or, as the only worker,
-    # every connection waiting by then: their requests queue behind those
-    # already waiting. With no room for a connection it waits until one
-    # ends. None is dropped. Only its waits (for room, for a connection)
-    # may be interrupted by {#shutdown}: it never waits while it holds an
-    # accepted socket.
+    # while the rest waited in the backlog for seconds). The only worker of
+    # the listener takes in all it has room for; beside other workers, its
+    # free slots or its share of the backlog, once the first has run
+    # (#take_in_after_first). When the slots are all taken it waits for a
+    # turn among the requests waiting for one (#wait_turn) and then takes
+    # in one connection, or, as the only worker, every connection waiting
+    # by then: their requests queue behind those already waiting. With no
+    # room for a connection it waits until one ends. None is
+    # dropped. Only its waits (for room, for a connection) may be
+    # interrupted by {#shutdown}: it never waits while it holds an accepted
+    # socket.
     def accept_loop(listener)
       until stopping?
         @accepting[listener] = true
@@ -578,10 +578,45 @@ module NeverBlock
         next unless socket
 
         serve(socket, listener)
-        next unless turn && alone?
-
-        serve(socket, listener) while !stopping? && room_for_connection? && (socket = accept_now(listener))
+        if !alone?
+          take_in_after_first(listener, turn)
+        elsif turn
+          serve(socket, listener) while !stopping? && room_for_connection? && (socket = accept_now(listener))
+        end
       end
+    end
+
+    # Beside other workers, having just taken in one connection: lets that
+    # connection run to its first wait (its first request answered, if it
+    # came with it) before taking in more, then takes in as many as it has
+    # free slots for (#room?, counting those not started yet), and at least
+    # its share of the backlog (the connections waiting over the workers,
+    # rounded up), whose fibers start together on the next turn. A worker
+    # that dies on a request (a crash loop, where every worker's first
+    # request may be the fatal one) so takes down the connection it died
+    # on, not the whole backlog it had taken in first; and its share keeps
+    # the backlog moving when requests that never yield have pushed the
+    # adaptive limit down to a slot or two. Nothing more after a turn
+    # (#wait_turn): its slots are all taken, and the one it took waits for
+    # a slot already.
+    def take_in_after_first(listener, turn)
+      return if turn
+
+      @scheduler.yield
+      share = backlog_share(listener)
+      while !stopping? && room_for_connection? && (share.positive? || room?) && (socket = accept_now(listener))
+        serve(socket, listener)
+        share -= 1
+      end
+    end
+
+    # This worker's share of the connections waiting in `listener`'s
+    # backlog: the backlog over the workers, rounded up (0 where it cannot
+    # be read: a unix socket).
+    def backlog_share(listener)
+      waiting = listener.pending_connections or return 0
+
+      (waiting + @workers - 1) / @workers
     end
 
     # Out of file descriptors or kernel memory, accept fails and the

@@ -89,6 +89,16 @@ class ServerAcceptFairnessTest < PlainTest
     assert_operator others, :<, 16 * 64, "40 new connections waited while the others had #{others} answers"
   end
 
+  # The same beside another worker of the listener, where each worker lets
+  # the first connection it takes in run before it takes in more (a turn):
+  # a few turns, not one per connection.
+  def test_connections_in_the_backlog_are_taken_in_within_a_few_turns_beside_another_worker
+    server = serve("busy.ru", "-w", "2", env: { "BUSY_MS" => "2" })
+    hammer(server[:port], 64)
+    others = hammered_during { first_answers(server[:port], 40) }
+    assert_operator others, :<, 16 * 64, "40 new connections waited while the others had #{others} answers"
+  end
+
   # The same for parked idle keep-alive connections (no fiber each, in the
   # worker's IdleSet) that send their next requests at once: they are taken
   # up together, not one a turn.
