@@ -57,6 +57,23 @@ class ServerAcceptFairnessTest < PlainTest
     @answers.sum - before
   end
 
+  # Fewer answers than this to the 64 hammering clients (16 turns) while 40
+  # connections are taken in: "a few turns". One a turn would take 40.
+  FEW_TURNS = 16 * 64
+
+  # The fewest answers over up to `attempts` runs of the block (each a
+  # measurement of its own), stopping at the first under FEW_TURNS: at load
+  # 9-10 the test's own threads can be stalled through one run, but a server
+  # that takes connections in one a turn is over in every run.
+  def fewest_answers(attempts: 3)
+    counts = []
+    attempts.times do
+      counts << yield
+      break if counts.last < FEW_TURNS
+    end
+    counts.min
+  end
+
   # Opens `count` new connections, each sending a request, and reads their
   # answers. Connecting and writing without blocking keeps the GVL, so the
   # hammering threads do not spread the connections over many turns.
@@ -85,8 +102,8 @@ class ServerAcceptFairnessTest < PlainTest
   def test_connections_in_the_backlog_are_taken_in_together_while_cpu_bound_requests_keep_the_loop_busy
     server = serve("busy.ru", "-w", "0", env: { "BUSY_MS" => "2" })
     hammer(server[:port], 64)
-    others = hammered_during { first_answers(server[:port], 40) }
-    assert_operator others, :<, 16 * 64, "40 new connections waited while the others had #{others} answers"
+    others = fewest_answers { hammered_during { first_answers(server[:port], 40) } }
+    assert_operator others, :<, FEW_TURNS, "40 new connections waited while the others had #{others} answers"
   end
 
   # The same beside another worker of the listener, where each worker lets
@@ -95,8 +112,8 @@ class ServerAcceptFairnessTest < PlainTest
   def test_connections_in_the_backlog_are_taken_in_within_a_few_turns_beside_another_worker
     server = serve("busy.ru", "-w", "2", env: { "BUSY_MS" => "2" })
     hammer(server[:port], 64)
-    others = hammered_during { first_answers(server[:port], 40) }
-    assert_operator others, :<, 16 * 64, "40 new connections waited while the others had #{others} answers"
+    others = fewest_answers { hammered_during { first_answers(server[:port], 40) } }
+    assert_operator others, :<, FEW_TURNS, "40 new connections waited while the others had #{others} answers"
   end
 
   # The same for parked idle keep-alive connections (no fiber each, in the
@@ -106,17 +123,20 @@ class ServerAcceptFairnessTest < PlainTest
     skip "no IdleSet here: #{NeverBlock::Server::IdleSet.missing_reason}" unless NeverBlock::Server::IdleSet.available?
 
     server = serve("busy.ru", "-w", "0", "--status", "/status", env: { "BUSY_MS" => "2" })
-    idle = Array.new(40) { TCPSocket.new("127.0.0.1", server[:port]) }
-    (@sockets ||= []).concat(idle)
-    idle.each { |socket| socket.write(REQUEST) }
-    assert_equal [200] * 40, idle.map { |socket| read_response(socket)[0] }
-    eventually { JSON.parse(get(server, "/status").body).fetch("connection_fibers").fetch("busy") <= 1 } # parked (the status request's own)
-    hammer(server[:port], 64)
-    others = hammered_during do
+    others = fewest_answers do
+      stop_hammering # each run parks 40 fresh connections first, with nothing else open
+      idle = Array.new(40) { TCPSocket.new("127.0.0.1", server[:port]) }
+      (@sockets ||= []).concat(idle)
       idle.each { |socket| socket.write(REQUEST) }
-      assert_equal [200] * 40, idle.map { |socket| read_response(socket, timeout: 30)[0] }
+      assert_equal [200] * 40, idle.map { |socket| read_response(socket)[0] }
+      eventually { JSON.parse(get(server, "/status").body).fetch("connection_fibers").fetch("busy") <= 1 } # parked (the status request's own)
+      hammer(server[:port], 64)
+      hammered_during do
+        idle.each { |socket| socket.write(REQUEST) }
+        assert_equal [200] * 40, idle.map { |socket| read_response(socket, timeout: 30)[0] }
+      end
     end
-    assert_operator others, :<, 16 * 64, "40 parked connections waited while the others had #{others} answers"
+    assert_operator others, :<, FEW_TURNS, "40 parked connections waited while the others had #{others} answers"
   end
 
   # Every request slot taken (fiber_pool 2, no adaptive limit) by IO-bound
