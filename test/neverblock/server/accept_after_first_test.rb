@@ -21,19 +21,7 @@ class ServerAcceptAfterFirstTest < PlainTest
   # Connects to `port` and sends `GET path` once for each path, in order,
   # without waiting for answers (they wait in the kernel's backlog).
   def send_requests(port, paths)
-    address = Socket.sockaddr_in(port, "127.0.0.1")
-    paths.map do |path|
-      socket = Socket.new(:INET, :STREAM)
-      (@sockets ||= []) << socket
-      begin
-        socket.connect_nonblock(address)
-      rescue IO::WaitWritable
-        socket.wait_writable(10) or flunk("connect timed out")
-        socket.connect_nonblock(address, exception: false)
-      end
-      socket.write("GET #{path} HTTP/1.1\r\nHost: localhost\r\n\r\n")
-      socket
-    end
+    paths.map { |path| send_without_waiting(port, "GET #{path} HTTP/1.1\r\nHost: localhost\r\n\r\n") }
   end
 
   # The status of the answer on `socket`, or nil if it was closed unanswered.

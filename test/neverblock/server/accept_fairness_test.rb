@@ -75,22 +75,10 @@ class ServerAcceptFairnessTest < PlainTest
   end
 
   # Opens `count` new connections, each sending a request, and reads their
-  # answers. Connecting and writing without blocking keeps the GVL, so the
-  # hammering threads do not spread the connections over many turns.
+  # answers (ServerHelper#send_without_waiting: the hammering threads do not
+  # spread the connections over many turns).
   def first_answers(port, count, timeout: 30)
-    address = Socket.sockaddr_in(port, "127.0.0.1")
-    sockets = Array.new(count) do
-      socket = Socket.new(:INET, :STREAM)
-      (@sockets ||= []) << socket
-      begin
-        socket.connect_nonblock(address)
-      rescue IO::WaitWritable
-        socket.wait_writable(10) or flunk("connect timed out")
-        socket.connect_nonblock(address, exception: false)
-      end
-      socket.write_nonblock(REQUEST)
-      socket
-    end
+    sockets = Array.new(count) { send_without_waiting(port, REQUEST) }
     assert_equal [200] * count, sockets.map { |socket| read_response(socket, timeout: timeout)[0] }
   end
 
@@ -100,17 +88,20 @@ class ServerAcceptFairnessTest < PlainTest
   # the last; taken in together, a few. Counted in answers, not seconds, so
   # the machine's load does not decide it.
   def test_connections_in_the_backlog_are_taken_in_together_while_cpu_bound_requests_keep_the_loop_busy
-    server = serve("busy.ru", "-w", "0", env: { "BUSY_MS" => "2" })
-    hammer(server[:port], 64)
-    others = fewest_answers { hammered_during { first_answers(server[:port], 40) } }
-    assert_operator others, :<, FEW_TURNS, "40 new connections waited while the others had #{others} answers"
+    assert_backlog_taken_in_within_a_few_turns(workers: 0)
   end
 
   # The same beside another worker of the listener, where each worker lets
   # the first connection it takes in run before it takes in more (a turn):
   # a few turns, not one per connection.
   def test_connections_in_the_backlog_are_taken_in_within_a_few_turns_beside_another_worker
-    server = serve("busy.ru", "-w", "2", env: { "BUSY_MS" => "2" })
+    assert_backlog_taken_in_within_a_few_turns(workers: 2)
+  end
+
+  # 64 keep-alive clients of 2 ms requests keep `workers` busy while 40 new
+  # connections wait in the backlog.
+  def assert_backlog_taken_in_within_a_few_turns(workers:)
+    server = serve("busy.ru", "-w", workers.to_s, env: { "BUSY_MS" => "2" })
     hammer(server[:port], 64)
     others = fewest_answers { hammered_during { first_answers(server[:port], 40) } }
     assert_operator others, :<, FEW_TURNS, "40 new connections waited while the others had #{others} answers"

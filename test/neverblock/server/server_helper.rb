@@ -33,6 +33,24 @@ module ServerHelper
     socket
   end
 
+  # A new connection to `port` that has sent `request`, without waiting to
+  # be accepted (it may sit in the kernel's backlog). Connecting and writing
+  # without blocking keeps the GVL, so other threads of the test do not
+  # spread a batch of these over many of the server's turns.
+  def send_without_waiting(port, request)
+    socket = Socket.new(:INET, :STREAM)
+    (@sockets ||= []) << socket
+    address = Socket.sockaddr_in(port, "127.0.0.1")
+    begin
+      socket.connect_nonblock(address)
+    rescue IO::WaitWritable
+      socket.wait_writable(10) or flunk("connect timed out")
+      socket.connect_nonblock(address, exception: false)
+    end
+    socket.write_nonblock(request)
+    socket
+  end
+
   # Sends raw bytes on a new connection and reads until the server closes it.
   def exchange(raw, timeout: 10)
     socket = connect
