@@ -72,8 +72,7 @@ class ServerControlTest < PlainTest
   end
 
   def test_ctl_stats_tasks_gc_phased_restart_and_stop_over_a_unix_socket
-    Dir.mktmpdir do |dir|
-      socket = File.join(dir, "control.sock")
+    in_tmpdir_socket do |socket|
       server = serve("hang.ru", "-w", "2", "--control", "unix://#{socket}")
       # "serving" comes once every worker accepts; the listener was there before the first fork.
       assert_equal 2, worker_pids(server[:pid]).size
@@ -120,8 +119,7 @@ class ServerControlTest < PlainTest
   # (The control thread waits 5 s for the rest of a head: the fork below
   # comes well within that.)
   def test_a_worker_forked_while_a_control_connection_is_open_does_not_keep_it
-    Dir.mktmpdir do |dir|
-      socket = File.join(dir, "control.sock")
+    in_tmpdir_socket do |socket|
       server = serve("hang.ru", "-w", "1", "--control", "unix://#{socket}")
       sockets = socket_count(server[:pid])
       UNIXSocket.open(socket) do |client|
@@ -147,8 +145,7 @@ class ServerControlTest < PlainTest
   end
 
   def test_ctl_gives_up_on_a_unix_listener_that_takes_the_request_and_never_answers
-    Dir.mktmpdir do |dir|
-      path = File.join(dir, "control.sock")
+    in_tmpdir_socket do |path|
       UNIXServer.open(path) do |listener|
         taken = Thread.new { listener.accept } # kept open, never answered
         out, status, took = timed_ctl("unix://#{path}", "phased-restart", "--timeout", "2")
@@ -173,8 +170,7 @@ class ServerControlTest < PlainTest
   end
 
   def test_ctl_on_a_unix_socket_nobody_listens_on
-    Dir.mktmpdir do |dir|
-      path = File.join(dir, "control.sock")
+    in_tmpdir_socket do |path|
       UNIXServer.new(path).close # the socket file stays, with no listener: as after a master was killed
       out, status, took = timed_ctl("unix://#{path}", "stats", "--timeout", "30")
       assert_equal 1, status.exitstatus, out
@@ -184,8 +180,7 @@ class ServerControlTest < PlainTest
   end
 
   def test_ctl_on_a_unix_listener_whose_queue_is_full
-    Dir.mktmpdir do |dir|
-      path = File.join(dir, "control.sock")
+    in_tmpdir_socket do |path|
       UNIXServer.open(path) do |listener|
         listener.listen(0)
         queued = fill_queue(path)
@@ -200,8 +195,7 @@ class ServerControlTest < PlainTest
   end
 
   def test_ctl_on_a_listener_that_closes_without_answering
-    Dir.mktmpdir do |dir|
-      path = File.join(dir, "control.sock")
+    in_tmpdir_socket do |path|
       UNIXServer.open(path) do |listener|
         closer = Thread.new { listener.accept.then { |connection| connection.gets && connection.close } }
         out, status = timed_ctl("unix://#{path}", "stats")
@@ -213,8 +207,7 @@ class ServerControlTest < PlainTest
   end
 
   def test_ctl_on_a_listener_that_does_not_speak_http
-    Dir.mktmpdir do |dir|
-      path = File.join(dir, "control.sock")
+    in_tmpdir_socket do |path|
       UNIXServer.open(path) do |listener|
         talker = Thread.new do
           connection = listener.accept
@@ -240,6 +233,12 @@ class ServerControlTest < PlainTest
   end
 
   private
+
+  # Yields the path of a control socket in a temporary directory of its own
+  # (removed afterwards).
+  def in_tmpdir_socket
+    Dir.mktmpdir { |dir| yield File.join(dir, "control.sock") }
+  end
 
   # `neverblock ctl -C URL COMMAND ARGS`: output, status and wall seconds.
   def timed_ctl(url, command, *args)
