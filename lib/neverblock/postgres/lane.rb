@@ -180,7 +180,7 @@ module NeverBlock
 
         @flush_scheduled = true
         begin
-          scheduler.is_a?(Scheduler) ? scheduler.yield : sleep(0)
+          pass_turn(scheduler)
         ensure
           @flush_scheduled = false
           flush
@@ -273,9 +273,14 @@ module NeverBlock
       def more_coming?
         return false unless @open
 
-        scheduler = Fiber.scheduler
-        scheduler.is_a?(Scheduler) ? scheduler.yield : sleep(0)
+        pass_turn(Fiber.scheduler)
         !@pending.empty?
+      end
+
+      # Lets the other ready fibers run first: on NeverBlock's loop from the
+      # ready queue (Scheduler#yield, no timer), elsewhere with `sleep 0`.
+      def pass_turn(scheduler)
+        scheduler.is_a?(Scheduler) ? scheduler.yield : sleep(0)
       end
 
       # One statement's result (or its error), then its sync point.
