@@ -578,10 +578,10 @@ module NeverBlock
         next unless socket
 
         serve(socket, listener)
-        if !alone?
-          take_in_after_first(listener, turn)
-        elsif turn
-          serve(socket, listener) while !stopping? && room_for_connection? && (socket = accept_now(listener))
+        if alone?
+          serve(socket, listener) while turn && !stopping? && room_for_connection? && (socket = accept_now(listener))
+        elsif !turn # after a turn its slots are all taken and the one it took waits for a slot already
+          take_in_after_first(listener)
         end
       end
     end
@@ -596,12 +596,8 @@ module NeverBlock
     # request may be the fatal one) so takes down the connection it died
     # on, not the whole backlog it had taken in first; and its share keeps
     # the backlog moving when requests that never yield have pushed the
-    # adaptive limit down to a slot or two. Nothing more after a turn
-    # (#wait_turn): its slots are all taken, and the one it took waits for
-    # a slot already.
-    def take_in_after_first(listener, turn)
-      return if turn
-
+    # adaptive limit down to a slot or two.
+    def take_in_after_first(listener)
       @scheduler.yield
       share = backlog_share(listener)
       while !stopping? && room_for_connection? && (share.positive? || room?) && (socket = accept_now(listener))
