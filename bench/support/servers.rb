@@ -166,13 +166,17 @@ module NeverBlockBench
       ServerProcess.start(name, command, port: port, env: env)
     end
 
-    # NeverBlock ("neverblock") or Puma ("puma") serving `rackup` with
-    # `workers` workers on a free port, yielded once every worker is up and
-    # stopped after the block; `puma_config` is Puma's -C file.
-    def cluster(name, rackup, workers:, puma_config: nil)
+    # NeverBlock ("neverblock"), Puma ("puma") or Falcon ("falcon", --count)
+    # serving `rackup` with `workers` workers on a free port, yielded once
+    # every worker is up and stopped after the block; `puma_config` is Puma's
+    # -C file, `puma_threads` its --threads (nil: Puma's default).
+    def cluster(name, rackup, workers:, puma_config: nil, puma_threads: nil)
       port = ServerProcess.free_port
-      server = if name == "neverblock" then neverblock(rackup, port: port, args: ["-w", workers.to_s])
-               else puma(rackup, port: port, workers: workers, config: puma_config)
+      server = case name
+               when "neverblock" then neverblock(rackup, port: port, args: ["-w", workers.to_s])
+               when "puma" then puma(rackup, port: port, workers: workers, threads: puma_threads, config: puma_config)
+               when "falcon" then falcon(rackup, port: port, count: workers)
+               else raise ArgumentError, "no cluster for #{name.inspect}"
                end
       server.wait_until_ready
       sleep 1 # every worker up
@@ -189,6 +193,12 @@ module NeverBlockBench
       command += ["--workers", workers.to_s] if workers.positive?
       command += ["-C", config] if config
       peer(name, command + [rackup], port, { "RACK_ENV" => "production" }.merge(env))
+    end
+
+    # Falcon, production mode, HTTP/1.1: `count` forked server processes.
+    def falcon(rackup, port:, count: 1, name: "falcon")
+      peer(name, %W[bundle exec falcon serve --bind http://127.0.0.1:#{port} --count #{count} --config #{rackup}],
+           port, { "RACK_ENV" => "production" })
     end
 
     HELLO_LOCATIONS = <<~NGINX
@@ -250,8 +260,10 @@ module NeverBlockBench
   # (seconds) and errors (socket errors and non-2xx/3xx responses). wrk's
   # `requests` counts responses only: a request lost to a socket error is
   # in `errors`, not in `requests`; a non-2xx/3xx response is in both.
+  # `output` is wrk's whole text, for what a Lua script's `done` printed.
   module Wrk
-    Result = Struct.new(:requests_per_second, :requests, :p50, :p90, :p99, :errors, :non2xx, :error_text, keyword_init: true)
+    Result = Struct.new(:requests_per_second, :requests, :p50, :p90, :p99, :errors, :non2xx, :error_text, :output,
+                        keyword_init: true)
     UNITS = { "us" => 1e-6, "ms" => 1e-3, "s" => 1.0, "m" => 60.0 }.freeze
 
     module_function
@@ -286,7 +298,8 @@ module NeverBlockBench
       Result.new(requests_per_second: Float(rate), requests: output[/(\d+) requests in/, 1].to_i,
                  p50: percentile.call(50), p90: percentile.call(90), p99: percentile.call(99),
                  errors: (socket ? socket.scan(/\d+/).sum(&:to_i) : 0) + non2xx, non2xx: non2xx,
-                 error_text: [("socket errors: #{socket}" if socket), ("non-2xx/3xx: #{non2xx}" if non2xx.positive?)].compact.join("; "))
+                 error_text: [("socket errors: #{socket}" if socket), ("non-2xx/3xx: #{non2xx}" if non2xx.positive?)].compact.join("; "),
+                 output: output)
     end
   end
 
