@@ -10,6 +10,7 @@ require_relative "server/sleeps_until_work"
 require_relative "server/idle_sweeper"
 require_relative "server/brief_waits"
 require_relative "server/idle_set"
+require_relative "server/handoff"
 require_relative "server/listener"
 require_relative "server/request"
 require_relative "server/parser"
@@ -338,6 +339,7 @@ module NeverBlock
           NeverBlock.logger.debug("NeverBlock::Server") { "idle keep-alive connections each keep a fiber: #{reason}" }
         end
         acceptors = @listeners.map { |listener| NeverBlock.spawn { accept_loop(listener) } }
+        @receiver = NeverBlock.spawn { receive_handoffs } if take_part_in_handoff
         @beats = NeverBlock.spawn { beat(*@heartbeat) } if @heartbeat
         @probe = NeverBlock.spawn { @metrics.probe_loop_lag } if @metrics
         @command_reader = NeverBlock.spawn { read_commands(*@commands) } if @commands
@@ -400,7 +402,7 @@ module NeverBlock
       { pid: Process.pid, worker: @worker_index, connections: @connections.size,
         idle_connections: @connections.each_key.count(&:idle?),
         requests_in_flight: @context.requests_in_flight, requests_total: @context.requests_total,
-        requests_timed_out: @context.requests_timed_out,
+        requests_timed_out: @context.requests_timed_out, handed_off: @context.handed_off,
         **@admission.stats,
         connection_fibers: @pool&.stats,
         database_pools: ConnectionPool.active.map { |pool| { name: pool.name, **pool.stats } },
@@ -413,6 +415,11 @@ module NeverBlock
 
     # @api private
     attr_writer :cluster, :worker_index, :on_ready
+
+    # @api private
+    # The master's {Handoff}, given to a forked worker ({Cluster::Worker}):
+    # the worker takes part in it while serving.
+    attr_writer :handoff
 
     # @api private
     # A worker's heartbeat: while serving, `callable` is called with the
@@ -684,6 +691,7 @@ module NeverBlock
         finish(connection) unless connection.parked?
       end
       @starting += 1
+      @context.handoff&.publish
       # Ruby could not create the fiber (the task failed and was logged).
       unless spawned || connection.task.alive?
         started
@@ -732,11 +740,50 @@ module NeverBlock
       @connections.delete(connection)
       @context.idle_sweeper.forget(connection)
       connection.close
+      @context.handoff&.publish
       room_freed
+    end
+
+    # With a {Handoff} from the master (a worker beside others): joins it,
+    # counting as active the connections not parked idle.
+    # @return [Boolean] whether this worker takes part.
+    def take_part_in_handoff
+      return false unless @handoff && @worker_index &&
+                          @handoff.attach(@worker_index, @listeners, -> { @connections.size - (@context.idle_set&.size || 0) })
+
+      @context.handoff = @handoff
+      @handoff.open
+      true
+    end
+
+    # The receiving task of a worker in a {Handoff}: serves each connection a
+    # sibling hands over as if it had accepted it, while it has room for a
+    # connection (the request slots are not asked: the sibling chose this
+    # worker as the least busy, and a request that finds them taken waits
+    # for one as any other). Cancelled when #shutdown begins.
+    def receive_handoffs
+      loop do
+        unless room_for_connection?
+          fiber = Fiber.current
+          @waiters << fiber
+          begin
+            @scheduler.wait_until { room_for_connection? }
+          ensure
+            @waiters.delete(fiber)
+          end
+        end
+        socket, listener = @handoff.receive
+        socket ? serve(socket, listener) : @handoff.wait_readable
+      end
     end
 
     def shutdown(acceptors)
       @context.stopping = true
+      # Siblings send no more, and what they sent is left to this index's
+      # successor (a rolling restart), which receives from the same pair: a
+      # stopping worker would only close it again, at the end of its drain.
+      @context.handoff&.close
+      @receiver&.cancel
       @systemd&.stopping
       [@beats, @probe, @command_reader, @watchdog_pings].each { |task| task&.cancel }
       @admission.stop

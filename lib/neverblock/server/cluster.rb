@@ -113,6 +113,7 @@ module NeverBlock
         @next_boot_at = 0.0
         @restart_queue = []
         @stopping = false
+        @handoff = nil
       end
 
       # Runs the master until a stop signal (or {Server#stop}) and every
@@ -134,6 +135,7 @@ module NeverBlock
         @server.cluster = self
         @server.hooks[:before_fork]&.call
         @predecessors = HotRestart.take # the old image's workers, after a hot restart
+        @handoff = Handoff.build(@count)
         @count.times { |index| spawn_worker(index) }
         @sidecars.start_due
         supervise
@@ -189,6 +191,10 @@ module NeverBlock
       # @api private
       # @return [Cluster::Settings]
       attr_reader :settings
+
+      # @api private
+      # @return [Handoff, nil] made before the first fork (nil when off).
+      attr_reader :handoff
 
       # @api private
       # @return [Hash{Symbol => Integer}] workers replaced, by cause.
@@ -342,6 +348,7 @@ module NeverBlock
           next unless worker
 
           drain_status(worker)
+          @handoff&.vacate(worker.index, worker.pid)
           worker.commands&.close
           worker_exited(worker, status)
           @server.call_hook(:after_worker_exit, worker.index, status)
@@ -730,6 +737,7 @@ module NeverBlock
         status_reader, status_writer = IO.pipe
         command_reader, command_writer = IO.pipe
         generation = @generation
+        @handoff&.prepare(index)
         pid = fork_holding_control do
           @systemd.close # only the master speaks to systemd
           master_only = [status_reader, command_writer, @wake_reader, @wake_writer, @alive_writer, @predecessors&.alive].compact +

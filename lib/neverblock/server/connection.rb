@@ -53,6 +53,19 @@ module NeverBlock
       # The Rack env key of the early-hints callable.
       EARLY_HINTS = "rack.early_hints"
 
+      # A request that took this long (seconds, from its slot to its
+      # response) or longer does not have its connection's next request
+      # read at once, even if it is there: the connection waits its turn in
+      # the selector behind the connections that turned readable meanwhile
+      # (#read_next_request). Otherwise a keep-alive client that sends its
+      # next request as soon as it has a response (a proxy, a benchmark)
+      # finds it read and served inline, again and again, while the other
+      # connections' requests sit unread in their sockets: ten clients of
+      # 20 ms pages saw waits of over a second where their fair share was
+      # 200 ms. Requests shorter than this (a fast page, a health check) keep
+      # the inline read, which saves a selector round trip each.
+      TURN = 0.001
+
       # Seconds a client is told to wait (Retry-After) before it retries a
       # request answered 503 for outliving `request_timeout`: the server is
       # not down, that request was slow, and one second spreads the retries
@@ -86,6 +99,7 @@ module NeverBlock
         @parked = false
         @answered = false # a response was written: the next request's wait tells how busy its client is
         @brisk = false # its last next request came soon (see #came_back_soon?)
+        @slot_at = nil # when it took its request slot (monotonic seconds; see TURN)
       end
 
       # Serves requests until the client or HTTP ends the connection, an
@@ -308,10 +322,12 @@ module NeverBlock
       # @return [String, nil] the bytes, nil on EOF or idle timeout, or
       #   when it parked ({#parked?}).
       def read_next_request
-        release_slot
+        took_turn = release_slot
+        return nil if took_turn && movable? && @context.hand_off(@io, @listener)
+
         @idle = true
         buffer = @context.read_buffer
-        data = @socket.read_nonblock(READ_SIZE, buffer, exception: false)
+        data = took_turn ? :wait_readable : @socket.read_nonblock(READ_SIZE, buffer, exception: false)
         unless data == :wait_readable
           @brisk = came_back_soon? if @answered
           return data
@@ -356,6 +372,14 @@ module NeverBlock
           @idle = false
           @idle_deadline = nil
         end
+      end
+
+      # Whether a sibling worker could take the connection over ({Handoff}):
+      # a plain socket (a TLS session cannot leave this process) that the
+      # app did not take. Asked at a request boundary with nothing of the
+      # next request read.
+      def movable?
+        !@listener.tls && !@hijacked
       end
 
       # Whether the wait for the next request may end the connection's task
@@ -410,13 +434,18 @@ module NeverBlock
       def acquire_slot
         @waited = @admission.acquire
         @slot = true
+        @slot_at = Clock.now
       end
 
+      # Gives the request slot back, if it holds one.
+      # @return [Boolean] whether it held the slot for {TURN} or longer:
+      #   its next request then waits its turn in the selector.
       def release_slot
-        return unless @slot
+        return false unless @slot
 
         @slot = false
         @admission.release
+        Clock.now - @slot_at >= TURN
       end
 
       # The app called `env["neverblock.mark_as_io_bound"]`: the request gives

@@ -41,6 +41,13 @@ module NeverBlock
       #   {IdleSet.build}).
       attr_accessor :idle_set
 
+      # @return [Handoff, nil] moves keep-alive connections to a less busy
+      #   sibling worker, in a worker that takes part (nil otherwise).
+      attr_accessor :handoff
+
+      # @return [Integer] connections this worker handed to a sibling.
+      attr_reader :handed_off
+
       # @return [RefusalLog] logs the requests the server refuses itself.
       attr_reader :refusal_log
 
@@ -83,6 +90,8 @@ module NeverBlock
         @on_hijack = on_hijack
         @on_close = on_close
         @idle_set = nil
+        @handoff = nil
+        @handed_off = 0
         @refusal_log = RefusalLog.new
         @early_hints = early_hints
         @opentelemetry = opentelemetry
@@ -130,6 +139,19 @@ module NeverBlock
         @opentelemetry = false
         NeverBlock.logger.error("#{e.message}; serving without request spans")
         nil
+      end
+
+      # Offers a connection waiting for its next request to a less busy
+      # sibling worker ({Handoff#pass}); counts it when one took it.
+      # @param io [Socket] its socket.
+      # @param listener [Listener]
+      # @return [Boolean] whether it was handed on (the caller then ends the
+      #   connection here without a word to the client).
+      def hand_off(io, listener)
+        return false unless @handoff && !@stopping && @handoff.pass(io, listener)
+
+        @handed_off += 1
+        true
       end
 
       # A request outlived `request_timeout`.

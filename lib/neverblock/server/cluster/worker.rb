@@ -35,6 +35,7 @@ module NeverBlock
           %w[USR2 HUP TTIN TTOU].each { |name| trap(name, "IGNORE") }
           master_only.each { |io| io.close unless io.closed? }
           server.worker_index = index
+          server.handoff = cluster.handoff
           server.access_log&.worker = index
           Process.setproctitle("neverblock worker #{index} (master #{Process.ppid})")
           status = 1
