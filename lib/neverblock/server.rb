@@ -386,6 +386,8 @@ module NeverBlock
     # `idle_connections` wait for their next request's first bytes;
     # `requests_in_flight` are in the app or having their response
     # written; `requests_timed_out` outlived `request_timeout`;
+    # `handed_off` counts the connections this worker moved to a less busy
+    # sibling ({Handoff});
     # `fiber_pool` is `{size:, limit:, busy:, queued:}`: the `fiber_pool` request slots, how many of them may be taken now (the
     # adaptive limit, else `size`), those taken (from the end of a
     # request's head to its response's end) and the complete heads waiting
@@ -393,7 +395,7 @@ module NeverBlock
     # disabled); and `connection_fibers` is {FiberPool#stats} of the
     # connections' fibers. The last keys are {RailsIntegration.server_stats}.
     # @return [Hash] `{pid:, worker:, connections:, idle_connections:,
-    #   requests_in_flight:, requests_total:, requests_timed_out:, fiber_pool:, adaptive_limit:, connection_fibers:,
+    #   requests_in_flight:, requests_total:, requests_timed_out:, handed_off:, fiber_pool:, adaptive_limit:, connection_fibers:,
     #   database_pools:, active_record_pools:}` (connection_fibers nil when
     #   not running); or {Cluster#stats} in the master.
     def stats
