@@ -323,7 +323,7 @@ module NeverBlock
       #   when it parked ({#parked?}).
       def read_next_request
         took_turn = release_slot
-        return nil if took_turn && movable? && @context.hand_off(@io, @listener)
+        return nil if took_turn && movable? && @context.hand_off(@io, @listener, took_turn)
 
         @idle = true
         buffer = @context.read_buffer
@@ -438,14 +438,16 @@ module NeverBlock
       end
 
       # Gives the request slot back, if it holds one.
-      # @return [Boolean] whether it held the slot for {TURN} or longer:
-      #   its next request then waits its turn in the selector.
+      # @return [Float, nil] the time (monotonic seconds) if it held the slot
+      #   for {TURN} or longer: its next request then waits its turn in the
+      #   selector; nil otherwise.
       def release_slot
-        return false unless @slot
+        return unless @slot
 
         @slot = false
         @admission.release
-        Clock.now - @slot_at >= TURN
+        now = Clock.now
+        now if now - @slot_at >= TURN
       end
 
       # The app called `env["neverblock.mark_as_io_bound"]`: the request gives

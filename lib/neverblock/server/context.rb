@@ -145,10 +145,11 @@ module NeverBlock
       # sibling worker ({Handoff#pass}); counts it when one took it.
       # @param io [Socket] its socket.
       # @param listener [Listener]
+      # @param now [Float] monotonic seconds.
       # @return [Boolean] whether it was handed on (the caller then ends the
       #   connection here without a word to the client).
-      def hand_off(io, listener)
-        return false unless @handoff && !@stopping && @handoff.pass(io, listener)
+      def hand_off(io, listener, now)
+        return false unless @handoff && !@stopping && @handoff.pass(io, listener, now)
 
         @handed_off += 1
         true

@@ -37,7 +37,8 @@ module NeverBlock
     # process), hijacked sockets, connections with bytes of a next request
     # already read (pipelining), and connections of a stopping worker. A
     # worker that took less than Connection::TURN for each request never
-    # asks (a fast app is not worth a syscall a request). A pair whose queue
+    # asks (a fast app is not worth a syscall a request), and a worker looks
+    # at the scoreboard at most every {INTERVAL}. A pair whose queue
     # is full ({QUEUE} is the kernel's net.unix.max_dgram_qlen) refuses, and
     # the connection stays.
     #
@@ -66,6 +67,11 @@ module NeverBlock
       # this many fewer: one move closes a gap of two, so a smaller margin
       # would move connections back and forth.
       MARGIN = 2
+
+      # Seconds between two looks at the scoreboard ({#pass}): a worker of
+      # many short IO-bound requests (a thousand a second) would otherwise
+      # read it at every one.
+      INTERVAL = 0.001
 
       # Bytes of a slot: the pid serving the index (0: none), and its active
       # connections, each a 32-bit unsigned integer.
@@ -99,6 +105,7 @@ module NeverBlock
         @receiver = nil
         @listeners = nil
         @active = nil
+        @next_look = 0.0
       end
 
       # The master, before it forks a worker of `index`: makes that index's
@@ -166,8 +173,12 @@ module NeverBlock
       #   descriptor afterwards when this returns true (the client's
       #   connection stays open: the sibling holds it).
       # @param listener [Listener] that accepted it.
+      # @param now [Float] monotonic seconds: it looks at most every {INTERVAL}.
       # @return [Boolean] whether it was handed on.
-      def pass(io, listener)
+      def pass(io, listener, now)
+        return false if now < @next_look
+
+        @next_look = now + INTERVAL
         own = @active.call
         @scoreboard.set_value(:u32, @index * SLOT + 4, own)
         target = fewest(own - MARGIN) or return false
