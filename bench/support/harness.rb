@@ -136,7 +136,7 @@ module NeverBlockBench
     # QUICK over those in quick mode), runs `bench.new(options).call` and
     # exits 0 when that returns true; usage on a bad option. Each DEFAULTS
     # entry is an option of its name: `pool_size: 12` is --pool-size N,
-    # `delays: [0, 10]` --delays 0,10, `raise: true` --[no-]raise.
+    # `delays: [0, 10]` --delays 0,10, `raise: true` --[no-]raise, `app: "/x"` --app VALUE.
     # @param bench [Class] with DEFAULTS, QUICK and ONLY (what --only accepts, in order)
     # @param name [String] the script's and its result files' base name, e.g. "client"
     def main(bench, name)
@@ -163,6 +163,7 @@ module NeverBlockBench
       case default
       when true, false then opts.on(flag.sub("--", "--[no-]"), "(default: #{default})") { |value| options[key] = value }
       when Integer, Float then opts.on("#{flag} N", default.class, "(default: #{default})") { |value| options[key] = value }
+      when String then opts.on("#{flag} VALUE", String, "(default: #{default})") { |value| options[key] = value }
       when Array
         opts.on("#{flag} LIST", Array, "(default: #{default.join(',')})") do |list|
           options[key] = default.first.is_a?(Integer) ? list.map { |value| Integer(value.delete("_")) } : list

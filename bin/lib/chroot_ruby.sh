@@ -19,7 +19,9 @@
 #   chroot_ruby_pass_host_env      pass the host's exported variables into the chroot
 #
 # Mounts. Each chroot_ruby_exec mounts the repository at $ROOT/src plus proc, /dev/pts and a
-# /dev/shm tmpfs, runs CMD, and unmounts them from an EXIT trap. Normally this happens in
+# /dev/shm tmpfs (and each host directory NEVERBLOCK_CHROOT_BINDS names, colon-separated, at
+# the same path inside: e.g. an application outside the repository that a benchmark serves),
+# runs CMD, and unmounts them from an EXIT trap. Normally this happens in
 # a private mount namespace (unshare -m): the mounts are invisible to the rest of the
 # machine, concurrent runs (tests + benchmarks) do not interfere, and the kernel drops them
 # even if the run is killed with SIGKILL. Where unshare is unavailable (or
@@ -39,6 +41,8 @@ CR_BUILD_PACKAGES=(build-essential pkg-config git ca-certificates
 # libcurl4t64: libcurl for the typhoeus test (ethon loads it with ffi; sid has only the
 # gnutls flavour otherwise).
 CR_EXAMPLE_PACKAGES=(libffi-dev libvips42t64 libcurl4t64)
+# Tools the benchmarks run inside (bench/run --ruby 3.4: wrk drives bench/balance.rb, lobsters.rb ...).
+CR_BENCH_PACKAGES=(wrk)
 # Debian's Release files for sid and experimental are past their Valid-Until date on some
 # mirrors (snapshots); apt refuses them unless told not to check.
 CR_APT=(apt-get -o Acquire::Check-Valid-Until=false)
@@ -203,7 +207,7 @@ _chroot_ruby_sync_etc() {
 chroot_ruby_ensure_packages() {
   local missing
   mapfile -t missing < <(
-    for pkg in "${CR_PACKAGES[@]}" "${CR_EXAMPLE_PACKAGES[@]}"; do
+    for pkg in "${CR_PACKAGES[@]}" "${CR_EXAMPLE_PACKAGES[@]}" "${CR_BENCH_PACKAGES[@]}"; do
       [[ "$(dpkg-query --admindir="$CR_ROOT/var/lib/dpkg" -W -f='${Status}' "$pkg" 2>/dev/null)" \
          == "install ok installed" ]] || echo "$pkg"
     done)
@@ -260,6 +264,15 @@ _chroot_ruby_mount() {
   mount -t proc proc "$CR_ROOT/proc"
   mount --bind /dev/pts "$CR_ROOT/dev/pts"
   mount -t tmpfs -o mode=1777,size=256m tmpfs "$CR_ROOT/dev/shm"
+  local dir
+  local -a binds=()
+  IFS=: read -r -a binds <<<"${NEVERBLOCK_CHROOT_BINDS:-}"
+  for dir in "${binds[@]}"; do
+    [[ -n "$dir" ]] || continue
+    [[ "$dir" == /* && -d "$dir" ]] || nb_die "NEVERBLOCK_CHROOT_BINDS: $dir is not an absolute path of a directory"
+    mkdir -p "$CR_ROOT$dir"
+    mount --bind "$dir" "$CR_ROOT$dir"
+  done
   # Host tools the tests run, as they are on the host (Go binaries that need only libc):
   # Debian 12's prometheus and promtool (test/neverblock/server/control_test.rb).
   local tool
