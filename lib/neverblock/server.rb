@@ -605,14 +605,23 @@ module NeverBlock
     # request may be the fatal one) so takes down the connection it died
     # on, not the whole backlog it had taken in first; and its share keeps
     # the backlog moving when requests that never yield have pushed the
-    # adaptive limit down to a slot or two.
+    # adaptive limit down to a slot or two. Past its share it stops once a
+    # sibling serves {Handoff::MARGIN} fewer connections (#crowded?): the
+    # rest of the backlog is theirs (keep-alive clients that connect
+    # together are spread as they arrive, and the Handoff evens out the rest).
     def take_in_after_first(listener)
       @scheduler.yield
       share = backlog_share(listener)
-      while !stopping? && room_for_connection? && (share.positive? || room?) && (socket = accept_now(listener))
+      while !stopping? && room_for_connection? && (share.positive? || (room? && !crowded?)) && (socket = accept_now(listener))
         serve(socket, listener)
         share -= 1
       end
+    end
+
+    # Whether a sibling serves {Handoff::MARGIN} fewer connections than this
+    # worker (never without a {Handoff}).
+    def crowded?
+      (handoff = @context.handoff) ? handoff.crowded? : false
     end
 
     # This worker's share of the connections waiting in `listener`'s
@@ -718,9 +727,13 @@ module NeverBlock
     # has a fiber for each of `max_connections` connections, and a parked
     # one holds none. The task starts on the loop's next turn, with the
     # others the IdleSet found readable at once (see #accept_loop: one at a
-    # time, they would get one a turn).
+    # time, they would get one a turn). Unless a less busy sibling takes it
+    # over first (Connection#hand_off): then it ends here, its socket open
+    # in the sibling.
     def resume(connection)
       connection.unpark
+      return finish(connection) if connection.hand_off
+
       spawned = false
       connection.task = @pool.spawn(defer: true) do
         spawned = true
@@ -751,11 +764,18 @@ module NeverBlock
     # @return [Boolean] whether this worker takes part.
     def take_part_in_handoff
       return false unless @handoff && @worker_index &&
-                          @handoff.attach(@worker_index, @listeners, -> { @connections.size - (@context.idle_set&.size || 0) })
+                          @handoff.attach(@worker_index, @listeners, method(:active_connections))
 
       @context.handoff = @handoff
       @handoff.open
       true
+    end
+
+    # Open connections less those parked idle in the {IdleSet} (a connection
+    # parked to wait its turn is active).
+    def active_connections
+      idle_set = @context.idle_set
+      idle_set ? @connections.size - idle_set.size + @context.turns_parked : @connections.size
     end
 
     # The receiving task of a worker in a {Handoff}: serves each connection a

@@ -48,6 +48,11 @@ module NeverBlock
       # @return [Integer] connections this worker handed to a sibling.
       attr_reader :handed_off
 
+      # @return [Integer] connections parked in the {IdleSet} to wait their
+      #   turn for a next request (Connection::TURN), not idle: they count as
+      #   active for the {Handoff}.
+      attr_accessor :turns_parked
+
       # @return [RefusalLog] logs the requests the server refuses itself.
       attr_reader :refusal_log
 
@@ -92,6 +97,7 @@ module NeverBlock
         @idle_set = nil
         @handoff = nil
         @handed_off = 0
+        @turns_parked = 0
         @refusal_log = RefusalLog.new
         @early_hints = early_hints
         @opentelemetry = opentelemetry
@@ -145,11 +151,10 @@ module NeverBlock
       # sibling worker ({Handoff#pass}); counts it when one took it.
       # @param io [Socket] its socket.
       # @param listener [Listener]
-      # @param now [Float] monotonic seconds.
       # @return [Boolean] whether it was handed on (the caller then ends the
       #   connection here without a word to the client).
-      def hand_off(io, listener, now)
-        return false unless @handoff && !@stopping && @handoff.pass(io, listener, now)
+      def hand_off(io, listener)
+        return false unless @handoff && !@stopping && @handoff.pass(io, listener, Clock.now)
 
         @handed_off += 1
         true

@@ -22,9 +22,10 @@ module NeverBlock
     # serving it and how many connections it serves that are not parked
     # idle), and for each index a Unix datagram socket pair. A worker
     # ({#attach}, then {#open} in its loop) keeps its own slot current
-    # ({#publish}). When a connection's request held its slot for
-    # Connection::TURN or longer and the connection waits for its next one
-    # with nothing of it read, the connection asks {#pass}: if a sibling
+    # ({#publish}). A connection parked in the worker's {IdleSet} (after a
+    # request that held its slot Connection::TURN or longer, or after idling)
+    # whose socket turns readable asks {#pass} before it is resumed, with
+    # nothing of its next request read (Connection#hand_off): if a sibling
     # serves at least {MARGIN} fewer connections, the socket's descriptor
     # goes to that sibling's pair (SCM_RIGHTS) with the index of the
     # listener it came from, and the connection ends here without closing
@@ -36,10 +37,11 @@ module NeverBlock
     # What does not move: TLS connections (their session lives in this
     # process), hijacked sockets, connections with bytes of a next request
     # already read (pipelining), and connections of a stopping worker. A
-    # worker that took less than Connection::TURN for each request never
-    # asks (a fast app is not worth a syscall a request), and a worker looks
-    # at the scoreboard at most every {INTERVAL}. A pair whose queue
-    # is full ({QUEUE} is the kernel's net.unix.max_dgram_qlen) refuses, and
+    # connection whose requests take less than Connection::TURN does not
+    # park between them and never asks (a fast app is not worth a syscall a
+    # request); without an {IdleSet} (not Linux) none does. A worker looks
+    # at the scoreboard at most every {INTERVAL}. A pair whose queue is full
+    # (its sending end's buffer: a few hundred moves waiting) refuses, and
     # the connection stays.
     #
     # Connections in a pair's queue belong to the worker index, not the
@@ -195,6 +197,17 @@ module NeverBlock
         true
       rescue SystemCallError, IOError
         false
+      end
+
+      # Whether a sibling serves at least {MARGIN} fewer connections than
+      # this worker: its acceptor then leaves the backlog to the siblings a
+      # moment (Server#accept_loop), so that connections arriving together
+      # are spread at once rather than moved one by one afterwards.
+      # @return [Boolean]
+      def crowded?
+        own = @active.call
+        @scoreboard.set_value(:u32, @index * SLOT + 4, own)
+        !fewest(own - MARGIN).nil?
       end
 
       # A connection a sibling handed to this worker, if one waits.

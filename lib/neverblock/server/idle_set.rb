@@ -123,6 +123,16 @@ module NeverBlock
         @epoll.delete(fd) if @parked.delete(fd)
       end
 
+      # Takes the descriptor of a connection that reported (and so left the
+      # set's bookkeeping) out of the epoll set too: its socket is moving to
+      # another process, where the disarmed entry here would outlive this
+      # descriptor.
+      # @param fd [Integer] its socket's descriptor, still open.
+      # @return [void]
+      def forget(fd)
+        @epoll.delete(fd)
+      end
+
       # Hands each parked connection whose socket turns readable to
       # `on_readable`, until its task is cancelled. The only fiber that
       # waits for the parked ones.
