@@ -606,13 +606,13 @@ module NeverBlock
     # on, not the whole backlog it had taken in first; and its share keeps
     # the backlog moving when requests that never yield have pushed the
     # adaptive limit down to a slot or two. Past its share it stops once a
-    # sibling serves {Handoff::MARGIN} fewer connections (#crowded?): the
+    # sibling serves {Handoff::MARGIN} fewer connections (#sibling_less_busy?): the
     # rest of the backlog is theirs (keep-alive clients that connect
     # together are spread as they arrive, and the Handoff evens out the rest).
     def take_in_after_first(listener)
       @scheduler.yield
       share = backlog_share(listener)
-      while !stopping? && room_for_connection? && (share.positive? || (room? && !crowded?)) && (socket = accept_now(listener))
+      while !stopping? && room_for_connection? && (share.positive? || (room? && !sibling_less_busy?)) && (socket = accept_now(listener))
         serve(socket, listener)
         share -= 1
       end
@@ -620,8 +620,8 @@ module NeverBlock
 
     # Whether a sibling serves {Handoff::MARGIN} fewer connections than this
     # worker (never without a {Handoff}).
-    def crowded?
-      (handoff = @context.handoff) ? handoff.crowded? : false
+    def sibling_less_busy?
+      (handoff = @context.handoff) ? handoff.sibling_less_busy? : false
     end
 
     # This worker's share of the connections waiting in `listener`'s
@@ -731,8 +731,7 @@ module NeverBlock
     # over first (Connection#hand_off): then it ends here, its socket open
     # in the sibling.
     def resume(connection)
-      connection.unpark
-      return finish(connection) if connection.hand_off
+      return finish(connection) if connection.unpark && connection.hand_off
 
       spawned = false
       connection.task = @pool.spawn(defer: true) do
@@ -772,8 +771,11 @@ module NeverBlock
     end
 
     # Open connections less those parked idle in the {IdleSet} (a connection
-    # parked to wait its turn is active).
+    # parked to wait its turn is active); {Handoff::FULL} while there is no
+    # room for another connection, so that no sibling picks this worker.
     def active_connections
+      return Handoff::FULL unless room_for_connection?
+
       idle_set = @context.idle_set
       idle_set ? @connections.size - idle_set.size + @context.turns_parked : @connections.size
     end
@@ -782,7 +784,10 @@ module NeverBlock
     # sibling hands over as if it had accepted it, while it has room for a
     # connection (the request slots are not asked: the sibling chose this
     # worker as the least busy, and a request that finds them taken waits
-    # for one as any other). Cancelled when #shutdown begins.
+    # for one as any other). It goes on while the worker drains (a stopping
+    # worker answers the request a moved connection brought, with
+    # `connection: close`), until #take_last_handoffs. If it dies, the slot
+    # closes with it.
     def receive_handoffs
       loop do
         unless room_for_connection?
@@ -797,15 +802,28 @@ module NeverBlock
         socket, listener = @handoff.receive
         socket ? serve(socket, listener) : @handoff.wait_readable
       end
+    ensure
+      @handoff.close
+    end
+
+    # At the end of the drain: the receiver stops, and what siblings sent
+    # before this worker closed its slot is served too (each connection
+    # brought a request; it is answered with `connection: close`). What
+    # comes later (a sibling that read the slot just before it closed) is
+    # the index's successor's, or, if none comes, waits in the pair until
+    # the master exits.
+    def take_last_handoffs
+      return unless @receiver
+
+      @receiver.cancel
+      while (received = @handoff.receive)
+        room_for_connection? ? serve(*received) : received.first.close
+      end
     end
 
     def shutdown(acceptors)
       @context.stopping = true
-      # Siblings send no more, and what they sent is left to this index's
-      # successor (a rolling restart), which receives from the same pair: a
-      # stopping worker would only close it again, at the end of its drain.
-      @context.handoff&.close
-      @receiver&.cancel
+      @context.handoff&.close # siblings send no more; the receiver takes up what they sent (below)
       @systemd&.stopping
       [@beats, @probe, @command_reader, @watchdog_pings].each { |task| task&.cancel }
       @admission.stop
@@ -813,6 +831,7 @@ module NeverBlock
       acceptors.each(&:wait)
       @listeners.each(&:close)
       drain_idle_connections
+      take_last_handoffs
       @connections.keys.each(&:close_if_idle) # a copy: a parked one leaves @connections at once
       # The sweeper last: a connection may begin an idle wait after the
       # above (a TLS handshake that ends now), and then closes in idle_timeout.

@@ -196,6 +196,13 @@ module NeverBlock
       # @return [Handoff, nil] made before the first fork (nil when off).
       attr_reader :handoff
 
+      # Whether workers are being replaced or stopped (a rolling restart,
+      # recycling, TTOU, a stop): workers move no connections meanwhile
+      # ({Handoff#paused=}).
+      def replacing?
+        @stopping || !@restart_queue.empty? || !@retiring.empty? || @workers.each_value.any?(&:stopping)
+      end
+
       # @api private
       # @return [Hash{Symbol => Integer}] workers replaced, by cause.
       def restarts
@@ -241,6 +248,7 @@ module NeverBlock
           reap
           handle_signals
           give_up_booting if @boot_failures >= MAX_BOOT_FAILURES
+          @handoff&.paused = replacing?
           if @stopping
             kill_stragglers if Clock.now > @stop_deadline
             next

@@ -101,6 +101,7 @@ module NeverBlock
         @brisk = false # its last next request came soon (see #came_back_soon?)
         @slot_at = nil # when it took its request slot (monotonic seconds; see TURN)
         @turn = false # parked waiting its turn, not idle (see #park)
+        @wait_cut = false # a wait on the socket was cut short (see #movable?)
       end
 
       # Serves requests until the client or HTTP ends the connection, an
@@ -142,19 +143,32 @@ module NeverBlock
 
       # The {IdleSet} took it out (its socket is readable): a task is about
       # to {#resume} it, unless it is handed on ({#hand_off}).
-      # @return [void]
+      # @return [Boolean] whether it was parked waiting its turn (see {#park}):
+      #   only such a connection may be handed on.
       def unpark
         @parked = false
         end_turn_park
       end
 
-      # Offers the connection, just out of the {IdleSet} with nothing of its
-      # next request read, to a less busy sibling worker ({Handoff}). Only
-      # here: a parked connection's socket is in no wait of this process's
-      # selector (epoll keeps a registration while any process holds the
-      # socket, so a socket moved while registered would go on reporting
-      # here, under a descriptor number the next accept reuses), and it
-      # leaves the IdleSet's own set before it goes.
+      # A connection parked to wait its turn that is still parked a sweep
+      # interval later (the {IdleSweeper} says so) is idle: it no longer
+      # counts as active for the {Handoff}.
+      # @return [void]
+      def settle
+        end_turn_park
+      end
+
+      # Offers the connection, just out of the {IdleSet} where it waited its
+      # turn (call it only when {#unpark} said so), with nothing of its next
+      # request read, to a less busy sibling worker ({Handoff}). Only such a
+      # connection: it parked straight after a request whose waits on the
+      # socket all ended, so the selector holds no registration of it (epoll
+      # keeps one while any process holds the socket: a socket moved while
+      # registered here would go on reporting here, under a descriptor number
+      # the next accept reuses, and the loop would spin). A connection the
+      # {IdleSweeper} parked from a wait in its fiber may still be registered
+      # (a cancelled wait leaves it until the socket's next event), so it
+      # stays. The socket leaves the IdleSet's own set before it goes.
       # @return [Boolean] whether a sibling took it: the server then closes
       #   this process's descriptor, and the client's connection stays open.
       def hand_off
@@ -379,6 +393,7 @@ module NeverBlock
             @socket.wait_readable
             data = @socket.read_nonblock(READ_SIZE, buffer, exception: false) # (TLS may wait to write)
           rescue IdleSweeper::Park
+            @wait_cut = true
             return park if park?
 
             next
@@ -391,6 +406,7 @@ module NeverBlock
       rescue IdleSweeper::Expired
         nil
       rescue IdleSweeper::Park # at a TLS write in the first read of a resumed connection
+        @wait_cut = true
         park? ? park : nil
       ensure
         idle_set.fiber_waits -= 1 if counted
@@ -403,9 +419,13 @@ module NeverBlock
 
       # Whether a sibling worker could take the connection over ({Handoff}):
       # a plain socket (a TLS session cannot leave this process) that the
-      # app did not take.
+      # app did not take, and whose waits on the socket all ended with an
+      # event: one cut short (the {IdleSweeper} parking it) leaves the
+      # selector's level-triggered registration behind until the socket's
+      # next event, which the connection may read before the selector looks
+      # (see {#hand_off}), so such a connection never moves.
       def movable?
-        !@listener.tls && !@hijacked
+        !@listener.tls && !@hijacked && !@wait_cut
       end
 
       # Whether the wait for the next request may end the connection's task
@@ -462,11 +482,13 @@ module NeverBlock
         @context.connection_closed(self)
       end
 
+      # @return [Boolean] whether it was parked waiting its turn.
       def end_turn_park
-        return unless @turn
+        return false unless @turn
 
         @turn = false
         @context.turns_parked -= 1
+        true
       end
 
       # A request's head is complete: acquires a request slot, waiting (FIFO,

@@ -148,13 +148,13 @@ module NeverBlock
       end
 
       # Offers a connection waiting for its next request to a less busy
-      # sibling worker ({Handoff#pass}); counts it when one took it.
+      # sibling worker ({Handoff#hand_off}); counts it when one took it.
       # @param io [Socket] its socket.
       # @param listener [Listener]
       # @return [Boolean] whether it was handed on (the caller then ends the
       #   connection here without a word to the client).
       def hand_off(io, listener)
-        return false unless @handoff && !@stopping && @handoff.pass(io, listener, Clock.now)
+        return false unless @handoff && !@stopping && @handoff.hand_off(io, listener, Clock.now)
 
         @handed_off += 1
         true

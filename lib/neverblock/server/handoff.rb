@@ -24,7 +24,7 @@ module NeverBlock
     # ({#attach}, then {#open} in its loop) keeps its own slot current
     # ({#publish}). A connection parked in the worker's {IdleSet} (after a
     # request that held its slot Connection::TURN or longer, or after idling)
-    # whose socket turns readable asks {#pass} before it is resumed, with
+    # whose socket turns readable asks {#hand_off} before it is resumed, with
     # nothing of its next request read (Connection#hand_off): if a sibling
     # serves at least {MARGIN} fewer connections, the socket's descriptor
     # goes to that sibling's pair (SCM_RIGHTS) with the index of the
@@ -53,13 +53,15 @@ module NeverBlock
     # where the stopping worker would close it at the end of its drain,
     # perhaps with the client's next request in it.
     #
-    # Off with `NEVERBLOCK_HANDOFF=off`, with fewer than two workers, and
-    # where Ruby lacks IO::Buffer.map or Unix sockets.
+    # Off with `NEVERBLOCK_HANDOFF=off`, with fewer than two workers at the
+    # start (a master that TTIN grows from one has none), where Ruby lacks
+    # IO::Buffer.map or Unix sockets, and without an {IdleSet} (not Linux,
+    # or `NEVERBLOCK_IDLE_SET=off`): no connection parks to wait its turn.
     #
     # Thread-safety: each process uses it from its loop (a worker) or its
     # main thread (the master). The scoreboard is read and written without
     # locks across processes: each slot is written by its own worker (and
-    # nudged by senders, see #pass), and every value is a hint that the
+    # nudged by senders, see #hand_off), and every value is a hint that the
     # next write corrects.
     class Handoff
       # The environment variable that turns it off (`off`).
@@ -70,10 +72,18 @@ module NeverBlock
       # would move connections back and forth.
       MARGIN = 2
 
-      # Seconds between two looks at the scoreboard ({#pass}): a worker of
+      # Seconds between two looks at the scoreboard ({#hand_off}): a worker of
       # many short IO-bound requests (a thousand a second) would otherwise
       # read it at every one.
       INTERVAL = 0.001
+
+      # The count a worker publishes while it has no room for another
+      # connection (`max_connections`): no sibling picks it.
+      FULL = 0xFFFF_FFFF
+
+      # Bytes before the first slot: the master's pause flag (see #paused=).
+      HEADER = 8
+      private_constant :HEADER
 
       # Bytes of a slot: the pid serving the index (0: none), and its active
       # connections, each a 32-bit unsigned integer.
@@ -95,19 +105,24 @@ module NeverBlock
         return nil if workers < 2 || ENV[SWITCH] == "off" || !available?
 
         new(workers)
+      rescue SystemCallError, IOError, ArgumentError => e
+        NeverBlock.logger.warn("NeverBlock::Server: workers will not move keep-alive connections to each other " \
+                               "(#{e.class}: #{e.message})")
+        nil
       end
 
       # @param workers [Integer] pairs to make now; the scoreboard has room
       #   for four times as many indexes (more workers added with TTIN).
       def initialize(workers)
         @capacity = [workers * 4, 16].max
-        @scoreboard = map_shared(@capacity * SLOT)
+        @scoreboard = map_shared(HEADER + @capacity * SLOT)
         @pairs = Array.new(workers) { Socket.pair(:UNIX, :DGRAM, 0) } # [sending end, receiving end]
         @index = nil
         @receiver = nil
         @listeners = nil
         @active = nil
         @next_look = 0.0
+        @open = false
       end
 
       # The master, before it forks a worker of `index`: makes that index's
@@ -126,9 +141,20 @@ module NeverBlock
       # @param pid [Integer]
       # @return [void]
       def vacate(index, pid)
-        return unless index < @capacity && @scoreboard.get_value(:u32, index * SLOT) == pid
+        return unless index < @capacity && @scoreboard.get_value(:u32, slot(index)) == pid
 
-        @scoreboard.set_value(:u32, index * SLOT, 0)
+        @scoreboard.set_value(:u32, slot(index), 0)
+      end
+
+      # The master, as it supervises: while workers are being replaced or
+      # stopped (a rolling restart, recycling, TTOU, a stop), no connection
+      # moves. Rolling restarts under keep-alive load lost a request in one
+      # run out of four or five with moves going on (none without), so a
+      # deploy does not move connections.
+      # @param value [Boolean]
+      def paused=(value)
+        flag = value ? 1 : 0
+        @scoreboard.set_value(:u32, 0, flag) unless @scoreboard.get_value(:u32, 0) == flag
       end
 
       # In a worker, after the fork: it serves `index`, with `listeners` in
@@ -152,20 +178,26 @@ module NeverBlock
       # Opens this worker's slot: siblings may hand it connections.
       # @return [void]
       def open
-        @scoreboard.set_value(:u32, @index * SLOT + 4, @active.call)
-        @scoreboard.set_value(:u32, @index * SLOT, Process.pid)
+        @scoreboard.set_value(:u32, slot(@index) + 4, @active.call)
+        @scoreboard.set_value(:u32, slot(@index), Process.pid)
+        @open = true
       end
 
-      # Closes this worker's slot (it is stopping): siblings send it no more.
+      # Closes this worker's slot (it is stopping): siblings send it no more,
+      # and it neither writes its slot (a successor may hold it already) nor
+      # hands connections on.
       # @return [void]
       def close
+        return unless @open
+
+        @open = false
         vacate(@index, Process.pid)
       end
 
       # Writes this worker's count of active connections to its slot.
       # @return [void]
       def publish
-        @scoreboard.set_value(:u32, @index * SLOT + 4, @active.call)
+        @scoreboard.set_value(:u32, slot(@index) + 4, @active.call) if @open
       end
 
       # Hands `io` (a plain socket at a request boundary, nothing of its next
@@ -177,12 +209,12 @@ module NeverBlock
       # @param listener [Listener] that accepted it.
       # @param now [Float] monotonic seconds: it looks at most every {INTERVAL}.
       # @return [Boolean] whether it was handed on.
-      def pass(io, listener, now)
-        return false if now < @next_look
+      def hand_off(io, listener, now)
+        return false if !@open || now < @next_look || @scoreboard.get_value(:u32, 0) == 1
 
         @next_look = now + INTERVAL
         own = @active.call
-        @scoreboard.set_value(:u32, @index * SLOT + 4, own)
+        @scoreboard.set_value(:u32, slot(@index) + 4, own)
         target = fewest(own - MARGIN) or return false
         listener_index = @listener_indexes[listener] or return false
 
@@ -192,8 +224,8 @@ module NeverBlock
 
         # Until the sibling publishes, count the move on both sides, so that
         # the next requests here do not all pick the same sibling.
-        @scoreboard.set_value(:u32, target * SLOT + 4, @scoreboard.get_value(:u32, target * SLOT + 4) + 1)
-        @scoreboard.set_value(:u32, @index * SLOT + 4, own - 1)
+        @scoreboard.set_value(:u32, slot(target) + 4, @scoreboard.get_value(:u32, slot(target) + 4) + 1)
+        @scoreboard.set_value(:u32, slot(@index) + 4, own - 1)
         true
       rescue SystemCallError, IOError
         false
@@ -201,12 +233,15 @@ module NeverBlock
 
       # Whether a sibling serves at least {MARGIN} fewer connections than
       # this worker: its acceptor then leaves the backlog to the siblings a
-      # moment (Server#accept_loop), so that connections arriving together
+      # moment (Server#take_in_after_first takes no more than its share of
+      # the backlog then), so that connections arriving together
       # are spread at once rather than moved one by one afterwards.
       # @return [Boolean]
-      def crowded?
+      def sibling_less_busy?
+        return false unless @open
+
         own = @active.call
-        @scoreboard.set_value(:u32, @index * SLOT + 4, own)
+        @scoreboard.set_value(:u32, slot(@index) + 4, own)
         !fewest(own - MARGIN).nil?
       end
 
@@ -219,7 +254,8 @@ module NeverBlock
         data, _address, _flags, *controls = message
         sockets = controls.flat_map { |control| control.unix_rights || [] }
         listener = @listeners[data.unpack1("n")] if data && data.bytesize == 2
-        # Several descriptors in one message, or none, or no such listener: not ours to serve.
+        # Several descriptors in one message, or none (this process is out of
+        # descriptors: the kernel dropped it), or no such listener.
         return reject(sockets) unless listener && sockets.size == 1
 
         [sockets.first, listener]
@@ -239,9 +275,9 @@ module NeverBlock
       def fewest(most)
         best = nil
         @pairs.each_index do |index|
-          next if index == @index || @pairs[index].nil? || @scoreboard.get_value(:u32, index * SLOT).zero?
+          next if index == @index || @pairs[index].nil? || @scoreboard.get_value(:u32, slot(index)).zero?
 
-          count = @scoreboard.get_value(:u32, index * SLOT + 4)
+          count = @scoreboard.get_value(:u32, slot(index) + 4)
           if count <= most
             best = index
             most = count
@@ -250,7 +286,14 @@ module NeverBlock
         best
       end
 
+      # Where the slot of worker `index` begins in the scoreboard.
+      def slot(index)
+        HEADER + index * SLOT
+      end
+
       def reject(sockets)
+        NeverBlock.logger.warn("NeverBlock::Server: a connection handed over by a sibling worker was lost " \
+                               "(#{sockets.size} descriptors arrived; out of file descriptors? ulimit -n)")
         sockets.each(&:close)
         nil
       end

@@ -180,7 +180,9 @@ module NeverBlock
         return connection.expire_idle(now) if deadline <= now
 
         waited = parks_at(deadline) <= now
-        connection.park_idle if waited && !connection.parked?
+        if waited
+          connection.parked? ? connection.settle : connection.park_idle
+        end
         deadline = connection.idle_deadline or return
         return if @slot_of.key?(connection) # served and waiting again already
 

@@ -45,7 +45,7 @@ class ServerHandoffTest < PlainTest
     open_both(busy: 5, idle: 3)
     client, accepted = connection
     client.write("GET / HTTP/1.1\r\n\r\n") # sent before the move: waits in the socket
-    assert @workers[0].pass(accepted, @listeners[1], 1.0)
+    assert @workers[0].hand_off(accepted, @listeners[1], 1.0)
     accepted.close # what the connection does here once passed: the client's connection stays open
 
     socket, listener = @workers[1].receive
@@ -60,7 +60,7 @@ class ServerHandoffTest < PlainTest
   def test_no_move_to_a_sibling_serving_only_one_fewer
     open_both(busy: 4, idle: 3)
     _client, accepted = connection
-    refute @workers[0].pass(accepted, @listeners[0], 1.0)
+    refute @workers[0].hand_off(accepted, @listeners[0], 1.0)
     assert_nil @workers[1].receive
   end
 
@@ -68,7 +68,7 @@ class ServerHandoffTest < PlainTest
     open_both(busy: 9, idle: 0)
     @workers[1].close # it is stopping
     _client, accepted = connection
-    refute @workers[0].pass(accepted, @listeners[0], 1.0)
+    refute @workers[0].hand_off(accepted, @listeners[0], 1.0)
   end
 
   # A move counts on both sides until the sibling publishes: the next
@@ -76,10 +76,10 @@ class ServerHandoffTest < PlainTest
   def test_a_move_counts_on_both_sides_until_the_sibling_publishes
     open_both(busy: 6, idle: 3)
     _client, accepted = connection
-    assert @workers[0].pass(accepted, @listeners[0], 1.0)
+    assert @workers[0].hand_off(accepted, @listeners[0], 1.0)
     _client, other = connection
     @active[0] = 5 # the first one left
-    refute @workers[0].pass(other, @listeners[0], 2.0), "the sibling counts 4 now, only one fewer"
+    refute @workers[0].hand_off(other, @listeners[0], 2.0), "the sibling counts 4 now, only one fewer"
     @workers[1].receive&.first&.then { |socket| @sockets << socket }
   end
 
@@ -87,9 +87,9 @@ class ServerHandoffTest < PlainTest
     open_both(busy: 9, idle: 0)
     _client, first = connection
     _client, second = connection
-    assert @workers[0].pass(first, @listeners[0], 1.0)
-    refute @workers[0].pass(second, @listeners[0], 1.0 + Handoff::INTERVAL / 2)
-    assert @workers[0].pass(second, @listeners[0], 1.0 + Handoff::INTERVAL)
+    assert @workers[0].hand_off(first, @listeners[0], 1.0)
+    refute @workers[0].hand_off(second, @listeners[0], 1.0 + Handoff::INTERVAL / 2)
+    assert @workers[0].hand_off(second, @listeners[0], 1.0 + Handoff::INTERVAL)
     2.times { @sockets << @workers[1].receive.first }
   end
 
@@ -103,7 +103,7 @@ class ServerHandoffTest < PlainTest
     refused = nil
     200.times do |turn|
       _client, accepted = connection
-      if @workers[0].pass(accepted, @listeners[0], turn.to_f)
+      if @workers[0].hand_off(accepted, @listeners[0], turn.to_f)
         passed += 1
         accepted.close
       else
@@ -122,11 +122,22 @@ class ServerHandoffTest < PlainTest
     open_both(busy: 9, idle: 0)
     @handoff.vacate(1, Process.pid + 1) # a predecessor that exited after its successor opened
     _client, accepted = connection
-    assert @workers[0].pass(accepted, @listeners[0], 1.0)
+    assert @workers[0].hand_off(accepted, @listeners[0], 1.0)
     @sockets << @workers[1].receive.first
     @handoff.vacate(1, Process.pid)
     _client, other = connection
-    refute @workers[0].pass(other, @listeners[0], 2.0)
+    refute @workers[0].hand_off(other, @listeners[0], 2.0)
+  end
+
+  # The master pauses moves while it replaces or stops workers.
+  def test_no_move_while_the_master_pauses_them
+    open_both(busy: 9, idle: 0)
+    @handoff.paused = true
+    _client, accepted = connection
+    refute @workers[0].hand_off(accepted, @listeners[0], 1.0)
+    @handoff.paused = false
+    assert @workers[0].hand_off(accepted, @listeners[0], 2.0)
+    @sockets << @workers[1].receive.first
   end
 
   def test_off_with_the_switch_or_fewer_than_two_workers

@@ -2,6 +2,7 @@
 
 require_relative "server_helper"
 require_relative "../../support/serve_processes"
+require "tmpdir"
 
 # Keep-alive clients of requests that compute (and never yield) share the
 # server fairly: within a worker, a client whose next request is already
@@ -98,6 +99,24 @@ class ServerKeepAliveFairnessTest < PlainTest
   # The same over four workers: 10 clients, at most 4 on one worker.
   def test_keep_alive_clients_are_spread_over_four_workers
     assert_spread(workers: 4, clients: 10, most: 4)
+  end
+
+  # Every client connects while the second worker still boots, so the
+  # first takes them all in: once the second serves, half of them move to
+  # it (the Handoff), each with its request, and none is lost.
+  def test_connections_taken_in_by_one_worker_move_to_a_sibling_that_comes_up_later
+    config = File.join(Dir.mktmpdir("nb-handoff"), "late.rb")
+    File.write(config, "workers 2\non_worker_boot { |index| sleep 2 if index == 1 }\n")
+    server = spawn_serve("busy.ru", "-C", config, env: { "BUSY_MS" => "5" })
+    port = Integer(wait_for_line(server, %r{listening on tcp://127\.0\.0\.1:(\d+)})[/:(\d+)\s*\(/, 1])
+    @clients = Clients.new(self, port, 10)
+    @clients.wait_for(3)
+    assert_equal 1, @clients.last_pids.uniq.size, "the second worker was up already: #{@clients.last_pids.tally}"
+    wait_for_line(server, /serving/)
+    @clients.during(300)
+    per_worker = @clients.last_pids.tally
+    assert_equal 2, per_worker.size, "connections per worker: #{per_worker.values.sort.reverse}"
+    assert_operator per_worker.values.max, :<=, 6, "connections per worker: #{per_worker.values.sort.reverse}"
   end
 
   def assert_spread(workers:, clients:, most:)
