@@ -46,12 +46,14 @@ module NeverBlock
     #
     # Connections in a pair's queue belong to the worker index, not the
     # process: a worker replaced for that index (a crash, a rolling restart)
-    # takes them up. The master holds every pair, so none is lost while it
-    # runs. A worker that stops closes its slot ({#close}) and stops
-    # receiving as it begins to drain: what was sent to its index meanwhile
-    # is its successor's (a rolling restart starts the successor first),
-    # where the stopping worker would close it at the end of its drain,
-    # perhaps with the client's next request in it.
+    # takes them up; the master holds every pair, so the kernel keeps them
+    # meanwhile. A worker that stops closes its slot ({#close}) as it begins to
+    # drain, and serves what siblings sent before that until its drain ends
+    # (Server#take_last_handoffs). While the master replaces or stops
+    # workers it pauses every move ({#paused=}). A connection sent in the
+    # instant between a sibling reading a worker's slot and that worker
+    # retiring for good (TTOU, a stop) waits in the index's pair until the
+    # master exits.
     #
     # Off with `NEVERBLOCK_HANDOFF=off`, with fewer than two workers at the
     # start (a master that TTIN grows from one has none), where Ruby lacks
