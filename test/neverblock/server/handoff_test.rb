@@ -57,6 +57,43 @@ class ServerHandoffTest < PlainTest
     assert_nil @workers[1].receive, "one message, one connection"
   end
 
+  # As between forked workers: the scoreboard is shared memory, and the
+  # socket crosses processes with the request in it.
+  def test_a_connection_moves_to_a_forked_sibling
+    reader, writer = IO.pipe
+    ready_reader, ready_writer = IO.pipe
+    pid = fork do
+      reader.close
+      ready_reader.close
+      sibling = @handoff.dup
+      sibling.attach(1, @listeners, -> { 0 })
+      sibling.open
+      ready_writer.write("open\n")
+      received = nil
+      received = sibling.receive until received || !sibling.wait_readable
+      socket, listener = received
+      writer.write("#{@listeners.index(listener)} #{socket.readpartial(100)}")
+      socket.write("HTTP/1.1 204 No Content\r\n\r\n")
+      exit!(0)
+    end
+    writer.close
+    ready_writer.close
+    assert_equal "open\n", ready_reader.gets
+    @active[0] = 4
+    @workers[0].open
+    client, accepted = connection
+    client.write("GET /moved HTTP/1.1\r\n\r\n")
+    assert @workers[0].hand_off(accepted, @listeners[1], 1.0)
+    accepted.close
+    assert_equal "1 GET /moved HTTP/1.1\r\n\r\n", reader.read
+    assert_equal "HTTP/1.1 204 No Content\r\n\r\n", client.readpartial(100)
+  ensure
+    if pid
+      Process.kill("KILL", pid) # it has exited, unless the move failed and it still waits
+      Process.wait(pid)
+    end
+  end
+
   def test_no_move_to_a_sibling_serving_only_one_fewer
     open_both(busy: 4, idle: 3)
     _client, accepted = connection
