@@ -106,7 +106,7 @@ class ServerKeepAliveFairnessTest < PlainTest
   # it (the Handoff), each with its request, and none is lost.
   def test_connections_taken_in_by_one_worker_move_to_a_sibling_that_comes_up_later
     config = File.join(Dir.mktmpdir("nb-handoff"), "late.rb")
-    File.write(config, "workers 2\non_worker_boot { |index| sleep 2 if index == 1 }\n")
+    File.write(config, "workers 2\non_worker_boot { |index| sleep 4 if index == 1 }\n")
     server = spawn_serve("busy.ru", "-C", config, env: { "BUSY_MS" => "5" })
     port = Integer(wait_for_line(server, %r{listening on tcp://127\.0\.0\.1:(\d+)})[/:(\d+)\s*\(/, 1])
     @clients = Clients.new(self, port, 10)
