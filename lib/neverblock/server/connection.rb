@@ -500,16 +500,14 @@ module NeverBlock
       end
 
       # Gives the request slot back, if it holds one.
-      # @return [Float, nil] the time (monotonic seconds) if it held the slot
-      #   for {TURN} or longer: its next request then waits its turn in the
-      #   selector; nil otherwise.
+      # @return [Boolean] whether it held the slot for {TURN} or longer: its
+      #   next request then waits its turn (see #read_next_request).
       def release_slot
-        return unless @slot
+        return false unless @slot
 
         @slot = false
         @admission.release
-        now = Clock.now
-        now if now - @slot_at >= TURN
+        Clock.now - @slot_at >= TURN
       end
 
       # The app called `env["neverblock.mark_as_io_bound"]`: the request gives
