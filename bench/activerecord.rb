@@ -1,31 +1,24 @@
 #!/usr/bin/env ruby
 # frozen_string_literal: true
 
-# ActiveRecord on NeverBlock, 2009's "ActiveRecord meets NeverBlock":
-# 1. Workloads, --units (1000) of each on a table of --rows (5000): Very Light
-#    (a count), Light (+ a create), Moderate (2 counts + create, rolled back),
-#    Heavy (3 counts + create + update, committed), Very Heavy (+ an unindexed
-#    count, 2 updates); by the stock `postgresql` adapter in order (also with
-#    the CPUs kept awake) and from 12 threads, and by `neverblock_postgresql`
-#    from 100 NeverBlock tasks over a pool of 12.
-# 2. Connection scaling: pools of 2 ... 32 running 64 concurrent
-#    `select pg_sleep(0.1)` (the time should halve as connections double) and
-#    5000 `select 1` from 100 tasks (where more connections cannot help).
-# 3. Ten concurrent `select pg_sleep(1)`: in order, 10 threads, 10 tasks.
+# 2009's "ActiveRecord meets NeverBlock": (1) five workloads, --units each on
+# --rows rows (from a count to 3 counts + an unindexed one + create + 2
+# updates), by the stock postgresql adapter in order (also with the CPUs kept
+# awake) and from --threads threads, and by neverblock_postgresql from
+# --fibers tasks over --pool-size connections; (2) connection scaling: pools
+# of --scaling-pools running --sleeps concurrent pg_sleep(0.1) and --selects
+# `select 1`; (3) ten concurrent pg_sleep(1). Each measurement is a forked
+# child that refills neverblock_bench_users (dropped at the end), connects and
+# warms up first; --runs interleaved rounds (the sleeps once), medians.
 #
 #   bench/run activerecord              Ruby 3.1, ActiveRecord 7.2 -> bench/results/activerecord.{txt,csv,svg}
 #   bench/run --ruby 3.3 activerecord   Ruby 3.3, ActiveRecord 8.1 -> bench/results/ruby33/
 #   bench/run activerecord --quick      smoke run: 50 units, pools 2 and 8, ten 0.1 s sleeps, one round
-#
-# Creates, fills and finally drops the table neverblock_bench_users. Each
-# measurement is a forked child that refills the table, connects and warms
-# up before timing; cells run --runs times, interleaved (the sleeps once).
 
 require_relative "support/harness"
 require_relative "support/postgres"
 
 module NeverBlockBench
-  # Runs the ActiveRecord benchmark and reports it. See the file comment.
   class ActiveRecordBench < Bench
     DEFAULTS = { units: 1000, rows: 5000, pool_size: 12, fibers: 100, threads: 12, scaling_pools: [2, 4, 8, 16, 32], sleeps: 64,
                  sleep_seconds: 0.1, selects: 5000, ten_sleeps: 1.0, runs: 3 }.freeze
@@ -59,7 +52,7 @@ module NeverBlockBench
       return warn(PostgresServer.problem) if PostgresServer.problem
 
       @probe = Peers.start { |probe| header(probe) } or return false
-      with_pg do |conn|
+      PostgresServer.connect do |conn|
         conn.exec("DROP TABLE IF EXISTS #{TABLE}")
         conn.exec("CREATE TABLE #{TABLE} (id bigserial PRIMARY KEY, name varchar NOT NULL, group_id integer NOT NULL, " \
                   "score integer NOT NULL, visits integer NOT NULL DEFAULT 0, created_at timestamp(6) NOT NULL, updated_at timestamp(6) NOT NULL)")
@@ -69,7 +62,7 @@ module NeverBlockBench
       report(cells)
       cells.none? { |cell| cell.failures.any? }
     ensure
-      with_pg { |conn| conn.exec("DROP TABLE IF EXISTS #{TABLE}") } unless PostgresServer.problem
+      PostgresServer.connect { |conn| conn.exec("DROP TABLE IF EXISTS #{TABLE}") } unless PostgresServer.problem
     end
 
     private
@@ -83,17 +76,9 @@ module NeverBlockBench
       )
     end
 
-    def with_pg
-      require "pg"
-      conn = PG.connect(**PostgresServer.conninfo)
-      yield conn
-    ensure
-      conn&.close
-    end
-
     # Back to --rows rows (ids 1..rows), analysed: in the child, before it measures.
     def refill_table
-      with_pg do |conn|
+      PostgresServer.connect do |conn|
         conn.exec("TRUNCATE #{TABLE} RESTART IDENTITY")
         conn.exec_params("INSERT INTO #{TABLE} (name, group_id, score, created_at, updated_at) SELECT 'user ' || i, i % $2::int, " \
                          "(i * 7919) % $3::int, now(), now() FROM generate_series(1, $1::int) AS i", [@options[:rows], GROUPS, SCORES])
@@ -114,9 +99,8 @@ module NeverBlockBench
       NeverBlockBenchUser
     end
 
-    # One unit of a workload (2009's definitions); `random` picks the rows.
-    # A transaction locks at most the row it updates and the one it created,
-    # so concurrent ones cannot deadlock.
+    # One unit of a workload (2009's definitions); `random` picks the rows. A
+    # transaction locks at most the row it updates and the one it created: no deadlocks.
     def unit(model, workload, random)
       create = -> { model.create!(name: "new #{random.rand(1_000_000)}", group_id: random.rand(GROUPS), score: random.rand(SCORES)) }
       bump = -> { model.where(id: random.rand(1..@options[:rows])).update_all("visits = visits + 1") }
@@ -211,11 +195,9 @@ module NeverBlockBench
       end
     end
 
-    # Opens all `pool` connections before the clock starts (connecting costs
-    # milliseconds of CPU on both sides, SCRAM): `pool` threads or tasks each
-    # take a connection, use it, and hold it until all have one. libpq computes
-    # SCRAM's key on the calling thread, so concurrent connects in one event
-    # loop finish one after another; a short hold lets the first ones go.
+    # Opens all `pool` connections before the clock starts (each costs
+    # milliseconds of SCRAM): `pool` threads or tasks each take one, use it,
+    # and hold it until all have one.
     def open_connections(model, tasks, pool)
       lock = Thread::Mutex.new
       ready = 0

@@ -1,22 +1,14 @@
 #!/usr/bin/env ruby
 # frozen_string_literal: true
 
-# Balancing across workers (issue 20, item 4): four workers each, fast
-# requests measured by wrk (GET /, keep-alive, --connections) while requests
-# that compute for 50 ms (GET /burn) arrive at --burn-rate a second on fresh
-# connections. A worker busy computing should not be handed new connections
-# that a less busy one could serve: NeverBlock stops accepting at its
-# adaptive limit (the kernel's queue then feeds the other workers); Puma 8
-# delays a busy worker's accept (`wait_for_less_busy_worker 0.005`).
-# Target: NeverBlock's p99 of the fast requests at or below Puma's.
+# Balancing across workers: four each, wrk measuring fast GET / (keep-alive,
+# --connections) while GET /burn, 50 ms of CPU, arrives at --burn-rate a
+# second on fresh connections. NeverBlock stops accepting at its adaptive
+# limit; Puma 8 delays a busy worker's accept (wait_for_less_busy_worker
+# 0.005). Target: NeverBlock's fast p99 at or below Puma's.
 #
 #   bench/run balance                -> bench/results/balance.{txt,csv,svg}
 #   bench/run balance --quick        5 s cells, one round
-#
-# The burn rate (10/s, 0.5 CPU-seconds a second, a quarter of this 2-core
-# machine) is not "one request in 20": wrk's closed loop sends thousands of
-# fast requests a second, and one in 20 of those at 50 ms each would need
-# more CPU than the machine has.
 
 require_relative "support/harness"
 require "neverblock"
@@ -24,7 +16,6 @@ require_relative "support/servers"
 require "net/http"
 
 module NeverBlockBench
-  # Runs the balancing benchmark and reports it. See the file comment.
   class BalanceBench < Bench
     APP = File.expand_path("support/balance_app.ru", __dir__)
     PUMA_CONFIG = File.expand_path("support/balance_puma.rb", __dir__) # wait_for_less_busy_worker 0.005
@@ -32,73 +23,60 @@ module NeverBlockBench
     QUICK = { duration: 5, runs: 1 }.freeze
     ONLY = %w[neverblock puma].freeze # the servers
 
-    # @return [Boolean] true when every cell ran
+    # @return [true] (a failed cell raises)
     def call
-      @results = Hash.new { |hash, key| hash[key] = [] }
-      puts header
-      @options[:runs].times do |round|
-        @options[:only].each do |name|
-          result = measure(name)
-          @results[name] << result
-          warn format("  %-10s run %d: fast p50 %.1f ms, p99 %.1f ms, %.0f req/s, %d burns", name, round + 1,
-                      result[:p50] * 1000, result[:p99] * 1000, result[:rps], result[:burns])
-        end
-      end
-      report
-      true
-    ensure
-      ServerProcess.stop_all
-    end
-
-    private
-
-    def header
-      NeverBlockBench.header(
+      results = Hash.new { |hash, key| hash[key] = [] }
+      puts NeverBlockBench.header(
         "Balancing across #{@options[:workers]} workers: fast requests (wrk -c #{@options[:connections]}) " \
         "while #{@options[:burn_rate]}/s requests compute 50 ms each",
         "neverblock #{NeverBlock::VERSION} (#{Checkout.description}); puma #{PeerServers.locked_versions['puma']} " \
         "(wait_for_less_busy_worker 0.005); #{Wrk.version}",
         "wrk, the burn requests and the servers on the same machine"
       )
+      @options[:runs].times do |round|
+        @options[:only].each do |name|
+          result = measure(name)
+          results[name] << result
+          warn format("  %-10s run %d: fast p50 %.1f ms, p99 %.1f ms, %.0f req/s, %d burns", name, round + 1,
+                      result[:p50] * 1000, result[:p99] * 1000, result[:rps], result[:burns])
+        end
+      end
+      report(results)
+      true
     end
+
+    private
 
     def measure(name)
       PeerServers.cluster(name, APP, workers: @options[:workers], puma_config: PUMA_CONFIG) do |server|
         url = "http://127.0.0.1:#{server.port}/"
         Wrk.run(url, connections: @options[:connections], duration: 2) # warm-up
-        burns = Burns.new(server.port, @options[:burn_rate])
+        burns = burning(server.port)
         result = Wrk.run(url, connections: @options[:connections], duration: @options[:duration])
-        { p50: result.p50, p99: result.p99, rps: result.requests_per_second, errors: result.errors, burns: burns.stop }
+        { p50: result.p50, p99: result.p99, rps: result.requests_per_second, errors: result.errors, burns: burns.call }
       end
     end
 
-    # GET /burn at `rate` a second on fresh connections, each in a thread
-    # of its own, until #stop (which answers how many completed).
-    class Burns
-      def initialize(port, rate)
-        @stop = false
-        @threads = []
-        @ticker = Thread.new do
-          until @stop
-            @threads << Thread.new do
-              Net::HTTP.get_response(URI("http://127.0.0.1:#{port}/burn")) # its value: the response
-            rescue StandardError
-              nil
-            end
-            sleep 1.0 / rate
-          end
+    # Starts GET /burn at --burn-rate a second on fresh connections, a thread
+    # each. @return [Proc] stops them, answering how many completed
+    def burning(port)
+      stop = false
+      threads = []
+      ticker = Thread.new do
+        until stop
+          threads << Thread.new { Net::HTTP.get_response(URI("http://127.0.0.1:#{port}/burn")) rescue nil } # rubocop:disable Style/RescueModifier
+          sleep 1.0 / @options[:burn_rate]
         end
       end
-
-      def stop
-        @stop = true
-        @ticker.join
-        @threads.count { |thread| thread.join(10)&.value }
+      lambda do
+        stop = true
+        ticker.join
+        threads.count { |thread| thread.join(10)&.value }
       end
     end
 
-    def report
-      rows = @results.map do |name, runs|
+    def report(results)
+      rows = results.map do |name, runs|
         median = ->(key) { NeverBlockBench.median(runs.map { |run| run[key] }) }
         { "server" => name, "fast_p50_ms" => (median.call(:p50) * 1000).round(2), "fast_p99_ms" => (median.call(:p99) * 1000).round(2),
           "fast_req_per_s" => median.call(:rps).round, "errors" => runs.sum { |run| run[:errors] }, "burns" => median.call(:burns) }

@@ -1,28 +1,23 @@
 #!/usr/bin/env ruby
 # frozen_string_literal: true
 
-# The 2009 "Ruby networking on steroids" table: requests/s one Ruby process
-# gets from a slow but endlessly scalable HTTP back end (the local delay
-# server, another process), by server delay, for a blocking client, a thread
-# per request, Async, and NeverBlock (a task per request, and a FiberPool).
+# 2009's "Ruby networking on steroids": requests/s one process gets from a
+# slow but endlessly scalable back end (support/delay_server.rb), by its
+# delay, for a blocking client, a thread per request, Async, NeverBlock.spawn
+# and a FiberPool; each request a GET on a fresh Net::HTTP connection; each
+# cell the best of --runs forked runs. The blocking client sends only what
+# fits in --blocking-budget seconds (* in the table).
 #
 #   bench/run client --runs 3               Ruby 3.1 -> bench/results/client.{txt,csv,svg}
 #   bench/run --ruby 3.3 client --runs 3    Ruby 3.3, newest async -> bench/results/ruby33/
 #   bench/run client --quick                smoke run: 50 requests, 0 and 10 ms
-#
-# Every request is a GET over a fresh Net::HTTP connection; each cell is the
-# best of --runs runs, each in a forked process. The blocking client runs only
-# as many requests as fit in --blocking-budget seconds (marked * in the table).
-# NeverBlock and Async run on the same io-event selector, EPoll.
 
 require_relative "support/harness"
 require_relative "support/delay_server"
 
 module NeverBlockBench
-  # Runs the client benchmark and reports it. See the file comment.
   class ClientBench < Bench
-    # One way of issuing `count` requests: `run` gets the count and a callable
-    # making one request (nil or an error string) and returns its results.
+    # `run.(count, get)` makes `count` requests with `get` (nil or an error string each) and returns their results.
     Client = Struct.new(:name, :label, :library, :run, keyword_init: true)
 
     DEFAULTS = { requests: 1000, delays: [0, 10, 50, 100, 500], pool_size: nil, blocking_budget: 10.0, runs: 1 }.freeze
@@ -120,7 +115,7 @@ module NeverBlockBench
       capped = cells.select { |cell| cell[:requests] < @options[:requests] }
       puts "* fewer requests, to finish in about #{@options[:blocking_budget]} s: #{capped.map { |c| "#{c[:requests]} at #{c[:delay_ms]} ms" }.join(', ')}" if capped.any?
       cells.each { |cell| puts "! #{cell.name}: #{cell.failures.size} failed runs, first: #{cell.failures.first}" if cell.failures.any? }
-      # NeverBlock's rate against threads' (the 2009 "NeverBlock advantage" row) and Async's.
+      # NeverBlock's rate against threads' (2009's "NeverBlock advantage") and Async's.
       if (nb = @clients.find { |client| client.name == "neverblock" }) && (others = @clients.select { |c| %w[threads async].include?(c.name) }).any?
         table = Table.new(["NeverBlock.spawn vs"] + delays.map { |ms| "#{ms} ms" })
         others.each do |other|

@@ -1,34 +1,24 @@
 #!/usr/bin/env ruby
 # frozen_string_literal: true
 
-# PostgreSQL through NeverBlock::Postgres, against a blocking client, threads and pgbench.
-#
-# 1. Long and short queries, 2009's "Faster IO for Ruby with Postgres": L
-#    iterations (10, 50, 100) of one `select pg_sleep(0.05)` and M `select 1`
-#    (M = 2 ... 100). Blocking: one PG::Connection, in order. NeverBlock: a task
-#    per query, all at once, over NeverBlock::Postgres.pool(size: 12). The
-#    advantage, (blocking - NeverBlock) / blocking, beside 2009's.
-# 2. All short: --queries `select $1` (exec_params): blocking on one connection
-#    (also with the CPUs kept awake, Spinner); 12 threads with a connection
-#    each; 100 tasks over a pool of 12, and pipelined pools of 2, 4 and 12;
-#    pg's pipeline mode by hand, no scheduler; pgbench (-M extended and
-#    prepared, 1 and 12 clients, and pipelined). Ruby rows show the client's
-#    CPU and allocations per query, and both beside blocking's.
+# PostgreSQL through NeverBlock::Postgres: (1) 2009's long and short queries,
+# L iterations (--longs) of a pg_sleep(0.05) and M (--ratios) `select 1`, one
+# blocking connection in order against a task per query over a pool, with
+# 2009's numbers beside; (2) --queries `select $1` (exec_params) by a
+# blocking connection (also with the CPUs kept awake), threads, tasks over a
+# pool and pipelined pools, pg's pipeline mode by hand, and pgbench (from
+# PATH or $PGBENCH): queries/s, the client's CPU and allocations per query.
+# Each measurement is a forked child that connects and warms up first;
+# --runs (part 1) or --short-runs (part 2) interleaved rounds; medians, every run beside.
 #
 #   bench/run db                Ruby 3.1 -> bench/results/db.{txt,csv,svg}, a throwaway server
 #   bench/run --ruby 3.3 db     Ruby 3.3 -> bench/results/ruby33/
 #   bench/run db --quick        smoke run: one round, 10 long queries, 500 short
-#
-# Every measurement is a forked child that connects and warms up before the
-# clock starts; cells are measured --runs (part 1) or --short-runs (part 2)
-# times, interleaved, and the median reported with every run beside it.
-# pgbench comes from PATH or $PGBENCH (the Ruby 3.3 chroot has none: n/a).
 
 require_relative "support/harness"
 require_relative "support/postgres"
 
 module NeverBlockBench
-  # Runs the PostgreSQL benchmark and reports it. See the file comment.
   class DbBench < Bench
     DEFAULTS = { longs: [10, 50, 100], ratios: [2, 5, 10, 20, 50, 100], long_seconds: 0.05, pool_size: 12, runs: 3,
                  queries: 10_000, fibers: 100, threads: 12, pipeline_sizes: [2, 4, 12], pgbench_clients: [1, 12],
@@ -36,10 +26,9 @@ module NeverBlockBench
     QUICK = { longs: [10], ratios: [2, 10], runs: 1, queries: 500, short_runs: 1, pipeline_sizes: [2] }.freeze
     ONLY = %w[longshort short].freeze # the parts
     SHORT_SQL = "select 1"
-    PARAM_SQL = "select $1"
+    PARAM_SQL = PooledQueries::SQL
     PGBENCH_SCRIPT = "\\set x random(1, 1000)\nselect :x;\n" # PARAM_SQL with a random integer
-    OPEN_SQL = "select pg_sleep(0.02)" # long enough that each warm-up task holds a connection of its own
-    WARM_UP = 500 # queries each measurement runs before its clock starts
+    WARM_UP = PooledQueries::WARM_UP
     # 2009 (Ruby 1.9.1): [shorts per long, longs] => [blocking s, non-blocking s, advantage %].
     RESULTS_2009 = {
       [2, 10] => [0.56, 0.5, 10.27], [2, 50] => [2.55, 2.26, 11.19], [2, 100] => [5.15, 4.46, 13.53],
@@ -99,23 +88,18 @@ module NeverBlockBench
       end
     end
 
-    # Runs the block in NeverBlock.run over a pool whose every connection was
-    # opened and warmed up first: opening costs milliseconds of CPU on both
-    # sides (SCRAM), which must not count.
+    # Runs the block in NeverBlock.run over a pool whose every connection was opened and warmed up first.
     def with_pool(size, pipeline)
       require "neverblock/postgres"
       db = NeverBlock::Postgres.pool(size: size, pipeline: pipeline, **@conninfo)
       NeverBlock.run do
-        NeverBlock.wait_all(Array.new([@options[:fibers], @options[:pool_size]].max) { NeverBlock.spawn { db.exec(OPEN_SQL) } })
+        PooledQueries.open_all(db, [@options[:fibers], @options[:pool_size]].max)
         fan_out(db, WARM_UP)
         yield db
       end.tap { db.close }
     end
 
-    # `count` exec_params over --fibers tasks, each running its share in order.
-    def fan_out(db, count)
-      NeverBlock.wait_all(NeverBlockBench.split(count, @options[:fibers]).map { |share| NeverBlock.spawn { share.times { |i| db.exec_params(PARAM_SQL, [i]) } } })
-    end
+    def fan_out(db, count) = PooledQueries.fan_out(db, count, @options[:fibers])
 
     # [name, label, measure (in the child: Hash with :seconds)]; the pgbench_* ones need pgbench
     def short_variants

@@ -1,41 +1,25 @@
 #!/usr/bin/env ruby
 # frozen_string_literal: true
 
-# The restart storm of issue 5: CLIENTS clients at once request
-# GET /config from an upstream that takes DELAY (0.2 s) to answer and counts
-# its requests. Measured, each in the same run on this machine:
-#
-# - none        the clients go straight to the upstream
-# - middleware  NeverBlock::Debouncer inside the upstream's own process
-#               (neverblock serve -w 0; the count is what got past it)
-# - proxy       neverblock debounce -w 0 in front of the upstream
-# - proxy+redis neverblock debounce -w 2 --redis: two worker processes that
-#               elect one leader per key through Redis
-# - nginx       Debian's nginx with proxy_cache_lock (1 worker): the first
-#               request goes upstream, the others wait for the cache entry
-#               (nginx polls for it every 500 ms)
-#
-# For each: the upstream requests the storm caused, and the clients' latency
-# (request sent to last byte, every connection opened beforehand; p50, p99, max), median of --runs runs; each run asks
-# for a fresh URL (/config?run=N), so nothing is served from a previous
-# run's cache. The targets: 1 upstream request instead of CLIENTS, p99 at
-# most 1.2x one upstream call, and a p99 better than nginx's.
+# A restart storm: --clients clients at once GET /config from an upstream
+# that takes --delay and counts its requests, through nothing (none),
+# NeverBlock::Debouncer in the upstream (middleware), `neverblock debounce`
+# in front (proxy), the same with two workers electing a leader per key
+# through Redis (proxy+redis, needs NEVERBLOCK_REDIS_URL: bench/run starts
+# Redis), and nginx with proxy_cache_lock. Medians over --runs (each a fresh
+# URL) of the upstream requests and the clients' latency (request sent to
+# last byte). Targets: 1 upstream request, p99 <= 1.2x one upstream call and
+# below nginx's.
 #
 #   bench/run debounce [--clients 500] [--delay 0.2] [--runs 3]
 #   bench/run debounce --quick        smoke run: 50 clients, one run
-#
-# bench/run starts Redis (and the databases) with bin/databases; run directly,
-# the script needs NEVERBLOCK_REDIS_URL for the proxy+redis row (else it is
-# skipped). Writes <out>/debounce.csv and <out>/debounce.svg.
 
 require_relative "support/harness"
 require "net/http"
-require "tmpdir"
 require "neverblock"
 require_relative "support/servers"
 
 module NeverBlockBench
-  # bench/debounce.rb
   class DebounceBench < Bench
     EXE = File.join(PeerServers::REPO, "exe", "neverblock")
     UPSTREAM = File.join(__dir__, "support", "debounce_upstream.ru")
@@ -47,12 +31,8 @@ module NeverBlockBench
     # @return [true] (a failed storm shows in its row)
     def call
       Machine.raise_fd_limit(@options[:clients] * 4 + 256)
-      @dir = Dir.mktmpdir("nb-debounce-bench")
       report(@options[:only].filter_map { |variant| measure(variant) })
       true
-    ensure
-      ServerProcess.stop_all
-      FileUtils.rm_rf(@dir) if @dir
     end
 
     private
@@ -64,7 +44,7 @@ module NeverBlockBench
       end
       warn "#{variant}: #{@options[:runs]} storms of #{@options[:clients]} clients"
       env = { "NB_BENCH_DELAY" => @options[:delay].to_s, "NB_BENCH_DEBOUNCE" => variant == "middleware" ? "1" : nil }
-      upstream = PeerServers.neverblock(UPSTREAM, port: ServerProcess.free_port, env: env, name: "upstream")
+      upstream = PeerServers.neverblock(UPSTREAM, env: env, name: "upstream")
       upstream.wait_until_ready(path: "/count")
       front = front_server(variant, upstream.port)
       runs = Array.new(@options[:runs]) do |run|
@@ -92,10 +72,9 @@ module NeverBlockBench
       server
     end
 
-    # nginx with a cache lock: concurrent misses for one key wait for the
-    # first request's response to land in the cache.
+    # nginx with a cache lock: concurrent misses for one key wait for the first one's response.
     def nginx(port, upstream_port)
-      PeerServers.nginx(port: port, dir: @dir, http: <<~HTTP, locations: <<~LOCATIONS)
+      PeerServers.nginx(port: port, dir: scratch, http: <<~HTTP, locations: <<~LOCATIONS)
         proxy_cache_path %{prefix}/cache levels=1:2 keys_zone=storm:10m;
         upstream app { server 127.0.0.1:#{upstream_port}; keepalive 64; }
       HTTP
@@ -113,10 +92,9 @@ module NeverBlockBench
       LOCATIONS
     end
 
-    # CLIENTS connections are opened first; then every client sends its
-    # GET at once (a storm is many clients asking in the same instant, not
-    # this client's connect rate). Returns the latencies (s, request sent to
-    # last byte) of the complete 200 responses and the count of others.
+    # Opens --clients connections, then sends every GET at once (a storm, not
+    # this client's connect rate). @return [Array(Array<Float>, Integer)] the
+    # 200 responses' latencies (request sent to last byte) and the count of others
     def storm(port, path)
       latencies = []
       errors = 0
@@ -152,7 +130,7 @@ module NeverBlockBench
     def get(port, path) = Net::HTTP.start("127.0.0.1", port, nil) { |http| http.get(path).body.strip }
 
     # One variant's row: medians over its runs of the upstream requests and of
-    # the clients' p50, p99 and slowest latency, ms (nil where nothing answered).
+    # the clients' p50, p99 and max latency, ms (nil where nothing answered).
     def summarize(variant, runs)
       median = ->(values) { values.sort[values.size / 2] }
       latency_ms = lambda do |q|

@@ -1,32 +1,17 @@
 #!/usr/bin/env ruby
 # frozen_string_literal: true
 
-# NeverBlock::Server under faults, beside Puma on the same checks: each a
-# two-worker cluster on this machine, serving bench/support/fault_app.ru,
-# driven by Debian's wrk.
+# NeverBlock::Server under faults beside Puma, each a two-worker cluster
+# serving support/fault_app.ru, driven by wrk: slowloris (--loris partial
+# heads trickling a header line every 2 s while wrk -c 20 measures; target:
+# NeverBlock's p99 under 100 ms), restart (a rolling restart 2 s into 8 s of
+# wrk -c 50 keep-alive, --restarts times; target: no failed request) and crash
+# (every 50th request kills its worker for --duration s: requests answered and
+# lost, lost per worker killed; target: the master still up).
 #
 #   bench/run faults                 all scenarios (bench/results/faults.{txt,csv,svg})
 #   bench/run faults --quick         shorter cells, 3 restarts instead of 10
 #   bench/run faults --scenarios slowloris --only neverblock
-#
-# Scenarios:
-#   slowloris  --loris (2000) connections each send a partial request head and
-#              then one more header line every 2 s (reconnecting when the server
-#              closes them), while wrk -c 20 measures ordinary requests. Target:
-#              NeverBlock's p99 under 100 ms.
-#   restart    wrk -c 50 keep-alive for 8 s; 2 s in, a rolling restart (NeverBlock:
-#              USR2; Puma: USR1, its phased restart). --restarts (10) runs; target:
-#              0 failed requests (wrk's socket errors + non-2xx) in every run.
-#   crash      wrk -c 20 for --duration (10 s), every 50th request GET /die, which
-#              kills its worker. Reported: requests answered (a response of 2xx/3xx),
-#              requests lost (no response: wrk's socket errors), about how many
-#              workers were killed (a fiftieth of the requests sent) and so how
-#              many requests each death took with it (the connections its worker
-#              held), and whether the master is still up at the end (target: yes).
-#
-# The servers:
-#   NeverBlock  exe/neverblock serve fault_app.ru -w 2 -E production (this checkout)
-#   Puma        puma -w 2 -e production (bench/gemfiles/servers.gemfile), default threads
 
 require_relative "support/harness"
 require "neverblock"
@@ -34,7 +19,6 @@ require "socket"
 require_relative "support/servers"
 
 module NeverBlockBench
-  # Runs the fault scenarios and reports them. See the file comment.
   class FaultsBench < Bench
     APP = File.expand_path("support/fault_app.ru", __dir__)
     CRASH_SCRIPT = File.expand_path("support/one_in_50_dies.lua", __dir__)
@@ -47,22 +31,16 @@ module NeverBlockBench
     def call
       @rows = []
       Machine.raise_fd_limit(@options[:loris] + 4096)
-      puts header
+      puts NeverBlockBench.header("NeverBlock::Server under faults, beside Puma: two workers each",
+                                  "neverblock #{NeverBlock::VERSION} (#{Checkout.description}); " \
+                                  "puma #{PeerServers.locked_versions['puma']}; #{Wrk.version}",
+                                  "wrk, the attackers and the servers on the same machine")
       @options[:scenarios].each { |scenario| send("run_#{scenario}") }
       report
       true
-    ensure
-      ServerProcess.stop_all
     end
 
     private
-
-    def header
-      NeverBlockBench.header("NeverBlock::Server under faults, beside Puma: two workers each",
-                             "neverblock #{NeverBlock::VERSION} (#{Checkout.description}); " \
-                             "puma #{PeerServers.locked_versions['puma']}; #{Wrk.version}",
-                             "wrk, the attackers and the servers on the same machine")
-    end
 
     # Starts each server of --only in turn, a two-worker cluster, yields its name and ServerProcess, stops it.
     def each_server
@@ -80,9 +58,8 @@ module NeverBlockBench
       end
     end
 
-    # Clients that each hold a connection with an unfinished request head,
-    # adding a header line every 2 s, reconnecting when the server closes it;
-    # they start at once and trickle until #stop.
+    # Clients that each hold an unfinished request head, adding a header line
+    # every 2 s and reconnecting when closed, from new until #stop.
     class Loris
       def initialize(port, count)
         @port = port
@@ -158,7 +135,7 @@ module NeverBlockBench
     def report
       columns = %w[scenario server measure value details]
       rows = @rows.map { |row| columns.zip(row).to_h }
-      puts "\n#{Table.new(columns, @rows, align: %i[left left left right left])}"
+      puts "\n#{Table.new(columns, @rows, left: columns - ['value'])}"
       chart = NeverBlockBench.chart("NeverBlock::Server vs Puma under faults (two workers each)")
       @rows.group_by(&:first).each do |scenario, mine|
         chart.pivot("#{scenario}: #{mine.first[2]}", "value", series: "server", where: { "scenario" => scenario })

@@ -1,27 +1,20 @@
 #!/usr/bin/env ruby
 # frozen_string_literal: true
 
-# The 2009 "fibers vs threads" comparison:
-# 1. N tasks that all sleep at once (N = 10_000 and 100_000, each sleeping
-#    2 s, or 1 s per 10_000 tasks if longer, so all start before any wakes):
-#    time to start them, wall time, peak RSS (VmHWM of the forked child that
-#    runs only that variant). Variants: threads, raw fibers with a hand-rolled
-#    sleep queue (the lower bound), NeverBlock.spawn, NeverBlock::FiberPool, Async.
-# 2. Spawning and finishing an empty task, µs per task, best of 3 runs of
-#    --spawns tasks in batches of 1000.
+# 2009's "fibers vs threads": (1) N tasks (--counts) sleeping at once, each
+# long enough that all start before any wakes: time to start them, wall
+# time, peak RSS of the forked child running that variant alone; threads, raw
+# fibers (the lower bound), NeverBlock.spawn, FiberPool, Async; (2) the µs to
+# spawn and finish an empty task, best of 3. As root it raises
+# vm.max_map_count for 100_000 fibers (two mappings each) and leaves it.
 #
 #   bench/run fibers                        Ruby 3.1 -> bench/results/fibers.{txt,csv,svg}
 #   bench/run --ruby 3.3 fibers             Ruby 3.3 -> bench/results/ruby33/
 #   bench/run fibers --quick                smoke run: 1000 tasks, 0.2 s, 2000 spawns
-#
-# A fiber stack is two memory mappings, so 100_000 fibers need vm.max_map_count
-# above the default 65530: as root the script raises it and leaves it raised
-# (the header shows the value; below it, the 100_000 cells fail with FiberError).
 
 require_relative "support/harness"
 
 module NeverBlockBench
-  # Runs the fibers-vs-threads benchmark and reports it. See the file comment.
   class FibersBench < Bench
     # `sleepers.(count, seconds, spawned)` starts `count` sleeping tasks, calls
     # `spawned` once all are started and returns when all are done;
@@ -33,8 +26,7 @@ module NeverBlockBench
     ONLY = %w[threads fibers neverblock pool async].freeze
     BATCH = 1000
     MICRO_RUNS = 3
-    # Memory mappings per thread (stack, guard page, VM stack) and per fiber
-    # (stack, guard page), and what a process has besides.
+    # Memory mappings per thread (stack, guard page, VM stack), per fiber (stack, guard page), and besides.
     MAPPINGS_PER_THREAD = 3
     MAPPINGS_PER_FIBER = 2
     MAPPINGS_BESIDES = 10_000
@@ -71,8 +63,7 @@ module NeverBlockBench
       [Variant.new(name: "threads", label: "threads (Thread.new)",
                    sleepers: ->(count, seconds, spawned) { Array.new(count) { Thread.new { sleep(seconds) } }.tap { spawned.call }.each(&:join) },
                    empties: ->(count, batch) { (count / batch).times { Array.new(batch) { Thread.new {} }.each(&:join) } }),
-       # No scheduler: a fiber "sleeps" by yielding its wake-up time; all sleep
-       # equally long, so the queue is in deadline order already.
+       # No scheduler: a fiber "sleeps" by yielding its wake-up time, all equally long (the queue is in order).
        Variant.new(name: "fibers", label: "raw fibers (Fiber.new + sleep queue)",
                    sleepers: lambda do |count, seconds, spawned|
                      queue = Array.new(count) { Fiber.new { Fiber.yield(NeverBlockBench.now + seconds) }.then { |f| [f.resume, f] } }
@@ -138,8 +129,7 @@ module NeverBlockBench
       NeverBlockBench.timed { variant.empties.call(@options[:spawns], BATCH) }
     end
 
-    # Threads are kernel tasks: past these limits Thread.new fails, and getting
-    # there can starve the machine of processes.
+    # Threads are kernel tasks: past these limits Thread.new fails, and getting there starves the machine.
     def thread_limit(variant, count)
       return nil unless variant.name == "threads"
 

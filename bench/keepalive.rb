@@ -1,39 +1,16 @@
 #!/usr/bin/env ruby
 # frozen_string_literal: true
 
-# Keep-alive clients across workers: how evenly a multi-worker server shares
-# connections that stay open. wrk (one thread, --timeout 10 s) holds
-# --clients keep-alive connections and sends one request at a time on each;
-# the worker that accepted a connection serves every request on it, so a
-# worker that took more than its share keeps the extra load for the whole run.
-#
-#   NeverBlock  neverblock serve -w N (this checkout)
-#   Puma        puma -w N --threads 5:5, its other settings default
-#   Falcon      falcon serve --count N
-#
-# Endpoints (bench/support/keepalive_app.ru): /cpu computes for 20 ms of CPU;
-# /mixed computes for 10 ms, then sleeps 10 ms (an IO wait). Every --endpoints
-# x --clients x --workers x server is a cell; each run of a cell starts a
-# fresh server, warms it up (--warmup seconds on connections of its own, then
-# until it has finished what they asked), then runs wrk for --duration
-# seconds. Runs are interleaved: run 1 of every cell, then run 2. Per cell the
-# table shows the worst of --runs runs (highest p99):
-#
-#   requests, req/s  wrk's
-#   p50/p99/max ms   each response's latency as the client timed it
-#                    (bench/support/keepalive.lua), not wrk's distribution,
-#                    which adds samples of its own for slow responses
-#   over 2 s         responses slower than 2 s
-#   errors           wrk's socket errors (timeouts too) and non-2xx responses
-#   max/even         the busiest worker's responses over an even share (all
-#                    responses / workers): 1.00 is even, N means one worker served all
-#   per worker       each worker's responses (x-pid), most first
-#   CPU ms/req       the server's CPU time (user + system, all its processes,
-#                    from /proc) during the run, per response; it includes the
-#                    work on requests still unanswered when wrk stops (up to
-#                    one per client), so short runs with many clients read high
-#
-# and the median p99 and max/even over the runs.
+# Keep-alive clients across workers: how evenly NeverBlock (`-w N`), Puma
+# (`-w N --threads 5:5`) and Falcon (`--count N`) share --clients connections
+# that wrk (one thread, --timeout 10 s) keeps open, on /cpu (20 ms of CPU)
+# and /mixed (10 ms of CPU, then 10 ms asleep) of support/keepalive_app.ru.
+# Each run: a fresh server, --warmup s of wrk, a wait until it is idle,
+# --duration s of wrk. Per cell the worst of --runs runs (highest p99):
+# latencies as the client timed each response (support/keepalive.lua),
+# max/even (the busiest worker's responses over an even share: 1.00 is
+# even), each worker's responses, the server's CPU per response; and the
+# medians of p99 and max/even over the runs.
 #
 #   bench/run keepalive                   -> bench/results/keepalive.{txt,csv,svg}
 #   bench/run keepalive --quick           4 s cells, one run
@@ -45,7 +22,6 @@ require "neverblock/version"
 require_relative "support/servers"
 
 module NeverBlockBench
-  # Runs the keep-alive fairness benchmark and reports it. See the file comment.
   class KeepaliveBench < Bench
     APP = File.expand_path("support/keepalive_app.ru", __dir__)
     SCRIPT = File.expand_path("support/keepalive.lua", __dir__)
@@ -57,7 +33,6 @@ module NeverBlockBench
     SETTLE_TIMEOUT = 30 # seconds a server may take to finish the warm-up's requests
     COLUMNS = ["endpoint", "clients", "workers", "server", "requests", "req/s", "p50 ms", "p99 ms", "max ms", "over 2 s",
                "errors", "max/even", "per worker", "CPU ms/req", "median p99 ms", "median max/even", "note"].freeze
-    LEFT = ["endpoint", "server", "per worker", "note"].freeze # the table's left-aligned columns
 
     Cell = Struct.new(:endpoint, :clients, :workers, :server) do
       def to_s = "/#{endpoint}, #{clients} clients, #{workers} workers, #{server}"
@@ -78,8 +53,6 @@ module NeverBlockBench
       end
       report(cells.map { |cell| row(cell, runs[cell]) }, endpoints)
       runs.values.flatten.none? { |run| run[:failure] }
-    ensure
-      ServerProcess.stop_all
     end
 
     private
@@ -97,34 +70,29 @@ module NeverBlockBench
       )
     end
 
-    # One run of `cell` on a fresh server.
-    # @return [Hash] the run's numbers, or :failure (text)
+    # One run of `cell` on a fresh server. @return [Hash] the run's numbers, or :failure (text)
     def measure(cell)
       PeerServers.cluster(cell.server, APP, workers: cell.workers, puma_threads: PUMA_THREADS) do |server|
         PeerServers.check_ruby(server)
         url = "http://127.0.0.1:#{server.port}/#{cell.endpoint}"
         Wrk.run(url, connections: cell.clients, duration: @options[:warmup]) if @options[:warmup].positive?
-        cpu = idle_cpu(server)
-        result = Wrk.run(url, connections: cell.clients, duration: @options[:duration], script: SCRIPT)
-        cpu = ProcessCpu.session_seconds(server.pid) - cpu
-        parse(result, cell.workers).merge(cpu_ms: (cpu * 1000 / result.requests if result.requests.positive?))
+        settle(server)
+        parse(Wrk.run(url, connections: cell.clients, duration: @options[:duration], script: SCRIPT, pid: server.pid), cell.workers)
       end
     rescue StandardError => e
       { failure: "#{e.class}: #{e.message.lines.first&.strip}" }
     end
 
-    # Waits until the server's processes use under 10% of a CPU (at most
-    # SETTLE_TIMEOUT seconds): a server may go on computing what the warm-up's
-    # clients asked for after they left, which would fall into the measured run.
-    # @return [Float] the server's CPU seconds so far
-    def idle_cpu(server)
+    # Waits (at most SETTLE_TIMEOUT seconds) until the server uses under 10% of
+    # a CPU: it may go on computing what the warm-up's clients asked for.
+    def settle(server)
       deadline = NeverBlockBench.now + SETTLE_TIMEOUT
       cpu = ProcessCpu.session_seconds(server.pid)
       loop do
         sleep 0.3
         before = cpu
         cpu = ProcessCpu.session_seconds(server.pid)
-        return cpu if cpu - before < 0.03 || NeverBlockBench.now > deadline
+        return if cpu - before < 0.03 || NeverBlockBench.now > deadline
       end
     end
 
@@ -137,7 +105,8 @@ module NeverBlockBench
       counts.fill(0, counts.size...workers) # the workers that answered none
       { requests: result.requests, rps: result.requests_per_second, p50: p50, p99: p99, max: max,
         over_2s: Integer(text[/^keepalive over_2s (\d+)$/, 1]), errors: result.errors, counts: counts,
-        max_even: counts.sum.positive? ? counts.max * workers / counts.sum.to_f : 0.0, wrk_p99: result.p99 && result.p99 * 1000 }
+        max_even: counts.sum.positive? ? counts.max * workers / counts.sum.to_f : 0.0, wrk_p99: result.p99 && result.p99 * 1000,
+        cpu_ms: (result.cpu * 1000 / result.requests if result.requests.positive?) }
     end
 
     # A cell's CSV row: its worst run (highest p99, then highest max), the
@@ -158,7 +127,7 @@ module NeverBlockBench
     end
 
     def report(rows, endpoints)
-      table = Table.new(COLUMNS, rows.map { |row| row.values_at(*COLUMNS) }, align: COLUMNS.map { |name| LEFT.include?(name) ? :left : :right })
+      table = Table.of(rows, COLUMNS, left: ["server", "per worker", "note"])
       puts "\nthe worst of #{@options[:runs]} runs per cell (highest p99), and the medians over the runs\n\n#{table}"
       chart = NeverBlockBench.chart("Keep-alive clients across workers: p99 of the worst of #{@options[:runs]} runs",
                                     "NeverBlock -w N, Puma -w N --threads #{PUMA_THREADS}, Falcon --count N")

@@ -1,31 +1,19 @@
 #!/usr/bin/env ruby
 # frozen_string_literal: true
 
-# Lobsters (github.com/lobsters/lobsters: Rails 8.1 on SQLite), a real Rails app in production
-# mode, served by NeverBlock (`neverblock serve --preload -w 2`) and by Puma (Lobsters' own
-# config/puma.rb: 2 workers x 10 threads, preload_app!), each directly and behind Thruster
-# (`thrust` in front of the app server). Logged out, wrk -t1 -c10 keep-alive --timeout 10s,
-# --duration s per page after a warm-up: the front page, /recent and the story with the most
-# comments (Lobsters renders each, and writes the page-cache file a web server in front would
-# serve; none here). Per cell: req/s, p50, p99, max, responses of 2 s or more, errors, and the
-# CPU of the server's processes (thrust's too) per request. Each of --runs rounds starts every
-# server afresh; the worst run counts.
+# Lobsters (github.com/lobsters/lobsters: Rails 8.1, SQLite) in production
+# under NeverBlock (`neverblock serve --preload -w 2`) and Puma (its
+# config/puma.rb: 2 workers x 10 threads), each directly and behind Thruster:
+# wrk -t1 -c10 on the front page, /recent and the most commented story; per
+# cell the worst of --runs fresh-server runs: req/s, p50, p99, max, responses
+# of 2 s or more, errors, and the server's CPU per request (thrust's too).
+# Clone Lobsters outside this repository yourself (nothing here downloads it);
+# --prepare sets it up in place (its Gemfile gains neverblock from /src, where
+# the Ruby 3.4 chroot mounts this checkout, and thruster; database.yml;
+# bundle install; db:prepare; assets; fake data, ~4 min), each step once.
 #
 #   bench/run --ruby 3.4-yjit lobsters --app /work/lobsters --prepare   once
 #   bench/run --ruby 3.4-yjit lobsters --app /work/lobsters             -> bench/results/ruby34-yjit/lobsters.{txt,csv,svg}
-#
-# Getting Lobsters: this script never downloads it, and it is never committed here. Clone it
-# outside this repository yourself (git clone https://github.com/lobsters/lobsters /work/lobsters).
-# bench/run mounts --app into the Ruby 3.4 chroot at the same path. --prepare sets it up there,
-# in the app's directory (each step skipped once done):
-#   1. .ruby-version: this Ruby (Lobsters asks for 4.0; it runs on 3.4)
-#   2. Gemfile: adds gem "neverblock", path: "/src" (this checkout, in the chroot) and "thruster"
-#   3. config/database.yml from its sample (SQLite files in storage/)
-#   4. bundle install without development and test, into APP/vendor/bundle (sqlite3 built with
-#      the flags in the app's .bundle/config, which the chroot's BUNDLE_APP_CONFIG hides)
-#   5. bin/rails db:prepare assets:precompile
-#   6. fake data: lib/tasks/fake_data.rake's FakeDataGenerator for 100 users and 300 stories
-#      (~4 min; the rake task itself refuses production)
 
 require_relative "support/harness"
 require "neverblock"
@@ -34,7 +22,6 @@ require "net/http"
 require "open3"
 
 module NeverBlockBench
-  # Runs the Lobsters benchmark, or prepares the app. See the file comment.
   class LobstersBench < Bench
     DEFAULTS = { app: "/work/lobsters", prepare: false, duration: 10, warmup: 3, connections: 10, workers: 2,
                  puma_threads: 10, runs: 3 }.freeze
@@ -70,8 +57,6 @@ module NeverBlockBench
         end
       end
       report(results)
-    ensure
-      ServerProcess.stop_all
     end
 
     private
@@ -154,17 +139,13 @@ module NeverBlockBench
     end
 
     def wrk(server, path, duration)
-      cpu = ProcessCpu.session_seconds(server.pid)
-      command = ["wrk", "-t1", "-c#{@options[:connections]}", "-d#{duration}s", "--timeout", "10s", "--latency", "-s", LUA,
-                 "http://127.0.0.1:#{server.port}#{path}"]
-      output, status = Open3.capture2e(*command)
-      cpu = ProcessCpu.session_seconds(server.pid) - cpu
-      max_us, slow = output.match(/^lobsters: max_us (\d+) over_2s (\d+)/)&.captures&.map(&:to_i)
-      raise "#{command.join(' ')} failed (#{status}):\n#{output}" unless status.success? && max_us
+      result = Wrk.run("http://127.0.0.1:#{server.port}#{path}", connections: @options[:connections], duration: duration,
+                                                                 script: LUA, pid: server.pid)
+      max_us, slow = result.output.match(/^lobsters: max_us (\d+) over_2s (\d+)/)&.captures&.map(&:to_i)
+      raise "no lobsters line in wrk's output:\n#{result.output}" unless max_us
 
-      result = Wrk.parse(output)
       { rps: result.requests_per_second, p50: result.p50, p99: result.p99, max: max_us / 1e6, slow: slow,
-        errors: result.errors, cpu: cpu / [result.requests, 1].max }
+        errors: result.errors, cpu: result.cpu / [result.requests, 1].max }
     end
 
     def header(data)

@@ -1,28 +1,17 @@
 #!/usr/bin/env ruby
 # frozen_string_literal: true
 
-# What observability costs per request (issue 22, item 5): the same
-# `neverblock serve -w 1` (a master and one worker; the control listener is
-# the master's) with it off, with the metrics on (`--control`: every request
-# counted by status class and method, durations and admission waits into
-# histograms, the worker's snapshot in each heartbeat, the master gathering
-# them), and with the metrics plus the JSON access log (request ids kept or
-# made, one object per request). Two apps: hello world and the 2009 Rails
-# benchmark's GET /fast (bench/rails/: ActionController::API, ActiveRecord,
-# `select 1` through the neverblock_postgresql adapter, production mode).
+# What observability costs per request: `neverblock serve -w 1` with it off,
+# with the metrics on (--control) and with the metrics plus the JSON access
+# log, serving hello world and the Rails app's GET /fast (bench/rails/). Each
+# cell: a fresh server, --warmup s of wrk, --duration s of `wrk -t1
+# -c<connections>`; the CPU per request of the server's session (master and
+# worker). Interleaved rounds rotate the variants; medians. Target: metrics
+# on <= 1.05x the CPU with them off (the access log has none).
 #
 #   bench/run observability [--runs 5]   -> bench/results/observability.{txt,csv,svg}
 #   bench/run observability --quick      smoke run: 2 s per cell, one round
 #   bench/run observability --only off,metrics --apps hello
-#
-# Each cell: a server started afresh, --warmup seconds of wrk, then
-# --duration seconds of `wrk -t1 -c<connections>`; the server's CPU per
-# request is the user+system time of its whole process session (master and
-# worker, from /proc) over the measured run / requests. Rounds are
-# interleaved (every variant once per round, in an order that rotates) and
-# each cell reports its median. Target: metrics on <= 1.05x the CPU per
-# request with them off. The access log has no target: at a ~16 us request,
-# making a request id and writing a line cost more than 5 %.
 
 require_relative "support/harness"
 require "neverblock"
@@ -30,7 +19,6 @@ require_relative "support/servers"
 require_relative "support/postgres"
 
 module NeverBlockBench
-  # Runs the observability benchmark and reports it. See the file comment.
   class ObservabilityBench < Bench
     DEFAULTS = { duration: 8, warmup: 2, connections: 16, runs: 5, apps: %w[hello rails] }.freeze
     QUICK = { duration: 2, warmup: 1, runs: 1 }.freeze
@@ -67,8 +55,6 @@ module NeverBlockBench
       end
       report(apps)
       @failures.empty? && @runs.values.flatten.all? { |run| run[:errors].zero? }
-    ensure
-      ServerProcess.stop_all
     end
 
     private
@@ -87,23 +73,16 @@ module NeverBlockBench
       app = APPS.fetch(app_name)
       port = ServerProcess.free_port
       warn "#{app_name} #{variant} (run #{round + 1}/#{@options[:runs]}) on 127.0.0.1:#{port}"
-      Dir.mktmpdir("neverblock-bench-observability-") do |dir|
-        process = PeerServers.neverblock(app[:rackup], port: port, args: ["-w", "1", *FLAGS.fetch(variant).call(dir)],
-                                                       env: app[:env], name: "neverblock-#{app_name}-#{variant}")
-        begin
-          process.wait_until_ready(path: app[:path])
-          url = "http://127.0.0.1:#{port}#{app[:path]}"
-          Wrk.run(url, connections: @options[:connections], duration: @options[:warmup]) if @options[:warmup].positive?
-          cpu_before = ProcessCpu.session_seconds(process.pid)
-          result = Wrk.run(url, connections: @options[:connections], duration: @options[:duration])
-          cpu = ProcessCpu.session_seconds(process.pid) - cpu_before
-          run = { rps: result.requests_per_second, p99: result.p99, errors: result.errors,
-                  cpu_us: (cpu * 1e6 / result.requests if result.requests.positive?) }
-          @runs[[app_name, variant]] << run
-          warn format("  %9.0f req/s  p99 %.2f ms  %s us CPU/req", run[:rps], (run[:p99] || 0) * 1000, run[:cpu_us]&.round(1) || "-")
-        ensure
-          process.stop
-        end
+      dir = File.join(scratch, "#{app_name}-#{variant}-#{round}").tap { |path| FileUtils.mkdir_p(path) }
+      PeerServers.neverblock(app[:rackup], port: port, args: ["-w", "1", *FLAGS.fetch(variant).call(dir)],
+                                           env: app[:env], name: "neverblock-#{app_name}-#{variant}").serve(path: app[:path]) do |process|
+        url = "http://127.0.0.1:#{port}#{app[:path]}"
+        Wrk.run(url, connections: @options[:connections], duration: @options[:warmup]) if @options[:warmup].positive?
+        result = Wrk.run(url, connections: @options[:connections], duration: @options[:duration], pid: process.pid)
+        run = { rps: result.requests_per_second, p99: result.p99, errors: result.errors,
+                cpu_us: (result.cpu * 1e6 / result.requests if result.requests.positive?) }
+        @runs[[app_name, variant]] << run
+        warn format("  %9.0f req/s  p99 %.2f ms  %s us CPU/req", run[:rps], (run[:p99] || 0) * 1000, run[:cpu_us]&.round(1) || "-")
       end
     rescue StandardError => e
       warn "  #{app_name} #{variant} FAILED: #{e.message}"

@@ -2,44 +2,28 @@
 # frozen_string_literal: true
 
 # Where a pooled query's CPU goes: the client's CPU and allocations per
-# `select $1` (exec_params), layer by layer.
-#
-#   blocking   PG::Connection#exec_params, no scheduler
-#   blocking_awake  the same with the other CPUs kept busy (Spinner, see bench/db.rb):
-#              a client that waits for every reply pays for waking a halted virtual
-#              CPU, which on a quiet machine inflates blocking's CPU per query
-#   sched      the same on one NeverBlock::Postgres::Connection, one fiber
-#              under NeverBlock's scheduler (the scheduler's cost)
-#   pool1      NeverBlock::Postgres.pool(size: 1), one fiber (checkout, checkin)
-#   pool       pool(size: 12), 100 fibers (the benchmark's case: waiting for
-#              a connection, handing over)
-#   pipeline   pool(size: 12, pipeline: true), 100 fibers
+# `select $1`, layer by layer: blocking (PG::Connection, also with the other
+# CPUs kept busy: blocking_awake), sched (a NeverBlock::Postgres::Connection
+# in one fiber), pool1 (pool(size: 1), one fiber), pool (size 12, 100
+# fibers), pipeline (the same, pipelined). Each measurement is a forked child
+# that connects and warms up first; interleaved rounds, medians.
 #
 #   bench/run pool_cost                       Ruby 3.1 -> bench/results/pool_cost.{txt,csv}
 #   bench/run --ruby 3.4-yjit pool_cost       Ruby 3.4 + YJIT -> bench/results/ruby34-yjit/
 #   bench/run pool_cost --only pool,blocking --queries 100000 --runs 3
 #   bench/run pool_cost --quick               smoke run: 500 queries, one round
-#   POOL_COST_STACKPROF=DIR   also write a stackprof (cpu mode) dump per variant and run to DIR
-#                             (stackprof is in the development bundles, not the bench ones)
-#   --queries-only            run each variant once in this process, measure and print nothing
-#                             (for `strace -c -f` or perf around the whole run)
-#
-# Each measurement is a forked child that connects and warms up first;
-# variants are interleaved round by round, and the median printed with
-# every run beside it.
+#   POOL_COST_STACKPROF=DIR   a stackprof dump per variant and run (stackprof: development bundles only)
+#   --queries-only            each variant once, unmeasured (for strace -c -f or perf)
 
 require_relative "support/harness"
 require_relative "support/postgres"
 
 module NeverBlockBench
-  # Measures a pooled query's CPU layer by layer and reports it. See the file comment.
   class PoolCostBench < Bench
     DEFAULTS = { queries: 10_000, runs: 5, queries_only: false }.freeze
     QUICK = { queries: 500, runs: 1 }.freeze
     ONLY = %w[blocking blocking_awake sched pool1 pool pipeline].freeze # the variants
-    SQL = "select $1"
-    OPEN_SQL = "select pg_sleep(0.02)" # long enough that each warm-up task holds a connection of its own
-    WARM_UP = 500 # queries each measurement runs before its clock starts
+    SQL = PooledQueries::SQL
     FIBERS = 100
     POOL_SIZE = 12
 
@@ -93,16 +77,16 @@ module NeverBlockBench
       when "pool", "pipeline"
         db = NeverBlock::Postgres.pool(size: POOL_SIZE, pipeline: name == "pipeline", **@conninfo)
         NeverBlock.run do
-          NeverBlock.wait_all(Array.new(FIBERS) { NeverBlock.spawn { db.exec(OPEN_SQL) } }) # every connection opened first
-          measure(name, queries) { |count| fan_out(db, count) }
+          PooledQueries.open_all(db, FIBERS)
+          measure(name, queries) { |count| PooledQueries.fan_out(db, count, FIBERS) }
         end
       end
     end
 
-    # Runs the block with WARM_UP, then, measured, with `queries`. Under the
+    # Runs the block with WARM_UP, then, measured, with `queries`; under the
     # scheduler also counts the fibers it entered (Scheduler#switches).
     def measure(name, queries)
-      yield WARM_UP
+      yield PooledQueries::WARM_UP
       GC.start
       runs = GC.count
       scheduler = Fiber.scheduler
@@ -117,11 +101,6 @@ module NeverBlockBench
       require "stackprof"
       FileUtils.mkdir_p(dir)
       StackProf.run(mode: :cpu, interval: 100, raw: true, out: File.join(dir, "#{name}-#{Process.pid}.dump"), &block)
-    end
-
-    # `count` exec_params over FIBERS tasks, each running its share in order.
-    def fan_out(db, count)
-      NeverBlock.wait_all(NeverBlockBench.split(count, FIBERS).map { |share| NeverBlock.spawn { share.times { |i| db.exec_params(SQL, [i]) } } })
     end
 
     def report(cells)

@@ -1,50 +1,26 @@
 #!/usr/bin/env ruby
 # frozen_string_literal: true
 
-# NeverBlock's 2009 Rails benchmark (one Rails process serving many slow
-# requests at once), reproduced with a minimal Rails app (bench/rails/:
-# ActionController::API and ActiveRecord, production mode) whose /sleep action
-# runs `select pg_sleep(1)` and /fast action `select 1`.
+# NeverBlock's 2009 Rails benchmark with a minimal Rails app (bench/rails/:
+# ActionController::API, ActiveRecord, production; /sleep runs `select
+# pg_sleep(1)`, /fast `select 1`), neverblock_postgresql under one NeverBlock
+# process against postgresql under Puma:
+# (a) ten concurrent /sleep, against Puma with one thread (2009: ~1 s vs ~10 s);
+# (b) 2009's mixed workload: --requests at --concurrency, one in N to /sleep
+#     (--every), against Puma clusters of --puma-workers, Puma's IO mode
+#     (puma_io) and, as Puma 8.0.2's IO mode stays at 5 threads after its
+#     first lull (puma#3958), Puma with 205 threads;
+# (c) only /fast at each --fast-concurrency: req/s, p50, p99, and the server's
+#     CPU, allocations and GC time per request, NeverBlock with and without its
+#     adaptive limit against Puma with 5 and 16 threads. Targets: CPU per
+#     request <= 0.8x Puma's (0:5), p99 <= Puma's at the highest concurrency.
+# Every server starts afresh and warmed up per round; cells are medians of
+# --runs. The client is this process: a NeverBlock task per concurrent
+# request, each on a keep-alive Net::HTTP connection.
 #
 #   bench/run rails [options]        -> bench/results/rails.{txt,csv,svg}
 #   bench/run rails --quick          smoke run: one run, fewer requests, (b) with N = 20, 10 only
 #   bench/run rails --only fast      (c) alone
-#
-# (a) Ten concurrent /sleep requests: one NeverBlock::Server process
-#     (`adapter: neverblock_postgresql`, pool --nb-pool) against Puma with one
-#     process and one thread (stock `postgresql` adapter, pool 1). 2009: ~1 s
-#     against ~10 s.
-# (b) The 2009 mixed workload: --requests (1000) at concurrency --concurrency
-#     (200); request i (from 0) goes to /sleep when i % N == 0, else to /fast,
-#     for N in --every (200,100,50,20,10). One NeverBlock process against Puma
-#     clusters of 1, 2 and 4 workers (Puma's default threads 0:5, stock adapter
-#     with pool 5: a connection per thread), and one Puma process in its IO
-#     mode (puma_io: threads 0:5 plus max_io_threads --puma-io-threads (200, the
-#     concurrency) for /sleep, which marks itself IO-bound; stock adapter with
-#     pool 5 + 200, a connection for every thread there can be). Puma 8.0.2's
-#     IO mode does not give back an exited IO thread's place (puma#3958, fixed
-#     upstream by #3968): after its first lull it stays at 5 threads. So also
-#     puma_0x205, Puma with threads 205:205: IO mode's most threads, unbroken.
-# (c) CPU per request: only /fast, --fast-requests (4000) per cell at concurrency
-#     16 and 200 (--fast-concurrency), against one NeverBlock process (with its
-#     adaptive limit, and with --no-adaptive-limit) and one Puma process (0:5
-#     threads, and 16: threads matched to c=16). req/s, p50 and p99 seen by the
-#     client; the server's CPU per request (ProcessCpu over its session, during
-#     the measured window), allocations and GC time per request (GET /_bench/gc,
-#     see rails/config.ru). Rounds rotate the servers' and the concurrencies'
-#     order. Targets (issue 13): NeverBlock's CPU per request <= 0.8x Puma's
-#     (0:5) at each concurrency, and its p99 <= Puma's at the highest.
-#
-# Everything runs --runs (3) times, each server started afresh per run and
-# warmed up (#warm_up); each cell is the median of its runs (the others beside
-# it). NeverBlock runs `neverblock serve bench/rails/config.ru -w 0` from this
-# checkout; Puma 8 from bench/gemfiles/servers.gemfile (vendor/bundle-servers);
-# ActiveRecord 7.2 on both (on Ruby 3.4, bench/run --ruby 3.4[-yjit]: both from
-# bench/gemfiles/ruby34.gemfile, Rails 8.1). The client is this process: NeverBlock tasks, one
-# per concurrent request, each on a keep-alive Net::HTTP connection, taking
-# the next request until all are sent; req/s = requests / wall time. Client,
-# servers and PostgreSQL (bench/run starts it) share one machine: the numbers
-# are noisy.
 
 require_relative "support/harness"
 require "net/http"
@@ -53,7 +29,6 @@ require_relative "support/servers"
 require_relative "support/postgres"
 
 module NeverBlockBench
-  # Runs the Rails benchmark and reports it. See the file comment.
   class RailsBench < Bench
     DEFAULTS = { requests: 1000, concurrency: 200, every: [200, 100, 50, 20, 10], puma_workers: [1, 2, 4], nb_pool: 200, puma_io_threads: 200,
                  fast_requests: 4000, fast_concurrency: [16, 200], puma_matched_threads: 16, runs: 3 }.freeze
@@ -75,8 +50,6 @@ module NeverBlockBench
       cells = @options[:only].flat_map { |part| send("measure_#{part}") }
       report(cells)
       cells.all? { |cell| cell.failures.empty? && cell[:errors].empty? }
-    ensure
-      ServerProcess.stop_all
     end
 
     private
@@ -94,16 +67,15 @@ module NeverBlockBench
       )
     end
 
-    # @param adaptive [Boolean] false: `--no-adaptive-limit` (up to fiber_pool at once, as before issue 13)
+    # adaptive false: `--no-adaptive-limit` (up to fiber_pool requests at once)
     def neverblock(adaptive: true)
       pool = @options[:nb_pool]
       name = adaptive ? "neverblock" : "neverblock_fixed"
+      env = { "NB_RAILS_ADAPTER" => "neverblock_postgresql", "NB_RAILS_POOL" => pool.to_s }
       Setup.new(name: name, label: "NeverBlock::Server, 1 process, #{adaptive ? 'adaptive limit' : 'no adaptive limit'}, " \
                                    "neverblock_postgresql pool #{pool}",
                 start: lambda do |port|
-                  PeerServers.neverblock(APP, port: port, args: ["-w", "0", *("--no-adaptive-limit" unless adaptive)],
-                                              name: "neverblock-rails-#{name}",
-                                              env: { "NB_RAILS_ADAPTER" => "neverblock_postgresql", "NB_RAILS_POOL" => pool.to_s })
+                  PeerServers.neverblock(APP, port: port, args: ["-w", "0", *("--no-adaptive-limit" unless adaptive)], name: "neverblock-rails-#{name}", env: env)
                 end)
     end
 
@@ -111,26 +83,20 @@ module NeverBlockBench
       name = threads == 1 ? "puma_1x1" : "puma_#{workers}x#{threads}"
       mode = workers.zero? ? "1 process (single mode)" : "#{workers} workers"
       puma_threads = { 1 => "1:1", PUMA_THREADS => nil }.fetch(threads) { "#{threads}:#{threads}" }
+      env = { "NB_RAILS_ADAPTER" => "postgresql", "NB_RAILS_POOL" => threads.to_s }
       Setup.new(name: name, label: "Puma, #{mode}, #{threads} threads and a postgresql pool of #{threads} per process",
-                start: lambda do |port|
-                  PeerServers.puma(APP, port: port, workers: workers, threads: puma_threads, name: "puma-rails-#{name}",
-                                        env: { "NB_RAILS_ADAPTER" => "postgresql", "NB_RAILS_POOL" => threads.to_s })
-                end)
+                start: ->(port) { PeerServers.puma(APP, port: port, workers: workers, threads: puma_threads, name: "puma-rails-#{name}", env: env) })
     end
 
-    # Puma 8's IO mode in one process: its default 0:5 threads, plus up to
-    # io_threads more for requests marked IO-bound (/sleep); the stock adapter's
-    # pool holds a connection for each thread there can be, so none waits for one.
+    # Puma 8's IO mode in one process: 0:5 threads, plus up to io_threads for
+    # requests marked IO-bound (/sleep); a pool connection for every thread.
     def puma_io
       io_threads = @options[:puma_io_threads]
       pool = PUMA_THREADS + io_threads
+      env = { "NB_RAILS_ADAPTER" => "postgresql", "NB_RAILS_POOL" => pool.to_s, "NB_BENCH_PUMA_IO_THREADS" => io_threads.to_s }
       Setup.new(name: "puma_io", label: "Puma IO mode, 1 process (single mode), threads 0:#{PUMA_THREADS} + max_io_threads " \
                                         "#{io_threads}, postgresql pool #{pool}",
-                start: lambda do |port|
-                  PeerServers.puma(APP, port: port, config: PUMA_IO_CONFIG, name: "puma-rails-puma_io",
-                                        env: { "NB_RAILS_ADAPTER" => "postgresql", "NB_RAILS_POOL" => pool.to_s,
-                                               "NB_BENCH_PUMA_IO_THREADS" => io_threads.to_s })
-                end)
+                start: ->(port) { PeerServers.puma(APP, port: port, config: PUMA_IO_CONFIG, name: "puma-rails-puma_io", env: env) })
     end
 
     def cells_for(part, setups, values, requests:, concurrency: nil)
@@ -168,19 +134,18 @@ module NeverBlockBench
         outcome = drive(port, Array.new(cell[:requests]) { "/fast" }, cell[:concurrency], latencies: (latencies = []))
         cpu, gc_after = ProcessCpu.session_seconds(pid) - cpu_before, gc_counters(port) # rubocop:disable Style/ParallelAssignment
         n = cell[:requests].to_f
-        latencies.sort!
-        cell[:fast] << { rate: n / outcome[:seconds], p50: percentile(latencies, 0.50), p99: percentile(latencies, 0.99),
+        cell[:fast] << { rate: n / outcome[:seconds], p50: NeverBlockBench.percentile(latencies, 0.50),
+                         p99: NeverBlockBench.percentile(latencies, 0.99),
                          cpu_us: cpu / n * 1e6, allocations: (gc_after[0] - gc_before[0]) / n,
                          gc_us: (gc_after[1] - gc_before[1]) * 1000.0 / n, majors: gc_after[2] - gc_before[2] }
         outcome
       end
     end
 
-    # Measures `cells` (setup => its cells) --runs times: per run, each setup's
-    # server is started, warmed up and measured with the block (port, cell,
-    # server pid => drive's outcome) for each of its cells, then stopped. A
-    # server that fails fails its cells for that run.
-    # @return [Array<Cell>]
+    # Measures `cells` (setup => its cells) --runs times: per run each setup's
+    # server started, warmed up, measured with the block (port, cell, pid =>
+    # drive's outcome) for each of its cells, stopped. A server that fails
+    # fails its cells for that run. @return [Array<Cell>]
     def measure(cells, rotate: false)
       @options[:runs].times do |round|
         (rotate ? cells.keys.rotate(round) : cells.keys).each do |setup|
@@ -198,20 +163,17 @@ module NeverBlockBench
     def with_server(setup)
       port = ServerProcess.free_port
       warn "#{setup.label} on 127.0.0.1:#{port}"
-      process = setup.start.call(port)
-      process.wait_until_ready(path: "/fast", timeout: 120)
-      warn "  #{PeerServers.check_ruby(process)}"
-      warm_up(port, setup, process)
-      yield port, process.pid
-    ensure
-      process&.stop
+      setup.start.call(port).serve(path: "/fast", timeout: 120) do |process|
+        warn "  #{PeerServers.check_ruby(process)}"
+        warm_up(port, setup, process)
+        yield port, process.pid
+      end
     end
 
-    # Opens the connections the measurements will use and runs the code paths
-    # once: for NeverBlock as many concurrent /sleep requests as its pool holds
-    # (the mixed workload holds up to that many; opening one costs milliseconds
-    # of SCRAM on both sides), then two rounds of --concurrency /fast requests
-    # (which open Puma's connection per thread).
+    # Opens the connections the measurements use (each costs milliseconds of
+    # SCRAM) and runs the code paths once: for NeverBlock as many concurrent
+    # /sleep as its pool holds, then two rounds of --concurrency /fast (which
+    # open Puma's connection per thread).
     def warm_up(port, setup, process)
       rounds = Array.new(2) { Array.new(@options[:concurrency]) { "/fast" } }
       rounds.unshift(Array.new([@options[:concurrency], @options[:nb_pool]].min) { "/sleep" }) if setup.name.start_with?("neverblock")
@@ -235,14 +197,12 @@ module NeverBlockBench
       Net::HTTP.start("127.0.0.1", port) { |http| http.get("/_bench/gc").body.split.map { |v| Integer(v) } }
     end
 
-    def percentile(sorted, fraction) = sorted.empty? ? nil : sorted[((sorted.size - 1) * fraction).round]
-
     # Issues `paths` in order from `concurrency` NeverBlock tasks, each on its own keep-alive connection.
     # @param latencies [Array, nil] gets each request's seconds when given
     # @return [Hash] seconds:, errors: (what went wrong, one String per failed request)
     def drive(port, paths, concurrency, latencies: nil)
       errors = []
-      # No stall warnings: a busy machine starves the client's loop now and then, which says nothing about the servers.
+      # No stall warnings: a busy machine starves the client's loop now and then.
       NeverBlock.run(stall_threshold: nil) do
         following = 0
         started = NeverBlockBench.now
@@ -326,7 +286,6 @@ module NeverBlockBench
       puts table
     end
 
-    # Targets (issue 13): NeverBlock's CPU per request <= 0.8x puma_0x5's, its p99 <= puma_0x5's at 200 clients.
     FAST_TABLE = %w[server concurrency req_per_s p50_ms p99_ms cpu_us_per_req allocations_per_req gc_us_per_req cpu_us_runs
                     cpu_vs_puma_0x5 p99_vs_puma_0x5].freeze
 

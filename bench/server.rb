@@ -1,40 +1,24 @@
 #!/usr/bin/env ruby
 # frozen_string_literal: true
 
-# NeverBlock::Server against Puma (also in its IO mode), Falcon, Thin, iodine and agoo (nginx as
-# the hardware reference), one serving process each, loaded by Debian's wrk
-# (`wrk -t1 -cN -dXs --latency`, keep-alive): req/s, latency, the server's
-# CPU time per request (its whole session, from /proc) and, for NeverBlock,
-# allocations per request (GcProbe).
+# NeverBlock::Server against Puma (also in its IO mode), Falcon, Thin, iodine
+# and agoo (nginx as the hardware reference), one serving process each, loaded
+# by Debian's wrk (`-t1 -cN -dXs --latency`, keep-alive): req/s, latency, the
+# server's CPU per request (its session, from /proc) and NeverBlock's
+# allocations per request. Scenarios (support/server_app.rb): hello (GET /,
+# --connections, every server), sleep (`sleep 0.01`) and pg (`select
+# pg_sleep(0.01)` through a pool of --db-pool) at --io-connections. puma_io is
+# Puma 8's IO mode (support/puma_io.rb: 0:5 threads + --puma-io-threads for
+# requests marked IO-bound); Puma 8.0.2's IO mode stays at 5 threads after its
+# first lull (puma#3958), so puma_threads has 0:(5 + --puma-io-threads). The
+# "met" columns check each Scenario's targets. Servers start once per round
+# and are warmed up per scenario; --runs rounds interleave, each number is a
+# median (latencies: the run with the median req/s). pg needs PostgreSQL.
 #
 #   bench/run server --runs 3           -> bench/results/server.{txt,csv,svg} (Ruby 3.1)
 #   bench/run --ruby 3.4-yjit server    -> bench/results/ruby34-yjit/: every server on Ruby 3.4, YJIT on
 #   bench/run server --quick            smoke run: 3 s per cell, 1 s warm-up
 #   bench/run server --only neverblock,puma --scenarios hello
-#
-# Scenarios (bench/support/server_app.rb is every server's app):
-#   hello  GET /, --connections (100): every server
-#   sleep  GET /sleep, `sleep 0.01`, --io-connections (256): NeverBlock, Puma, Puma IO, Falcon
-#   pg     GET /pg, `select pg_sleep(0.01)` through NeverBlock::Postgres.pool(size: 64)
-#          (NeverBlock), a fair fiber pool of 64 (Falcon), a connection per thread (Puma)
-# Thin, iodine and agoo run the app on one thread, so they run hello only.
-# puma_io is Puma 8's IO mode (support/puma_io.rb): its default threads 0:5
-# plus --puma-io-threads (256, the connections) for requests marked IO-bound,
-# as /sleep and /pg are; it runs those two only (hello marks nothing). In
-# Puma 8.0.2 (the newest release) an IO thread that exits over the limit
-# does not give back its place (puma#3958, fixed upstream by #3968): after the
-# first lull (the warm-up's end) the pool cannot grow past 5 threads again.
-# puma_threads, Puma with threads 0:(5 + --puma-io-threads), is what IO mode
-# allows at most for these all-IO endpoints, without that bug.
-# Targets, in each table's "met" columns: NeverBlock's req/s over the peer's
-# (hello >= 1.2x Puma, >= 2x Falcon, >= Thin; sleep and pg >= 10x Puma, >= 1.2x
-# Falcon; pg >= 3x Puma IO, issue 24) and its CPU per request over the peer's
-# (hello <= 0.5x Puma, <= 1.5x iodine; pg <= 1x Puma IO).
-#
-# Each server starts once per round (setsid), is warmed up per scenario, then
-# measured; --runs rounds are interleaved (every server once per round) and
-# each number's median reported (latencies: the run with the median req/s).
-# The pg scenario needs PostgreSQL (bench/run starts one); without it, skipped.
 
 require_relative "support/harness"
 require "neverblock"
@@ -42,7 +26,6 @@ require_relative "support/servers"
 require_relative "support/server_app"
 
 module NeverBlockBench
-  # Runs the server benchmark and reports it. See the file comment.
   class ServerBench < Bench
     DEFAULTS = { duration: 10, warmup: 2, connections: 100, io_connections: 256, puma_io_threads: 256, db_pool: 64, fiber_pool: 1000, runs: 1,
                  scenarios: %w[hello sleep pg] }.freeze
@@ -68,7 +51,6 @@ module NeverBlockBench
       @selector = Peers.use_epoll
       return false unless ready?
 
-      @scratch = Dir.mktmpdir("neverblock-bench-server-")
       puts header
       cells = @servers.flat_map do |server|
         @scenarios.select { |s| server.scenarios.include?(s.name) }.map { |scenario| Cell.new("#{server.name} #{scenario.name}", server: server, scenario: scenario) }
@@ -81,9 +63,6 @@ module NeverBlockBench
       end
       report(cells)
       cells.all? { |cell| cell.failures.empty? && (cell[:server].name != "neverblock" || cell.runs.all? { |run| run.errors.zero? }) }
-    ensure
-      ServerProcess.stop_all
-      FileUtils.rm_rf(@scratch) if @scratch
     end
 
     private
@@ -103,7 +82,7 @@ module NeverBlockBench
       all = %w[hello sleep pg]
       io_threads = @options[:puma_io_threads]
       v = PeerServers.locked_versions
-      gc_socket = ->(port) { File.join(@scratch, "neverblock-#{port}-gc.sock") }
+      gc_socket = ->(port) { File.join(scratch, "neverblock-#{port}-gc.sock") }
       db = ->(kind) { { "NB_BENCH_DB" => kind, "NB_BENCH_DB_POOL" => pool.to_s } }
       peer = ->(name, port, *command, env: {}) { PeerServers.peer(name, ["bundle", "exec", name, *command], port, env) }
       [Server.new(name: "neverblock", scenarios: all, gc_socket: gc_socket,
@@ -140,7 +119,7 @@ module NeverBlockBench
        Server.new(name: "agoo", label: "agoo #{v['agoo']} (-w 1, the app on one thread)", scenarios: %w[hello],
                   start: ->(port) { peer.call("agoo", port, *%W[-p #{port} -w 1 #{APP}]) }),
        Server.new(name: "nginx", label: "#{PeerServers.nginx_version} (1 worker, no master; return 200)", scenarios: %w[hello],
-                  start: ->(port) { PeerServers.nginx(port: port, dir: @scratch) })]
+                  start: ->(port) { PeerServers.nginx(port: port, dir: scratch) })]
     end
 
     # @return [Boolean] false (after a warning) when nothing can be measured
@@ -177,28 +156,25 @@ module NeverBlockBench
     def measure_server(server, cells, round)
       port = ServerProcess.free_port
       warn "#{server.name} (run #{round + 1}/#{@options[:runs]}) on 127.0.0.1:#{port}"
-      process = server.start.call(port)
-      process.wait_until_ready
-      warn "  #{PeerServers.check_ruby(process)}" unless server.name == "nginx"
-      gc_socket = server.gc_socket&.call(port)
-      cells.each do |cell|
-        url = "http://127.0.0.1:#{port}#{cell[:scenario].path}"
-        connections = cell[:scenario].connections
-        Wrk.run(url, connections: connections, duration: @options[:warmup]) if @options[:warmup].positive?
-        cpu_before, allocated_before = ProcessCpu.session_seconds(process.pid), gc_socket && GcProbe.read(gc_socket) # rubocop:disable Style/ParallelAssignment
-        result = Wrk.run(url, connections: connections, duration: @options[:duration])
-        cell.runs << result
-        allocated = gc_socket && GcProbe.read(gc_socket)
-        cell.cpu << (ProcessCpu.session_seconds(process.pid) - cpu_before) * 1e6 / result.requests if result.requests.positive?
-        cell.allocations << (allocated - allocated_before).fdiv(result.requests) if allocated && allocated_before && result.requests.positive?
-        warn "  #{cell[:scenario].name}: #{result.requests_per_second.round} req/s, #{cell.cpu.last&.round(1)} us CPU/req #{result.error_text}"
-        warn "  (the server logged: #{process.log_tail(3).strip})" if result.errors.positive?
+      server.start.call(port).serve do |process|
+        warn "  #{PeerServers.check_ruby(process)}" unless server.name == "nginx"
+        gc_socket = server.gc_socket&.call(port)
+        cells.each do |cell|
+          url = "http://127.0.0.1:#{port}#{cell[:scenario].path}"
+          Wrk.run(url, connections: cell[:scenario].connections, duration: @options[:warmup]) if @options[:warmup].positive?
+          allocated_before = gc_socket && GcProbe.read(gc_socket)
+          result = Wrk.run(url, connections: cell[:scenario].connections, duration: @options[:duration], pid: process.pid)
+          cell.runs << result
+          allocated = gc_socket && GcProbe.read(gc_socket)
+          cell.cpu << result.cpu * 1e6 / result.requests if result.requests.positive?
+          cell.allocations << (allocated - allocated_before).fdiv(result.requests) if allocated && allocated_before && result.requests.positive?
+          warn "  #{cell[:scenario].name}: #{result.requests_per_second.round} req/s, #{cell.cpu.last&.round(1)} us CPU/req #{result.error_text}"
+          warn "  (the server logged: #{process.log_tail(3).strip})" if result.errors.positive?
+        end
       end
     rescue StandardError => e
       warn "  #{server.name} FAILED: #{e.message}"
       cells.each { |cell| cell.failures << e.message.lines.first.strip if cell.failures.empty? }
-    ensure
-      process&.stop
     end
 
     # The run with the median req/s (the upper middle one for an even count).

@@ -26,13 +26,43 @@ module NeverBlock
 
   class << self
     # @return [Logger] where NeverBlock reports failed tasks and stalls;
-    #   a Logger on $stderr unless set.
+    #   a Logger on $stderr unless set, at the level of NEVERBLOCK_LOG_LEVEL,
+    #   else RAILS_LOG_LEVEL (what a Rails app's production.rb follows), else
+    #   info (see {.log_level=}).
     def logger
-      @logger ||= Logger.new($stderr, progname: "neverblock")
+      @logger ||= Logger.new($stderr, progname: "neverblock", level: env_log_level || Logger::INFO)
+    end
+
+    # Sets the level of {.logger} (`neverblock serve --log-level`,
+    # `log_level` in a -C file or config/neverblock.rb).
+    # @param name [String, Symbol] debug, info, warn, error, fatal or unknown.
+    # @raise [ArgumentError] for another name.
+    def log_level=(name)
+      level = parse_log_level(name) or
+        raise ArgumentError, "log level #{name.inspect}: one of debug, info, warn, error, fatal, unknown"
+      logger.level = level if logger.respond_to?(:level=)
     end
 
     # @param logger [Logger, #warn, #error]
     attr_writer :logger
+
+    # @return [Integer, nil] a Logger level, or nil for a name that is none.
+    def parse_log_level(name)
+      Logger::Severity.const_get(name.to_s.strip.upcase) if name.to_s.strip.match?(/\A(debug|info|warn|error|fatal|unknown)\z/i)
+    end
+    private :parse_log_level
+
+    def env_log_level
+      %w[NEVERBLOCK_LOG_LEVEL RAILS_LOG_LEVEL].each do |variable|
+        value = ENV.fetch(variable, "")
+        next if value.strip.empty?
+
+        level = parse_log_level(value) and return level
+        warn("NeverBlock: #{variable}=#{value} is not a log level (debug, info, warn, error, fatal, unknown); using info")
+      end
+      nil
+    end
+    private :env_log_level
 
     # @return [Float, nil] seconds a fiber may hold the loop before the stall
     #   detector logs a warning; nil when the detector is off. Defaults to
@@ -93,12 +123,38 @@ module NeverBlock
     # wait, then `spawn` returns and the caller continues on the loop's next
     # turn.
     #
+    # Spawned inside a task (or a request), the new task is its child: it is
+    # cancelled when its parent fails, is cancelled or times out, and when
+    # the request that started it ends ({Task::Tree}). `detached: true`
+    # starts a task that outlives what started it (work after the response
+    # is sent, a background refresh): nothing cancels it but {Task#cancel}
+    # and the loop's end.
+    #
+    # @param detached [Boolean]
     # @return [Task]
     # @raise [NoReactorError] outside {NeverBlock.run}.
-    def spawn(&block)
+    def spawn(detached: false, &block)
       raise ArgumentError, "NeverBlock.spawn needs a block" unless block
 
-      current_scheduler!.spawn(&block)
+      current_scheduler!.spawn(detached: detached, &block)
+    end
+
+    # @return [Task, nil] the task running in the current fiber (a request's
+    #   task inside the server); nil outside one.
+    def current_task
+      Task.current
+    end
+
+    # @return [Numeric] seconds a task that ends by an exception, is
+    #   cancelled or times out waits for its cancelled children to end
+    #   before it detaches those still running (and logs them). Default 5.
+    def cancel_timeout
+      @cancel_timeout ||= 5
+    end
+
+    # @param seconds [Numeric] finite, >= 0.
+    def cancel_timeout=(seconds)
+      @cancel_timeout = validate_timeout!(seconds, :cancel_timeout)
     end
 
     # @return [Boolean] true inside a NeverBlock non-blocking fiber (where
@@ -185,7 +241,7 @@ module NeverBlock
     # running at once; results come back in input order. The enumerable is
     # consumed lazily as slots free up. If a block raises, the others are
     # cancelled and the first exception is raised. Outside NeverBlock it runs
-    # its own loop.
+    # its own loop. A {Group} with a limit.
     #
     # @param enumerable [Enumerable]
     # @param concurrency [Integer] >= 1.
@@ -196,7 +252,62 @@ module NeverBlock
       validate_size!(concurrency, :concurrency)
       return run { map(enumerable, concurrency: concurrency, &block) } unless neverblocking?
 
-      Mapper.new(Fiber.scheduler, concurrency, block).call(enumerable)
+      group(limit: concurrency) do |tasks|
+        enumerable.each { |item| tasks.spawn { block.call(item) } or break }
+      end
+    end
+
+    # Runs the tasks the block spawns in `group` and waits for them all:
+    # their values in spawn order, or, at the first failure, the others
+    # cancelled and that failure raised ({Group#wait}). If the block itself
+    # raises, the tasks are cancelled. Outside NeverBlock it runs its own loop.
+    #
+    #   user, orders = NeverBlock.group do |group|
+    #     group.spawn { fetch_user(id) }
+    #     group.spawn { fetch_orders(id) }
+    #   end
+    #
+    # @param limit [Integer, nil] at most this many tasks at once ({Group}).
+    # @yieldparam group [Group]
+    # @return [Array] the values, in spawn order.
+    # @raise [Exception] the first failure.
+    def group(limit: nil)
+      raise ArgumentError, "NeverBlock.group needs a block" unless block_given?
+      return run { group(limit: limit) { |tasks| yield tasks } } unless neverblocking?
+
+      tasks = Group.new(limit: limit)
+      begin
+        yield tasks
+        tasks.wait
+      ensure
+        tasks.cancel
+      end
+    end
+
+    # Runs the tasks the block spawns and returns the first value one of
+    # them returns; the others are cancelled (races, hedged requests). A
+    # failure counts only when every task failed: then the first is raised.
+    # Outside NeverBlock it runs its own loop.
+    #
+    #   NeverBlock.race do |group|
+    #     group.spawn { primary.get(key) }
+    #     group.spawn { sleep 0.05; replica.get(key) } # hedged after 50 ms
+    #   end
+    #
+    # @yieldparam group [Group]
+    # @return [Object] the winner's value.
+    # @raise [Exception] the first failure, when all failed.
+    def race
+      raise ArgumentError, "NeverBlock.race needs a block" unless block_given?
+      return run { race { |tasks| yield tasks } } unless neverblocking?
+
+      tasks = Group.new(fail_fast: false)
+      begin
+        yield tasks
+        tasks.first
+      ensure
+        tasks.cancel
+      end
     end
 
     # Waits for every task, then returns their values in order; if any
@@ -261,7 +372,8 @@ NB = NeverBlock unless defined?(NB)
 
 require_relative "neverblock/telemetry"
 require_relative "neverblock/scheduler"
-require_relative "neverblock/mapper"
+require_relative "neverblock/group"
+require_relative "neverblock/semaphore"
 require_relative "neverblock/fiber_pool"
 require_relative "neverblock/connection_pool"
 

@@ -1,19 +1,9 @@
 # frozen_string_literal: true
 
-# A minimal Rails app for the 2009 Rails benchmark (bench/rails.rb): ActionController::API
-# and ActiveRecord, production mode, two actions.
-#
-#   GET /sleep  select pg_sleep(1)
-#   GET /fast   select 1
-#
-# The database is config/database.yml's: `adapter: neverblock_postgresql` when served by
-# NeverBlock::Server (the stock adapter with fiber-level connection ownership; see
-# lib/neverblock/active_record.rb), `postgresql` under Puma. Run it with either:
-#
-#   NB_RAILS_ADAPTER=neverblock_postgresql NB_RAILS_POOL=200 \
-#     bundle exec neverblock serve bench/rails/config.ru -w 0 -E production
-#   NB_RAILS_ADAPTER=postgresql NB_RAILS_POOL=5 \
-#     BUNDLE_GEMFILE=bench/gemfiles/servers.gemfile bundle exec puma -e production bench/rails/config.ru
+# The minimal Rails app of bench/rails.rb (ActionController::API and
+# ActiveRecord, production): GET /sleep runs `select pg_sleep(1)`, GET /fast
+# `select 1`, through config/database.yml's adapter, NB_RAILS_ADAPTER
+# (neverblock_postgresql under NeverBlock, postgresql under Puma), pool NB_RAILS_POOL.
 
 ENV["RAILS_ENV"] ||= "production"
 ENV["SECRET_KEY_BASE"] ||= "neverblock-bench-#{'0' * 48}" # no secrets here; Rails insists on one
@@ -26,12 +16,9 @@ require "action_controller/railtie"
 require "neverblock/active_record" if ENV.fetch("NB_RAILS_ADAPTER", "neverblock_postgresql").start_with?("neverblock_")
 
 module NeverBlockBenchRails
-  # The app: no middleware beyond the API stack, no logging, production's
-  # settings written out (there is no config/environments/production.rb).
-  # Checked by tracing one /fast request: with Rails' defaults it made 17
-  # File.mtime, 9 File.file? and 7 File.exist? calls (the reloader's file
-  # watcher and the public file server); with these, none, and neither
-  # ActionDispatch::Reloader nor ActionDispatch::Static is in the stack.
+  # No middleware beyond the API stack, no logging, production's settings
+  # written out (there is no config/environments/production.rb): no reloader's
+  # file watcher nor public file server stats files per request.
   class Application < Rails::Application
     config.load_defaults Rails::VERSION::STRING.to_f
     config.root = __dir__
@@ -50,9 +37,8 @@ end
 
 # The benchmark's two actions.
 class BenchController < ActionController::API
-  # One second in the database. `execute`, not `select_value`: pg_sleep returns
-  # void, whose type ActiveRecord would warn about. First it tells Puma 8 the
-  # request waits on IO, for its IO mode (max_io_threads; nil elsewhere).
+  # One second in the database (`execute`: ActiveRecord would warn about
+  # pg_sleep's void type), marked IO-bound first for Puma 8's IO mode.
   def slow
     request.env["puma.mark_as_io_bound"]&.call
     ActiveRecord::Base.with_connection { |conn| conn.execute("select pg_sleep(1)").clear }

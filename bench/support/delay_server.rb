@@ -5,20 +5,11 @@ require "socket"
 require "uri"
 
 module NeverBlockBench
-  # A local HTTP/1.1 server, in a child process, that answers each request
-  # after the delay it names: the slow but endlessly scalable back end of
-  # bench/client.rb and bin/demo.
-  #
-  #   GET /delay/0.5  answered after 0.5 s (also GET /anything?delay=0.5)
-  #   GET /           answered at once
-  #
-  # One thread, IO.select and a list of due times: a waiting request costs an
-  # entry, not a thread or a fiber. It uses nothing from NeverBlock (or Async):
-  # the client benchmark must not measure a library against itself.
-  #
-  #   server = NeverBlockBench::DelayServer.start
-  #   Net::HTTP.get(server.uri("/delay/0.1"))
-  #   server.stop
+  # A local HTTP/1.1 server in a child process that answers GET /delay/0.5
+  # (or /anything?delay=0.5) after 0.5 s, GET / at once: the slow but endlessly
+  # scalable back end of bench/client.rb and bin/demo. One thread, IO.select
+  # and a list of due times (a waiting request costs an entry), and nothing
+  # from NeverBlock or Async, which the client benchmark measures.
   class DelayServer
     FD_LIMIT = 65_536
     DELAY = %r{\A/delay/(\d+(?:\.\d+)?)(?:[/?]|\z)|[?&]delay=(\d+(?:\.\d+)?)(?:&|\z)}
@@ -46,8 +37,7 @@ module NeverBlockBench
       TCPServer.new(host, port).tap { |listener| listener.listen(4096) }
     end
 
-    # Serves until `lifeline` is readable (the parent closed it or exited) or
-    # a TERM/INT; a connection is kept alive unless the client says otherwise.
+    # Serves until `lifeline` is readable (the parent closed it or exited) or a TERM/INT; keep-alive unless asked otherwise.
     def self.serve(listener, lifeline = nil)
       stopping = false
       %w[TERM INT].each { |signal| trap(signal) { stopping = true } }
@@ -106,9 +96,7 @@ module NeverBlockBench
     end
 
     # @return [String] the path asking for `seconds` of delay
-    def self.path_for(seconds)
-      "/delay/#{format('%.3f', seconds)}"
-    end
+    def self.path_for(seconds) = "/delay/#{format('%.3f', seconds)}"
 
     def initialize(pid, host, port, lifeline)
       @pid = pid
@@ -119,13 +107,10 @@ module NeverBlockBench
       at_exit { stop if Process.pid == owner }
     end
 
-    def uri(path = "/")
-      URI("http://#{@host}:#{@port}#{path}")
-    end
+    def uri(path = "/") = URI("http://#{@host}:#{@port}#{path}")
 
-    # Closes the lifeline, on which the server ends within a second (its
-    # IO.select wakes at least that often), and waits for it. Idempotent.
-    # @return [Boolean] whether it exited cleanly
+    # Closes the lifeline, on which the server ends within a second, and waits
+    # for it. Idempotent. @return [Boolean] whether it exited cleanly
     def stop
       return @clean if @pid.nil?
 
@@ -136,17 +121,12 @@ module NeverBlockBench
     end
   end
 
-  # The one request every client benchmark and the demo makes: a GET over a
-  # fresh Net::HTTP connection, so every client does the same work (connect,
-  # request, response, close) whatever runs it.
+  # The request of bench/client.rb and bin/demo: a GET over a fresh Net::HTTP
+  # connection, the same work (connect, request, response, close) whatever runs it.
   module HTTPGet
     module_function
 
-    # @param host [String]
-    # @param port [Integer]
-    # @param path [String] e.g. "/delay/0.5"
-    # @return [nil, String] nil on a 200 response, otherwise what went wrong
-    #   ("HTTP 500", "Errno::ECONNRESET: ..."); never raises StandardError
+    # @return [nil, String] nil on a 200 response, else what went wrong ("HTTP 500", "Errno::ECONNRESET: ...")
     def call(host, port, path)
       # p_addr nil: never go through an http_proxy from the environment.
       response = Net::HTTP.start(host, port, nil) { |http| http.get(path) }

@@ -1,14 +1,7 @@
 # frozen_string_literal: true
 
-# What every script under bench/ shares, loaded first (`require_relative
-# "support/harness"`): the start-up (lib/ and the C extension on the load
-# path, the bundle), the command line (the DEFAULTS, --only, --out,
-# --quick), a fork per measurement, medians, the printed table, the CSV
-# file and the header's facts about the machine. Charts are in svg_chart.rb.
-#
-# Quick mode (--quick, or BENCH_QUICK=1 in the environment) is a smoke run:
-# each script shrinks its durations and counts to seconds and one round, so
-# that it can be checked end to end on a busy machine. Its numbers mean nothing.
+# What every script under bench/ loads first: lib/, the C extensions, the
+# bundle, the command line, a fork per measurement, the table, CSV and header.
 
 $LOAD_PATH.unshift(File.expand_path("../../lib", __dir__))
 begin
@@ -16,9 +9,8 @@ begin
 rescue LoadError, StandardError => e
   warn "bundler/setup failed (#{e.message.lines.first&.strip}); using installed gems"
 end
-# The C extensions (ext/neverblock/epoll, http_head), compiled for this Ruby if needed:
-# on the load path here and, through RUBYLIB, of every `neverblock serve`
-# a script starts (peers run under a bundle of their own, without it).
+# The C extensions, built for this Ruby if needed: on the load path here and,
+# through RUBYLIB, of every `neverblock serve` a script starts.
 require_relative "../../bin/lib/compile_ext"
 NeverBlockExtension.build.then do |ext|
   $LOAD_PATH.unshift(ext)
@@ -28,15 +20,14 @@ require "etc"
 require "fileutils"
 require "io/wait"
 require "optparse"
+require "tmpdir"
 require_relative "svg_chart"
 
 module NeverBlockBench
   RESULTS = File.expand_path("../results", __dir__)
 
   # Seconds on the monotonic clock.
-  def self.now
-    Process.clock_gettime(Process::CLOCK_MONOTONIC)
-  end
+  def self.now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
 
   # @return [Float] seconds the block took
   def self.timed
@@ -45,8 +36,7 @@ module NeverBlockBench
     now - started
   end
 
-  # @return [Hash] :seconds of wall time, :cpu seconds this process used
-  #   (user + system, all its threads) and Ruby :allocations meanwhile
+  # @return [Hash] :seconds of wall time, :cpu seconds of this process (user + system) and Ruby :allocations
   def self.timed_with_cpu(&block)
     before = Process.times
     allocated = GC.stat(:total_allocated_objects)
@@ -56,14 +46,19 @@ module NeverBlockBench
       allocations: GC.stat(:total_allocated_objects) - allocated }
   end
 
-  # The result of repeated measurements: the middle one (the mean of the two
-  # middle ones), nil for none.
+  # The middle value (the mean of the two middle ones); nil for none.
   def self.median(values)
     sorted = values.sort
     (sorted[(sorted.size - 1) / 2] + sorted[sorted.size / 2]) / 2.0 unless sorted.empty?
   end
 
-  # @return [String] every value, sorted, to show how far runs spread, e.g. "0.45 0.62 1.30"
+  # The value a `fraction` (0.99) of the way up the sorted values; nil for none.
+  def self.percentile(values, fraction)
+    sorted = values.sort
+    sorted[((sorted.size - 1) * fraction).round] unless sorted.empty?
+  end
+
+  # @return [String] every value, sorted, e.g. "0.45 0.62 1.30"
   def self.listing(values, digits = 2) = values.sort.map { |value| format("%.#{digits}f", value) }.join(" ")
 
   # @return [Array<Integer>] `total` split into `parts` non-zero shares that differ by at most 1
@@ -71,12 +66,8 @@ module NeverBlockBench
     Array.new(parts) { |i| (total / parts) + (i < total % parts ? 1 : 0) }.reject(&:zero?)
   end
 
-  # Measures every cell `rounds` times, interleaved (round 1 of every cell,
-  # then round 2, ...), so that a slow minute of a shared machine spreads
-  # over all cells instead of landing on one. Each measurement is the
-  # block's value, in a forked child ({Isolated}).
-  # @param cells [Array<Cell>]
-  # @yieldparam cell [Cell]
+  # Measures every cell `rounds` times, interleaved (a slow minute of a shared
+  # machine spreads over all cells), each in a forked child ({Isolated}).
   # @yieldreturn [Numeric, Hash] seconds, or a Hash with :seconds (and :cpu, :allocations)
   def self.rounds(cells, rounds, timeout: 120, &measure)
     rounds.times do |round|
@@ -92,15 +83,14 @@ module NeverBlockBench
     cells
   end
 
-  # One cell of a table measured over several runs: each run's seconds, and
-  # where measured its CPU seconds and allocations (every run's Hash in
-  # `outcomes`); failures as text.
+  # One cell of a table measured over several runs: each run's seconds, CPU
+  # seconds and allocations where measured (each run's Hash in `outcomes`),
+  # failures as text; `cell[:key]` reads the fields given to new.
   Cell = Struct.new(:name, :fields, :runs, :cpu, :allocations, :outcomes, :failures, :skipped) do
     def initialize(name, skipped: nil, **fields)
       super(name, fields, [], [], [], [], [], skipped)
     end
 
-    # A field given to new, else nil (members by their readers).
     def [](key) = fields[key]
 
     def record(outcome)
@@ -117,28 +107,32 @@ module NeverBlockBench
     def listing(digits = 2) = NeverBlockBench.listing(runs, digits)
   end
 
-  # What a script's benchmark class inherits: the options {CommandLine.main}
-  # parsed, in @options; its #call measures and reports.
+  # A script's benchmark class: the parsed options in @options; #call measures and reports.
   class Bench
     def initialize(options)
       @options = options
     end
+
+    # A temporary directory for this run's files, removed when the script ends.
+    def scratch = @scratch ||= Dir.mktmpdir("neverblock-bench-")
+
+    def cleanup
+      FileUtils.rm_rf(@scratch) if @scratch
+    end
   end
 
-  # The scripts' command line: every DEFAULTS entry as an option, the shared
-  # ones, quick mode, and how a run ends.
+  # The scripts' command line. Quick mode (--quick, BENCH_QUICK=1) is a smoke run whose numbers mean nothing.
   module CommandLine
     SHARED = { out: RESULTS }.freeze
 
     module_function
 
-    # A script's entry point: parses ARGV over the bench's DEFAULTS (and its
-    # QUICK over those in quick mode), runs `bench.new(options).call` and
-    # exits 0 when that returns true; usage on a bad option. Each DEFAULTS
-    # entry is an option of its name: `pool_size: 12` is --pool-size N,
-    # `delays: [0, 10]` --delays 0,10, `raise: true` --[no-]raise, `app: "/x"` --app VALUE.
-    # @param bench [Class] with DEFAULTS, QUICK and ONLY (what --only accepts, in order)
-    # @param name [String] the script's and its result files' base name, e.g. "client"
+    # Parses ARGV over the bench's DEFAULTS (and QUICK over those in quick
+    # mode), runs `bench.new(options).call`, exits 0 when that is true, then
+    # stops every server still running. A DEFAULTS entry is an option of its
+    # name: `pool_size: 12` --pool-size N, `delays: [0, 10]` --delays 0,10,
+    # `raise: true` --[no-]raise, `app: "/x"` --app VALUE; ONLY lists what
+    # --only accepts, in order; `name` is the result files' base name.
     def main(bench, name)
       $stdout.sync = true
       options = {}
@@ -152,9 +146,13 @@ module NeverBlockBench
       quick = options[:quick] || ENV["BENCH_QUICK"] == "1"
       options = SHARED.merge(bench::DEFAULTS, quick ? bench::QUICK.merge(quick: true) : {}, options)
       options[:only] = only(options[:only], bench::ONLY)
-      exit(bench.new(options).call ? 0 : 1)
+      runner = bench.new(options)
+      exit(runner.call ? 0 : 1)
     rescue OptionParser::ParseError, ArgumentError => e
       abort "#{e.message}\n#{parser}"
+    ensure
+      ServerProcess.stop_all if defined?(ServerProcess)
+      runner&.cleanup
     end
 
     # The option of one DEFAULTS entry, typed by its default (none for nil).
@@ -171,7 +169,7 @@ module NeverBlockBench
       end
     end
 
-    # @return [Array<String>] the names --only gave, in the script's order; all of them without it
+    # @return [Array<String>] the names given, in the script's order; all of them for nil
     def only(names, all)
       unknown = (names || all) - all
       raise OptionParser::InvalidArgument, "unknown #{unknown.join(', ')}; use #{all.join(',')}" unless unknown.empty?
@@ -180,8 +178,7 @@ module NeverBlockBench
     end
   end
 
-  # Writes a CSV file (RFC 4180 quoting) without the csv gem, which is not a
-  # default gem on every Ruby the benchmarks run on. nil cells are empty.
+  # A CSV file (RFC 4180 quoting) without the csv gem, not a default gem on every Ruby here.
   module CsvFile
     def self.write(path, headers, rows)
       cell = ->(value) { value.to_s.match?(/[",\n]/) ? "\"#{value.to_s.gsub('"', '""')}\"" : value.to_s }
@@ -190,44 +187,38 @@ module NeverBlockBench
     end
   end
 
-  # Writes a script's CSV and SVG into `out` and prints the "wrote" line
-  # bench/run looks for before it keeps the printed tables.
-  # @param rows [Array<Hash>] by column (the columns: every key, in order of appearance)
-  # @param chart [SvgChart, nil]
-  def self.write_results(out, name, rows, chart = nil)
+  # Writes a script's CSV (columns: every key of `rows`, in order) and SVG (of `chart_rows`) into
+  # `out`, then the "wrote" line bench/run looks for before it keeps the tables.
+  def self.write_results(out, name, rows, chart = nil, chart_rows: rows)
     puts "\nload average at end: #{Machine.load_average}"
     FileUtils.mkdir_p(out)
     headers = rows.flat_map(&:keys).uniq
     files = [CsvFile.write(File.join(out, "#{name}.csv"), headers, rows.map { |row| row.values_at(*headers) })]
-    files << chart.write(File.join(out, "#{name}.svg"), rows) if chart
+    files << chart.write(File.join(out, "#{name}.svg"), chart_rows) if chart
     puts "wrote #{files.map { |path| path.delete_prefix("#{Dir.pwd}/") }.join(' and ')}"
   end
 
-  # A script's first lines: what it measures, the Ruby, `facts` (versions,
-  # settings), the machine and its load.
+  # A script's first lines: what it measures, the Ruby, `facts`, the machine and its load.
   def self.header(title, *facts)
     [title, RUBY_DESCRIPTION, *facts, Machine.description, "load average at start: #{Machine.load_average}"].join("\n")
   end
 
-  # A chart whose subtitle ends with the Ruby and the machine it was measured on.
+  # A chart whose subtitle ends with the Ruby and the machine.
   def self.chart(title, *subtitle)
     SvgChart.new(title: title, subtitle: [*subtitle, "ruby #{RUBY_VERSION}, #{Machine.description}"])
   end
 
-  # A plain-text table with aligned columns: the first left, the rest right
-  # unless `align` says otherwise; nil cells print empty.
+  # A plain-text table with aligned columns: the first and those named in
+  # `left` left-aligned, the rest right, unless `align` gives each; nil prints empty.
   class Table
-    def initialize(headers, rows = [], align: nil)
+    def initialize(headers, rows = [], align: nil, left: [])
       @headers = headers.map(&:to_s)
-      @align = align || [:left] + [:right] * (headers.size - 1)
+      @align = align || @headers.each_with_index.map { |name, i| i.zero? || left.include?(name) ? :left : :right }
       @rows = rows.map { |row| row.map(&:to_s) }
     end
 
-    # @param rows [Array<Hash>] e.g. a script's CSV rows by header
-    # @return [Table] the `columns` of `rows`
-    def self.of(rows, columns)
-      new(columns, rows.map { |row| row.values_at(*columns) })
-    end
+    # @return [Table] the `columns` of `rows` (Hashes by column)
+    def self.of(rows, columns, **options) = new(columns, rows.map { |row| row.values_at(*columns) }, **options)
 
     def <<(row)
       @rows << row.map(&:to_s)
@@ -245,18 +236,14 @@ module NeverBlockBench
     end
   end
 
-  # Runs a block in a forked child and returns its value, so one measurement
-  # cannot disturb the next: each starts from the same heap, its threads and
-  # fibers and peak RSS are its own, and a crash or hang costs one cell.
+  # Runs a block in a forked child, so that each measurement starts from the
+  # same heap, has its own peak RSS, and a crash or hang costs one cell.
   module Isolated
-    # What a failed, dead or timed-out child reports instead of a value.
     Failure = Struct.new(:error_class, :message) do
       def to_s = "#{error_class}: #{message}"
     end
 
-    # @param timeout [Float] seconds before the child is killed
-    # @yieldreturn [Object] a value Marshal can dump
-    # @return [Object, Failure]
+    # @return [Object, Failure] the block's value (Marshal-able), or why the child failed, died or was killed after `timeout` s
     def self.run(timeout:)
       reader, writer = IO.pipe
       pid = fork do
@@ -288,8 +275,7 @@ module NeverBlockBench
     end
   end
 
-  # Facts about this machine and process, for headers and memory measurements
-  # (Linux /proc; "unknown" or nil elsewhere).
+  # Facts about this machine and process, from Linux's /proc ("unknown" or nil elsewhere).
   module Machine
     module_function
 
@@ -308,31 +294,16 @@ module NeverBlockBench
        (format("%.1f GiB RAM", memory.to_i / 1024.0 / 1024.0) if memory)].compact.join(", ")
     end
 
-    # @param field [String] a /proc/self/status field, e.g. "VmRSS", "VmHWM"
-    # @return [Integer, nil] kB
-    def status_kb(field)
-      File.read("/proc/self/status")[/^#{field}:\s+(\d+)\s+kB/, 1]&.to_i
-    rescue SystemCallError
-      nil
-    end
+    # @return [Integer, nil] kB of a /proc/self/status field, e.g. "VmRSS", "VmHWM"
+    def status_kb(field) = (File.read("/proc/self/status")[/^#{field}:\s+(\d+)\s+kB/, 1]&.to_i rescue nil)
 
     # Resets this process's peak RSS (VmHWM) to its current RSS (Linux >= 4.0).
-    def reset_peak_rss
-      File.write("/proc/self/clear_refs", "5")
-    rescue SystemCallError
-      nil
-    end
+    def reset_peak_rss = (File.write("/proc/self/clear_refs", "5") rescue nil)
 
-    # @param name [String] a kernel tunable, e.g. "kernel/pid_max"
-    # @return [Integer, nil]
-    def sysctl(name)
-      Integer(File.read("/proc/sys/#{name}").split.first)
-    rescue SystemCallError, ArgumentError, TypeError
-      nil
-    end
+    # @return [Integer, nil] a kernel tunable, e.g. "kernel/pid_max"
+    def sysctl(name) = (Integer(File.read("/proc/sys/#{name}").split.first) rescue nil)
 
-    # Raises a kernel tunable to `value` when it is lower, as root (left
-    # raised: a concurrent run may need it); elsewhere leaves it.
+    # Raises a kernel tunable to `value` when lower, as root; left raised (a concurrent run may need it).
     def raise_sysctl(name, value)
       File.write("/proc/sys/#{name}", "#{value}\n") if Process.euid.zero? && sysctl(name).to_i < value
     rescue SystemCallError
@@ -340,11 +311,7 @@ module NeverBlockBench
     end
 
     # @return [String] the 1, 5 and 15 minute load averages
-    def load_average
-      File.read("/proc/loadavg").split.first(3).join(" ")
-    rescue SystemCallError
-      "unknown"
-    end
+    def load_average = (File.read("/proc/loadavg").split.first(3).join(" ") rescue "unknown")
 
     # @return [String, nil] the version of gem `name` that is (or would be) loaded
     def gem_version(name)
@@ -354,9 +321,9 @@ module NeverBlockBench
     end
   end
 
-  # Which NeverBlock was measured: the commit, and whether lib/ had changes.
+  # Which NeverBlock was measured: the commit, and whether lib/ had changes
+  # (NB_BENCH_CHECKOUT: bench/run's, made outside a chroot, where git can read the checkout).
   module Checkout
-    # NB_BENCH_CHECKOUT: the description bench/run made outside a chroot, where git can read the checkout.
     def self.description
       return ENV["NB_BENCH_CHECKOUT"] if ENV["NB_BENCH_CHECKOUT"]
 
@@ -369,10 +336,8 @@ module NeverBlockBench
     end
   end
 
-  # Keeps the CPUs from going idle while a block runs: a busy loop at nice 19
-  # on every CPU but one. On a VM, waking a halted vCPU can take tens of µs,
-  # which a client waiting for every reply pays twice per round trip (on the
-  # VM of bench/results, pgbench -c 1: 10-14k tps idle, 57-62k kept awake).
+  # Keeps the CPUs from going idle while a block runs (a busy loop at nice 19 on every CPU but one): on a VM a client
+  # waiting for every reply pays twice per round trip for waking a halted vCPU (pgbench -c 1: 10-14k tps, 57-62k awake).
   module Spinner
     def self.awake(count: [Etc.nprocessors - 1, 1].max)
       parent = Process.pid
@@ -394,23 +359,20 @@ module NeverBlockBench
     end
   end
 
-  # NeverBlock and Async on the same io-event selector, EPoll. io-event's
-  # default, which Async takes, is URing where liburing was there at build
-  # time, while NeverBlock's is EPoll: {.use_epoll} sets both libraries'
-  # variables before any cell is forked, and {.probe} checks in a child what each uses.
+  # NeverBlock and Async on the same io-event selector, EPoll (Async takes
+  # io-event's default, URing where liburing was there at build time).
   module Peers
-    # Versions and selector class names a child saw.
     Probe = Struct.new(:neverblock, :async, :io_event, :neverblock_selector, :async_selector, keyword_init: true)
 
     module_function
 
-    # @return [String] the IO::Event::Selector constant name, "EPoll"
+    # Sets both libraries' variables, before any cell is forked. @return [String] "EPoll"
     def use_epoll
       ENV["NEVERBLOCK_SELECTOR"] = "epoll"
       ENV["IO_EVENT_SELECTOR"] = "EPoll"
     end
 
-    # @return [Probe, Isolated::Failure]
+    # @return [Probe, Isolated::Failure] what a child sees
     def probe
       Isolated.run(timeout: 60) do
         require "neverblock"
@@ -432,10 +394,7 @@ module NeverBlockBench
         "; selector #{selectors.map { |library, name| "#{name} for #{library}" }.join(', ')}"
     end
 
-    # The start-up of a script comparing event loops: sets the selector,
-    # probes, prints the header the block returns (given the probe, so that
-    # it can name the versions).
-    # @return [Probe, nil] nil, after a warning, when a library is not on EPoll
+    # Sets the selector, probes, prints the header the block makes of the probe; nil unless both are on EPoll.
     def start
       use_epoll
       probe = self.probe

@@ -8,34 +8,20 @@ require "socket"
 require "tmpdir"
 
 module NeverBlockBench
-  # One HTTP server under test, a process in a session of its own (setsid),
-  # so that stopping it stops everything it forked (Falcon's worker, Puma's
-  # cluster) and nothing is left listening. Its output goes to a log in a
-  # directory of its own, which lives until {#stop}.
-  #
-  #   server = ServerProcess.start("puma", ["bundle", "exec", "puma", ...], port: 9292)
-  #   server.wait_until_ready   # GET / answered (any status)
-  #   server.stop               # SIGTERM to the session, SIGKILL after 10 s
+  # One HTTP server under test, in a session of its own (setsid), so that
+  # stopping it stops all it forked (workers) and nothing is left listening.
+  # Its output goes to a log in a directory of its own, removed by {#stop}.
   class ServerProcess
     STOP_TIMEOUT = 10 # seconds between SIGTERM and SIGKILL
     @running = []
 
     class << self
-      # @param command [Array<String>] argv, without setsid
-      # @param env [Hash{String => String, nil}] for Process.spawn
-      # @return [ServerProcess] started, not necessarily ready
-      def start(name, command, port:, env: {})
-        new(name, command, port, env).tap { |server| @running << server }
-      end
-
-      # Stops every server still running; for `ensure` and signal traps.
-      def stop_all = @running.dup.each(&:stop)
+      # Starts `command` (argv, without setsid); not necessarily ready.
+      def start(name, command, port:, env: {}) = new(name, command, port, env).tap { |server| @running << server }
+      def stop_all = @running.dup.each(&:stop) # CommandLine.main does, as a script ends
       def forget(server) = @running.delete(server)
-
       # @return [Integer] a port on 127.0.0.1 that nothing listens on now
-      def free_port
-        TCPServer.open("127.0.0.1", 0) { |server| server.addr[1] }
-      end
+      def free_port = TCPServer.open("127.0.0.1", 0) { |server| server.addr[1] }
     end
 
     attr_reader :name, :port, :pid
@@ -49,16 +35,23 @@ module NeverBlockBench
       @pid = Process.spawn(env, "setsid", *command, %i[out err] => [@log, "w"], in: File::NULL)
     end
 
-    # Waits until a GET of `path` gets any response.
-    # @raise [RuntimeError] when the process exits or does not answer in `timeout` seconds
+    # Waits until a GET of `path` gets any response; raises when the process exits or `timeout` s pass.
     def wait_until_ready(path: "/", timeout: 60)
       deadline = NeverBlockBench.now + timeout
-      until answers?(path)
+      until RawHTTP.get(@port, path, connect_timeout: 1, timeout: 5)
         raise "#{@name} exited before it answered (#{@status.inspect}):\n#{log_tail}" if exited?
         raise "#{@name} did not answer within #{timeout} s:\n#{log_tail}" if NeverBlockBench.now > deadline
 
         sleep 0.1
       end
+    end
+
+    # Waits until it answers, yields it, stops it.
+    def serve(path: "/", timeout: 60)
+      wait_until_ready(path: path, timeout: timeout)
+      yield self
+    ensure
+      stop
     end
 
     # Stops the whole session (TERM, then KILL after {STOP_TIMEOUT}). Idempotent.
@@ -92,20 +85,7 @@ module NeverBlockBench
 
     private
 
-    def answers?(path)
-      Socket.tcp("127.0.0.1", @port, connect_timeout: 1) do |socket|
-        socket.write("GET #{path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-        socket.wait_readable(5) && !socket.readpartial(64).empty?
-      end
-    rescue SystemCallError, EOFError, IOError
-      false
-    end
-
-    def signal(name)
-      Process.kill(name, -@pid)
-    rescue Errno::ESRCH
-      nil
-    end
+    def signal(name) = (Process.kill(name, -@pid) rescue nil) # ESRCH: all gone
 
     # True when no process of the session is left (the leader reaped, so a zombie does not count).
     def session_gone?
@@ -119,15 +99,56 @@ module NeverBlockBench
     end
   end
 
-  # How bench/server.rb, rails.rb, faults.rb and debounce.rb start each server,
-  # listening on 127.0.0.1:PORT: NeverBlock::Server under the main bundle (this
-  # checkout); Puma, Falcon, Thin, iodine and agoo under their own bundle,
-  # bench/gemfiles/servers.gemfile (gems in vendor/bundle-servers, installed by
-  # bench/run: run directly, a peer without it fails to start and its log says
-  # why), so the main Gemfile.lock does not change; nginx with a generated
-  # config as the hardware reference. On Ruby 3.4 bench/run names the 3.4 bench
-  # bundle instead (NB_BENCH_PEERS_GEMFILE, NB_BENCH_PEERS_PATH), which holds the
-  # peers beside NeverBlock.
+  # HTTP/1.1 GETs on plain sockets to 127.0.0.1, reading Content-Length or chunked responses.
+  module RawHTTP
+    module_function
+
+    def request(path = "/") = "GET #{path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+
+    # One GET on a new connection. @return [String, nil] the response's head; nil when refused, closed or past `timeout`
+    def get(port, path = "/", connect_timeout: nil, timeout: 10)
+      Socket.tcp("127.0.0.1", port, connect_timeout: connect_timeout) do |socket|
+        socket.write(request(path))
+        read_response(socket, NeverBlockBench.now + timeout)
+      end
+    rescue SystemCallError, IOError
+      nil
+    end
+
+    # Reads one response. @return [String, nil] its head, nil on EOF or past `deadline`
+    def read_response(socket, deadline)
+      data = +"".b
+      until (head_end = data.index("\r\n\r\n"))
+        chunk = read_some(socket, deadline) or return nil
+        data << chunk
+      end
+      head = data[0, head_end]
+      body = data[(head_end + 4)..]
+      if (length = head[/^content-length:\s*(\d+)/i, 1])
+        body << (read_some(socket, deadline) || (return nil)) while body.bytesize < length.to_i
+      elsif head.match?(/^transfer-encoding:\s*chunked/i)
+        body << (read_some(socket, deadline) || (return nil)) until body.end_with?("0\r\n\r\n")
+      end
+      head
+    end
+
+    # @return [String, nil] what the socket has, once it has something; nil on EOF or past `deadline`
+    def read_some(socket, deadline)
+      loop do
+        data = socket.read_nonblock(16_384, exception: false)
+        return data unless data == :wait_readable
+
+        remaining = deadline - NeverBlockBench.now
+        return nil unless remaining.positive? && socket.wait_readable(remaining)
+      end
+    end
+  end
+
+  # How the scripts start each server on 127.0.0.1:PORT: NeverBlock from this
+  # checkout; Puma, Falcon, Thin, iodine and agoo under their own bundle,
+  # bench/gemfiles/servers.gemfile (installed by bench/run; the main lock
+  # stays as it is), or on Ruby 3.4 the one bench/run names
+  # (NB_BENCH_PEERS_GEMFILE, _PATH); nginx with a generated config.
   module PeerServers
     REPO = File.expand_path("../..", __dir__)
     GEMFILE = ENV.fetch("NB_BENCH_PEERS_GEMFILE", File.join(REPO, "bench/gemfiles/servers.gemfile"))
@@ -135,9 +156,7 @@ module NeverBlockBench
 
     module_function
 
-    # A peer's `bundle exec` environment: the servers bundle, plus the selector
-    # variables (Bundler.with_unbundled_env restores the environment as it was
-    # before Peers.use_epoll set them).
+    # A peer's `bundle exec` environment: the servers bundle and the selector variables.
     def bundle_env(extra = {})
       { "BUNDLE_GEMFILE" => GEMFILE, "BUNDLE_PATH" => BUNDLE_PATH,
         "BUNDLE_FROZEN" => "true", "BUNDLE_SILENCE_ROOT_WARNING" => "1", "RUBYOPT" => nil, "RUBYLIB" => nil,
@@ -151,43 +170,32 @@ module NeverBlockBench
     end
 
     # @return [String] e.g. "nginx/1.22.1"
-    def nginx_version
-      Open3.capture2e("nginx", "-v").first[%r{nginx/[\d.]+}] || "nginx (unknown version)"
-    rescue SystemCallError
-      "nginx (not installed)"
-    end
+    def nginx_version = (Open3.capture2e("nginx", "-v").first[%r{nginx/[\d.]+}] || "nginx (unknown version)" rescue "nginx (not installed)")
 
-    # `neverblock serve` from this checkout, production mode, with `args`
-    # added (the default: no workers, the one process serves); a child ruby
-    # inherits this bundle's RUBYOPT.
-    def neverblock(rackup, port:, args: %w[-w 0], env: {}, name: "neverblock")
+    # `neverblock serve` from this checkout, production mode, with `args` (default: the one process serves).
+    def neverblock(rackup, port: ServerProcess.free_port, args: %w[-w 0], env: {}, name: "neverblock")
       command = [RbConfig.ruby, File.join(REPO, "exe/neverblock"), "serve", rackup, "-b", "tcp://127.0.0.1:#{port}",
                  "-E", "production", *args]
       ServerProcess.start(name, command, port: port, env: env)
     end
 
-    # NeverBlock ("neverblock"), Puma ("puma") or Falcon ("falcon", --count)
-    # serving `rackup` with `workers` workers on a free port, yielded once
-    # every worker is up and stopped after the block; `puma_config` is Puma's
-    # -C file, `puma_threads` its --threads (nil: Puma's default).
+    # NeverBlock, Puma (-C `puma_config`, --threads `puma_threads`) or Falcon serving `rackup` with
+    # `workers` workers, yielded once every worker is up and stopped after the block.
     def cluster(name, rackup, workers:, puma_config: nil, puma_threads: nil)
-      port = ServerProcess.free_port
       server = case name
-               when "neverblock" then neverblock(rackup, port: port, args: ["-w", workers.to_s])
-               when "puma" then puma(rackup, port: port, workers: workers, threads: puma_threads, config: puma_config)
-               when "falcon" then falcon(rackup, port: port, count: workers)
+               when "neverblock" then neverblock(rackup, args: ["-w", workers.to_s])
+               when "puma" then puma(rackup, workers: workers, threads: puma_threads, config: puma_config)
+               when "falcon" then falcon(rackup, count: workers)
                else raise ArgumentError, "no cluster for #{name.inspect}"
                end
-      server.wait_until_ready
-      sleep 1 # every worker up
-      yield server
-    ensure
-      server&.stop
+      server.serve do
+        sleep 1 # every worker up
+        yield server
+      end
     end
 
-    # Puma, production mode: single (workers 0) or a cluster; threads nil is
-    # Puma's default (0:5); `config` a -C file.
-    def puma(rackup, port:, threads: nil, workers: 0, config: nil, env: {}, name: "puma")
+    # Puma, production mode: single (workers 0) or a cluster; threads nil is Puma's default (0:5).
+    def puma(rackup, port: ServerProcess.free_port, threads: nil, workers: 0, config: nil, env: {}, name: "puma")
       command = ["bundle", "exec", "puma", "--environment", "production", "--bind", "tcp://127.0.0.1:#{port}"]
       command += ["--threads", threads] if threads
       command += ["--workers", workers.to_s] if workers.positive?
@@ -196,8 +204,8 @@ module NeverBlockBench
     end
 
     # Falcon, production mode, HTTP/1.1: `count` forked server processes.
-    def falcon(rackup, port:, count: 1, name: "falcon")
-      peer(name, %W[bundle exec falcon serve --bind http://127.0.0.1:#{port} --count #{count} --config #{rackup}],
+    def falcon(rackup, port: ServerProcess.free_port, count: 1, args: [], name: "falcon")
+      peer(name, %W[bundle exec falcon serve --bind http://127.0.0.1:#{port} --count #{count}] + args + ["--config", rackup],
            port, { "RACK_ENV" => "production" })
     end
 
@@ -235,12 +243,8 @@ module NeverBlockBench
       ServerProcess.start(name, ["nginx", "-p", prefix, "-c", "#{prefix}/nginx.conf"], port: port)
     end
 
-    # Asks a Ruby server which Ruby serves (GET `path`, ServerApp's /ruby) and
-    # raises unless YJIT is on in it exactly when it is on here: bench/run
-    # --ruby 3.4-yjit turns it on for every Ruby process through
-    # RUBY_YJIT_ENABLE, and a peer that lost the variable would be measured
-    # on the interpreter.
-    # @return [String] the server's answer, e.g. "ruby 3.4.5 ... yjit=true"
+    # Asks a Ruby server which Ruby serves (GET /ruby, e.g. "ruby 3.4.5 ... yjit=true") and raises unless
+    # YJIT is on in it exactly when it is here (bench/run --ruby 3.4-yjit sets RUBY_YJIT_ENABLE, which a peer might lose).
     def check_ruby(server, path: "/ruby")
       require "net/http"
       answer = Net::HTTP.get(URI("http://127.0.0.1:#{server.port}#{path}")).strip
@@ -256,35 +260,28 @@ module NeverBlockBench
     end
   end
 
-  # wrk (Debian's 4.1) against a URL: requests/s, the --latency percentiles
-  # (seconds) and errors (socket errors and non-2xx/3xx responses). wrk's
-  # `requests` counts responses only: a request lost to a socket error is
-  # in `errors`, not in `requests`; a non-2xx/3xx response is in both.
-  # `output` is wrk's whole text, for what a Lua script's `done` printed.
+  # wrk (Debian's 4.1): requests/s, the --latency percentiles (s), errors (socket errors and non-2xx/3xx;
+  # `requests` counts responses, so a request lost to a socket error is in `errors` alone) and its `output`.
   module Wrk
-    Result = Struct.new(:requests_per_second, :requests, :p50, :p90, :p99, :errors, :non2xx, :error_text, :output,
+    Result = Struct.new(:requests_per_second, :requests, :p50, :p90, :p99, :errors, :non2xx, :error_text, :output, :cpu,
                         keyword_init: true)
     UNITS = { "us" => 1e-6, "ms" => 1e-3, "s" => 1.0, "m" => 60.0 }.freeze
 
     module_function
 
-    def version
-      Open3.capture2e("wrk", "--version").first[%r{wrk (?:debian/)?([\d.]+)}, 1]&.then { |v| "wrk #{v}" }
-    rescue SystemCallError
-      nil
-    end
+    def version = (Open3.capture2e("wrk", "--version").first[%r{wrk (?:debian/)?([\d.]+)}, 1]&.then { |v| "wrk #{v}" } rescue nil)
 
-    # @param duration [Numeric] seconds (whole)
-    # @param script [String, nil] a Lua script (-s) that shapes the requests
-    # @return [Result]
-    # @raise [RuntimeError] when wrk fails or prints no requests/s
-    def run(url, connections:, duration:, timeout: 10, script: nil)
+    # `wrk -t1 -cN -dXs --timeout Ts --latency [-s script] url`; with `pid`, the
+    # result's `cpu` is the CPU seconds of that session ({ProcessCpu}) over the run.
+    def run(url, connections:, duration:, timeout: 10, script: nil, pid: nil)
       command = ["wrk", "-t1", "-c#{connections}", "-d#{duration.ceil}s", "--timeout", "#{timeout.ceil}s", "--latency"]
       command += ["-s", script] if script
+      cpu = ProcessCpu.session_seconds(pid) if pid
       output, status = Open3.capture2e(*command, url)
+      cpu = ProcessCpu.session_seconds(pid) - cpu if pid
       raise "#{command.join(' ')} failed (#{status}):\n#{output}" unless status.success?
 
-      parse(output)
+      parse(output).tap { |result| result.cpu = cpu }
     end
 
     def parse(output)
@@ -303,21 +300,27 @@ module NeverBlockBench
     end
   end
 
-  # CPU seconds (user + system) of every process in a session (a
-  # {ServerProcess}'s workers and threads too, and reaped children through the
-  # leader's cutime/cstime), from /proc. It stays put on a shared machine where
-  # requests/s moves with every other process's load. Resolution: one tick.
+  # The processes of a session (a {ServerProcess}'s workers too), from /proc.
   module ProcessCpu
     TICKS = Etc.sysconf(Etc::SC_CLK_TCK)
 
-    def self.session_seconds(session)
-      Dir.glob("/proc/[0-9]*/stat").sum do |path|
+    # Yields /proc/PID and its stat fields after "pid (comm)" (state is [0]) of each process in `session`;
+    # returns the block's values, without nil.
+    def self.in_session(session)
+      Dir.glob("/proc/[0-9]*/stat").filter_map do |path|
         text = File.read(path)
-        fields = text[(text.rindex(")") + 2)..].split # after "pid (comm)": state is [0], session [3]
-        Integer(fields[3]) == session ? fields[11, 4].sum { |value| Integer(value) } : 0
+        stat = text[(text.rindex(")") + 2)..].split
+        yield File.dirname(path), stat if Integer(stat[3]) == session
       rescue SystemCallError
-        0
-      end.to_f / TICKS
+        nil
+      end
+    end
+
+    # CPU seconds (user + system, and of reaped children through the
+    # leader's cutime/cstime) of every process in a session: steadier than
+    # requests/s on a shared machine. Resolution: one tick.
+    def self.session_seconds(session)
+      in_session(session) { |_, stat| stat[11, 4].sum { |value| Integer(value) } }.sum.to_f / TICKS
     end
   end
 end

@@ -1,15 +1,10 @@
 # frozen_string_literal: true
 
 module NeverBlockBench
-  # Grouped bar charts as standalone SVG, without dependencies: panels stacked
-  # under a shared legend, one group of bars per category (e.g. a server delay)
-  # and one bar per series (e.g. a client). A String value (e.g. "failed") is
-  # drawn as text instead of a bar, nil as "n/a". A benchmark's panels pivot
-  # its result rows (the CSV's):
-  #
-  #   chart = SvgChart.new(title: "Requests/s by server delay", subtitle: ["ruby 3.1.2"])
-  #   chart.pivot("requests/s by delay, ms", "requests_per_s", by: "delay_ms", series: "label", log: true)
-  #   chart.write("bench/results/client.svg", [{ "delay_ms" => 0, "label" => "threads", "requests_per_s" => 618 }, ...])
+  # Grouped bar charts as standalone SVG: panels stacked under a shared
+  # legend, a group of bars per category (e.g. a server delay) and a bar per
+  # series (e.g. a client), each panel a pivot of the result rows (the CSV's).
+  # A String value (e.g. "failed") is drawn as text instead of a bar, nil as "n/a".
   class SvgChart
     PALETTE = %w[#4e79a7 #f28e2b #e15759 #76b7b2 #59a14f #b07aa1 #edc948 #9c755f].freeze
     WIDTH = 760
@@ -23,17 +18,14 @@ module NeverBlockBench
       @pivots = []
     end
 
-    # A panel of the rows given to {#write}: a group of bars per distinct
-    # value of column `by` (one group without it), a bar per distinct value of
-    # column `series`, each the row's `value` ("failed" when nil); only rows
-    # whose columns hold what `where` gives. `log`: a logarithmic y axis, for
-    # values spanning decades.
+    # A panel of the rows given to {#write}: a group per value of column `by`
+    # (one without it), a bar per value of column `series`, each the row's
+    # `value` ("failed" when nil), of the rows matching `where`; `log`: a log y axis.
     def pivot(title, value, series:, by: nil, where: {}, log: false)
       @pivots << [title, value, series, by, where, log]
       self
     end
 
-    # @param rows [Array<Hash>] the results, for the {#pivot} panels
     # @return [String] path
     def write(path, rows)
       panels = @pivots.map do |title, value, series, by, where, log|

@@ -62,7 +62,8 @@ module NotifyFeed
       if @listening
         ready(queue)
       else
-        @listener ||= NeverBlock.spawn { listen }
+        # Detached: it serves every client, not only the request that started it.
+        @listener ||= NeverBlock.spawn(detached: true) { listen }
       end
       queue
     end

@@ -4,6 +4,7 @@ require "active_record"
 require "active_support/isolated_execution_state"
 
 require_relative "../neverblock"
+require_relative "active_record/async_queries"
 
 module NeverBlock
   # ActiveRecord inside NeverBlock: adapters that are a one-word change in
@@ -18,6 +19,8 @@ module NeverBlock
   # Requiring this file:
   # - registers the adapters `neverblock_postgresql`, `neverblock_mysql2`
   #   and `neverblock_trilogy` (loaded only when a configuration names them);
+  # - runs `load_async` and the other async queries in tasks of the calling
+  #   request instead of ActiveRecord's threads ({AsyncQueries});
   # - sets Active Support's isolation level to `:fiber`, so that every
   #   fiber (every NeverBlock task, every request of a fiber server) checks
   #   out its own connection and has its own transaction; with the default
@@ -47,6 +50,8 @@ module NeverBlock
         ADAPTERS.each do |name, (class_name, path)|
           ::ActiveRecord::ConnectionAdapters.register(name, class_name, path)
         end
+        pool = ::ActiveRecord::ConnectionAdapters::ConnectionPool
+        pool.prepend(AsyncQueries) if pool.method_defined?(:schedule_query) && !(pool < AsyncQueries)
         fiber_isolation!
       end
 

@@ -2,6 +2,8 @@
 
 require_relative "errors"
 require_relative "connection_pool/waiters"
+require_relative "connection_pool/lending"
+require_relative "connection_pool/taking_back"
 require_relative "connection_pool/fork_registry"
 
 module NeverBlock
@@ -45,10 +47,11 @@ module NeverBlock
   # use these and no others):
   #
   # - *lend*: from the pool to a caller, its owner (#lend, #lend_locked,
-  #   #lend_to, #lend_for_block); publicly {#checkout} and {#with}.
+  #   #lend_to, #lend_for_block, in connection_pool/lending.rb); publicly
+  #   {#checkout} and {#with}.
   # - *take back*: from its owner back to the pool (#take_back,
-  #   #take_back_from, #take_back_locked); publicly {#checkin} and
-  #   {#discard}.
+  #   #take_back_from, #take_back_locked, in
+  #   connection_pool/taking_back.rb); publicly {#checkin} and {#discard}.
   # - *hand*: a connection taken back, or the right to open one (:open),
   #   straight to the oldest waiter (#hand, in connection_pool/waiters.rb).
   #   One taken back that no one waits for goes to the idle list instead
@@ -80,9 +83,11 @@ module NeverBlock
     Hold = Struct.new(:connection, :generation, :epoch, :returned_at, :owner, :depth, :broken)
     private_constant :Hold
 
+    include Lending
+    include TakingBack
     include Waiters
     include ForkSafety
-    private_constant :Waiters, :ForkSafety
+    private_constant :Lending, :TakingBack, :Waiters, :ForkSafety
 
     # @return [Integer] the most connections the pool opens.
     attr_reader :size
@@ -318,191 +323,6 @@ module NeverBlock
       Registry.add(self) if @born.empty?
       @born[connection] = Hold.new(connection, @generation, @epoch, nil, nil, 0, false)
     end
-
-    # --- Lending ---------------------------------------------------------
-
-    # Called without the lock; with interrupts deferred when
-    # {.masks_needed?}. Lends `owner` its Hold, one level deeper: an existing
-    # one, an idle connection, a new one while the pool has room, or the
-    # next one handed over (FIFO) within `timeout`. An idle or handed-over
-    # connection that fails the `healthy` check is closed and the next one
-    # tried.
-    # @return [Hold]
-    # @raise [PoolTimeout] (see #wait_for_turn)
-    def lend(owner = Fiber.current)
-      detect_fork
-      # (`while`, not `loop`: returning from a block allocates.)
-      while true # rubocop:disable Style/InfiniteLoop
-        hold = @lock.synchronize { lend_locked(owner) }
-        if hold.equal?(:open)
-          hold = open_connection
-          return @lock.synchronize { lend_to(owner, hold, false) }
-        end
-        return hold unless hold.broken.equal?(:unchecked)
-
-        hold.broken = false
-        return hold if checked_healthy?(hold)
-
-        hold.broken = true
-        take_back(hold)
-      end
-    end
-
-    # Called with the lock held; #wait_for_turn lets go of it while it
-    # waits. `owner`'s Hold one level deeper, an idle one, one handed over
-    # after a wait, or :open when a connection may be opened (the caller
-    # opens it without the lock, then lends it).
-    # @return [Hold, :open]
-    def lend_locked(owner)
-      if (hold = @holds[owner])
-        hold.depth += 1
-        return hold
-      end
-      if (hold = @idle.pop)
-        return lend_to(owner, hold, true)
-      end
-      if @opened < @size
-        @opened += 1
-        return :open
-      end
-      handed = wait_for_turn
-      handed.equal?(:open) ? handed : lend_to(owner, handed, true)
-    end
-
-    # Called with the lock held: lends `hold` to `owner`. A `reused`
-    # connection (idle, or handed over) is marked :unchecked when the health
-    # check is due.
-    # @return [Hold]
-    def lend_to(owner, hold, reused)
-      hold.owner = owner
-      hold.depth = 1
-      hold.broken = reused && @healthy && due_for_check?(hold) ? :unchecked : false
-      @holds[owner] = hold
-    end
-
-    def due_for_check?(hold)
-      @check_after.zero? || Clock.now - hold.returned_at >= @check_after
-    end
-
-    # Called without the lock: the body of #with. Lends a connection for
-    # the block and takes it back after, broken if the block raised one of
-    # `broken_on`.
-    def lend_for_block
-      hold = lend
-      broken = false
-      begin
-        yield hold.connection
-      rescue *@broken_on
-        broken = true
-        raise
-      ensure
-        hold.broken ||= broken
-        take_back(hold)
-      end
-    end
-
-    # Called without the lock: runs the health check on a Hold just lent;
-    # if the check is interrupted (a timeout, a cancel), the connection is
-    # taken back broken and the interrupt raised.
-    def checked_healthy?(hold)
-      healthy?(hold.connection)
-    rescue Exception # rubocop:disable Lint/RescueException -- re-raised
-      hold.broken = true
-      take_back(hold)
-      raise
-    end
-
-    def healthy?(connection)
-      return @healthy.call(connection) unless ConnectionPool.masks_needed?
-
-      Thread.handle_interrupt(ALLOW) { @healthy.call(connection) }
-    rescue Cancelled, Timeout::Error, TimeoutError::Expired
-      raise
-    rescue StandardError => e
-      NeverBlock.logger.debug("NeverBlock") { "pooled connection failed its health check: #{e.class}: #{e.message}" }
-      false
-    end
-
-    # --- Taking back -----------------------------------------------------
-
-    # Called without the lock: {#checkin} or {#discard} (`broken`) of
-    # `owner`'s Hold of `connection`, in one turn of the lock.
-    # @raise [ArgumentError] if `owner` does not hold `connection`.
-    def take_back_from(owner, connection, broken)
-      held = true
-      taking_back(connection) do
-        hold = @holds[owner]
-        next held = false unless hold&.connection.equal?(connection)
-
-        hold.broken = true if broken
-        take_back_locked(hold)
-      end
-      return if held
-
-      who = owner.equal?(Fiber.current) ? "this fiber" : owner.inspect
-      raise ArgumentError, "#{who} did not check out #{connection.inspect} from this pool"
-    end
-
-    # Called without the lock: takes `hold` back one level (see
-    # #take_back_locked); closes the connection if it goes.
-    def take_back(hold)
-      return if hold.epoch != @epoch # held when the process forked: the parent's
-
-      taking_back(hold.connection) { take_back_locked(hold) }
-    end
-
-    # Called without the lock: runs the block (a #take_back_locked) with the
-    # lock held, then, with the lock let go, closes the connection if the
-    # block's outcome says so (true).
-    #
-    # When another thread holds the lock a fiber waits for it, and an
-    # interrupt arriving then (a timeout, a cancel) must not skip the
-    # block, or the connection would never come back: the lock is taken
-    # anyway, the connection goes back, and the interrupt is raised after.
-    def taking_back(connection)
-      interrupt = lock_despite_interrupts
-      begin
-        outcome = yield
-      ensure
-        @lock.unlock
-      end
-      close_quietly(connection) if outcome.equal?(true)
-      raise interrupt if interrupt
-    end
-
-    # Called with the lock held: one level up; at the outermost level the
-    # connection goes to the next waiter (which runs next if it is of the
-    # caller's own loop, see #hand) or the idle list, or, if broken or from
-    # before #disconnect_all, is to be closed (by the caller, after the
-    # counts are right, so that a slow close delays no one).
-    # @return [Boolean] true when the caller must close it.
-    def take_back_locked(hold)
-      hold.depth -= 1
-      return false if hold.depth.positive?
-
-      @holds.delete(hold.owner)
-      hold.owner = nil
-      if hold.broken || hold.generation != @generation
-        @born.delete(hold.connection)
-        Registry.delete(self) if @born.empty?
-        @opened -= 1
-        hand(:open)
-        true
-      else
-        hand_or_idle(hold, true)
-        false
-      end
-    end
-
-    # Called with the lock held: a Hold no one owns goes to the oldest
-    # waiter, else back to the idle list. `here` as for #hand.
-    # @return [void]
-    def hand_or_idle(hold, here = false)
-      hold.returned_at = Clock.now if @healthy && @check_after.positive?
-      @idle.push(hold) unless hand(hold, here)
-    end
-
-    # --- Opening and closing ---------------------------------------------
 
     # Called without the lock: opens a connection in a slot already counted
     # in @opened; if that fails, the slot goes to the next waiter.

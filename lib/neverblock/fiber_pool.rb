@@ -72,11 +72,13 @@ module NeverBlock
     #   (a parked fiber of the pool is always handed the block that way).
     #   Should Ruby then fail to allocate its stack, the block waits for a
     #   busy fiber of the pool instead (or fails, if there is none).
+    # @param detached [Boolean] true for a root task, not a child of the
+    #   task spawning it ({Task::Tree}).
     # @return [Task] the block's task.
     # @raise [PoolFull] when `queue_limit` blocks are already waiting.
     # @raise [PoolClosed] after {#shutdown}.
     # @raise [NoReactorError] outside {NeverBlock.run}.
-    def spawn(defer: false, &block)
+    def spawn(defer: false, detached: false, &block)
       raise ArgumentError, "FiberPool#spawn needs a block" unless block
       raise PoolClosed, "this FiberPool has been shut down" if @closed
 
@@ -88,7 +90,7 @@ module NeverBlock
 
       task = Task.new(scheduler, block)
       task.storage = Fiber.current.storage if STORAGE
-      scheduler.adopt(task)
+      scheduler.adopt(task, detached: detached)
       dispatch(scheduler, task, defer)
       task
     end

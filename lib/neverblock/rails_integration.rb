@@ -38,7 +38,9 @@ module NeverBlock
       return if ENV.key?("RAILS_MAX_THREADS")
 
       ENV["RAILS_MAX_THREADS"] = RAILS_MAX_THREADS_DEFAULT.to_s
-      return unless File.exist?("config/database.yml")
+      # Said only where it changes something: a database.yml that reads the
+      # variable (as a generated one does); one with its own pool sizes keeps them.
+      return unless File.exist?("config/database.yml") && File.read("config/database.yml").include?("RAILS_MAX_THREADS")
 
       out.puts("RAILS_MAX_THREADS was not set: set to #{RAILS_MAX_THREADS_DEFAULT}, so that a generated " \
                "config/database.yml gives ActiveRecord a pool of #{RAILS_MAX_THREADS_DEFAULT} connections per process")

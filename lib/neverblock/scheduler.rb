@@ -230,17 +230,23 @@ module NeverBlock
     # continues on the next turn of the loop. Called from the loop fiber
     # itself (outside any task), the task starts on the next turn instead.
     #
+    # The task is a child of the task that spawns it ({Task::Tree}), unless
+    # `detached`.
+    #
     # @param observed [Boolean] true if the caller will collect the result,
     #   so a failure is not logged.
+    # @param detached [Boolean] true for a root task, which nothing cancels
+    #   when the spawning task ends.
     # @return [Task]
     # @raise [ClosedError] after {#close}.
-    def spawn(observed: false, &block)
+    def spawn(observed: false, detached: false, &block)
       raise ArgumentError, "spawn needs a block" unless block
       raise ClosedError, "this NeverBlock scheduler is closed" if @closed
 
       claim_thread
 
       task = Task.new(self, block, observed: observed)
+      Task.current&.adopt_child(task) unless detached
       @tasks[task] = true
       start(task)
       task
@@ -248,10 +254,12 @@ module NeverBlock
 
     # @api private
     # Registers a task created elsewhere (FiberPool) as live, so the loop
-    # runs until it finishes.
-    def adopt(task)
+    # runs until it finishes; unless `detached`, as a child of the task
+    # spawning it.
+    def adopt(task, detached: false)
       raise ClosedError, "this NeverBlock scheduler is closed" if @closed
 
+      Task.current&.adopt_child(task) unless detached
       @tasks[task] = true
     end
 
@@ -621,8 +629,11 @@ module NeverBlock
       @ready_spare = ready
     end
 
+    # The loop failed (an Interrupt, say): every task is cancelled, once; a
+    # child its parent already cancelled is left to its cleanup, and what a
+    # cancelled task spawns meanwhile is not in the list iterated.
     def cancel_all
-      @tasks.each_key { |task| task.cancel if task.alive? }
+      @tasks.keys.each { |task| task.cancel if task.alive? && !task.cancel_requested? }
     end
   end
 end

@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require_relative "task/tree"
+
 module NeverBlock
   # A unit of concurrent work: a block running in a non-blocking fiber of a
   # {Scheduler}. Created by {NeverBlock.spawn}, {FiberPool#spawn} and
@@ -11,7 +13,12 @@ module NeverBlock
   # - `:completed` — the block returned; {#value} returns what it returned;
   # - `:failed`    — the block raised; {#value} re-raises that exception;
   # - `:cancelled` — {#cancel} stopped it; {#value} raises {Cancelled}.
+  #
+  # Tasks form a tree ({Tree}): a task spawned inside another is its child,
+  # cancelled when its parent fails, is cancelled or times out.
   class Task
+    include Tree
+
     # Exceptions that stop the event loop instead of failing one task: a
     # Ctrl-C or `exit` inside a task must still end the program.
     FATAL = [Interrupt, SignalException, SystemExit, NoMemoryError].freeze
@@ -36,8 +43,9 @@ module NeverBlock
       # The spawner's OpenTelemetry context, for an app that loads it (Telemetry).
       @telemetry = ::OpenTelemetry::Context.current if defined?(::OpenTelemetry::Context)
       # Set when needed (nil until then): @result, @fiber, @waiters,
-      # @cancel_requested, @location, @owner, @storage. Spawning is a hot
-      # path, and each assignment here is paid by every task.
+      # @cancel_requested, @location, @owner, @storage, and the tree's
+      # @parent, @seq, @children, @spawned, @reaper, @ending. Spawning is a
+      # hot path, and each assignment here is paid by every task.
     end
 
     # @return [Fiber, nil] the fiber running the task, nil when it is not
@@ -98,28 +106,27 @@ module NeverBlock
     # Cancels the task: raises {Cancelled} inside it at its current wait (or
     # at once when the task cancels itself), so its `ensure` blocks run. A
     # pending task finishes as cancelled without running. Cancelling a
-    # finished task does nothing. Safe to call from any thread.
+    # finished task does nothing, and nor does cancelling one that is
+    # already ending (waiting for its own children to stop). Its children
+    # are cancelled as it ends ({Tree}). Safe to call from any thread.
     #
     # @return [Task] self.
     def cancel
-      return self unless alive?
-      unless @scheduler.loop_thread?
-        @scheduler.post { cancel }
-        return self
-      end
+      cancel_with(Cancelled.new)
+    end
 
-      case @status
-      when :pending
-        @cancel_requested = true
-        @owner&.dequeue(self)
-        conclude(:cancelled, Cancelled.new)
-      when :running
-        @cancel_requested = true
-        raise Cancelled if Fiber.current.equal?(@fiber)
+    # @return [Task, nil] the task running in the current fiber; nil outside
+    #   one (the loop, a thread's root fiber, a raw `Fiber.schedule` fiber
+    #   counts as a task).
+    def self.current
+      Thread.current[Tree::CURRENT]
+    end
 
-        @scheduler.interrupt(self, Cancelled.new)
-      end
-      self
+    # @api private
+    # @return [Boolean] true once the task was asked to stop (Task#cancel, or
+    #   its parent's end).
+    def cancel_requested?
+      @cancel_requested == true
     end
 
     # @return [String]
@@ -152,16 +159,18 @@ module NeverBlock
 
       @fiber = fiber
       @status = :running
+      Thread.current[Tree::CURRENT] = self
       @scheduler.task_started
-      conclude(:completed, @telemetry ? Telemetry.within(@telemetry, &@block) : @block.call)
+      value = @telemetry ? Telemetry.within(@telemetry, &@block) : @block.call
+      @children ? finish(:completed, value) : conclude(:completed, value)
     rescue Cancelled => e
-      conclude(@cancel_requested ? :cancelled : :failed, e)
+      finish(@cancel_requested ? :cancelled : :failed, e)
     rescue *FATAL => e
       @observed = true # it propagates out of the loop; logging it too would be noise
       conclude(:failed, e)
       raise
     rescue Exception => e # rubocop:disable Lint/RescueException -- a task reports every failure
-      conclude(:failed, e)
+      finish(:failed, e)
     end
 
     # @api private
@@ -192,7 +201,40 @@ module NeverBlock
       @observed || !@waiters.nil?
     end
 
+    protected
+
+    # Task#cancel, with the exception to raise.
+    def cancel_with(exception)
+      return self unless alive?
+      unless @scheduler.loop_thread?
+        @scheduler.post { cancel_with(exception) }
+        return self
+      end
+
+      case @status
+      when :pending
+        @cancel_requested = true
+        @owner&.dequeue(self)
+        conclude(:cancelled, exception)
+      when :running
+        return self if @ending
+
+        @cancel_requested = true
+        raise exception if Fiber.current.equal?(@fiber)
+
+        @scheduler.interrupt(self, exception)
+      end
+      self
+    end
+
     private
+
+    # The block is done: its children go first (Tree), then the task ends.
+    def finish(status, result)
+      leave_tree(status) if @children
+    ensure
+      conclude(status, result)
+    end
 
     def wait_in_loop
       current = Fiber.current
@@ -216,6 +258,7 @@ module NeverBlock
       @fiber = nil
       @location = @block&.source_location if status == :failed # for the deferred log line
       @block = nil
+      leave_parent if @parent
       @scheduler.task_finished(self, status == :failed && !observed?)
       @waiters&.each { |fiber| @scheduler.wake(fiber) }
       @waiters = nil

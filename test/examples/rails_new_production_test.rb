@@ -6,7 +6,7 @@ require "fileutils"
 require "open3"
 require "socket"
 
-# Issue 21's walk: a fresh `rails new APP -d postgresql` (Rails 8.1), given
+# A new user's walk: a fresh `rails new APP -d postgresql` (Rails 8.1), given
 # only what docs/rails.md tells a user (the Gemfile line, one word in
 # database.yml, one line in the Dockerfile), started as its generated
 # Dockerfile starts it (bin/docker-entrypoint, which runs `bin/rails
@@ -79,7 +79,10 @@ class RailsNewProductionTest < PlainTest
     bodies = Array.new(20) { Thread.new { http_get("/probe/sleep").body } }.map(&:value)
     took = now - started
     assert_equal ["slept\n"] * 20, bodies
-    assert_operator took, :<, 5, "twenty pg_sleep(1) through Thruster took #{took.round(2)} s: not concurrent"
+    # One after the other they take 20 s; at once about 1 s, and up to 6 s on a
+    # machine running three test suites (the app's first requests: twenty
+    # database connections opened, code loaded on first use).
+    assert_operator took, :<, 10, "twenty pg_sleep(1) through Thruster took #{took.round(2)} s: not concurrent"
 
     assert_equal "enqueued\n", http_get("/probe/enqueue?note=walk").body
     eventually(timeout: 60) { http_get("/probe/visits").body == "walk\n" }

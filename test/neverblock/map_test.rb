@@ -67,14 +67,16 @@ class MapTest < NeverBlockTest
 
   def test_cancelling_the_caller_cancels_its_blocks
     cleaned = 0
+    started = 0
     caller = NeverBlock.spawn do
       NeverBlock.map(1..3, concurrency: 3) do
+        started += 1
         sleep 5
       ensure
         cleaned += 1
       end
     end
-    sleep 0.02
+    sleep 0.01 until started == 3 # a loaded machine may take more than a turn to start them
     caller.cancel
     assert_raises(NeverBlock::Cancelled) { caller.value }
     assert_equal 3, cleaned

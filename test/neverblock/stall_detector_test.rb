@@ -74,7 +74,7 @@ class StallDetectorTest < PlainTest
 
   # The loop waiting in the selector with nothing to run is idle, whichever
   # fiber ran last: here the cross-thread wake-up's watcher, which reads its
-  # pipe through the scheduler's io_read hook on Ruby 3.3+ (issue 23: a
+  # pipe through the scheduler's io_read hook on Ruby 3.3+ (a
   # warning blamed it ~0.14 s into every MySQL pool run on 3.4).
   def test_an_idle_wait_after_a_wake_up_from_another_thread_is_not_a_stall
     log = with_log do

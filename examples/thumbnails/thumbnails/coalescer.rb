@@ -50,7 +50,9 @@ module Thumbnails
 
     def start(key, work)
       flight = @flights[key] = Flight.new(Thread::Queue.new)
-      NeverBlock.spawn do
+      # Detached: every request waiting for the key shares it, so it must not
+      # end with the request that started it (a client that hung up, say).
+      NeverBlock.spawn(detached: true) do
         flight.value = work.call
       rescue StandardError => e
         flight.error = e # each waiter raises it; nobody else needs to hear of it

@@ -60,6 +60,9 @@ static nb_epoll_t *nb_epoll_open(VALUE self) {
 static VALUE nb_epoll_initialize(VALUE self) {
     nb_epoll_t *epoll;
     TypedData_Get_Struct(self, nb_epoll_t, &nb_epoll_type, epoll);
+    // Once only: a second call (send(:initialize), a subclass calling super
+    // twice) would drop the open set's descriptor unclosed.
+    if (epoll->fd >= 0) rb_raise(rb_eRuntimeError, "NeverBlock::Epoll is already initialized");
     int fd = epoll_create1(EPOLL_CLOEXEC);
     if (fd < 0) rb_sys_fail("epoll_create1");
     epoll->fd = fd;

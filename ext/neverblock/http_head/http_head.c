@@ -325,6 +325,9 @@ static VALUE nb_head_parse(VALUE self, VALUE data, VALUE offset_value) {
         // A repeated header is joined by the Ruby path (", ", or "; " for Cookie): declined.
         if ((long)RHASH_SIZE(env) == entries) return Qnil;
     }
+    // The empty line must be the CRLF found above: `\r` and another byte at a
+    // line's start is no end of the head (llhttp 8.1 takes it; the Parser refuses it).
+    if (p + 2 != end) return Qnil;
     p += 2;
     if (is_http10 ? !keep_alive_header : host == NULL) return Qnil; // not kept alive; 400 without Host
 

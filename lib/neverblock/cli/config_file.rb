@@ -19,12 +19,14 @@ module NeverBlock
     #   request_timeout 15                 # seconds; 503 past it (see NeverBlock::Server::Limits)
     #   early_hints true                   # env["rack.early_hints"]: 103 Early Hints (default false)
     #   opentelemetry true                 # a span per request, when the app loads OpenTelemetry (default false)
+    #   cancel_on_hangup false             # let requests whose client hung up run on (default true)
     #   status "/_neverblock/status"
     #   access_log true
     #   access_log_format :json            # or a block given each entry's Hash, returning the line
     #   environment "production"
     #   pidfile "tmp/pids/neverblock.pid"
     #   log "log/neverblock.log"           # stdout and stderr, appended, line by line
+    #   log_level :warn                    # NeverBlock's own log (default: RAILS_LOG_LEVEL, else info)
     #   fiber_stack_size "4M"
     #   worker_timeout 30                  # false: never kill a worker whose loop is held
     #   max_requests 10_000                # replace a worker after that many (plus jitter)
@@ -41,8 +43,8 @@ module NeverBlock
     class ConfigFile
       # Settings the file may make => the option they set.
       SETTINGS = %i[workers preload fiber_pool max_connections max_body shutdown_timeout request_timeout early_hints access_log
-                    opentelemetry environment pidfile log fiber_stack_size worker_timeout worker_boot_timeout max_requests
-                    max_requests_jitter max_memory memory_metric control control_token].freeze
+                    opentelemetry cancel_on_hangup environment pidfile log fiber_stack_size worker_timeout worker_boot_timeout max_requests
+                    max_requests_jitter max_memory memory_metric control control_token log_level].freeze
 
       # Blocks the file may give => what they are called with (see {Server#initialize}).
       HOOKS = { before_fork: "in the master, before the first worker is forked",
@@ -83,6 +85,7 @@ module NeverBlock
         limits = options.delete(:limits) || {}
         options[:access_log] = options[:access_log] ? $stdout : nil if options.key?(:access_log)
         options[:max_memory] = bytes(options[:max_memory], "max_memory") if options[:max_memory].is_a?(String)
+        NeverBlock.log_level = options.delete(:log_level) if options.key?(:log_level) # the process's logger, not a Server option
         { **limits, **options, ignored: ignored }
       end
 

@@ -27,7 +27,7 @@ module NeverBlock
         @err = err
         @options = { bind: [], supervise: [], workers: Etc.nprocessors, preload: false, access_log: false,
                      shutdown_timeout: nil, fiber_pool: 1000, adaptive_limit: true, status_path: nil, environment: nil,
-                     early_hints: false, opentelemetry: false, limits: {} }
+                     early_hints: false, opentelemetry: false, cancel_on_hangup: true, limits: {} }
         @given = [] # options set on the command line, which win over a config file
       end
 
@@ -109,6 +109,8 @@ module NeverBlock
           o.on("--early-hints", "give HTTP/1.1 requests env[\"rack.early_hints\"]: 103 Early Hints for " \
                                 "Rails' preload links (default: off)") { set(:early_hints, true) }
           o.on("--no-early-hints", "no rack.early_hints (the default)") { set(:early_hints, false) }
+          o.on("--no-cancel-on-hangup", "let a request whose client hung up run to its end (default: cancel it, " \
+                                        "with its tasks and queries; logged 499)") { set(:cancel_on_hangup, false) }
           o.on("--opentelemetry", "a span per request, when the app loads OpenTelemetry (default: off)") { set(:opentelemetry, true) }
           o.on("--target-lag SECONDS", Float, "event-loop lag above which the adaptive limit falls " \
                                               "(default #{NeverBlock::Server::ConcurrencyLimit::DEFAULT_TARGET_LAG})") do |seconds|
@@ -137,6 +139,10 @@ module NeverBlock
           end
           o.on("--status PATH", "answer GET PATH with the server's stats as JSON") { |path| set(:status_path, path) }
           o.on("-E", "--env ENV", "RACK_ENV (and RAILS_ENV) for the app") { |env| set(:environment, env) }
+          o.on("--log-level LEVEL", %w[debug info warn error fatal], "NeverBlock's own log: debug, info (the default, " \
+                                                                      "or RAILS_LOG_LEVEL's), warn, error or fatal") do |level|
+            set(:log_level, level)
+          end
           o.on("--pidfile FILE", "write the master's pid there (removed on exit)") do |file|
             set(:pidfile, File.expand_path(file))
           end
@@ -214,6 +220,7 @@ module NeverBlock
         # $stdout): each line goes out as it is written, also into a pipe.
         $stdout.sync = true
         $stderr.sync = true
+        NeverBlock.log_level = opts[:log_level] if opts[:log_level]
         if opts[:environment]
           ENV["RACK_ENV"] = opts[:environment]
           ENV["RAILS_ENV"] ||= opts[:environment]
@@ -307,7 +314,7 @@ module NeverBlock
         options = { bind: opts[:bind].empty? ? [default_bind] : opts[:bind], workers: opts[:workers],
                     fiber_pool: opts[:fiber_pool], adaptive_limit: opts[:adaptive_limit], status_path: opts[:status_path],
                     early_hints: opts[:early_hints], opentelemetry: opts[:opentelemetry],
-                    **opts[:limits] }
+                    cancel_on_hangup: opts[:cancel_on_hangup], **opts[:limits] }
         options[:access_log] = $stdout if opts[:access_log]
         options[:access_log_format] = opts[:access_log_format] if opts[:access_log_format]
         %i[shutdown_timeout request_timeout max_connections max_body max_requests max_requests_jitter max_memory memory_metric

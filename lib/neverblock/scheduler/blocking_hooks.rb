@@ -21,7 +21,7 @@ module NeverBlock
     #   fiber waits on lets it go; ConnectionPool calls #block and #unblock
     #   the same way for its own waits (and wakes a waiter of its own loop
     #   with Scheduler#wake_next, the core);
-    # - NeverBlock's own code (FiberPool, Server, Mapper), from a
+    # - NeverBlock's own code (FiberPool, Server, Group), from a
     #   non-blocking fiber on the loop's thread: #wait_until.
     #
     # Contracts:

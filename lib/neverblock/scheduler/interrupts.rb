@@ -50,15 +50,26 @@ module NeverBlock
       # passes one it later recognises by identity (its #exception returns
       # itself), so it is raised as given.
       #
+      # A timeout that fires also cancels the tasks spawned inside its block
+      # that still run (Task::Tree), and waits for them before the
+      # exception goes on.
+      #
       # @return [Object] the block's value.
       def timeout_after(duration, exception_class = TimeoutError, *message)
         fiber = Fiber.current
         active = true
-        timer = @timers.after(duration) { interrupt_fiber(fiber, exception_class.exception(*message)) { active } }
+        fired = false
+        task = Thread.current[Task::Tree::CURRENT]
+        mark = task.spawned if task
+        timer = @timers.after(duration) do
+          fired = true
+          interrupt_fiber(fiber, exception_class.exception(*message)) { active }
+        end
         yield duration
       ensure
         active = false
         @timers.cancel(timer)
+        task.reap(mark, "timed out") if fired && task&.reapable?(mark)
       end
 
       private

@@ -42,13 +42,17 @@ module NeverBlock
       # @return [Metrics, nil] told how long each request waited for its slot.
       attr_accessor :metrics
 
+      # @return [#room_freed, #pending_connections, nil] see #initialize
+      #   (the server's {Acceptor} sets itself).
+      attr_writer :on_release
+
       # @param size [Integer] the most requests answered at once (`fiber_pool`).
       # @param adaptive_limit [Boolean, Hash] true: a {ConcurrencyLimit} with
       #   its defaults; a Hash: its options (`min:`, `initial:`, `target_lag:`);
       #   false or nil: no adaptive limit (`size` slots whatever the load).
       # @param on_release [#room_freed, #pending_connections, nil] told when a
       #   slot is given back to the free ones or the limit rises, and asked
-      #   how many connections wait to be accepted (the {Server}: a plain call,
+      #   how many connections wait to be accepted (the {Acceptor}: a plain call,
       #   not a Method object's, as it is on every request's path).
       # @raise [ArgumentError] for an invalid size or `adaptive_limit`.
       def initialize(size:, adaptive_limit: true, on_release: nil)
@@ -72,7 +76,7 @@ module NeverBlock
       # @return [void]
       def start
         @scheduler = NeverBlock.current_scheduler!
-        @sampler = NeverBlock.spawn { sample_loop_lag } if @limiter
+        @sampler = NeverBlock.spawn(detached: true) { sample_loop_lag } if @limiter
       end
 
       # Stops the sampler (the server is stopping). Slots go on being

@@ -21,16 +21,8 @@ module NeverBlock
     # Beside the workers it keeps the `supervise` commands running
     # ({Sidecars}: Solid Queue's `bin/jobs`), and stops them when it stops.
     #
-    # It also watches each worker ({Settings}): one whose loop has sent no
-    # heartbeat for `worker_timeout` (held by one fiber: `loop {}`, a C call
-    # holding the GVL, a deadlock) is asked for its task dump (QUIT), which
-    # names the request and shows where it is, and killed (KILL) once that
-    # is logged or after {DUMP_GRACE} seconds, then replaced; one that booted
-    # for longer than `worker_boot_timeout` without accepting is killed
-    # too. One that served `max_requests` (plus jitter) or uses more than
-    # `max_memory` is replaced gracefully: its successor boots first, as in
-    # a rolling restart, and only then is it stopped; one such replacement
-    # at a time, none during a rolling restart.
+    # It also watches each worker and replaces it when it hangs or grows
+    # ({Watchdog}, in cluster/watchdog.rb).
     #
     # A worker that dies is replaced at once, however often: an app whose
     # requests crash their worker never takes the master down. Only a
@@ -53,39 +45,38 @@ module NeverBlock
       # Longest delay between boot retries (seconds).
       MAX_BOOT_DELAY = 10
 
-      # Seconds a hung worker gets to log its task dump before it is killed.
-      DUMP_GRACE = 2
-
-      # Seconds between two looks at the workers' memory (with `max_memory`).
-      MEMORY_CHECK_INTERVAL = 1.0
 
       SIGNALS = %w[TERM INT USR2 HUP TTIN TTOU QUIT CHLD].freeze
+
+      # Sends signal `name` (or 0, which only checks) to `pid`.
+      # @return [Boolean] false when no such process is left.
+      def self.signal(pid, name)
+        Process.kill(name, pid)
+        true
+      rescue Errno::ESRCH, Errno::EPERM # (EPERM: a process group of others')
+        false
+      end
+
+      # Runs the block with `handlers` (signal name => Proc) trapped, and the
+      # previous handlers back afterwards.
+      # @return [Object] the block's value.
+      def self.trapping(handlers)
+        previous = handlers.to_h { |name, handler| [name, trap(name, &handler)] }
+        yield
+      ensure
+        previous&.each { |name, handler| trap(name, handler || "DEFAULT") }
+      end
+
       # What the master logs it does on each signal.
       SIGNAL_ACTIONS = { "TERM" => "stopping gracefully", "INT" => "stopping gracefully",
                          "USR2" => "rolling restart", "HUP" => "hot restart: executing its command again, keeping its sockets",
                          "TTIN" => "one worker more",
                          "TTOU" => "one worker fewer", "QUIT" => "asking every worker for its task dump",
                          "HALT" => "halting: killing every worker now" }.freeze
-      # A worker's status lines are shorter (one write each, atomic on a pipe).
-      STATUS_READ = 4096
-      private_constant :SIGNALS, :STATUS_READ
+      private_constant :SIGNALS
 
-      # One forked worker process, as the master sees it.
-      # `booted`: its app is loaded (deaths after that are not boot
-      # failures); `ready`: it accepts connections (a rolling restart waits
-      # for that before stopping its predecessor). `spawned`: when it was
-      # forked, `beat_at`: its last heartbeat (monotonic seconds);
-      # `requests`: started, as of that beat; `max_requests`: its share of
-      # `max_requests` with jitter. `hung_at`: when the watchdog asked it for
-      # its dump, `killed`: it was then killed; `partial`: the start of a
-      # status line not yet read whole; `commands`: the pipe of the master's
-      # commands to it; `metrics`: its last {Metrics#snapshot}; `tasks`,
-      # `tasks_at`: its last task dump and when it came; `retiring`: why it is being replaced gracefully
-      # (`:requests`, `:memory`); `successor_of`: the pid it replaces.
-      Child = Struct.new(:index, :pid, :generation, :started_at, :booted, :ready, :status_reader, :stopping,
-                         :failure, :spawned, :beat_at, :requests, :max_requests, :hung_at, :retiring,
-                         :successor_of, :partial, :killed, :commands, :metrics, :tasks, :tasks_at,
-                         keyword_init: true)
+      include HotRestart::Master
+      include Watchdog
 
       # @param server [Server]
       # @param count [Integer] workers to keep running.
@@ -98,6 +89,8 @@ module NeverBlock
         @settings = settings
         @retiring = [] # workers to replace gracefully, one at a time
         @restarts = Hash.new(0) # cause => workers replaced for it
+        @hot_restarts = 0
+        @control_token = settings.control_token # else the old image's, or one Control makes
         @memory_checked_at = 0.0
         @booted = false # every worker accepted once (on_booted was called)
         @sidecars = Sidecars.new(settings.supervise)
@@ -126,25 +119,27 @@ module NeverBlock
 
         @server.listen_all
         @master_pid = Process.pid
-        Process.setproctitle("neverblock master (#{Server.workers_phrase(@count)}) #{@listeners.map(&:address).join(' ')}")
+        retitle
         @stop_before_trap = false
         @wake_reader, @wake_writer = IO.pipe
         @alive_reader, @alive_writer = IO.pipe # workers see EOF when the master is gone
-        previous = trap_signals
-        @control = start_control if @settings.control
-        @server.cluster = self
-        @server.hooks[:before_fork]&.call
-        @predecessors = HotRestart.take # the old image's workers, after a hot restart
-        @handoff = Handoff.build(@count)
-        @count.times { |index| spawn_worker(index) }
-        @sidecars.start_due
-        supervise
+        carry_over(HotRestart.take_state)
+        Cluster.trapping(SIGNALS.to_h { |name| [name, proc { signal(name) }] }) do
+          @control = start_control if @settings.control
+          @server.cluster = self
+          @server.hooks[:before_fork]&.call
+          @predecessors = HotRestart.take # the old image's workers, after a hot restart
+          @handoff = Handoff.build(@count)
+          @count.times { |index| spawn_worker(index) }
+          @sidecars.start_due
+          supervise
+        ensure
+          stop_all
+          @control&.stop
+        end
       ensure
-        stop_all
-        @control&.stop
-        restore_signals(previous) if previous
         [@wake_reader, @wake_writer, @alive_reader, @alive_writer].each { |io| io.close if io && !io.closed? }
-        @workers.each_value { |worker| worker.status_reader.close unless worker.status_reader.closed? }
+        @workers.each_value(&:close)
       end
 
       # Asks the master to stop gracefully (as TERM does). Safe from any
@@ -161,21 +156,18 @@ module NeverBlock
       end
 
       # @return [Hash] `{master_pid:, workers: [{index:, pid:, generation:, ready:, started_at:, requests:,
-      #   retiring:}], generation:, stopping:, restarts: {crash:, watchdog:, boot_timeout:, requests:, memory:}}`:
-      #   `requests` as of the worker's last heartbeat; `restarts` counts
-      #   workers replaced, by cause.
+      #   retiring:}], generation:, stopping:, restarts: {crash:, watchdog:, boot_timeout:, requests:, memory:},
+      #   hot_restarts:, supervised:}`: `requests` as of the worker's last heartbeat; `restarts` counts
+      #   workers replaced, by cause; with `generation` and `hot_restarts` it carries on across hot restarts.
       def stats
-        workers = @workers.values.sort_by(&:index).map do |worker|
-          { index: worker.index, pid: worker.pid, generation: worker.generation, ready: worker.ready,
-            started_at: worker.started_at, requests: worker.requests, retiring: worker.retiring }
-        end
+        workers = @workers.values.sort_by(&:index).map(&:to_h)
         { master_pid: Process.pid, workers: workers, generation: @generation, stopping: @stopping, restarts: restarts,
-          supervised: @sidecars.stats }
+          hot_restarts: @hot_restarts, supervised: @sidecars.stats }
       end
 
       # @api private
       # What the control listener asks for ({Control}): `"TERM"` (stop),
-      # `"USR2"` (rolling restart), `"HALT"`. Safe from any thread.
+      # `"USR2"` (rolling restart), `"HUP"` (hot restart), `"HALT"`. Safe from any thread.
       # @return [void]
       def command(name)
         signal(name)
@@ -210,8 +202,8 @@ module NeverBlock
       end
 
       # @api private
-      # @return [Boolean] whether this (forked) process got TERM or INT
-      #   before its worker handlers were in place.
+      # @return [String, false] "TERM" or "INT" when this (forked) process got
+      #   it before its worker handlers were in place, else false.
       def stop_before_trap?
         @stop_before_trap
       end
@@ -223,21 +215,13 @@ module NeverBlock
       # the worker to act on ({Worker.run}), not sent to the master's pipe.
       def signal(name)
         if Process.pid != @master_pid
-          @stop_before_trap = true if %w[TERM INT].include?(name)
+          @stop_before_trap = name if %w[TERM INT].include?(name)
           return
         end
         @signals << name
         @wake_writer&.write_nonblock(".", exception: false)
       rescue IOError
         nil
-      end
-
-      def trap_signals
-        SIGNALS.to_h { |name| [name, trap(name) { signal(name) }] }
-      end
-
-      def restore_signals(previous)
-        previous.each { |name, handler| trap(name, handler || "DEFAULT") }
       end
 
       # The master's loop: waits for a signal, a worker's readiness or
@@ -270,8 +254,10 @@ module NeverBlock
         ready&.each do |io|
           if io == @wake_reader
             io.read_nonblock(1024, exception: false)
+          elsif (worker = @workers.each_value.find { |w| w.status_reader.equal?(io) })
+            worker.read_status { |note| noted(worker, note) }
           else
-            read_status(io)
+            io.close
           end
         end
       end
@@ -282,68 +268,18 @@ module NeverBlock
       def select_timeout
         return 0.5 if @stopping
 
-        longest = [@settings.heartbeat_interval, DUMP_GRACE.to_f, @sidecars.next_due_in, @systemd.watchdog_due_in].compact.min
+        longest = [@settings.heartbeat_interval, Watchdog::DUMP_GRACE.to_f, @sidecars.next_due_in, @systemd.watchdog_due_in].compact.min
         wait = @next_boot_at - Clock.now
         wait.positive? ? wait.clamp(0.05, longest) : longest
       end
 
-      # A worker writes "booted" once its app is loaded, "ready" once it
-      # accepts connections, then "beat REQUESTS" while its loop turns and
-      # "dumped" when it logged its tasks; EOF means it exited.
-      def read_status(io)
-        data = io.read_nonblock(STATUS_READ, exception: false)
-        worker = @workers.each_value.find { |w| w.status_reader.equal?(io) }
-        if data.nil?
-          io.close
-        elsif data.is_a?(String) && worker
-          note_status(worker, data)
+      # Acts on what a worker reported ({Child#read_status}).
+      def noted(worker, note)
+        case note
+        when :booted then @boot_failures = 0
+        when :dumped then worker.kill_hung
+        when :max_requests then retire(worker, :requests)
         end
-      end
-
-      # `data` may end in the middle of a line (a read stops at STATUS_READ
-      # bytes): that part waits for the rest.
-      def note_status(worker, data)
-        data = "#{worker.partial}#{data}"
-        complete = data.end_with?("\n")
-        lines = data.split("\n")
-        worker.partial = complete ? nil : lines.pop
-        lines.each { |line| note_line(worker, line) }
-      end
-
-      def note_line(worker, line)
-        case line
-        when /\Abeat (\d+)\z/
-          worker.beat_at = Clock.now
-          worker.requests = Integer(Regexp.last_match(1))
-          retire(worker, :requests) if worker.max_requests && worker.requests >= worker.max_requests
-        when /\Aboot-failed (.*)\z/ then worker.failure = Regexp.last_match(1)
-        when "booted"
-          unless worker.booted
-            worker.booted = true
-            @boot_failures = 0
-          end
-        when "ready"
-          worker.ready = true
-          worker.beat_at = Clock.now
-        when "dumped" then kill_hung(worker) if worker.hung_at
-        when /\Ametrics (.*)\z/ then worker.metrics = JSON.parse(Regexp.last_match(1))
-        when /\Atasks (.*)\z/
-          worker.tasks = JSON.parse(Regexp.last_match(1))
-          worker.tasks_at = Clock.now
-        end
-      end
-
-      # What a dead worker wrote that the master had not read yet (it may
-      # have booted just before it died).
-      def drain_status(worker)
-        io = worker.status_reader
-        until io.closed?
-          data = io.read_nonblock(STATUS_READ, exception: false)
-          break unless data.is_a?(String)
-
-          note_status(worker, data)
-        end
-        io.close unless io.closed?
       end
 
       def reap
@@ -355,9 +291,8 @@ module NeverBlock
           @sidecars.reaped(pid, status, stopping: @stopping) unless worker
           next unless worker
 
-          drain_status(worker)
+          worker.drain_status { |note| noted(worker, note) if note == :booted } # (a dead worker is not dumped or retired)
           @handoff&.vacate(worker.index, worker.pid)
-          worker.commands&.close
           worker_exited(worker, status)
           @server.call_hook(:after_worker_exit, worker.index, status)
         end
@@ -374,10 +309,10 @@ module NeverBlock
 
         if worker.hung_at
           @restarts[worker.ready ? :watchdog : :boot_timeout] += 1
-          NeverBlock.logger.warn { "NeverBlock::Server: worker #{worker.index} (pid #{worker.pid}) killed by the watchdog" }
+          NeverBlock.logger.warn { "NeverBlock::Server: #{worker} killed by the watchdog" }
         elsif worker.booted
           @restarts[:crash] += 1
-          NeverBlock.logger.warn { "NeverBlock::Server: worker #{worker.index} (pid #{worker.pid}) died (#{describe(status)}); starting a new one" }
+          NeverBlock.logger.warn { "NeverBlock::Server: #{worker} died (#{describe(status)}); starting a new one" }
         end
         return if worker.booted
 
@@ -386,8 +321,8 @@ module NeverBlock
         delay = [0.2 * (2**(@boot_failures - 1)), MAX_BOOT_DELAY].min
         @next_boot_at = Clock.now + delay
         NeverBlock.logger.error do
-          "NeverBlock::Server: worker #{worker.index} (pid #{worker.pid}) exited before its app booted (#{describe(status)}); " \
-            "#{@boot_failures} boot failure(s) in a row, retrying in #{delay} s"
+          "NeverBlock::Server: #{worker} exited before its app booted (#{describe(status)}); " \
+            "#{@boot_failures} boot failure(s) in a row#{", retrying in #{delay} s" if @boot_failures < MAX_BOOT_FAILURES}"
         end
       end
 
@@ -404,13 +339,19 @@ module NeverBlock
           when "HUP" then hot_restart
           when "TTIN" then @count += 1
           when "TTOU" then @count = [@count - 1, 1].max
-          when "QUIT" then @workers.each_value { |worker| send_signal(worker, "QUIT") }
+          when "QUIT" then @workers.each_value { |worker| worker.signal("QUIT") }
           when "HALT" then halt
           else next
           end
           NeverBlock.logger.info { "NeverBlock::Server: master got #{name}: #{SIGNAL_ACTIONS.fetch(name)} (#{Server.workers_phrase(@count)})" }
+          retitle if %w[TTIN TTOU].include?(name)
         end
         retire_surplus unless @stopping
+      end
+
+      # The master's process title, with the worker count it keeps now.
+      def retitle
+        Process.setproctitle("neverblock master (#{Server.workers_phrase(@count)}) #{@listeners.map(&:address).join(' ')}")
       end
 
       def begin_stop
@@ -419,79 +360,18 @@ module NeverBlock
         @stopping = true
         @stop_deadline = Clock.now + @server.limits.shutdown_timeout + KILL_GRACE
         @systemd.stopping("stopping #{Server.workers_phrase(@count)}")
-        @workers.each_value { |worker| terminate(worker) }
+        @workers.each_value { |worker| worker.terminate(last: true) }
+        # The kernel refuses new connections once the workers close their
+        # copies too (each takes in what was queued first); a client that
+        # connects meanwhile is not queued, to be reset after the drain.
+        @listeners.each(&:close)
         @sidecars.stop
       end
 
       def start_control
         require_relative "cluster/control"
         require_relative "cluster/prometheus"
-        Control.new(self, @settings.control, @settings.control_token).start
-      end
-
-      # HUP: the master executes its command again (see {HotRestart}), once
-      # its sidecars stopped. Returns only when that could not be done.
-      def hot_restart
-        return if @stopping
-
-        command, dir = @server.restart_command
-        unless command
-          NeverBlock.logger.warn("NeverBlock::Server: HUP (hot restart) needs the command line of `neverblock serve`; ignored")
-          return
-        end
-        NeverBlock.logger.info { "NeverBlock::Server: master got HUP: #{SIGNAL_ACTIONS.fetch('HUP')} (#{command.join(' ')})" }
-        @server.call_hook(:on_restart)
-        @systemd.reloading("hot restart")
-        @sidecars.stop
-        deadline = Clock.now + @server.limits.shutdown_timeout
-        while @sidecars.running? && Clock.now < deadline
-          IO.select([@wake_reader], nil, nil, 0.1)
-          reap
-        end
-        @sidecars.kill
-        if @boot_paused # this image never served: the previous image's workers are handed on again
-          HotRestart.exec(command, dir, @listeners, @predecessors.pids, @predecessors.alive)
-        else
-          HotRestart.exec(command, dir, @listeners, @workers.keys, @alive_writer)
-        end
-      end
-
-      # After a hot restart, once this image's workers accept: the old
-      # image's workers stop (their alive pipe closes, and TERM).
-      def retire_predecessors
-        old = @predecessors or return
-        @predecessors = nil
-        old.alive.close
-        old.pids.each do |pid|
-          Process.kill("TERM", pid)
-        rescue Errno::ESRCH
-          nil
-        end
-        NeverBlock.logger.info { "NeverBlock::Server: hot restart done; the old workers (#{old.pids.join(', ')}) stop" }
-      end
-
-      # A hot restart into an app that does not boot: the old image's workers
-      # keep serving, this image boots no more workers (its app is broken)
-      # until the next HUP, which hands those same workers on again. If they
-      # are all gone meanwhile, booting resumes, and so does giving up.
-      def keep_predecessors
-        NeverBlock.logger.error do
-          "NeverBlock::Server: hot restart abandoned: the new workers exited #{@boot_failures} times in a row before " \
-            "their app booted#{@last_boot_failure ? " (#{@last_boot_failure})" : ''}; the previous workers " \
-            "(#{@predecessors.pids.join(', ')}) keep serving the previous code: fix the app and send HUP again"
-        end
-        @boot_failures = 0
-        @boot_paused = true
-        @systemd.ready("hot restart abandoned; the previous workers serve")
-      end
-
-      def predecessors_alive?
-        @predecessors.pids.any? do |pid|
-          Process.kill(0, pid)
-          true
-        rescue Errno::ESRCH
-          false
-        end
+        Control.new(self, @settings.control, @control_token).start
       end
 
       # `neverblock ctl halt`: every worker and sidecar is killed now.
@@ -519,7 +399,7 @@ module NeverBlock
         if fresh.nil?
           spawn_worker(index) if Clock.now >= @next_boot_at
         elsif fresh.ready
-          current.each { |worker| terminate(worker) unless worker.equal?(fresh) }
+          current.each { |worker| worker.terminate unless worker.equal?(fresh) }
           @restart_queue.shift
         end
       end
@@ -538,108 +418,9 @@ module NeverBlock
 
       def retire_surplus
         @workers.each_value do |worker|
-          terminate(worker) if worker.index >= @count && !worker.stopping
+          worker.terminate if worker.index >= @count && !worker.stopping
         end
         @restart_queue.reject! { |index| index >= @count }
-      end
-
-      def terminate(worker)
-        worker.stopping = true
-        send_signal(worker, "TERM")
-      end
-
-      def send_signal(worker, name)
-        Process.kill(name, worker.pid)
-      rescue Errno::ESRCH
-        nil
-      end
-
-      # --- The watchdog and graceful replacement ---------------------------
-
-      # Each turn: a worker that booted for too long, or whose loop sent no
-      # heartbeat for `worker_timeout`, is asked for its dump (and killed
-      # after DUMP_GRACE); memory is looked at once a MEMORY_CHECK_INTERVAL.
-      def watch_workers
-        now = Clock.now
-        @workers.each_value do |worker|
-          next if worker.stopping
-
-          if worker.hung_at
-            kill_hung(worker) if now - worker.hung_at > DUMP_GRACE
-          elsif !worker.ready
-            boot_timeout = @settings.worker_boot_timeout
-            hung(worker, "has not accepted #{boot_timeout} s after it was started (worker_boot_timeout)") if boot_timeout && now - worker.spawned > boot_timeout
-          elsif (timeout = @settings.worker_timeout) && now - worker.beat_at > timeout
-            hung(worker, "has not turned its event loop for #{timeout} s (worker_timeout): a request holds it " \
-                         "(computing, a C call holding the GVL, a deadlock)")
-          end
-        end
-        check_memory(now) if @settings.max_memory && now - @memory_checked_at >= MEMORY_CHECK_INTERVAL
-      end
-
-      def hung(worker, why)
-        worker.hung_at = Clock.now
-        NeverBlock.logger.error do
-          "NeverBlock::Server: worker #{worker.index} (pid #{worker.pid}) #{why}; asking it for its tasks (QUIT), " \
-            "then killing it"
-        end
-        send_signal(worker, "QUIT")
-      end
-
-      def kill_hung(worker)
-        return if worker.killed
-
-        worker.killed = true
-        send_signal(worker, "KILL")
-      end
-
-      def check_memory(now)
-        @memory_checked_at = now
-        @workers.each_value do |worker|
-          next unless worker.ready && !worker.stopping && !worker.retiring && !worker.hung_at
-
-          used = Memory.of(worker.pid, @settings.memory_metric) or next
-          retire(worker, :memory, used) if used > @settings.max_memory
-        end
-      end
-
-      # Queues `worker` for a graceful replacement ({#continue_retiring}).
-      def retire(worker, cause, used = nil)
-        return if worker.retiring || worker.stopping || @stopping
-
-        worker.retiring = cause
-        @retiring << worker
-        NeverBlock.logger.info do
-          why = if cause == :memory
-                  "uses #{Memory.mb(used)} MB of #{@settings.memory_metric.upcase}, over max_memory #{Memory.mb(@settings.max_memory)} MB"
-                else
-                  "served #{worker.requests} requests (max_requests #{worker.max_requests})"
-                end
-          "NeverBlock::Server: worker #{worker.index} (pid #{worker.pid}) #{why}: replacing it, its successor first"
-        end
-      end
-
-      # One graceful replacement at a time, none during a rolling restart
-      # (which replaces every worker anyway): start the successor (once the
-      # worker replaced before has exited), and stop the old worker once the
-      # successor accepts.
-      def continue_retiring
-        return unless @restart_queue.empty?
-
-        @retiring.reject! { |worker| worker.stopping || !@workers.key?(worker.pid) }
-        old = @retiring.first or return
-        successor = @workers.each_value.find { |worker| worker.successor_of == old.pid }
-        if successor.nil?
-          # Not while the last one replaced is still on its way out: never more
-          # than one process beyond the workers (memory is often why).
-          return if @workers.each_value.any?(&:stopping)
-
-          spawn_worker(old.index, successor_of: old.pid) if Clock.now >= @next_boot_at
-        elsif successor.ready
-          @restarts[old.retiring] += 1
-          terminate(old)
-          @retiring.shift
-        end
       end
 
       # on_booted (and READY=1 to systemd), once every worker accepted for
@@ -674,7 +455,7 @@ module NeverBlock
       end
 
       def kill_stragglers
-        @workers.each_value { |worker| kill(worker) }
+        @workers.each_value(&:kill)
         @workers.each_key { |pid| wait_quietly(pid) }
         @workers.clear
         @sidecars.kill
@@ -690,13 +471,6 @@ module NeverBlock
         true
       rescue Errno::ECHILD
         false
-      end
-
-      def kill(worker)
-        NeverBlock.logger.warn { "NeverBlock::Server: worker #{worker.index} (pid #{worker.pid}) did not stop in time; killing it" }
-        Process.kill("KILL", worker.pid)
-      rescue Errno::ESRCH
-        nil
       end
 
       def wait_quietly(pid)
@@ -756,10 +530,9 @@ module NeverBlock
         end
         status_writer.close
         command_reader.close
-        @workers[pid] = Child.new(index: index, pid: pid, generation: generation, started_at: Time.now,
-                                   booted: false, ready: false, status_reader: status_reader, stopping: false,
-                                   spawned: Clock.now, requests: 0, max_requests: @settings.draw_max_requests,
-                                   successor_of: successor_of, commands: command_writer)
+        @workers[pid] = Child.new(index: index, pid: pid, generation: generation, status_reader: status_reader,
+                                  commands: command_writer, max_requests: @settings.draw_max_requests,
+                                  successor_of: successor_of)
       end
     end
   end

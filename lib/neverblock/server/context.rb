@@ -4,7 +4,7 @@ module NeverBlock
   class Server
     # What a {Connection} needs from its server, handed to each one at
     # construction: a {Server} makes one Context (in its #initialize) and
-    # gives it to every connection it accepts (`Server#serve`), so that a
+    # gives it to every connection it accepts (`Acceptor#open_connection`), so that a
     # connection depends on this object and never on the Server.
     #
     # It holds what the server configured (the app, the {Limits}, the
@@ -70,6 +70,13 @@ module NeverBlock
       # @return [Integer] requests started since the server started.
       attr_reader :requests_total
 
+      # @return [HangupWatch, nil] cancels requests whose client hung up
+      #   (nil when `cancel_on_hangup` is off).
+      attr_reader :hangup_watch
+
+      # @return [Integer] requests cancelled because their client hung up.
+      attr_reader :requests_hung_up
+
       # @return [Integer] requests that outlived `request_timeout` (answered
       #   503, or cut off if their response had begun).
       attr_reader :requests_timed_out
@@ -79,21 +86,20 @@ module NeverBlock
       # @param admission [Admission]
       # @param access_log [AccessLog, nil]
       # @param idle_sweeper [IdleSweeper]
-      # @param on_hijack [#call] called with a {Connection} whose socket the
-      #   app took.
-      # @param on_close [#call] called with a {Connection} closed while it
-      #   was parked in the {IdleSet} (no task of its own ends it).
+      # @param acceptor [Acceptor] told of a {Connection} whose socket the
+      #   app took ({Acceptor#hijacked}) or that closed while it was parked
+      #   in the {IdleSet}, where no task of its own ends it ({Acceptor#close_connection}).
       # @param early_hints [Boolean] see {Server#initialize}.
       # @param opentelemetry [Boolean] see {Server#initialize}.
-      def initialize(app:, limits:, admission:, access_log:, idle_sweeper:, on_hijack:, on_close:, early_hints: false,
-                     opentelemetry: false)
+      # @param cancel_on_hangup [Boolean] see {Server#initialize}.
+      def initialize(app:, limits:, admission:, access_log:, idle_sweeper:, acceptor:, early_hints: false,
+                     opentelemetry: false, cancel_on_hangup: true)
         @app = app
         @limits = limits
         @admission = admission
         @access_log = access_log
         @idle_sweeper = idle_sweeper
-        @on_hijack = on_hijack
-        @on_close = on_close
+        @acceptor = acceptor
         @idle_set = nil
         @handoff = nil
         @handed_off = 0
@@ -106,6 +112,8 @@ module NeverBlock
         @requests_in_flight = 0
         @requests_total = 0
         @requests_timed_out = 0
+        @requests_hung_up = 0
+        @hangup_watch = HangupWatch.new if cancel_on_hangup
         @stopping = false
       end
 
@@ -135,12 +143,12 @@ module NeverBlock
       # the app, and with it OpenTelemetry, after the server was made).
       # Without OpenTelemetry's API loaded by then it says so once and
       # makes no spans.
-      # @return [Telemetry::RequestTracer, nil]
+      # @return [RequestTracer, nil]
       def request_tracer
         return unless @opentelemetry
         return @request_tracer if @request_tracer
 
-        @request_tracer = Telemetry::RequestTracer.new
+        @request_tracer = RequestTracer.new
       rescue ArgumentError => e
         @opentelemetry = false
         NeverBlock.logger.error("#{e.message}; serving without request spans")
@@ -160,6 +168,12 @@ module NeverBlock
         true
       end
 
+      # A request was cancelled because its client hung up.
+      # @return [void]
+      def request_hung_up
+        @requests_hung_up += 1
+      end
+
       # A request outlived `request_timeout`.
       # @return [void]
       def request_timed_out
@@ -171,7 +185,7 @@ module NeverBlock
       # @param connection [Connection]
       # @return [void]
       def hijacked(connection)
-        @on_hijack.call(connection)
+        @acceptor.hijacked(connection)
       end
 
       # A parked connection was closed (see {Connection#close_if_idle}):
@@ -179,7 +193,7 @@ module NeverBlock
       # @param connection [Connection]
       # @return [void]
       def connection_closed(connection)
-        @on_close.call(connection)
+        @acceptor.close_connection(connection)
       end
     end
   end

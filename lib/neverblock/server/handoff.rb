@@ -49,7 +49,7 @@ module NeverBlock
     # takes them up; the master holds every pair, so the kernel keeps them
     # meanwhile. A worker that stops closes its slot ({#close}) as it begins to
     # drain, and serves what siblings sent before that until its drain ends
-    # (Server#take_last_handoffs). While the master replaces or stops
+    # (Acceptor#take_last_handoffs). While the master replaces or stops
     # workers it pauses every move ({#paused=}). A connection sent in the
     # instant between a sibling reading a worker's slot and that worker
     # retiring for good (TTOU, a stop) waits in the index's pair until the
@@ -235,7 +235,7 @@ module NeverBlock
 
       # Whether a sibling serves at least {MARGIN} fewer connections than
       # this worker: its acceptor then leaves the backlog to the siblings a
-      # moment (Server#take_in_after_first takes no more than its share of
+      # moment (Acceptor#take_in_after_first takes no more than its share of
       # the backlog then), so that connections arriving together
       # are spread at once rather than moved one by one afterwards.
       # @return [Boolean]

@@ -16,7 +16,7 @@ module NeverBlock
     # the set takes it out and hands the connection to `on_readable` (the
     # server starts a pooled task that reads and serves it). A fiber's
     # stack pages and struct are nine tenths of what an idle connection
-    # costs otherwise (docs/benchmarks.md, "Held connections results").
+    # costs otherwise (docs/benchmarks.md, "Held connections").
     #
     # One per serving process, made in the loop after a fork ({.build} in
     # {Server#serve_here}): an epoll set is never shared between workers.

@@ -89,13 +89,17 @@ module NeverBlock
         self
       end
 
-      # @return [String] where it listens, with the real port: `tcp://127.0.0.1:34567`.
+      # @return [String] where it listens, with the real port: `tcp://127.0.0.1:34567`
+      #   (also once closed: a connection taken in at a stop, and the master's
+      #   title, still name it).
       def address
         return "unix://#{@path}" if @path
 
-        addr = @server.local_address
-        host = addr.ipv6? ? "[#{addr.ip_address}]" : addr.ip_address
-        "#{@tls ? 'ssl' : 'tcp'}://#{host}:#{addr.ip_port}"
+        @address ||= begin
+          addr = @server.local_address
+          host = addr.ipv6? ? "[#{addr.ip_address}]" : addr.ip_address
+          "#{@tls ? 'ssl' : 'tcp'}://#{host}:#{addr.ip_port}"
+        end
       end
 
       # The connection as its requests are read and answered: the accepted
@@ -111,9 +115,9 @@ module NeverBlock
         !@path.nil?
       end
 
-      # @return [Integer, nil] the TCP port.
+      # @return [Integer, nil] the TCP port (also once closed).
       def port
-        @server.local_address.ip_port unless @path
+        @bound_port ||= @server.local_address.ip_port unless @path
       end
 
       # Waits for and returns the next connection; inside NeverBlock only the
@@ -131,7 +135,7 @@ module NeverBlock
       # Accepts a connection the kernel has already queued, without waiting.
       # @return [Socket, nil] nil when none is queued.
       def accept_now
-        socket = @server.accept_nonblock(exception: false)
+        socket = open_server.accept_nonblock(exception: false)
         socket unless socket == :wait_readable
       rescue Errno::ECONNABORTED, Errno::EPROTO
         nil # the client gave up while it waited in the backlog
@@ -142,7 +146,7 @@ module NeverBlock
       # took it first.
       # @return [void]
       def wait_readable
-        @server.wait_readable
+        open_server.wait_readable
       end
 
       # Connections waiting in the kernel's accept queue, from Linux's
@@ -164,6 +168,8 @@ module NeverBlock
       def close
         return unless @server
 
+        address # remembered for what still names it
+        port
         @server.close unless @server.closed?
         File.unlink(@path) if @path && @owner == Process.pid && !@inherited && File.socket?(@path)
       rescue SystemCallError
@@ -173,6 +179,11 @@ module NeverBlock
       end
 
       private
+
+      # @raise [IOError] once closed (as the closed socket would).
+      def open_server
+        @server or raise IOError, "#{@spec}: the listener is closed"
+      end
 
       # A socket file left behind by a dead process is removed; one that a
       # live server answers on is not (bind then fails with EADDRINUSE).

@@ -90,7 +90,8 @@ module NeverBlock
         gc = GC.stat
         { requests: @requests.dup, request_duration: @durations.to_h, admission_wait: @admission_waits.to_h,
           loop_lag: @loop_lag.to_h, requests_in_flight: stats[:requests_in_flight], requests_waiting: pool[:queued],
-          requests_total: stats[:requests_total], slots: pool[:size], slots_busy: pool[:busy], slots_limit: pool[:limit],
+          requests_total: stats[:requests_total], requests_timed_out: stats[:requests_timed_out],
+          requests_hung_up: stats[:requests_hung_up], slots: pool[:size], slots_busy: pool[:busy], slots_limit: pool[:limit],
           adaptive_lag: limit && limit[:lag], connections: stats[:connections], idle_connections: stats[:idle_connections],
           tasks: scheduler.tasks.size, stalls: scheduler.stalls,
           database_pools: ConnectionPool.active.map { |db| { name: db.name, **db.stats, timeouts: db.timeouts, cancels: db.cancels } },

@@ -16,30 +16,35 @@ end
 
 module NeverBlock
   class Server
-    # Turns the bytes of one connection into {Request}s with llhttp (in its
+    # Turns the bytes of one connection into {Request}s: llhttp (in its
     # strict mode, which rejects the request-smuggling shapes: Content-Length
-    # with Transfer-Encoding, duplicate or invalid Content-Length, invalid
-    # chunk sizes, bare CR/LF in headers, NUL or CTL in the target), and
+    # with Transfer-Encoding, duplicate or invalid Content-Length, bare CR/LF
+    # in headers, NUL or CTL in the target) parses the heads, and the Parser
     # enforces the {Limits} llhttp has no notion of.
     #
-    # llhttp parses every message in the bytes it is given, so pipelined
-    # requests pile up in {#requests} in order; the connection answers them
-    # and reads again only when the queue is drained.
+    # The Parser, not llhttp, frames every body, so it always knows where a
+    # message ends: llhttp is given the bytes of one head, up to its empty
+    # line, and nothing after it. A Content-Length body is then read here
+    # (#take_body), a chunked one by {ChunkedBody}, which refuses the chunk
+    # framing llhttp 8.1 lets through (chunk data not followed by CRLF), and
+    # llhttp is reset for the next head. Pipelined requests pile up in
+    # {#requests} in order; the connection answers them and reads again
+    # only when the queue is drained.
     #
     # Errors: {#<<} raises {HTTPError} with the status to answer; status nil
     # after an Upgrade or CONNECT request, which ends the HTTP exchange (the
-    # connection serves it and stops reading; see #upgrade for the bytes
-    # that may follow it).
+    # connection serves it and stops reading; bytes sent after it, before
+    # its response, are refused with 400: a hijacked socket is a plain IO
+    # and they could not be handed to the app).
     #
     # The fast path: at a message boundary the bytes go first to
     # {NeverBlock::HTTPHead} (ext/neverblock/http_head), which builds the
     # env of a plain, complete, kept-alive head in C and declines anything
-    # else; what it declines goes to llhttp as above, from that boundary, so
-    # llhttp only ever starts at one. It gives the env llhttp's callbacks
-    # would (test/neverblock/server/head_parser_test.rb compares them), and
-    # its requests' Content-Length bodies are read here ({#take_body}).
-    # Without the extension, or with `NEVERBLOCK_HEAD_PARSER=off`, every
-    # request goes through llhttp.
+    # else; what it declines goes to llhttp as above, from that boundary. It
+    # gives the env llhttp's callbacks would
+    # (test/neverblock/server/head_parser_test.rb compares them). Without the
+    # extension, or with `NEVERBLOCK_HEAD_PARSER=off`, every head goes
+    # through llhttp.
     class Parser < LLHttp::Delegate
       # The environment variable that turns the C fast path off (`off`).
       HEAD_PARSER_SWITCH = "NEVERBLOCK_HEAD_PARSER"
@@ -57,8 +62,11 @@ module NeverBlock
       # Rack::Lint wants HTTP_HOST.
       HOST = /\A(?:\[[0-9A-Fa-f:.]+\]|(?:%\h\h|[A-Za-z0-9\-._~!$&'()*+,;=])+)(?::\d*)?\z/
 
+      # The end of a head (strict llhttp takes no bare LF as a line end).
+      HEAD_END = "\r\n\r\n"
+
       HTTP_KEYS = {} # rubocop:disable Style/MutableConstant -- a bounded cache
-      private_constant :HTTP_KEYS
+      private_constant :HTTP_KEYS, :HEAD_END
 
       # @return [Array<Request>] requests whose headers are complete, oldest first.
       attr_reader :requests
@@ -82,7 +90,9 @@ module NeverBlock
         @requests = []
         @current = nil
         @in_message = false
-        @unfinished = nil
+        @closed = false      # a request not kept alive was read: nothing after it is
+        @head_ending = false # llhttp is given the CRLF that ends a head
+        @head_tail = nil     # the last bytes of a head that spans reads, to find its end
         @value_fragments = 0
         @line_ended = false
         @host = nil # the last Host seen on this connection, already checked
@@ -92,38 +102,35 @@ module NeverBlock
         @llhttp = LLHttp::Parser.new(self, type: :request)
         @head = (HTTPHead.new(base_env, default_host, default_port, limits.max_request_target, limits.max_header_bytes,
                               limits.max_headers, limits.max_body) if head_parser)
-        @body_left = 0 # bytes of a fast-path request's body still to come
+        @body_left = 0   # bytes of the current request's Content-Length body still to come
+        @chunked = nil   # the current request's ChunkedBody, while it is read
+        @upgrade = false # the current request upgrades once its body is read
       end
 
       # Parses `data`; complete requests are appended to {#requests}.
       # @raise [HTTPError] for a request to refuse (after the requests before it).
       # @return [void]
       def <<(data)
+        data = data.b unless data.encoding == Encoding::BINARY
         if @current && !@current.complete && (@raw_body += data.bytesize) > @limits.max_body + 65_536
           fail_with(413, "request body (with chunk framing) over #{@limits.max_body} bytes")
         end
-        # Whether the read starts at a message boundary, for #upgrade: after
-        # the fast path took a body, llhttp starts at one, but the read did
-        # not, and the upgrade check stays as conservative as without it.
-        boundary = !@in_message
-        if @head && (boundary || @body_left.positive?)
-          data = take_plain_requests(data) or return
+        offset = 0
+        size = data.bytesize
+        head = @head
+        while offset < size && !@closed
+          offset = if @chunked
+                     take_chunks(data, offset)
+                   elsif @body_left.positive?
+                     take_body(data, offset)
+                   elsif head && !@in_message && (env = head.parse(data, offset))
+                     plain_request(env, data, head.head_end)
+                   else
+                     take_head(data, offset)
+                   end
         end
-        @value_fragments = 0
-        begin
-          @llhttp << data
-        ensure
-          @line_ended = data.end_with?("\n", "\r")
-          flush_bodies # spooled bodies are written here, not inside llhttp's callbacks
-        end
-        keep_unfinished_headers(data, boundary)
-      rescue LLHttp::Error => e
-        raise @error if @error
-
-        name = e.message[/HPE_\w+/]
-        upgrade(data, boundary) if name == "HPE_PAUSED_UPGRADE"
-
-        raise HTTPError.new(STATUSES.fetch(name, 400), e.message)
+      ensure
+        flush_bodies # spooled bodies are written here, outside llhttp's callbacks
       end
 
       # @return [void]
@@ -193,60 +200,121 @@ module NeverBlock
       # Exceptions here become llhttp's HPE_CB_HEADERS_COMPLETE, so the chosen
       # status travels in @error (see {#fail_with}).
       def on_headers_complete
+        fail_with(400, "a head not ended by an empty line (CRLF CRLF)") unless @head_ending
         @current = build_request
         @current.head_at = Clock.now if @timed
-        @headers = nil # trailers after a chunked body are counted, not kept
+        @current.keep_alive = @llhttp.keep_alive?
+        @url = @headers = nil # an idle connection keeps nothing of its last request
         @raw_body = 0
         @requests << @current
         0
       end
 
-      # Bodies over `max_body_in_memory` go to a Tempfile ({Request#append_body}).
-      def on_body(chunk)
-        request = @current
-        if request.body_bytes + chunk.bytesize > @limits.max_body
-          fail_with(413, "request body over #{@limits.max_body} bytes")
-        end
-
-        request.append_body(chunk)
-      rescue SystemCallError, IOError => e
-        NeverBlock.logger.error("NeverBlock::Server: could not write a request body to a Tempfile " \
-                                "(#{Dir.tmpdir}): #{e.class}: #{e.message}")
-        fail_with(500, "request body not stored: #{e.message}")
-      end
-
+      # A request without a body: llhttp completes it right after its head.
       def on_message_complete
-        @url = @headers = nil # (trailers went there) an idle connection keeps nothing of its last request
-        @current.keep_alive = @llhttp.keep_alive?
-        # After a request not kept alive llhttp refuses more bytes: the fast path must not take them.
-        @head = nil unless @current.keep_alive
-        @current.expects_continue = false
-        @current.complete = true
+        finish_request(@current)
         @current = nil
-        @in_message = false
         0
       end
 
       private
 
-      # The fast path (see the class comment): takes the requests
-      # {NeverBlock::HTTPHead} parses from the start of `data`, and the rest
-      # of a body it framed.
-      # @return [String, nil] the bytes from the first head it declined on,
-      #   for llhttp; nil when it took them all.
-      def take_plain_requests(data)
-        size = data.bytesize
-        offset = @body_left.positive? ? take_body(data, 0) : 0
-        head = @head
-        while offset < size && !@in_message
-          env = head.parse(data, offset) or break
-          offset = plain_request(env, data, head.head_end)
-        end
-        return nil if offset == size
+      # Gives llhttp the bytes of the current head from `offset`, up to its
+      # end if it ends in `data`; once it does, readies the body's framing.
+      # @return [Integer] the offset after what it took.
+      def take_head(data, offset)
+        unless @in_message
+          # Empty lines before a request line are skipped, as llhttp would (RFC 9112 2.2).
+          offset += 1 while (byte = data.getbyte(offset)) == 13 || byte == 10
+          return offset if byte.nil?
 
-        offset.zero? ? data : data.byteslice(offset, size - offset)
+          check_request_line(data, offset)
+        end
+        stop = head_end(data, offset)
+        unless stop
+          feed_head(offset.zero? ? data : data.byteslice(offset, data.bytesize - offset), data, nil)
+          remember_tail(data, offset)
+          return data.bytesize
+        end
+
+        # llhttp 8.1 also ends a head at `\r\n\n` and at `\r\n\r` and any
+        # byte; NeverBlock only at `\r\n\r\n`. So the empty line's CRLF
+        # (its LF alone, when its CR came in the last read) is fed on its
+        # own, and the head must end there (#on_headers_complete).
+        split = stop - 2 < offset ? offset : stop - 2
+        feed_head(data.byteslice(offset, split - offset), data, nil) if split > offset
+        @head_ending = true
+        feed_head(data.byteslice(split, stop - split), data, stop)
+        @head_ending = false
+        @head_tail = nil
+        start_body(@current) if @current # (nil when llhttp completed a request without a body)
+        stop
+      end
+
+      # Gives llhttp `part` of `data`; `stop` is where the head ends in `data`
+      # when `part` ends it.
+      def feed_head(part, data, stop)
+        @value_fragments = 0
+        @llhttp << part
+      rescue LLHttp::Error => e
+        raise @error if @error
+
+        name = e.message[/HPE_\w+/]
+        upgrade(data, stop) if name == "HPE_PAUSED_UPGRADE" # (only ever at a head's end)
+        raise HTTPError.new(STATUSES.fetch(name, 400), e.message)
       ensure
-        flush_bodies
+        @line_ended = part.end_with?("\n", "\r")
+      end
+
+      # llhttp 8.1 takes a request line ended by a bare LF, and more than one
+      # space between its parts; a proxy may read either otherwise. Checked
+      # when the line is whole in this read (a line split over reads is
+      # left to llhttp).
+      def check_request_line(data, offset)
+        newline = data.index("\n", offset) or return
+        return if data.getbyte(newline - 1) == 13 && data.byteslice(offset, newline - offset).count(" ") == 2
+
+        fail_with(400, "request line not `METHOD SP target SP version CRLF`")
+      end
+
+      # @return [Integer, nil] the offset just after the current head's empty
+      #   line, nil when it does not end in `data`.
+      def head_end(data, offset)
+        if (tail = @head_tail)
+          spanning = (tail + data.byteslice(offset, 3)).index(HEAD_END)
+          return offset + spanning + 4 - tail.bytesize if spanning
+        end
+        found = data.index(HEAD_END, offset)
+        found && found + 4
+      end
+
+      # Keeps the last three bytes of the head so far: its end may span reads.
+      def remember_tail(data, offset)
+        size = data.bytesize
+        tail = size - offset >= 3 || @head_tail.nil? ? data.byteslice(offset, size - offset) : @head_tail + data.byteslice(offset, size - offset)
+        @head_tail = tail.bytesize > 3 ? tail.byteslice(tail.bytesize - 3, 3) : tail
+      end
+
+      # The head of `request` (llhttp's) is complete and a body follows:
+      # llhttp, which now expects the body, is reset, and the body is framed
+      # here (llhttp let a Transfer-Encoding through only when its last
+      # coding is chunked, and never with Content-Length).
+      def start_body(request)
+        length = @llhttp.content_length
+        @llhttp.reset
+        env = request.env
+        @upgrade = env.key?("HTTP_UPGRADE") && connection_upgrade?(env["HTTP_CONNECTION"])
+        if env.key?("HTTP_TRANSFER_ENCODING")
+          @chunked = ChunkedBody.new(@limits)
+        else
+          @body_left = length
+        end
+      end
+
+      # Whether a Connection header lists `upgrade` (with Upgrade, llhttp
+      # would pause after such a request's body).
+      def connection_upgrade?(connection)
+        connection&.split(",")&.any? { |token| token.strip.casecmp?("upgrade") } || false
       end
 
       # Queues the request {NeverBlock::HTTPHead} just parsed (what
@@ -257,10 +325,10 @@ module NeverBlock
         head = @head
         request = Request.new(env, head.head?, head.http10?, @limits.max_body_in_memory)
         request.head_at = Clock.now if @timed
+        request.keep_alive = true # the fast path takes only requests kept alive
         @requests << request
         length = head.content_length
         if length.zero?
-          request.keep_alive = true # the fast path takes only requests kept alive
           request.complete = true
           return offset
         end
@@ -272,71 +340,78 @@ module NeverBlock
         take_body(data, offset)
       end
 
-      # Takes what `data` holds from `offset` on of the current fast-path
-      # request's body (its Content-Length is within max_body: no check
-      # here); the request is complete once all of it came.
+      # Takes what `data` holds from `offset` on of the current request's
+      # Content-Length body; the request is complete once all of it came.
       # @return [Integer] the offset after what it took.
       def take_body(data, offset)
         size = [@body_left, data.bytesize - offset].min
-        @current.append_body(data.byteslice(offset, size)) if size.positive?
+        append_body(@current, data.byteslice(offset, size)) if size.positive?
         return offset + size if (@body_left -= size).positive?
 
-        @current.keep_alive = true # (set once complete, as for llhttp's requests)
-        @current.complete = true
-        @current = nil
-        @in_message = false
-        offset + size
+        body_read(data, offset + size)
       end
 
-      # CONNECT and `Connection: Upgrade` end the HTTP/1.1 exchange: llhttp
-      # stops after the request (the last in {#requests}) and the connection
-      # serves it, then ends, unless the app took the socket (rack.hijack).
-      #
-      # Bytes the client sent after the request in the same read (a
-      # WebSocket frame sent before the 101, say) were read from the socket
-      # but cannot be handed to the app (a hijacked socket is a plain IO), and
-      # the llhttp gem does not tell where the request ended. So the
-      # request's bytes are parsed again, without their last byte, by a
-      # throwaway parser: if that still completes the upgrade, more bytes
-      # followed it and the request is refused with 400 rather than served
-      # with some of its connection's bytes silently lost.
+      # Takes what `data` holds from `offset` on of the current request's
+      # chunked body ({ChunkedBody}).
+      # @return [Integer] the offset after what it took.
+      def take_chunks(data, offset)
+        request = @current
+        offset = @chunked.take(data, offset) { |bytes| append_body(request, bytes) }
+        return offset unless @chunked.finished?
+
+        @chunked = nil
+        body_read(data, offset)
+      end
+
+      # @return [Integer] `offset`, where the next message starts.
+      def body_read(data, offset)
+        request = @current
+        @current = nil
+        finish_request(request)
+        if @upgrade
+          @upgrade = false
+          upgrade(data, offset)
+        end
+        offset
+      end
+
+      # The request's message is complete: nothing read after one not kept alive.
+      def finish_request(request)
+        request.expects_continue = false
+        request.complete = true
+        @in_message = false
+        @closed = true unless request.keep_alive
+      end
+
+      # Bodies over `max_body_in_memory` go to a Tempfile ({Request#append_body}).
+      def append_body(request, bytes)
+        if request.body_bytes + bytes.bytesize > @limits.max_body
+          fail_with(413, "request body over #{@limits.max_body} bytes")
+        end
+
+        request.append_body(bytes)
+      rescue SystemCallError, IOError => e
+        NeverBlock.logger.error("NeverBlock::Server: could not write a request body to a Tempfile " \
+                                "(#{Dir.tmpdir}): #{e.class}: #{e.message}")
+        fail_with(500, "request body not stored: #{e.message}")
+      end
+
+      # CONNECT and `Connection: Upgrade` end the HTTP/1.1 exchange: the
+      # connection serves the request (the last in {#requests}), then ends,
+      # unless the app took the socket (rack.hijack). Bytes the client sent
+      # after it, before its response (a WebSocket frame, say), were read from
+      # the socket but cannot be handed to the app (a hijacked socket is a
+      # plain IO): the request is refused with 400 rather than served with
+      # some of its connection's bytes silently lost.
+      # @param stop [Integer] where the request ended in `data`.
       # @raise [HTTPError] always: status nil ("serve, then close") or 400.
-      def upgrade(data, boundary)
+      def upgrade(data, stop)
         @requests.last.keep_alive = false
-        input = boundary ? data : @unfinished && (@unfinished + data)
-        @unfinished = nil
-        raise HTTPError.new(nil, "upgrade") unless bytes_after_upgrade?(input)
+        @closed = true
+        raise HTTPError.new(nil, "upgrade") if stop >= data.bytesize
 
         @requests.pop
         raise HTTPError.new(400, "bytes after an Upgrade/CONNECT request, sent before its response")
-      end
-
-      # @param input [String, nil] the bytes from the last message boundary
-      #   to the end of the read that completed the upgrade; nil when unknown.
-      def bytes_after_upgrade?(input)
-        return true unless input
-
-        probe = LLHttp::Parser.new(LLHttp::Delegate.new, type: :request)
-        probe << input.byteslice(0, input.bytesize - 1)
-        false
-      rescue LLHttp::Error
-        true # the upgrade completed without the last byte (or the probe failed: assume the worst)
-      end
-
-      # Keeps the bytes of a read that ends inside a header block (from the
-      # last message boundary on, up to a bound) for {#upgrade}: only then can
-      # an upgrade request's end fall in a later read. Reads that end between
-      # messages or inside a body keep nothing.
-      def keep_unfinished_headers(data, boundary)
-        if !@in_message || @current
-          @unfinished = nil
-        elsif boundary
-          @unfinished = data.b
-        elsif @unfinished && @unfinished.bytesize <= @limits.max_header_bytes + @limits.max_request_target + 65_536
-          @unfinished << data
-        else
-          @unfinished = nil
-        end
       end
 
       def fail_with(status, message)
@@ -357,6 +432,7 @@ module NeverBlock
         fail_with(431, "more than #{@limits.max_headers} headers") if (@header_count += 1) > @limits.max_headers
         # llhttp lets `Host : x` through, which a proxy might read differently: refused.
         fail_with(400, "whitespace in header name #{field.inspect}") if field.include?(" ") || field.include?("\t")
+        fail_with(400, "empty header name") if field.empty?
         key = http_key(field)
         return unless key # a name with "_" could pose as one with "-": dropped, as Puma and nginx do
         return unless @headers # a trailer after a chunked body: counted above, not kept (see #on_headers_complete)
@@ -384,6 +460,12 @@ module NeverBlock
         http10 = llhttp.http_minor.zero?
         method = llhttp.method_name
         content_length = @headers["CONTENT_LENGTH"]
+        if (coding = @headers["HTTP_TRANSFER_ENCODING"])
+          # llhttp ignores an empty Transfer-Encoding (and so its check against
+          # Content-Length); RFC 9112 6.1: HTTP/1.0 framing with it is faulty.
+          fail_with(400, "empty Transfer-Encoding") if coding.strip.empty?
+          fail_with(400, "Transfer-Encoding in an HTTP/1.0 request") if llhttp.http_minor.zero?
+        end
         if content_length && content_length.to_i > @limits.max_body
           fail_with(413, "Content-Length #{content_length} over #{@limits.max_body}")
         end

@@ -10,12 +10,17 @@ module NeverBlock
     # line says how many were not logged meanwhile. {Connection} calls it
     # through its {Context}; used on the loop only.
     class RefusalLog
+      # Where limits are set: `rails server -u neverblock` reads
+      # config/neverblock.rb, `neverblock serve` its -C file.
+      WHERE = "config/neverblock.rb (rails server), a -C file (neverblock serve) or Server.new"
+      private_constant :WHERE
+
       # Where each limit is set, by the status it refuses with.
       HINTS = {
-        408 => "limits header_timeout: / body_timeout: (seconds) in a -C file or Server.new",
-        413 => "--max-body BYTES, or limits max_body: in a -C file or Server.new",
-        414 => "limits max_request_target: (bytes) in a -C file or Server.new",
-        431 => "limits max_header_bytes: / max_headers: in a -C file or Server.new"
+        408 => "limits header_timeout: / body_timeout: (seconds) in #{WHERE}",
+        413 => "--max-body BYTES, or limits max_body: in #{WHERE}",
+        414 => "limits max_request_target: (bytes) in #{WHERE}",
+        431 => "limits max_header_bytes: / max_headers: in #{WHERE}"
       }.freeze
 
       # Seconds between two lines for one status.

@@ -6,7 +6,7 @@ require_relative "empty_input"
 
 module NeverBlock
   class Server
-    # One parsed request: its Rack env (without rack.input until {#finish}),
+    # One parsed request: its Rack env (without rack.input until {#complete_env}),
     # its body as it arrives, and what the connection must know to answer it.
     #
     # A body up to `max_body_in_memory` bytes is kept in a String; a larger
@@ -107,7 +107,7 @@ module NeverBlock
       # CONTENT_LENGTH for a body that came chunked (the app sees it
       # de-chunked).
       # @return [Hash] the env.
-      def finish
+      def complete_env
         if @env.delete("HTTP_TRANSFER_ENCODING")
           @env["CONTENT_LENGTH"] = @body_bytes.to_s
         end

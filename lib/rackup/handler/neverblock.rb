@@ -24,9 +24,16 @@ module Rackup
         # An address it cannot listen on ends the process with one line
         # (exit 1), as `neverblock serve` does, not a backtrace.
         def run(app, **options)
-          server = ::NeverBlock::Server.new(app, **with_sidecars({ **config_file_options, **server_options(options) }))
+          # The server's output is the app's log (Rails logs to STDOUT in a
+          # container): each line goes out as it is written, also into a
+          # pipe or a file, and a kill loses none of it.
+          $stdout.sync = true
+          $stderr.sync = true
+          server = ::NeverBlock::Server.new(app, **with_sidecars(with_web_concurrency({ **config_file_options, **server_options(options) })))
           @server = server
           yield server if block_given?
+          $stdout.puts("NeverBlock #{::NeverBlock::VERSION} listening on #{server.bound_addresses.join(', ')} " \
+                       "(#{server.workers.zero? ? 'one process' : ::NeverBlock::Server.workers_phrase(server.workers)}, pid #{Process.pid})")
           server.run(handle_signals: true)
         rescue Errno::EADDRINUSE, Errno::EACCES, Errno::EADDRNOTAVAIL => e
           abort("NeverBlock: #{e.message}")
@@ -94,8 +101,24 @@ module Rackup
 
           commands = options[:supervise].map { |command| Array(command).join(" ") }.join(", ")
           $stdout.puts("NeverBlock: a master supervises #{commands} beside 1 worker " \
-                       "(for more: `workers N` in #{CONFIG_FILE}, or rackup's -O Workers=N)")
+                       "(for more: WEB_CONCURRENCY=N, or `workers N` in #{CONFIG_FILE})")
           { **options, workers: 1 }
+        end
+
+        # WEB_CONCURRENCY, which every Rails 8 app's config/deploy.yml and
+        # config/puma.rb name (and Puma reads), is the worker count unless
+        # rackup's -O Workers or a `workers` in config/neverblock.rb says
+        # otherwise. A value that is not a count is an error, not ignored.
+        def with_web_concurrency(options)
+          value = ENV.fetch("WEB_CONCURRENCY", "").strip
+          return options if value.empty? || options.key?(:workers)
+
+          workers = Integer(value, 10, exception: false)
+          abort("NeverBlock: WEB_CONCURRENCY=#{value} is not a number of worker processes (0: this one process)") unless workers&.between?(0, 1024)
+
+          $stdout.puts("NeverBlock: WEB_CONCURRENCY=#{value}: #{workers.zero? ? 'one process' : ::NeverBlock::Server.workers_phrase(workers)} " \
+                       "(`workers N` in #{CONFIG_FILE} wins over it)")
+          { **options, workers: workers }
         end
 
         def server_options(options)

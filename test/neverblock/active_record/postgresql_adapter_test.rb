@@ -369,9 +369,15 @@ class ActiveRecordPostgreSQLAdapterTest < NeverBlockTest
     Record.connection_pool.disconnect! # a transaction left open on the server is rolled back now
     assert_equal 2000, Account.sum(:balance), "the transfers' invariant broke: #{outcomes.inspect}"
     assert_equal acknowledged.sort, Item.pluck(:name).sort, "acknowledged writes were lost: #{outcomes.inspect}"
-    # Timeouts hit every phase, and did not leave locks behind that fail every later transfer.
+    # Timeouts hit every phase, and did not leave locks behind that fail later
+    # transfers: some committed during the storm (how many depends on how loaded
+    # the machine is: 18 of 200 beside two other suites), and one more now, with
+    # time enough, on every account.
     assert_operator outcomes[:timed_out], :>, 20, outcomes.inspect
-    assert_operator outcomes[:committed], :>, 20, outcomes.inspect
+    assert_operator outcomes[:committed], :>, 0, outcomes.inspect
+    NeverBlock.timeout(10) do
+      Account.transaction { (1..20).each { |id| Account.where(id: id).update_all("balance = balance") } }
+    end
   ensure
     Record.connection_pool.with_connection { |c| c.execute("DROP TABLE IF EXISTS nb_ar_accounts") }
   end

@@ -35,8 +35,7 @@ class DebouncerCoalescingTest < NeverBlockTest
   end
 
   def test_query_parameter_order_does_not_matter
-    upstream = Upstream.new(delay: 0.1)
-    debouncer = NeverBlock::Debouncer.new(upstream)
+    upstream, debouncer = herd(30)
     targets = ["/items?a=1&b=2&c=3", "/items?c=3&a=1&b=2", "/items?b=2&c=3&a=1"]
 
     results = concurrently(30) { |i| request(debouncer, targets[i % 3]) }
@@ -46,8 +45,7 @@ class DebouncerCoalescingTest < NeverBlockTest
   end
 
   def test_repeated_parameters_keep_their_order_in_the_key
-    upstream = Upstream.new(delay: 0.1)
-    debouncer = NeverBlock::Debouncer.new(upstream)
+    upstream, debouncer = herd(10)
 
     concurrently(10) { |i| request(debouncer, i.even? ? "/?a=1&a=2" : "/?a=2&a=1") }
 
@@ -55,8 +53,7 @@ class DebouncerCoalescingTest < NeverBlockTest
   end
 
   def test_paths_hosts_and_methods_are_distinct_keys
-    upstream = Upstream.new(delay: 0.1)
-    debouncer = NeverBlock::Debouncer.new(upstream)
+    upstream, debouncer = herd(40)
     variants = [["/a", {}], ["/b", {}], ["/a", { method: "HEAD" }], ["/a", { headers: { "Host" => "other.test" } }]]
 
     concurrently(40) { |i| request(debouncer, variants[i % 4][0], **variants[i % 4][1]) }
@@ -65,8 +62,7 @@ class DebouncerCoalescingTest < NeverBlockTest
   end
 
   def test_configured_vary_headers_split_keys
-    upstream = Upstream.new(delay: 0.1) { |env, n| [200, {}, ["#{env['HTTP_ACCEPT_LANGUAGE']} #{n}"]] }
-    debouncer = NeverBlock::Debouncer.new(upstream, vary: ["Accept-Language"])
+    upstream, debouncer = herd(30, vary: ["Accept-Language"]) { |env, n| [200, {}, ["#{env['HTTP_ACCEPT_LANGUAGE']} #{n}"]] }
     languages = %w[en de fr]
 
     results = concurrently(30) { |i| [languages[i % 3], request(debouncer, "/", headers: { "Accept-Language" => languages[i % 3] })] }
@@ -96,8 +92,7 @@ class DebouncerCoalescingTest < NeverBlockTest
 
   def test_a_body_of_mixed_encodings_is_shared_byte_for_byte
     chunks = ["caf\u00e9 ", "\xFF\xFE".b]
-    upstream = Upstream.new(delay: 0.05) { |_env, _n| [200, {}, chunks] }
-    debouncer = NeverBlock::Debouncer.new(upstream)
+    upstream, debouncer = herd(3) { |_env, _n| [200, {}, chunks] }
 
     results = concurrently(3) { request(debouncer, "/bytes") }
 
@@ -108,6 +103,18 @@ class DebouncerCoalescingTest < NeverBlockTest
   def test_unsafe_methods_cannot_be_configured
     error = assert_raises(ArgumentError) { NeverBlock::Debouncer.new(Upstream.new, methods: %w[GET POST]) }
     assert_match(/POST/, error.message)
+  end
+
+  private
+
+  # An upstream that answers once all `count` requests of a herd have
+  # claimed their keys (leaders and followers alike), and a debouncer in
+  # front of it: a fixed delay let a request that a loaded machine started
+  # late find its key's call already over, and make a second one.
+  def herd(count, **options, &respond)
+    store = CountingStore.new(NeverBlock::Debouncer::MemoryStore.new)
+    upstream = Upstream.new(hold: -> { store.claims >= count }, &respond)
+    [upstream, NeverBlock::Debouncer.new(upstream, store: store, **options)]
   end
 end
 

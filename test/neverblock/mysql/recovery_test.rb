@@ -31,7 +31,7 @@ module MySQLRecoveryTests
   def test_a_timeout_during_a_query_on_the_raw_connection_kills_it_on_the_server
     if driver == :mysql2 && RUBY_VERSION < "3.2"
       skip "open bug: on Ruby 3.1 in the full suite, reopening the replaced mysql2 connection (connect on the thread pool) " \
-           "sometimes never returns (2 of 3 full runs, not reproduced alone); see the issue 19 note"
+           "sometimes never returns (2 of 3 full runs, not reproduced alone)"
     end
     db = client
     marker = unique_name("sleep")

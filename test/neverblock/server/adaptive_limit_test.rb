@@ -101,16 +101,24 @@ class ServerAdaptiveLimitTest < Minitest::Test
   # them (Puma's wait_for_less_busy_worker, without the guess). Here the
   # server is one of two workers (Server#serve_here, what each forked worker
   # runs; the only worker takes in its whole backlog). A fiber pool of 2
-  # keeps the limit at 2. Accepted connections whose fibers have not started
-  # count against it, so however early they are accepted, only two are.
+  # keeps the limit at 2. With both slots taken, the acceptor waits for a
+  # turn among the requests waiting for one (Acceptor#wait_turn) and takes
+  # nothing in meanwhile.
   def test_at_its_limit_it_leaves_new_connections_in_the_accept_queue
-    app = Counting.new(wait: 1.5, cpu: 0) # three stay queued for the first 1.5 s
+    app = Counting.new(wait: 2.5, cpu: 0) # the next three stay queued while the first two wait
     server = @server = NeverBlock::Server.new(Rack::Lint.new(app), bind: ["tcp://127.0.0.1:0"], workers: 2,
                                               fiber_pool: 2, adaptive_limit: { min: 2, initial: 2 })
     @port = Integer(server.bound_addresses.first[/\d+\z/])
     @server_thread = Thread.new { server.send(:serve_here) }
     listener = server.instance_variable_get(:@listeners).first
-    sockets = Array.new(5) { connect.tap { |socket| socket.write(get) } }
+    # Two fill the slots first: connections that were all in the backlog at
+    # the first accept would be taken in up to the worker's share of it
+    # (Acceptor#take_in_after_first), however full its slots.
+    sockets = Array.new(2) { connect.tap { |socket| socket.write(get) } }
+    deadline = NeverBlock::Clock.now + 10
+    sleep 0.01 until app.peak == 2 || NeverBlock::Clock.now > deadline
+    assert_equal 2, app.peak, "the first two requests are in the app"
+    sockets += Array.new(3) { connect.tap { |socket| socket.write(get) } }
     queued = nil
     deadline = NeverBlock::Clock.now + 1
     sleep 0.01 until (queued = listener.pending_connections) >= 3 || NeverBlock::Clock.now > deadline

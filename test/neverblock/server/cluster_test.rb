@@ -432,6 +432,8 @@ class ServerClusterTest < PlainTest
     # more frames), one line per failure or retry and the final line.
     messages = output.lines.reject { |line| line.start_with?("/", "<internal") }
     assert_operator messages.size, :<, 20, output
+    last_failure = output.lines.grep(/exited before its app booted/).last
+    refute_match(/retrying in/, last_failure, "no retry follows the failure the master gives up on")
   end
 
   def test_an_address_in_use_is_one_clear_line

@@ -107,7 +107,7 @@ class ServerHandlerTest < PlainTest
     jobs = Integer(eventually { File.exist?(events) && File.read(events)[/^started (\d+) #{Regexp.escape(File.realpath(@dir))}$/, 1] })
     assert stop_and_wait("TERM").success?, @output
     assert_includes File.read(events), "stopped #{jobs}\n"
-    assert_match(%r{NeverBlock: a master supervises bin/jobs beside 1 worker \(for more: `workers N` in config/neverblock.rb}, @output)
+    assert_match(%r{NeverBlock: a master supervises bin/jobs beside 1 worker \(for more: WEB_CONCURRENCY=N, or `workers N` in config/neverblock.rb}, @output)
   end
 
   def test_rails_server_u_neverblock_under_solid_queue_in_puma_without_bin_jobs_says_so

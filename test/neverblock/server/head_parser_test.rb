@@ -146,7 +146,7 @@ class ServerHeadParserTest < PlainTest
     begin
       llhttp << message
     rescue HTTPError => e
-      flunk "the fast path took what llhttp refuses (#{e.status} #{e.message}): #{context.inspect[0, 400]}"
+      flunk "the fast path took what llhttp refuses (#{e.status} #{e.message}): #{context.inspect[0, 400]} #{message.inspect[0, 600]}"
     end
     assert_equal 1, llhttp.requests.size, "one request: #{context.inspect[0, 400]}"
     request = llhttp.requests.first

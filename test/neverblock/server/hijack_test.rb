@@ -295,10 +295,13 @@ class ServerParserUpgradeTest < PlainTest
     end
   end
 
-  # A known limit: after a body that spanned reads the parser cannot tell
-  # where the upgrade ended, so it assumes the worst.
-  def test_an_upgrade_after_a_body_split_across_reads_is_refused_as_unknown
+  # The parser frames bodies itself, so it knows where an upgrade after a
+  # body that spanned reads ends (llhttp alone could not say).
+  def test_an_upgrade_after_a_body_split_across_reads_is_handed_over
     body_then_upgrade = "POST /body HTTP/1.1\r\nHost: a\r\nContent-Length: 4\r\n\r\nab"
-    assert_equal [400, ["/body"]], parse([body_then_upgrade, "cd#{UPGRADE}"])
+    assert_equal [nil, ["/body", "/chat"]], parse([body_then_upgrade, "cd#{UPGRADE}"])
+    assert_equal [400, ["/body"]], parse([body_then_upgrade, "cd#{UPGRADE}x"])
+    chunked = "POST /body HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab"
+    assert_equal [nil, ["/body", "/chat"]], parse([chunked, "\r\n0\r\n\r\n#{UPGRADE}"])
   end
 end

@@ -3,6 +3,8 @@
 require_relative "../../test_helper"
 require_relative "../../support/serve_processes"
 require "tmpdir"
+require "json"
+require "net/http"
 
 # HUP: the master executes `neverblock serve` again (same pid), keeping its
 # listening sockets; the old workers serve until the new ones accept.
@@ -76,5 +78,52 @@ class ServerHotRestartTest < PlainTest
     eventually { get(server).body.split.first == "v3" }
     Process.kill("TERM", server[:pid])
     assert wait_exit(server).success?
+  end
+
+  # A second-day deploy: the control listener's token (made at start, no
+  # --control-token given) still opens /stats after each of two hot restarts,
+  # and the counts /stats shows carry on instead of going back to 0.
+  def test_hot_restarts_keep_the_control_token_and_the_masters_counts
+    port = TCPServer.new("127.0.0.1", 0).then { |probe| probe.local_address.ip_port.tap { probe.close } }
+    server = serve("versioned.ru", "-w", "1", "--control", "tcp://127.0.0.1:#{port}", env: { "NB_TEST_VERSION" => @version })
+    token = wait_for_line(server, /control listener on .*\(token (\h+)\)/)[/\(token (\h+)\)/, 1]
+    first = eventually { (w = worker_pids(server[:pid])).size == 1 && w.first }
+    Process.kill("KILL", first) # restarts: crash 1
+    eventually { (w = worker_pids(server[:pid])).size == 1 && w.first != first }
+    Process.kill("USR2", server[:pid]) # generation 1
+    eventually { (stats = control_stats(port, token)) && stats["generation"] == 1 && stats["workers"].all? { |w| w["ready"] } }
+
+    2.times do |hot|
+      Process.kill("HUP", server[:pid])
+      eventually(timeout: 60) { output_lines(server).count { |line| line.include?("hot restart done") } == hot + 1 }
+      stats = eventually { control_stats(port, token) }
+      assert_equal 1, stats["generation"], "after hot restart #{hot + 1}"
+      assert_equal 1, stats.dig("restarts", "crash"), "after hot restart #{hot + 1}"
+      assert_equal hot + 1, stats["hot_restarts"]
+      metrics = control_get(port, "/metrics", token)
+      assert_equal "200", metrics.code
+      assert_match(/^neverblock_hot_restarts_total #{hot + 1}$/, metrics.body)
+      assert_equal "401", control_get(port, "/stats", "wrong").code, "still guarded"
+    end
+    assert_equal 1, output_lines(server).count { |line| line.include?("(token ") }, "the token is logged once, at the first start"
+    Process.kill("TERM", server[:pid])
+    assert wait_exit(server).success?
+  end
+
+  private
+
+  def control_get(port, path, token)
+    Net::HTTP.start("127.0.0.1", port, open_timeout: 2, read_timeout: 5) do |http|
+      http.get(path, "authorization" => "Bearer #{token}")
+    end
+  end
+
+  # @return [Hash, nil] nil while the listener does not answer 200 (the
+  #   new image opens it again after the exec).
+  def control_stats(port, token)
+    response = control_get(port, "/stats", token)
+    JSON.parse(response.body) if response.code == "200"
+  rescue SystemCallError, IOError, Net::OpenTimeout, Net::ReadTimeout
+    nil
   end
 end

@@ -83,7 +83,7 @@ class ServerLimitsTest < PlainTest
     end
     lines = log.lines
     assert_equal 1, lines.size, log
-    assert_match(/refused a request from 127\.0\.0\.1 with 413: Content-Length 1001 over 1000; to raise the limit: --max-body BYTES, or limits max_body: in a -C file/, lines.first)
+    assert_match(%r{refused a request from 127\.0\.0\.1 with 413: Content-Length 1001 over 1000; to raise the limit: --max-body BYTES, or limits max_body: in config/neverblock\.rb \(rails server\), a -C file \(neverblock serve\) or Server\.new}, lines.first)
     sleep NeverBlock::Server::RefusalLog::INTERVAL # the next refusal, a second later, is logged with the count
     log = capture_log { exchange(raw) }
     assert_match(/with 413: .* \(and 3 more 413s since the last line for it\)$/, log)

@@ -9,7 +9,7 @@ require "tmpdir"
 # process: between bursts of concurrent requests a model is edited, and
 # every request of every burst must be answered, by the new code. Rails'
 # own interlock keys its holders by thread, and all of NeverBlock's requests
-# share one (issue 21: N-1 of N requests sent at once after an edit got 500).
+# share one (N-1 of N requests sent at once after an edit got 500).
 class RailsReloadingTest < PlainTest
   include ServeProcesses
 

@@ -26,7 +26,9 @@ class SSEAdmissionTest < PlainTest
     deadline = now + 30
     streams.each { |socket| socket.wait_readable([deadline - now, 0].max) or flunk "a stream sent no first event in 30 s" }
     with_streams = p99(fast_requests(port))
-    assert_operator with_streams, :<=, [2 * alone, 0.05].max,
+    # Orders of magnitude: waiting behind the streams is seconds (as long as
+    # they last); beside three test suites the p99 reached 0.1 s unharmed.
+    assert_operator with_streams, :<=, [2 * alone, 0.25].max,
                     "fast requests' p99 beside #{STREAMS} streams (#{(with_streams * 1000).round(2)} ms) " \
                     "against alone (#{(alone * 1000).round(2)} ms)"
     assert(streams.all? { |socket| socket.readpartial(65_536).include?("data: tick") }, "the streams still stream")

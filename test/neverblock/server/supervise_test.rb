@@ -66,7 +66,33 @@ class ServerSuperviseTest < PlainTest
     pids(server)
   end
 
+  # A sidecar killed with -9 (by hand, by the OOM killer) leaves what it
+  # forked: the master stops it (TERM to the sidecar's process group), as it
+  # does at its own stop, instead of leaving it to run on under pid 1.
+  def test_what_a_killed_sidecar_forked_is_stopped_too
+    Dir.mktmpdir do |dir|
+      events = File.join(dir, "events")
+      server = serve_app("--supervise", "bin/jobs", env: { "SIDECAR_EVENTS" => events, "SIDECAR_CHILD" => "1" })
+      first = started(events, 1).first
+      child = Integer(eventually { File.read(events)[/^child (\d+)/, 1] })
+      Process.kill("KILL", first)
+      eventually(timeout: 10) { !running?(child) }
+      second = started(events, 2).last
+      second_child = Integer(eventually { File.read(events).scan(/^child (\d+)/).flatten[1] })
+      Process.kill("TERM", server[:pid])
+      assert wait_exit(server).success?
+      eventually(timeout: 10) { !running?(second) && !running?(second_child) }
+    end
+  end
+
   private
+
+  # Whether `pid` runs (a zombie that no one reaped yet does not).
+  def running?(pid)
+    File.read("/proc/#{pid}/stat").split[2] != "Z"
+  rescue Errno::ENOENT, Errno::ESRCH
+    false
+  end
 
   def serve_app(*args, env:)
     serve("config.ru", "-w", "2", *args, env: env, chdir: APP)

@@ -52,6 +52,17 @@ class ServerThrusterTest < PlainTest
     assert_match(%r{"GET /file HTTP/1\.1" 200 0 }, line, "the app sent no body: Thruster read the file")
   end
 
+  # Thruster (Go's reverse proxy) closes its upstream connection when its
+  # client goes, so the request is cancelled here too, its query with it.
+  def test_a_client_that_hangs_up_on_thruster_gets_its_request_cancelled
+    socket = TCPSocket.new("127.0.0.1", @port)
+    socket.write("GET /hang HTTP/1.1\r\nHost: localhost\r\n\r\n")
+    sleep 0.5 # in pg_sleep now
+    socket.close
+    line = wait_for_line(@thruster, %r{"GET /hang HTTP/1\.1" 499 }, timeout: 5)
+    assert_match(/ 499 /, line, "the access log shows the hang-up")
+  end
+
   private
 
   def request(path)

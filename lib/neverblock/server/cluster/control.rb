@@ -65,11 +65,9 @@ module NeverBlock
         # @param token [String, nil]
         def initialize(cluster, url, token)
           @cluster = cluster
-          @url = url
-          @unix = url.start_with?("unix://")
-          @token = @unix ? nil : (token || SecureRandom.hex(16))
+          @listener = Listener.new(url)
+          @token = @listener.unix? ? nil : (token || SecureRandom.hex(16))
           @generated = token.nil?
-          @server = nil
           @thread = nil
           @client = nil # the connection being answered, which a forked worker closes
           @accepting = Thread::Mutex.new # held while a connection is accepted, and around a fork
@@ -78,8 +76,11 @@ module NeverBlock
         # Opens the listener and starts its thread.
         # @return [self]
         def start
-          @server = listen
-          NeverBlock.logger.info do
+          @listener.listen
+          File.chmod(0o600, @listener.spec.delete_prefix("unix://")) if @listener.unix?
+          # A token made here is said at warn: a quieter log level must not
+          # hide the one thing that opens the listener.
+          NeverBlock.logger.public_send(@token && @generated ? :warn : :info) do
             "NeverBlock::Server: control listener on #{address}#{" (token #{@token})" if @token && @generated}"
           end
           @thread = Thread.new { serve }
@@ -89,17 +90,14 @@ module NeverBlock
 
         # @return [String] where it listens (the real port for port 0).
         def address
-          return @url if @unix
-
-          addr = @server.local_address
-          "tcp://#{addr.ip_address}:#{addr.ip_port}"
+          @listener.address
         end
 
         # @return [Array<IO>] what a forked worker must close: the listener
         #   and the connection being answered when it was forked
         #   ({#hold_accepts}).
         def ios
-          [@server, @client].compact
+          [@listener.io, @client].compact
         end
 
         # Runs the block (the master's fork of a worker) while no
@@ -115,27 +113,12 @@ module NeverBlock
         # Closes the listener; its thread ends.
         # @return [void]
         def stop
-          @server&.close
-          @thread&.join(2)
-          File.unlink(@url.delete_prefix("unix://")) if @unix && File.socket?(@url.delete_prefix("unix://"))
-        rescue IOError, SystemCallError
-          nil
+          io = @listener.io
+          @listener.close # (and its unix socket's file)
+          @thread&.join(2) if io
         end
 
         private
-
-        def listen
-          if @unix
-            path = @url.delete_prefix("unix://")
-            File.unlink(path) if File.socket?(path)
-            server = UNIXServer.new(path)
-            File.chmod(0o600, path)
-            server
-          else
-            host, port = @url.delete_prefix("tcp://").then { |rest| [rest[/\A\[?(.*?)\]?:\d+\z/, 1], Integer(rest[/:(\d+)\z/, 1])] }
-            TCPServer.new(host, port)
-          end
-        end
 
         def serve
           loop do
@@ -159,13 +142,8 @@ module NeverBlock
         # does not have it at all.
         # @return [IO, nil] nil when the connection went away meanwhile.
         def accept
-          @server.wait_readable
-          @accepting.synchronize do
-            client = @server.accept_nonblock(exception: false)
-            @client = client unless client == :wait_readable
-          end
-        rescue Errno::ECONNABORTED, Errno::EPROTO
-          nil # the client gave up before it was taken
+          @listener.wait_readable
+          @accepting.synchronize { @client = @listener.accept_now }
         end
 
         # Closes the connection under the lock a fork holds: Ruby may mark
@@ -185,8 +163,8 @@ module NeverBlock
           head = read_head(client) or return
           method, target = head.lines.first.to_s.split(" ", 3)
           uri = URI.parse(target.to_s)
-          unless authorized?(head, uri)
-            respond(client, 401, "a token is needed (Authorization: Bearer TOKEN)\n")
+          unless (refusal = unauthorized(head, uri)).nil?
+            respond(client, 401, refusal)
             return nil
           end
 
@@ -235,20 +213,20 @@ module NeverBlock
         end
 
         def each_worker_command(command, workers = @cluster.children)
-          workers.each do |worker|
-            worker.commands.write("#{command}\n")
-          rescue IOError, SystemCallError
-            nil # it exited meanwhile
-          end
+          workers.each { |worker| worker.command(command) } # false: it exited meanwhile
         end
 
-        def authorized?(head, uri)
-          return true unless @token
+        # @return [String, nil] why the request is refused (401), or nil.
+        def unauthorized(head, uri)
+          return nil unless @token
 
           given = head[/^authorization:\s*bearer\s+(\S+)\r?$/i, 1] || URI.decode_www_form(uri.query.to_s).to_h["token"]
-          given && given.bytesize == @token.bytesize && OpenSSL.fixed_length_secure_compare(given, @token)
+          return "a token is needed (Authorization: Bearer TOKEN)\n" unless given
+          return nil if given.bytesize == @token.bytesize && OpenSSL.fixed_length_secure_compare(given, @token)
+
+          "wrong token: not the control token this server was started with (--control-token, or the one it logged)\n"
         rescue ArgumentError
-          false
+          "a token is needed (Authorization: Bearer TOKEN)\n"
         end
 
         def read_head(client)

@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require "json"
+
 module NeverBlock
   class Server
     class Cluster
@@ -20,11 +22,13 @@ module NeverBlock
       #
       # Only `neverblock serve` knows its command line ({Server#restart_command}).
       # A new image whose workers cannot boot keeps the old workers serving
-      # (Cluster#keep_predecessors) until the next HUP hands them on again;
+      # ({Master#keep_predecessors}) until the next HUP hands them on again;
       # one whose `--preload`ed app cannot load stops, and the old workers
       # with it: try the new code first, or use USR2.
       module HotRestart
         WORKERS = "NEVERBLOCK_OLD_WORKERS"
+        # A pipe holding the old image's {Cluster#carried} state (JSON).
+        STATE_FD = "NEVERBLOCK_MASTER_STATE_FD"
         ALIVE_FD = "NEVERBLOCK_OLD_WORKERS_ALIVE_FD"
         LISTEN_FDS = "NEVERBLOCK_LISTEN_FDS"
 
@@ -37,29 +41,132 @@ module NeverBlock
           fd = ENV.delete(ALIVE_FD)
           return nil unless pids && fd
 
-          Predecessors.new(pids.split(",").map { |pid| Integer(pid) }, IO.for_fd(Integer(fd), autoclose: true))
+          alive = IO.for_fd(Integer(fd), autoclose: true)
+          alive.close_on_exec = true # not into this image's sidecars (the next HUP clears it again)
+          Predecessors.new(pids.split(",").map { |pid| Integer(pid) }, alive)
         rescue ArgumentError, SystemCallError
           nil
         end
 
-        # Executes `command` in `dir` with the sockets and the old workers
-        # passed on. Returns only if the exec failed (logged).
+        # What the old image carried over ({Cluster#carried}): the control
+        # token, the restart counts. Taken out of ENV; empty on a first start.
+        # @return [Hash{String => Object}]
+        def self.take_state
+          fd = ENV.delete(STATE_FD) or return {}
+          io = IO.for_fd(Integer(fd), autoclose: true)
+          state = JSON.parse(io.read)
+          state.is_a?(Hash) ? state : {}
+        rescue ArgumentError, SystemCallError, IOError, JSON::ParserError
+          {}
+        ensure
+          io&.close
+        end
+
+        # Executes `command` in `dir` with the sockets, the old workers and
+        # `state` passed on. Returns only if the exec failed (logged).
         # @param listeners [Array<Listener>]
         # @param workers [Array<Integer>] the old workers' pids.
         # @param alive [IO] the master's end of their alive pipe.
+        # @param state [Hash] JSON-able, for {.take_state} in the new image
+        #   (a pipe's buffer holds it: it is a few hundred bytes).
         # @return [void]
-        def self.exec(command, dir, listeners, workers, alive)
-          kept = listeners.map(&:io) + [alive]
+        def self.exec(command, dir, listeners, workers, alive, state = {})
+          state_reader, state_writer = IO.pipe
+          state_writer.write(JSON.generate(state))
+          state_writer.close
+          kept = listeners.map(&:io) + [alive, state_reader]
           kept.each { |io| io.close_on_exec = false }
           env = { LISTEN_FDS => listeners.map { |listener| listener.io.fileno }.join(","),
-                  WORKERS => workers.join(","), ALIVE_FD => alive.fileno.to_s }
+                  WORKERS => workers.join(","), ALIVE_FD => alive.fileno.to_s, STATE_FD => state_reader.fileno.to_s }
           $stdout.flush
           $stderr.flush
           options = kept.to_h { |io| [io, io] }.merge(chdir: dir)
           Kernel.exec(env, *command, options)
         rescue SystemCallError => e
           kept&.each { |io| io.close_on_exec = true }
+          state_reader&.close
           NeverBlock.logger.error { "NeverBlock::Server: hot restart failed: could not execute #{command.join(' ')}: #{e.message}" }
+        end
+
+        # The master's side of a hot restart, included in {Cluster}: HUP,
+        # and what happens to the old image's workers once this image's
+        # workers accept or cannot boot.
+        module Master
+          private
+
+          # What a hot restart hands the next image ({HotRestart.take_state}):
+          # the control token (one made at start too, so that Prometheus and
+          # `neverblock ctl` keep theirs) and the counts /stats and /metrics show.
+          # @return [Hash]
+          def carried
+            { "control_token" => @control&.token || @control_token, "generation" => @generation,
+              "restarts" => @restarts, "hot_restarts" => @hot_restarts + 1 }
+          end
+
+          def carry_over(state)
+            @control_token ||= state["control_token"] if state["control_token"].is_a?(String)
+            @generation = state["generation"] if state["generation"].is_a?(Integer)
+            @hot_restarts = state["hot_restarts"] if state["hot_restarts"].is_a?(Integer)
+            (state["restarts"].is_a?(Hash) ? state["restarts"] : {}).each do |cause, count|
+              @restarts[cause.to_sym] = count if count.is_a?(Integer) && restarts.key?(cause.to_sym)
+            end
+          end
+
+          # HUP: the master executes its command again (see {HotRestart}), once
+          # its sidecars stopped. Returns only when that could not be done.
+          def hot_restart
+            return if @stopping
+
+            command, dir = @server.restart_command
+            unless command
+              NeverBlock.logger.warn("NeverBlock::Server: HUP (hot restart) needs the command line of `neverblock serve`; ignored")
+              return
+            end
+            NeverBlock.logger.info { "NeverBlock::Server: master got HUP: #{SIGNAL_ACTIONS.fetch('HUP')} (#{command.join(' ')})" }
+            @server.call_hook(:on_restart)
+            @systemd.reloading("hot restart")
+            @sidecars.stop
+            deadline = Clock.now + @server.limits.shutdown_timeout
+            while @sidecars.running? && Clock.now < deadline
+              IO.select([@wake_reader], nil, nil, 0.1)
+              reap
+            end
+            @sidecars.kill
+            if @boot_paused # this image never served: the previous image's workers are handed on again
+              HotRestart.exec(command, dir, @listeners, @predecessors.pids, @predecessors.alive, carried)
+            else
+              HotRestart.exec(command, dir, @listeners, @workers.keys, @alive_writer, carried)
+            end
+          end
+
+          # After a hot restart, once this image's workers accept: the old
+          # image's workers stop (their alive pipe closes, and TERM).
+          def retire_predecessors
+            old = @predecessors or return
+            @predecessors = nil
+            old.alive.close
+            old.pids.each { |pid| Cluster.signal(pid, "TERM") }
+            NeverBlock.logger.info { "NeverBlock::Server: hot restart done; the old workers (#{old.pids.join(', ')}) stop" }
+          end
+
+          # A hot restart into an app that does not boot: the old image's workers
+          # keep serving, this image boots no more workers (its app is broken)
+          # until the next HUP, which hands those same workers on again. If they
+          # are all gone meanwhile, booting resumes, and so does giving up.
+          def keep_predecessors
+            NeverBlock.logger.error do
+              "NeverBlock::Server: hot restart abandoned: the new workers exited #{@boot_failures} times in a row before " \
+                "their app booted#{@last_boot_failure ? " (#{@last_boot_failure})" : ''}; the previous workers " \
+                "(#{@predecessors.pids.join(', ')}) keep serving the previous code: fix the app and send HUP again"
+            end
+            @boot_failures = 0
+            @boot_paused = true
+            @systemd.ready("hot restart abandoned; the previous workers serve")
+          end
+
+          def predecessors_alive?
+            @predecessors.pids.any? { |pid| Cluster.signal(pid, 0) }
+          end
         end
       end
     end

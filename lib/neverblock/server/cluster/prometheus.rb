@@ -15,8 +15,11 @@ module NeverBlock
           "neverblock_workers" => ["gauge", "Workers the master runs."],
           "neverblock_worker_up" => ["gauge", "1 while the worker's loop sends heartbeats."],
           "neverblock_worker_restarts_total" => ["counter", "Workers replaced, by cause."],
+          "neverblock_hot_restarts_total" => ["counter", "Hot restarts (HUP) of the master."],
           "neverblock_resident_memory_bytes" => ["gauge", "A worker's resident memory (RSS)."],
           "neverblock_requests_total" => ["counter", "Requests answered, by method and status class."],
+          "neverblock_request_timeouts_total" => ["counter", "Requests answered 503 for outliving request_timeout."],
+          "neverblock_client_hangups_total" => ["counter", "Requests cancelled because their client hung up (logged 499)."],
           "neverblock_request_duration_seconds" => ["histogram", "From a request's complete head to its response's end."],
           "neverblock_admission_wait_seconds" => ["histogram", "Time a request waited for a request slot."],
           "neverblock_loop_lag_seconds" => ["histogram", "How late the event loop woke a 0.1 s timer."],
@@ -51,7 +54,9 @@ module NeverBlock
           workers = cluster.children.reject(&:stopping).sort_by(&:index)
           series["neverblock_workers"] << [{}, workers.size]
           cluster.restarts.each { |cause, count| series["neverblock_worker_restarts_total"] << [{ cause: cause }, count] }
-          cluster.stats[:supervised].each do |sidecar|
+          stats = cluster.stats
+          series["neverblock_hot_restarts_total"] << [{}, stats[:hot_restarts]]
+          stats[:supervised].each do |sidecar|
             series["neverblock_supervised_restarts_total"] << [{ command: sidecar[:command] }, sidecar[:restarts]]
           end
           stale = cluster.settings.heartbeat_interval * 3
@@ -82,7 +87,8 @@ module NeverBlock
             "neverblock_adaptive_limit" => "slots_limit", "neverblock_adaptive_limit_lag_seconds" => "adaptive_lag",
             "neverblock_connections" => "connections", "neverblock_idle_connections" => "idle_connections",
             "neverblock_tasks" => "tasks", "neverblock_stalls_total" => "stalls", "neverblock_gc_runs_total" => "gc_count",
-            "neverblock_gc_major_runs_total" => "gc_major" }.each do |name, key|
+            "neverblock_gc_major_runs_total" => "gc_major", "neverblock_request_timeouts_total" => "requests_timed_out",
+            "neverblock_client_hangups_total" => "requests_hung_up" }.each do |name, key|
             series[name] << [labels, metrics[key]] unless metrics[key].nil?
           end
           series["neverblock_gc_seconds_total"] << [labels, metrics["gc_time"] / 1000.0] if metrics["gc_time"]

@@ -18,7 +18,11 @@ module NeverBlock
       #
       # Each is its own process (`Process.spawn`, not a fork of the master):
       # it boots the app itself, as `bin/jobs` does from a shell, and its
-      # output goes where the master's does.
+      # output goes where the master's does. Each leads a process group of
+      # its own, and every signal goes to the whole group: what it forked
+      # (Solid Queue's scheduler, dispatcher and workers) stops with it, and
+      # when the sidecar itself dies (a `kill -9`, the OOM killer) what it
+      # left running is sent TERM, not left orphaned under pid 1.
       class Sidecars
         # A sidecar that ran this long (seconds) before it exited is
         # restarted at once; one that died sooner waits a delay that doubles.
@@ -72,6 +76,7 @@ module NeverBlock
           sidecar = @sidecars.find { |candidate| candidate.pid == pid } or return false
 
           sidecar.pid = nil
+          Cluster.signal(-pid, "TERM") # what it left behind in its group
           return true if stopping
 
           ran = Clock.now - sidecar.started_at
@@ -111,7 +116,7 @@ module NeverBlock
         private
 
         def spawn(sidecar)
-          sidecar.pid = Process.spawn(*sidecar.command, chdir: @chdir)
+          sidecar.pid = Process.spawn(*sidecar.command, chdir: @chdir, pgroup: true)
           sidecar.started_at = Clock.now
           NeverBlock.logger.info { "NeverBlock::Server: supervising `#{sidecar.command.join(' ')}` (pid #{sidecar.pid})" }
         rescue SystemCallError => e
@@ -125,15 +130,7 @@ module NeverBlock
         end
 
         def signal_all(name)
-          @sidecars.each do |sidecar|
-            next unless sidecar.pid
-
-            begin
-              Process.kill(name, sidecar.pid)
-            rescue Errno::ESRCH
-              nil
-            end
-          end
+          @sidecars.each { |sidecar| Cluster.signal(-sidecar.pid, name) if sidecar.pid }
         end
       end
     end

@@ -27,8 +27,9 @@ module NeverBlock
           server.cluster = nil # this process serves; Server#stop stops it
           server.own_wake_pipe
           trap("TERM") { server.stop }
-          trap("INT") { server.stop }
-          server.stop if cluster.stop_before_trap? # TERM came between fork and the traps above
+          trap("INT") { server.stop(last: true) } # the master stops (Cluster#begin_stop), or Ctrl-C
+          # TERM or INT came between fork and the traps above (INT: the last stop).
+          server.stop(last: cluster.stop_before_trap? == "INT") if cluster.stop_before_trap?
           (SIGNALS - %w[TERM INT QUIT]).each { |name| trap(name, "DEFAULT") }
           trap("QUIT") { server.log_task_dump(-> { report(status_writer, "dumped") }) }
           # Meant for the master; a signal sent to the whole process group must not end a worker.
@@ -47,8 +48,8 @@ module NeverBlock
             watch_master(server, alive_reader)
             server.on_ready = -> { report(status_writer, "ready") }
             server.metrics = Metrics.new if server.supervision.control
-            server.heartbeat = [server.supervision.heartbeat_interval, ->(requests) { beat(server, status_writer, requests) }]
-            server.commands = [commands, ->(command) { obey(server, status_writer, command) }] if commands
+            server.while_serving { heartbeat(server, status_writer, server.supervision.heartbeat_interval) }
+            server.while_serving { read_commands(server, status_writer, commands) } if commands
             server.serve_here
             server.call_hook(:before_worker_shutdown, index)
             status = 0
@@ -90,13 +91,28 @@ module NeverBlock
           nil
         end
 
-        # One heartbeat, with the metrics when the master serves them (a
-        # write the beat task waits for if the pipe is full: the loop does
-        # not).
-        def self.beat(server, status_writer, requests)
-          snapshot = server.metrics_snapshot
-          status_writer.write("beat #{requests}\n#{"metrics #{JSON.generate(snapshot)}\n" if snapshot}")
+        # The heartbeat task: "beat REQUESTS" (with the metrics when the
+        # master serves them) every `seconds`, from a task of the loop, so
+        # that it stops when the loop stops turning (a loop held by one fiber
+        # sends none: that is what the master's watchdog watches for). A
+        # full pipe makes this task wait, not the loop.
+        def self.heartbeat(server, status_writer, seconds)
+          loop do
+            snapshot = server.metrics_snapshot
+            status_writer.write("beat #{server.requests_total}\n#{"metrics #{JSON.generate(snapshot)}\n" if snapshot}")
+            NeverBlock.sleep(seconds)
+          end
         rescue Errno::EPIPE, IOError
+          nil # the master is gone: .watch_master stops the server
+        end
+
+        # The command reader's task: each line from the master's command
+        # pipe is a command ({.obey}).
+        def self.read_commands(server, status_writer, commands)
+          while (line = commands.gets)
+            obey(server, status_writer, line.chomp)
+          end
+        rescue IOError
           nil
         end
 

@@ -1,0 +1,180 @@
+# frozen_string_literal: true
+
+module NeverBlock
+  # Tasks started together and ended together: the scope for the common
+  # shapes of concurrent work.
+  #
+  #   # all or fail: both results, or the first failure with the other cancelled
+  #   user, orders = NeverBlock.group do |group|
+  #     group.spawn { User.find(id) }
+  #     group.spawn { Order.where(user_id: id).to_a }
+  #   end
+  #
+  #   # first wins: the fastest replica's answer, the others cancelled
+  #   NeverBlock.race do |group|
+  #     replicas.each { |replica| group.spawn { replica.get(key) } }
+  #   end
+  #
+  # A group's tasks are children of the task that made it (Task::Tree),
+  # so cancelling that task reaches them too; no task of a group outlives
+  # {#wait} or {#first}. With `limit:`, at most that many run at once and
+  # {#spawn} waits for a free place ({NeverBlock.map} is a group so).
+  #
+  # Made and used on one event loop's thread.
+  class Group
+    # @return [Array<Exception>] every task's failure so far, in the order
+    #   they happened (a task cancelled by the group is not a failure).
+    attr_reader :errors
+
+    # @return [Integer] how many tasks were spawned.
+    attr_reader :size
+
+    # @param limit [Integer, nil] at most this many tasks run at once; nil
+    #   for no limit.
+    # @param fail_fast [Boolean] true: the first failure stops the group at
+    #   once (the others are cancelled, nothing more starts); false (what
+    #   {NeverBlock.race} uses): failures are collected, the rest go on.
+    # @raise [ArgumentError] for a limit that is not an Integer >= 1.
+    def initialize(limit: nil, fail_fast: true)
+      NeverBlock.validate_size!(limit, :limit) if limit
+      @limit = limit
+      @fail_fast = fail_fast
+      @scheduler = nil
+      @size = 0
+      @live = {} # index => task still running
+      @results = []
+      @errors = []
+      @running = 0
+      @waiter = nil
+      @won = false
+      @first = nil
+      @stopped = false
+    end
+
+    # Starts the block as a task of the group, now; with a `limit`, first
+    # waits until fewer than `limit` of the group's tasks run. After the
+    # group stopped (a failure, a winner, #cancel) nothing starts.
+    #
+    # @return [Task, nil] the task; nil when the group has stopped.
+    # @raise [NoReactorError] outside {NeverBlock.run}.
+    def spawn(&block)
+      raise ArgumentError, "Group#spawn needs a block" unless block
+
+      wait_for { @stopped || @running < @limit } if @limit
+      return nil if @stopped
+
+      @scheduler ||= NeverBlock.current_scheduler!
+      @running += 1
+      index = @size
+      @size += 1
+      task = @scheduler.spawn(observed: true) { run(index, block) }
+      # spawn ran the block up to its first wait: it may be done already
+      @live[index] = task if task.alive?
+      task
+    end
+
+    # Waits for every task, and raises the first failure if there was one;
+    # {#errors} holds every failure. With fail_fast (the default) a failure
+    # ends the wait at once, the others cancelled and waited for. Cancelled
+    # or timed out while it waits, it cancels the tasks.
+    #
+    # @return [Array] the tasks' values, in the order they were spawned.
+    # @raise [Exception] the first failure.
+    def wait
+      wait_for { @running.zero? || (@fail_fast && !@errors.empty?) }
+      stop
+      raise @errors.first unless @errors.empty?
+
+      @results.fill(nil, @results.size...@size)
+    ensure
+      stop
+    end
+
+    # Waits for the first task to return, cancels the others and returns
+    # its value. Failures are skipped while a task may still succeed.
+    #
+    # @return [Object] the first value returned.
+    # @raise [Exception] the first failure, when every task failed.
+    # @raise [Error] when no task was spawned.
+    def first
+      raise Error, "Group#first: no task was spawned" if @size.zero?
+
+      wait_for { @running.zero? || @won }
+      stop
+      return @first if @won
+
+      raise @errors.first
+    ensure
+      stop
+    end
+
+    # Cancels the group's tasks still running and waits for them to end;
+    # nothing starts in it afterwards.
+    # @return [self]
+    def cancel
+      stop
+      self
+    end
+
+    # @return [Boolean] true once a task failed.
+    def failed?
+      !@errors.empty?
+    end
+
+    # @return [String]
+    def inspect
+      "#<#{self.class.name} size=#{@size} running=#{@running} errors=#{@errors.size}" \
+        "#{" limit=#{@limit}" if @limit}#{' stopped' if @stopped}>"
+    end
+
+    private
+
+    def run(index, block)
+      value = @results[index] = block.call
+      unless @won
+        @won = true
+        @first = value
+      end
+      value
+    rescue Exception => e # rubocop:disable Lint/RescueException -- the group reports every failure
+      failed(e)
+      raise
+    ensure
+      @running -= 1
+      @live.delete(index)
+      @scheduler.wake(@waiter) if @waiter
+    end
+
+    # A task failed: recorded (unless it is the group's own cancel), and
+    # with fail_fast the others are cancelled now; #wait or #first waits
+    # for them.
+    def failed(error)
+      return if @stopped && error.is_a?(Cancelled)
+
+      @errors << error
+      return unless @fail_fast
+
+      @stopped = true
+      current = Task.current
+      @live.values.each { |task| task.cancel unless task.equal?(current) }
+    end
+
+    # Stops the group: what still runs is cancelled and waited for.
+    def stop
+      @stopped = true
+      return if @live.empty?
+
+      live = @live.values
+      live.each(&:cancel)
+      live.each(&:wait)
+    end
+
+    def wait_for(&condition)
+      @scheduler ||= NeverBlock.current_scheduler!
+      @waiter = Fiber.current
+      @scheduler.wait_until(&condition)
+    ensure
+      @waiter = nil
+    end
+  end
+end

@@ -1,0 +1,151 @@
+# frozen_string_literal: true
+
+module NeverBlock
+  class Server
+    # Reads a `Transfer-Encoding: chunked` request body (RFC 9112 7.1) as it
+    # arrives, over as many reads as it spans, and refuses any framing a
+    # front proxy could read another way. The {Parser} gives it the bytes
+    # after the head; llhttp never sees a body. llhttp 8.1 (the llhttp gem)
+    # skips the two bytes after chunk data without checking them, so
+    # `5\r\nhelloXX0\r\n\r\n` was a complete body to it ("XX" dropped) while
+    # a proxy that checks them reads on: the bytes after such a body could be
+    # served as a request the proxy never sent.
+    #
+    # Refused with 400: a chunk size that is not 1-16 hex digits, chunk data
+    # not followed by CRLF, a bare CR or LF (lines end in CRLF), an extension
+    # that is not `;name` or `;name=value` (a token or quoted string, with
+    # optional blanks around `;` and `=`), a size line over {LINE_MAX}, a
+    # trailer line that is not `name: value`. 413 when the chunk sizes add up
+    # to more than `max_body`; 431 when trailers exceed `max_header_bytes`
+    # or `max_headers`. Trailers are checked and dropped, as before.
+    class ChunkedBody
+      # Longest chunk-size line (size and extensions, CRLF excluded).
+      LINE_MAX = 4096
+
+      # RFC 9110 tchar.
+      TCHAR = "!#$%&'*+\\-.^_`|~0-9A-Za-z"
+      # A chunk extension list after the size (RFC 9112 7.1.1, with BWS).
+      EXTENSIONS = /\A(?:[ \t]*;[ \t]*[#{TCHAR}]+(?:[ \t]*=[ \t]*(?:[#{TCHAR}]+|"(?:[\t \x21\x23-\x5B\x5D-\x7E\x80-\xFF]|\\[\t \x21-\x7E\x80-\xFF])*"))?)*\z/n
+      # Bytes a field value may not hold (CTLs but HTAB, and DEL).
+      VALUE_CTL = "\x00-\x08\x0A-\x1F\x7F"
+      CR = 13
+      LF = 10
+      private_constant :TCHAR, :EXTENSIONS, :VALUE_CTL, :CR, :LF
+
+      # @param limits [Limits] max_body, max_header_bytes, max_headers.
+      def initialize(limits)
+        @limits = limits
+        @state = :size # :size, :data, :data_cr, :data_lf, :trailer, :done
+        @line = nil    # a line begun in an earlier read
+        @left = 0      # bytes of the current chunk's data still to come
+        @total = 0     # the chunk sizes so far
+        @trailer_bytes = 0
+        @trailers = 0
+      end
+
+      # @return [Boolean] true once the last chunk and the trailers ended.
+      def finished?
+        @state == :done
+      end
+
+      # Takes what `data` holds of the body from `offset` on, yielding each
+      # stretch of chunk data as it goes.
+      # @param data [String] binary.
+      # @param offset [Integer]
+      # @yieldparam bytes [String] chunk data.
+      # @return [Integer] the offset after what it took: where the next
+      #   message starts once {#finished?}, else `data.bytesize`.
+      # @raise [HTTPError] 400, 413 or 431 (see the class comment).
+      def take(data, offset)
+        size = data.bytesize
+        while offset < size
+          case @state
+          when :data
+            count = @left < size - offset ? @left : size - offset
+            yield data.byteslice(offset, count)
+            offset += count
+            @state = :data_cr if (@left -= count).zero?
+          when :data_cr then offset = expect(data, offset, CR, :data_lf)
+          when :data_lf then offset = expect(data, offset, LF, :size)
+          when :done then break
+          else offset = take_line(data, offset)
+          end
+        end
+        offset
+      end
+
+      private
+
+      def expect(data, offset, byte, state)
+        refuse(400, "chunk data not followed by CRLF") unless data.getbyte(offset) == byte
+        @state = state
+        offset + 1
+      end
+
+      # Takes the rest of a size or trailer line, if it ends in `data`.
+      def take_line(data, offset)
+        newline = data.index("\n", offset)
+        if newline.nil?
+          (@line ||= +"".b) << data.byteslice(offset, data.bytesize - offset)
+          check_length(@line.bytesize)
+          return data.bytesize
+        end
+
+        part = data.byteslice(offset, newline - offset)
+        line = @line ? @line << part : part
+        @line = nil
+        check_length(line.bytesize - 1)
+        refuse(400, "bare LF in a chunked body") unless line.end_with?("\r")
+        line = line.byteslice(0, line.bytesize - 1)
+        refuse(400, "bare CR in a chunked body") if line.include?("\r")
+        @state == :size ? size_line(line) : trailer_line(line)
+        newline + 1
+      end
+
+      def check_length(bytes)
+        if @state == :size
+          refuse(400, "chunk size line over #{LINE_MAX} bytes") if bytes > LINE_MAX
+        elsif @trailer_bytes + bytes > @limits.max_header_bytes
+          refuse(431, "trailer section over #{@limits.max_header_bytes} bytes")
+        end
+      end
+
+      def size_line(line)
+        semicolon = line.index(";")
+        digits = semicolon ? line.byteslice(0, semicolon).rstrip : line
+        unless digits.bytesize.between?(1, 16) && digits.count("0-9A-Fa-f") == digits.bytesize &&
+               (semicolon.nil? || EXTENSIONS.match?(line.byteslice(digits.bytesize, line.bytesize)))
+          refuse(400, "invalid chunk size line #{line[0, 40].inspect}")
+        end
+
+        size = digits.to_i(16)
+        if size.zero?
+          @state = :trailer
+        else
+          refuse(413, "request body over #{@limits.max_body} bytes") if (@total += size) > @limits.max_body
+          @left = size
+          @state = :data
+        end
+      end
+
+      def trailer_line(line)
+        if line.empty?
+          @state = :done
+          return
+        end
+
+        colon = line.index(":")
+        unless colon&.positive? && line.byteslice(0, colon).count(TCHAR) == colon &&
+               line.count(VALUE_CTL).zero?
+          refuse(400, "invalid trailer line #{line[0, 40].inspect}")
+        end
+        @trailer_bytes += line.bytesize + 2
+        refuse(431, "more than #{@limits.max_headers} trailers") if (@trailers += 1) > @limits.max_headers
+      end
+
+      def refuse(status, message)
+        raise HTTPError.new(status, message)
+      end
+    end
+  end
+end

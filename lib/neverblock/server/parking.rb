@@ -1,0 +1,262 @@
+# frozen_string_literal: true
+
+module NeverBlock
+  class Server
+    # A {Connection} between requests: waiting for the first bytes of its
+    # next request (holding no request slot), parked in the server's
+    # {IdleSet} without a fiber, resumed, handed to a less busy sibling
+    # ({Handoff}), or ended by the {IdleSweeper} (idle timeout) or a stop.
+    # Included in Connection; uses its state (`@socket`, `@io`, `@context`,
+    # `@limits`, `@fiber`, `@task`...). Called by the connection's own
+    # request loop (#read_next_request, from #read_more), by the
+    # {Acceptor} (#unpark, #hand_off, #close_if_idle) and by the
+    # {IdleSweeper} (#park_idle, #expire_idle, #settle).
+    module Parking
+      # @return [Boolean] true while it waits for its next request in the
+      #   server's {IdleSet}, with no task: the task that parked it ended
+      #   without closing it.
+      def parked?
+        @parked
+      end
+
+      # The {IdleSet} took it out (its socket is readable): a task is about
+      # to {#resume} it, unless it is handed on ({#hand_off}).
+      # @return [Boolean] whether it was parked waiting its turn (see {#park}):
+      #   only such a connection may be handed on.
+      def unpark
+        @parked = false
+        end_turn_park
+      end
+
+      # A connection parked to wait its turn that is still parked a sweep
+      # interval later (the {IdleSweeper} says so) is idle: it no longer
+      # counts as active for the {Handoff}.
+      # @return [void]
+      def settle
+        end_turn_park
+      end
+
+      # Offers the connection, just out of the {IdleSet} where it waited its
+      # turn (call it only when {#unpark} said so), with nothing of its next
+      # request read, to a less busy sibling worker ({Handoff}). Only such a
+      # connection: it parked straight after a request whose waits on the
+      # socket all ended, so the selector holds no registration of it (epoll
+      # keeps one while any process holds the socket: a socket moved while
+      # registered here would go on reporting here, under a descriptor number
+      # the next accept reuses, and the loop would spin). A connection the
+      # {IdleSweeper} parked from a wait in its fiber may still be registered
+      # (a cancelled wait leaves it until the socket's next event), so it
+      # stays. The socket leaves the IdleSet's own set before it goes.
+      # @return [Boolean] whether a sibling took it: the server then closes
+      #   this process's descriptor, and the client's connection stays open.
+      def hand_off
+        return false unless movable? && @context.hand_off(@io, @listener)
+
+        @context.idle_set.forget(@io.fileno)
+        true
+      end
+
+      # @return [Boolean] true while it waits for the first bytes of its next
+      #   request, holding no slot.
+      def idle?
+        @idle
+      end
+
+      # Ends the connection now if it is waiting for a next request (for
+      # {Server#stop}); one in the middle of a request is left to finish.
+      # @return [void]
+      def close_if_idle
+        if @parked
+          closed_while_parked
+        elsif @idle && @fiber # (not a resuming task that has not started: it has bytes to read)
+          @task&.cancel
+        end
+      end
+
+      # @return [Float, nil] when its wait for a next request times out
+      #   (monotonic seconds), while it waits on the socket for one.
+      attr_reader :idle_deadline
+
+      # @api private
+      # Parks the connection if its fiber waits for a next request and it
+      # may park (see #park?): the {IdleSweeper} calls it once the wait
+      # lasted a sweep interval. Its task then ends, and the fiber goes back
+      # to the pool.
+      # @return [void]
+      def park_idle
+        Fiber.scheduler.interrupt(@task, IdleSweeper::Park.new) if @idle && @fiber && @task && !@parked && park?
+      end
+
+      # @api private
+      # Ends its wait for a next request if {#idle_deadline} is `now` or
+      # earlier (the {IdleSweeper}); the connection then closes.
+      # @param now [Float] monotonic seconds.
+      # @return [void]
+      def expire_idle(now)
+        deadline = @idle_deadline
+        return unless deadline && deadline <= now
+
+        if @parked
+          closed_while_parked
+        elsif @fiber && @task
+          Fiber.scheduler.interrupt(@task, IdleSweeper::Expired.new)
+        end
+      end
+
+      private
+
+      # Waits (idle) for the first bytes of the next request, for at most
+      # `idle_timeout` seconds, holding no request slot. The wait has no
+      # timer of its own: the server's {IdleSweeper} ends it at
+      # {#idle_deadline}, and parks the connection ({#park_idle}) once it
+      # has waited one sweep interval: a client that sends its next request
+      # at once (a busy keep-alive connection) finds its fiber still
+      # waiting, which costs less than a park and a new task. Beyond
+      # {IdleSet::WAITING_FIBERS} such waits a brisk connection (its last
+      # next request came soon, see #came_back_soon?) waits a few
+      # milliseconds ({BriefWaits}) and then parks, and any other parks at
+      # once, so that many connections going idle together (a burst) do not
+      # hold as many fibers, whose stack pages Ruby keeps resident once
+      # touched.
+      # @return [String, nil] the bytes, nil on EOF or idle timeout, or
+      #   when it parked ({#parked?}).
+      def read_next_request
+        took_turn = release_slot
+
+        @idle = true
+        buffer = @context.read_buffer
+        data = took_turn ? :wait_readable : @socket.read_nonblock(Connection::READ_SIZE, buffer, exception: false)
+        unless data == :wait_readable
+          @brisk = came_back_soon? if @answered
+          return data
+        end
+
+        # A resumed connection that found no request (TLS: part of a record)
+        # keeps the deadline it parked with.
+        @idle_deadline ||= Clock.now + @limits.idle_timeout
+        @context.idle_sweeper.watch(self)
+        if (idle_set = @context.idle_set)
+          # Its turn is taken in the order requests arrive: parked, its socket
+          # reports once it is readable (one-shot), behind those that turned
+          # readable before it. A wait in the selector would not keep that
+          # order: epoll reports a level-triggered socket in the order of its
+          # previous report, so the connection answered last in a round, whose
+          # next request had not come yet when the loop looked, then waited
+          # most of two rounds (ten clients of 20 ms pages: p99 163 ms, 100 in
+          # turn).
+          return park(turn: true) if took_turn && park?
+
+          if idle_set.crowded? && park?
+            return park unless @brisk
+
+            (brief = idle_set.brief_waits).add(self)
+          else
+            idle_set.fiber_waits += 1
+            counted = true
+          end
+        end
+        while true # rubocop:disable Style/InfiniteLoop -- Kernel#loop adds a C frame to every idle fiber's stack
+          begin
+            @socket.wait_readable
+            data = @socket.read_nonblock(Connection::READ_SIZE, buffer, exception: false) # (TLS may wait to write)
+          rescue IdleSweeper::Park
+            @wait_cut = true
+            return park if park?
+
+            next
+          end
+          next if data == :wait_readable
+
+          @brisk = came_back_soon? if @answered
+          return data
+        end
+      rescue IdleSweeper::Expired
+        nil
+      rescue IdleSweeper::Park # at a TLS write in the first read of a resumed connection
+        @wait_cut = true
+        park? ? park : nil
+      ensure
+        idle_set.fiber_waits -= 1 if counted
+        brief&.delete(self)
+        unless @parked
+          @idle = false
+          @idle_deadline = nil
+        end
+      end
+
+      # Whether a sibling worker could take the connection over ({Handoff}):
+      # a plain socket (a TLS session cannot leave this process) that the
+      # app did not take, and whose waits on the socket all ended with an
+      # event: one cut short (the {IdleSweeper} parking it) leaves the
+      # selector's level-triggered registration behind until the socket's
+      # next event, which the connection may read before the selector looks
+      # (see {#hand_off}), so such a connection never moves.
+      def movable?
+        !@listener.tls && !@hijacked && !@wait_cut
+      end
+
+      # Whether the wait for the next request may end the connection's task
+      # (see {IdleSet}): the server has an idle set and is not stopping
+      # (a stopping server's idle waits are cancelled by its tasks), the app
+      # did not take the socket, and TLS holds no decrypted bytes, which
+      # the socket's readability would not announce. Nothing of the next
+      # request is read: it waits at a message boundary with no pipelined
+      # request left.
+      def park?
+        @context.idle_set && !@context.stopping? && !@hijacked && !(@listener.tls && @socket.ssl.pending.positive?)
+      end
+
+      # Whether the wait for the next request that just ended (with bytes)
+      # was short: none at all, or shorter than a sweep interval (the time a
+      # connection may wait in its fiber before it parks). Beyond
+      # {IdleSet::WAITING_FIBERS} fiber waits only such a brisk connection
+      # waits briefly ({BriefWaits}) for its next request; the others park
+      # at once, so that connections that made one request and went idle (a
+      # burst of new clients) return their fibers to the pool at once and
+      # the next ones reuse them, rather than making new fibers, whose
+      # stacks Ruby keeps until a GC frees them (10,000 such connections
+      # took 18.7 KB each instead of 4).
+      def came_back_soon?
+        deadline = @idle_deadline or return true
+
+        Clock.now - deadline + @limits.idle_timeout < @context.idle_sweeper.interval
+      end
+
+      # Parks the connection in the server's {IdleSet}: its task ends, and
+      # {#resume} goes on in another once the socket is readable. `turn`:
+      # it waits its turn for a next request on its way, not idle
+      # ({Context#turns_parked} counts it among the active connections).
+      def park(turn: false)
+        @context.idle_set.park(self, @io.fileno)
+        if turn
+          @turn = true
+          @context.turns_parked += 1
+        end
+        @parked = true
+        @brisk = false
+        @fiber = nil
+        nil
+      end
+
+      # Closes a parked connection (idle timeout, stop): out of the set, then
+      # what the end of its task would have done.
+      def closed_while_parked
+        @context.idle_set.unpark(@io.fileno)
+        @parked = false
+        end_turn_park
+        @idle = false
+        @idle_deadline = nil
+        @context.connection_closed(self)
+      end
+
+      # @return [Boolean] whether it was parked waiting its turn.
+      def end_turn_park
+        return false unless @turn
+
+        @turn = false
+        @context.turns_parked -= 1
+        true
+      end
+    end
+  end
+end
