@@ -89,12 +89,17 @@ module NeverBlock
 
       # @api private
       # Ends its wait for a next request if {#idle_deadline} is `now` or
-      # earlier (the {IdleSweeper}); the connection then closes.
+      # earlier (the {IdleSweeper}); the connection then closes. Not when
+      # the request's first bytes have come meanwhile, unread yet (the loop
+      # has not resumed the connection): closing with unread bytes resets
+      # the connection, and the client loses a request it had sent in time.
+      # The readable socket resumes it; its next wait is watched afresh.
       # @param now [Float] monotonic seconds.
       # @return [void]
       def expire_idle(now)
         deadline = @idle_deadline
         return unless deadline && deadline <= now
+        return if bytes_waiting?
 
         if @parked
           closed_while_parked
@@ -240,6 +245,15 @@ module NeverBlock
 
       # Closes a parked connection (idle timeout, stop): out of the set, then
       # what the end of its task would have done.
+      # Whether the client's next bytes wait in the socket, by a peek that
+      # reads nothing.
+      def bytes_waiting?
+        peeked = @io.recv_nonblock(1, Socket::MSG_PEEK, exception: false)
+        peeked.is_a?(String) && !peeked.empty?
+      rescue IOError, SystemCallError
+        false
+      end
+
       def closed_while_parked
         @context.idle_set.unpark(@io.fileno)
         @parked = false

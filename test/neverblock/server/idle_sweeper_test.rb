@@ -49,6 +49,39 @@ class ServerIdleSweeperTest < PlainTest
     assert_operator NeverBlock::Clock.now - responded, :<, 10 * IDLE
     assert_equal "", read_all(idle)
   end
+
+  # Its request comes just as its idle_timeout passes, while another
+  # request holds the loop: when the loop goes on, the sweep comes due
+  # before the loop looks at the idle socket again. A connection with the
+  # request's bytes unread must be served, not closed: a close with unread
+  # bytes resets it, and the client loses a request it sent in time (seen
+  # as ECONNRESET in a herd of 2,000 connections on a loaded machine).
+  # The holding request is read by a fiber the selector resumes (its
+  # connection waits, not yet parked, when the request comes), so the hold
+  # is inside the selector's turn, and the timers (the sweep) fire after it.
+  def test_a_request_that_arrives_as_the_idle_timeout_passes_is_served
+    idle_timeout = 1.0 # a sweep interval of 0.125 s: time to send before the holder parks
+    sent = Thread::Queue.new
+    app = lambda do |env|
+      # Holds the loop (not the GVL) until the client has sent on `idle`.
+      Fiber.new(blocking: true) { sent.pop }.resume if env["PATH_INFO"] == "/hold"
+      [200, { "content-type" => "text/plain", "content-length" => "2" }, ["ok"]]
+    end
+    server = start_server(app, lint: false, idle_timeout: idle_timeout, adaptive_limit: false)
+    idle = connect # sends nothing for now
+    eventually { server.stats[:connections] == 1 }
+    holder = connect
+    eventually { server.stats[:connections] == 2 }
+    holder.write("GET /hold HTTP/1.1\r\nHost: x\r\n\r\n")
+    eventually { server.stats[:requests_in_flight] == 1 }
+    sleep idle_timeout * 1.5 # past the idle connection's deadline and its sweep slot
+    idle.write("GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    sent << true
+    assert_equal 200, read_response(holder)[0]
+    assert_equal 200, read_response(idle)[0], "the request sent in time was lost"
+  ensure
+    sent&.push(true)
+  end
 end
 
 # The same with a fiber per idle connection (no IdleSet), where expiring a
