@@ -15,6 +15,17 @@ module NeverBlock
   # Ruby hands the GVL to the watchdog only at its thread-switch points (every
   # 100 ms, or when C code releases the GVL), so stalls shorter than about
   # the threshold plus that may go unreported; long ones never do.
+  #
+  # A C call that keeps the GVL (an SQLite query, a compression, a regexp
+  # over a large string) stops the watchdog too: it samples nothing until
+  # the call returns. It then wakes late, and that lateness is the stall: when
+  # it woke at least the threshold plus Ruby's thread timeslice late (any busy
+  # loop delays it by up to a timeslice), a fiber is running and the process
+  # spent at least a quarter of that time on the CPU (so it was not merely waiting for
+  # a core on a busy machine), it reports the fiber with its backtrace,
+  # taken at once: where the C call returned to, with its callers. A C call
+  # that keeps the GVL while it waits without CPU (a sleep in C) goes
+  # unreported.
   class StallDetector
     # @return [Float] seconds a fiber may hold the loop before a warning.
     attr_reader :threshold
@@ -83,11 +94,17 @@ module NeverBlock
       reported = nil
       until @stopping
         @lock.synchronize { @cond.wait(@lock) while @idle && !@stopping }
+        asleep_at = Clock.now
+        cpu_before = cpu_time
         sleep @interval
         running = @scheduler.running
         switches = @scheduler.switches
         now = Clock.now
-        if running.nil? || switches != seen
+        late = now - asleep_at - @interval
+        if late >= @threshold + TIMESLICE && reported != switches && cpu_time - cpu_before >= late / 4
+          reported = switches
+          running ? report(running, late, gvl: true) : report_gvl_hold(late)
+        elsif running.nil? || switches != seen
           seen = switches
           since = now
         elsif reported != switches && now - since >= @threshold
@@ -95,6 +112,22 @@ module NeverBlock
           report(running, now - since)
         end
       end
+    end
+
+    # Seconds a thread that wants the GVL may wait while another runs Ruby
+    # code (Ruby's thread timeslice, 100 ms; RUBY_THREAD_TIMESLICE in
+    # milliseconds from Ruby 3.4): a busy loop that yields often wakes the
+    # watchdog this late.
+    TIMESLICE = Integer(ENV.fetch("RUBY_THREAD_TIMESLICE", 100), exception: false)&.fdiv(1000) || 0.1
+    # Whether a thread in a C call that keeps the GVL gives it to a waiting
+    # thread as soon as the call returns (Ruby 3.1 and 3.2), so that the
+    # watchdog's backtrace shows where the call returned to.
+    GVL_AT_RETURN = RUBY_ENGINE == "ruby" && RUBY_VERSION < "3.3"
+    private_constant :TIMESLICE, :GVL_AT_RETURN
+
+    # Seconds of CPU this process has used (all its threads).
+    def cpu_time
+      Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID)
     end
 
     # Seconds after a report with a backtrace during which further stalls
@@ -107,12 +140,33 @@ module NeverBlock
 
     # A stall is logged with its backtrace, at most once a QUIET_PERIOD;
     # the ones in between in one line each, naming the innermost frame.
-    def report(fiber, held)
+    # A call that kept the GVL ended before the watchdog could look, and the
+    # loop was waiting by then: Ruby 3.3+ hands the GVL over only after
+    # another timeslice of Ruby or at the next wait, by when a fiber that
+    # made the call has usually yielded. No backtrace can show it.
+    def report_gvl_hold(held)
+      @stalls += 1
+      NeverBlock.logger.warn("NeverBlock") do
+        "Ruby's GVL was held for at least #{(held * 1000).round} ms by a call that kept it (C code: a SQLite " \
+          "query, a compression...; in a fiber of this loop or in another thread) (stall threshold " \
+          "#{(@threshold * 1000).round} ms); this event loop could not run meanwhile. It had ended when this " \
+          "watchdog could look, so there is no backtrace. NeverBlock.defer { } moves such a call off the loop " \
+          "only where the C code releases the GVL."
+      end
+    end
+
+    # With `gvl:` the stall was a call that kept the GVL (the watchdog woke
+    # `held` seconds late) and the backtrace shows where it returned to.
+    def report(fiber, held, gvl: false)
       @stalls += 1
       backtrace = @scheduler.thread.backtrace || []
       task = @scheduler.tasks.find { |candidate| candidate.fiber.equal?(fiber) }
       summary = "#{task ? task.inspect : fiber.inspect} has held the event loop for at least " \
                 "#{(held * 1000).round} ms without yielding (stall threshold #{(@threshold * 1000).round} ms)"
+      if gvl
+        summary += ", in a call that kept Ruby's GVL (C code: a SQLite query, a compression...), " \
+                   "#{GVL_AT_RETURN ? 'which returned to the first frame shown' : 'and is now at the first frame shown (Ruby 3.3+ hands the watchdog the GVL up to a timeslice of Ruby after the call)'}"
+      end
       now = Clock.now
       if @shown_at && now - @shown_at < QUIET_PERIOD
         @quiet += 1

@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require "test_helper"
+require "digest"
 require_relative "../fixtures/child_ruby"
 
 # The stall detector: one warning, naming the task and showing its
@@ -29,6 +30,55 @@ class StallDetectorTest < PlainTest
                  log)
     assert_includes log, "stall threshold 100 ms"
     assert_match(/^  #{Regexp.escape(__FILE__)}:\d+:#{TestSupport.frame('burn_cpu')}$/, log, "the backtrace shows the busy code")
+  end
+
+  # A C call that keeps the GVL (an SQLite query, here a digest of 150 MB)
+  # also stops the detector's thread: before, it woke after the call to a
+  # new switch count and saw no stall at all (a 1 s SQLite query went
+  # unreported). It is reported by the detector's late wake: on Ruby 3.1
+  # and 3.2 with the frame the call returned to; on 3.3+, which hands the
+  # GVL over only at the fiber's next wait here, without a backtrace.
+  def test_a_c_call_that_keeps_the_gvl_is_reported
+    big = "x" * 150_000_000 # 0.3-1 s
+    log = with_log do
+      NeverBlock.run(stall_threshold: 0.1) do
+        NeverBlock.spawn do
+          sleep 0.3 # the detector's thread runs and samples first
+          Digest::SHA256.digest(big)
+        end
+        NeverBlock.spawn { 20.times { sleep 0.02 } } # another fiber that waits meanwhile
+      end
+    end
+    if RUBY_VERSION < "3.3"
+      assert_equal 1, log.scan(WARNING).size, log # (by the late wake, or a sample taken after the switch)
+      first_frame = log[/It is here:\n  (.*)$/, 1]
+      assert_match(/#{Regexp.escape(__FILE__)}:\d+:(?:#{TestSupport.frame('update')}|#{TestSupport.frame('digest')})/,
+                   first_frame, "the frame the C call returned to")
+    else
+      assert_equal 1, log.lines.grep(/WARN/).size, log
+      assert_match(/Ruby's GVL was held for at least \d+ ms by a call that kept it|in a call that kept Ruby's GVL/, log)
+    end
+  end
+
+  # A process that gets no CPU for a while (a busy machine; here SIGSTOP)
+  # also wakes the detector late, with a fiber running: not a stall of the
+  # loop's making, and not reported.
+  def test_a_process_that_waits_for_a_cpu_is_not_reported
+    log = with_log do
+      NeverBlock.run(stall_threshold: 0.1) do
+        NeverBlock.spawn do
+          sleep 0.3
+          stopper = Process.spawn("kill -STOP #{Process.pid}; sleep 0.6; kill -CONT #{Process.pid}")
+          started = now
+          until now - started > 1.5 # short steps of CPU, with a yield between them
+            burn_cpu(0.005) { false }
+            sleep 0
+          end
+          Process.wait(stopper)
+        end
+      end
+    end
+    assert_empty log
   end
 
   def test_each_separate_stall_is_reported
