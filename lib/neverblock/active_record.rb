@@ -5,6 +5,7 @@ require "active_support/isolated_execution_state"
 
 require_relative "../neverblock"
 require_relative "active_record/async_queries"
+require_relative "active_record/sqlite_write_turns"
 
 module NeverBlock
   # ActiveRecord inside NeverBlock: adapters that are a one-word change in
@@ -21,6 +22,8 @@ module NeverBlock
   #   and `neverblock_trilogy` (loaded only when a configuration names them);
   # - runs `load_async` and the other async queries in tasks of the calling
   #   request instead of ActiveRecord's threads ({AsyncQueries});
+  # - has SQLite transactions of NeverBlock's fibers take turns instead of
+  #   racing for SQLite's write lock ({SqliteWriteTurns});
   # - sets Active Support's isolation level to `:fiber`, so that every
   #   fiber (every NeverBlock task, every request of a fiber server) checks
   #   out its own connection and has its own transaction; with the default
@@ -52,6 +55,9 @@ module NeverBlock
         end
         pool = ::ActiveRecord::ConnectionAdapters::ConnectionPool
         pool.prepend(AsyncQueries) if pool.method_defined?(:schedule_query) && !(pool < AsyncQueries)
+        ::ActiveSupport.on_load(:active_record_sqlite3adapter) do
+          prepend(SqliteWriteTurns) unless self < SqliteWriteTurns
+        end
         fiber_isolation!
       end
 

@@ -35,7 +35,6 @@ module NeverBlock
       Environment:
         NEVERBLOCK_SELECTOR=epoll|uring|select   the io-event selector (default epoll)
         NEVERBLOCK_STALL_THRESHOLD=SECONDS|off   warn when a fiber holds the loop this long (0.1)
-        NEVERBLOCK_SQLITE_REQUESTS=N|off         requests in a Rails app on SQLite at once (5)
     TEXT
 
     # The file name of `neverblock -e CODE` in backtraces.

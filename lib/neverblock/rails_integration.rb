@@ -1,7 +1,6 @@
 # frozen_string_literal: true
 
 require_relative "rails_integration/interlock"
-require_relative "rails_integration/sqlite_gate"
 
 module NeverBlock
   # @api private
@@ -134,33 +133,14 @@ module NeverBlock
     # the one process with `workers: 0`), once its listeners are open and
     # before its loop starts: an app built before the server (rackup's)
     # gets the ActiveRecord adapters ({after_load}); Active Support's state
-    # becomes per fiber; an app on SQLite gets a few requests at once
-    # ({SqliteGate}); and databases that would serve poorly (a blocking
+    # becomes per fiber; and databases that would serve poorly (a blocking
     # adapter, a small pool) get a warning with the fix.
     # @return [void]
     def before_serving
       after_load
       isolate_active_support_per_fiber
       use_a_fiber_interlock
-      gate_sqlite
       warn_about_blocking_adapters
-    end
-
-    # An app on SQLite gets a few requests in the app at once (see
-    # {SqliteGate}); a bad NEVERBLOCK_SQLITE_REQUESTS stops the start.
-    # @raise [ArgumentError]
-    def gate_sqlite
-      SqliteGate.reset
-      return unless defined?(::ActiveRecord::Base) && ::ActiveRecord::Base.respond_to?(:configurations)
-
-      env = ::ActiveRecord::ConnectionHandling::DEFAULT_ENV.call.to_s
-      configs = begin
-        ::ActiveRecord::Base.configurations.configs_for(env_name: env)
-      rescue StandardError => e
-        NeverBlock.logger.debug("NeverBlock::Server") { "could not read ActiveRecord's configurations: #{e.class}: #{e.message}" }
-        return
-      end
-      SqliteGate.configure(configs, env)
     end
 
     # An app that reloads code (Rails' development mode) gets an {Interlock}
@@ -223,7 +203,7 @@ module NeverBlock
 
       env = ::ActiveRecord::ConnectionHandling::DEFAULT_ENV.call.to_s
       configs = ::ActiveRecord::Base.configurations.configs_for(env_name: env)
-      warn_about_small_pools(configs, env) unless SqliteGate.semaphore
+      warn_about_small_pools(configs, env)
       configs.each do |config|
         next unless config.adapter.to_s == "mysql2"
 

@@ -12,9 +12,7 @@ module NeverBlock
   #   fiber has its own ActiveRecord connection and transaction;
   # - once ActiveRecord loads, `neverblock/active_record` is required, which
   #   registers the `neverblock_postgresql`, `neverblock_mysql2` and
-  #   `neverblock_trilogy` adapters: one word in database.yml is enough;
-  # - on SQLite, at most a few requests run in the app at once under
-  #   NeverBlock's server (RailsIntegration::SqliteGate).
+  #   `neverblock_trilogy` adapters: one word in database.yml is enough.
   class Railtie < ::Rails::Railtie
     config.active_support.isolation_level = :fiber
 
@@ -30,12 +28,6 @@ module NeverBlock
     # so at boot, with the URL scheme that keeps NeverBlock's.
     initializer "neverblock.database_url_check", after: "active_record.initialize_database" do |app|
       RailsIntegration.warn_about_overridden_adapters(app)
-    end
-
-    # On SQLite, under NeverBlock's server, a few requests at once
-    # (RailsIntegration::SqliteGate); elsewhere it lets every request through.
-    initializer "neverblock.sqlite_gate" do |app|
-      app.middleware.use RailsIntegration::SqliteGate
     end
   end
 end

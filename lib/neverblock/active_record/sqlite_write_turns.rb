@@ -1,0 +1,174 @@
+# frozen_string_literal: true
+
+module NeverBlock
+  module ActiveRecord
+    # SQLite transactions of NeverBlock's fibers take turns, first come first
+    # served, one database file at a time, instead of racing for SQLite's
+    # write lock.
+    #
+    # Why: SQLite takes one writer at a time, and the others poll in its busy
+    # handler (every millisecond in Rails 8, whose `timeout:` from
+    # database.yml, 5000 ms generated, bounds each one's wait; in C holding
+    # the whole process in Rails 7.2). Polling is not a queue: a request
+    # that begins its transaction just as the lock frees takes it before
+    # those that have waited, and under a fiber server, where the request
+    # that ends and the one let in next run in the same loop turn, the
+    # newcomer nearly always wins. Twenty requests at once that each wrote
+    # in a 0.3 s transaction failed three to five with
+    # `SQLite3::BusyException: database is locked` after 5 s, even with only
+    # five let into the app at once; Puma's three threads served all twenty.
+    #
+    # How: ActiveRecord's SQLite3 adapter begins a read-write transaction
+    # with `begin_db_transaction` (`BEGIN IMMEDIATE` from Rails 8). Called
+    # from a non-blocking fiber of a NeverBlock loop, it first takes the
+    # database file's turn (a one-token Thread::Queue per file and process:
+    # its waiters are served in order, and a fiber waits without holding
+    # the loop); commit and rollback give it back, and so do the ends that
+    # lose the transaction (a failed BEGIN, `disconnect!`, `reset!`). A
+    # waiting writer waits as long as the writers before it take (as
+    # requests wait for one of Puma's threads), within the request's own
+    # limits (`request_timeout`, a cancelled request leaves the queue) and
+    # at most {WAIT} seconds, after which it raises
+    # ActiveRecord::StatementTimeout, the error SQLite's own busy timeout
+    # gives (a transaction that waits on another that waits for the turn
+    # would otherwise wait forever). A fiber whose other connection holds
+    # the file's turn (two pools on one file) does not wait for itself: its
+    # BEGIN goes to SQLite as before.
+    # Reads, deferred transactions and writes outside a transaction do not
+    # take a turn; threads (Puma, Sidekiq, the console) never do, and
+    # neither do other processes (Solid Queue's): SQLite's busy handler
+    # stays for those.
+    #
+    # Off with `NEVERBLOCK_SQLITE_WRITE_TURNS=off`; a number there sets
+    # {WAIT} (read when a process first begins such a transaction).
+    #
+    # Prepended to ActiveRecord's SQLite3Adapter when it loads ({ActiveRecord.install}).
+    module SqliteWriteTurns
+      # The environment variable: `off`, or the seconds of {WAIT}.
+      SWITCH = "NEVERBLOCK_SQLITE_WRITE_TURNS"
+
+      # Seconds a transaction waits for its turn at most, by default.
+      WAIT = 60
+
+      # A database file's turn in this process: a queue holding one token
+      # while no transaction has it, and the fiber whose transaction has it.
+      Turn = Struct.new(:queue, :holder)
+
+      @turns = {}
+      @turns_pid = Process.pid
+      @lock = Thread::Mutex.new
+
+      class << self
+        # @return [Numeric, nil] seconds a transaction waits for its turn
+        #   at most; nil when transactions take no turns (see {SWITCH}).
+        # @raise [ArgumentError] for a SWITCH that is neither `off` nor a
+        #   positive number of seconds.
+        def wait
+          return @wait if defined?(@wait)
+
+          value = ENV[SWITCH].to_s.strip
+          @wait = if value.empty? then WAIT
+                  elsif value.casecmp?("off") then nil
+                  else
+                    seconds = Float(value, exception: false)
+                    unless seconds&.positive? && seconds.finite?
+                      raise ArgumentError, "#{SWITCH} must be off or a number of seconds > 0; got #{value.inspect}"
+                    end
+
+                    seconds
+                  end
+        end
+
+        # @api private
+        # The turn of the database file at `path` in this process.
+        # @param path [String]
+        # @return [Turn]
+        def turn_for(path)
+          @lock.synchronize do
+            unless @turns_pid == Process.pid # a fork: the parent's holders are not here
+              @turns = {}
+              @turns_pid = Process.pid
+            end
+            @turns[path] ||= Turn.new(Thread::Queue.new.tap { |queue| queue << true }, nil)
+          end
+        end
+      end
+
+      # ActiveRecord's `begin_db_transaction`: takes the file's turn first
+      # (see the module comment).
+      # @return [void]
+      def begin_db_transaction
+        take_write_turn
+        super
+      rescue Exception # rubocop:disable Lint/RescueException -- a cancelled BEGIN gives the turn back too
+        give_back_write_turn
+        raise
+      end
+
+      # @return [void]
+      def commit_db_transaction
+        super
+      ensure
+        give_back_write_turn
+      end
+
+      # @return [void]
+      def exec_rollback_db_transaction
+        super
+      ensure
+        give_back_write_turn
+      end
+
+      # @return [void]
+      def disconnect!
+        super
+      ensure
+        give_back_write_turn
+      end
+
+      # @return [void]
+      def reset!
+        super
+      ensure
+        give_back_write_turn
+      end
+
+      private
+
+      def take_write_turn
+        return if @neverblock_write_turn || !NeverBlock.neverblocking?
+
+        wait = SqliteWriteTurns.wait or return
+        path = neverblock_database_path or return
+        turn = SqliteWriteTurns.turn_for(path)
+        return if turn.holder.equal?(Fiber.current) # its other connection's transaction
+
+        begin
+          NeverBlock.timeout(wait) { turn.queue.pop }
+        rescue NeverBlock::TimeoutError
+          raise ::ActiveRecord::StatementTimeout, "waited #{wait} s for the turn to write to #{path}: a transaction " \
+                                                  "before it has held it that long (NeverBlock::ActiveRecord::SqliteWriteTurns)"
+        end
+        turn.holder = Fiber.current
+        @neverblock_write_turn = turn
+      end
+
+      def give_back_write_turn
+        turn = @neverblock_write_turn or return
+
+        @neverblock_write_turn = nil
+        turn.holder = nil
+        turn.queue << true
+      end
+
+      # The database file, absolute; nil for an in-memory database (private
+      # to its connection, so it has no one to take turns with).
+      def neverblock_database_path
+        database = @config[:database].to_s
+        return nil if database.empty? || database == ":memory:" || database.include?("mode=memory")
+
+        File.expand_path(database.delete_prefix("file:").split("?", 2).first)
+      end
+    end
+  end
+end

@@ -1,0 +1,114 @@
+# frozen_string_literal: true
+
+require "test_helper"
+require "net/http"
+require "timeout"
+require "tmpdir"
+require "fileutils"
+require "neverblock/active_record"
+
+# A Rails app on SQLite, as `rails new` makes it, served by `neverblock
+# serve`: twenty requests at once that each write in a transaction lasting
+# 0.3 s. SQLite takes one writer at a time and the others poll in its busy
+# handler for at most 5 s, unfairly: the requests that came last took the
+# lock first and the first ones failed with SQLite3::BusyException. With
+# NeverBlock's transactions taking turns (ActiveRecord::SqliteWriteTurns),
+# all twenty are served, in order.
+class ActiveRecordSqliteAppTest < PlainTest
+  EXE = File.expand_path("../../../exe/neverblock", __dir__)
+  APP = File.expand_path("../../fixtures/rails_sqlite/config.ru", __dir__)
+  WRITERS = 20
+
+  def setup
+    @dir = Dir.mktmpdir("nb-sqlite")
+  end
+
+  def teardown
+    if @pid
+      Process.kill("TERM", @pid)
+      Timeout.timeout(30) { Process.wait(@pid) }
+    end
+  rescue Errno::ESRCH, Errno::ECHILD
+    nil
+  ensure
+    @reader&.close
+    FileUtils.rm_rf(@dir) if @dir
+    super
+  end
+
+  def test_twenty_writers_at_once_are_all_served
+    start
+    statuses = write_at_once
+    assert_equal ["200"] * WRITERS, statuses, output
+    assert_equal WRITERS, Integer(get("/count").body)
+  end
+
+  # What the turns prevent, so that the test above can fail: racing for
+  # the lock in SQLite's busy handler, some writers wait past its 5 s and
+  # fail.
+  # (ActiveRecord 8: 7.2 gives `timeout:` to SQLite's own busy timeout,
+  # which waits in C holding the whole process, so that without turns the
+  # twenty writers take minutes rather than failing at 5 s.)
+  def test_without_turns_some_writers_fail_with_database_is_locked
+    require "active_record"
+    skip "ActiveRecord #{::ActiveRecord::VERSION::STRING}: SQLite's busy timeout waits in C, holding the process" if ::ActiveRecord::VERSION::MAJOR < 8
+    start(NeverBlock::ActiveRecord::SqliteWriteTurns::SWITCH => "off")
+    statuses = write_at_once
+    assert_operator statuses.count("500"), :>=, 1, "every writer was served with all twenty in SQLite at once"
+    assert_match(/SQLite3::BusyException/, output)
+  end
+
+  private
+
+  def start(env = {})
+    @reader, writer = IO.pipe
+    @pid = Process.spawn({ "NB_SQLITE_DATABASE" => File.join(@dir, "production.sqlite3") }.merge(env),
+                         RbConfig.ruby, EXE, "serve", APP, "-b", "tcp://127.0.0.1:0", "-w", "0", "-E", "production",
+                         "--no-adaptive-limit", out: writer, err: writer)
+    writer.close
+    @lines = []
+    line = read_until(/on tcp:/)
+    @port = Integer(line[%r{tcp://127\.0\.0\.1:(\d+)}, 1])
+    # The server's output goes on being read, so that it never blocks on a full pipe.
+    @drain = Thread.new do
+      @reader.each_line { |output_line| @lines << output_line }
+    rescue IOError
+      nil # closed by teardown
+    end
+  end
+
+  def read_until(pattern, timeout: 60)
+    Timeout.timeout(timeout) do
+      loop do
+        line = @reader.gets or raise "the server exited:\n#{@lines.join}"
+        @lines << line
+        return line if line.match?(pattern)
+      end
+    end
+  end
+
+  def output
+    sleep 0.2 # the last lines
+    @lines.join
+  end
+
+  def get(path)
+    Net::HTTP.start("127.0.0.1", @port, read_timeout: 60) { |http| http.get(path) }
+  end
+
+  # Twenty GET /write sent together; their statuses.
+  def write_at_once
+    gate = Queue.new
+    threads = Array.new(WRITERS) do
+      Thread.new do
+        Net::HTTP.start("127.0.0.1", @port, read_timeout: 60) do |http|
+          gate.pop
+          http.get("/write").code
+        end
+      end
+    end
+    sleep 0.2 until gate.num_waiting == WRITERS
+    WRITERS.times { gate << true }
+    threads.map(&:value)
+  end
+end
