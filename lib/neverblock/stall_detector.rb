@@ -20,11 +20,16 @@ module NeverBlock
   # over a large string) stops the watchdog too: it samples nothing until
   # the call returns. It then wakes late, and that lateness is the stall: when
   # it woke at least the threshold plus Ruby's thread timeslice late (any busy
-  # loop delays it by up to a timeslice), a fiber is running and the process
-  # spent at least a quarter of that time on the CPU (so it was not merely waiting for
-  # a core on a busy machine), it reports the fiber with its backtrace,
-  # taken at once: where the C call returned to, with its callers. A C call
-  # that keeps the GVL while it waits without CPU (a sleep in C) goes
+  # loop delays it by up to a timeslice; a timeslice for each other thread
+  # that wants to run) and the process spent at least a quarter of that time
+  # on the CPU (so it was not merely waiting for a core on a busy machine),
+  # it reports a stall. On Ruby 3.1 and 3.2, which hand it the GVL as the
+  # call returns, with the fiber's backtrace taken at once: where the call
+  # returned to, with its callers. Ruby 3.3+ hands the GVL over a timeslice
+  # later or at the next wait; there the backtrace is shown only when no
+  # other fiber ran since the watchdog's last look, else one line says how
+  # long the GVL was held. A C call that keeps the GVL while it waits
+  # without CPU (a sleep in C, such as SQLite's own busy timeout) goes
   # unreported.
   class StallDetector
     # @return [Float] seconds a fiber may hold the loop before a warning.
@@ -101,9 +106,18 @@ module NeverBlock
         switches = @scheduler.switches
         now = Clock.now
         late = now - asleep_at - @interval
-        if late >= @threshold + TIMESLICE && reported != switches && cpu_time - cpu_before >= late / 4
+        if late >= @threshold + TIMESLICE && reported != switches && cpu_time - cpu_before >= late / 4 &&
+           late >= @threshold + TIMESLICE * busy_threads
           reported = switches
-          running ? report(running, late, gvl: true) : report_gvl_hold(late)
+          # On 3.3+ a fiber that ran since the last sample may have made the
+          # call and yielded: the one running now is not known to be it.
+          if running && (GVL_AT_RETURN || switches == seen)
+            report(running, late, gvl: true)
+          else
+            report_gvl_hold(late)
+          end
+          seen = switches
+          since = now
         elsif running.nil? || switches != seen
           seen = switches
           since = now
@@ -118,12 +132,18 @@ module NeverBlock
     # code (Ruby's thread timeslice, 100 ms; RUBY_THREAD_TIMESLICE in
     # milliseconds from Ruby 3.4): a busy loop that yields often wakes the
     # watchdog this late.
-    TIMESLICE = Integer(ENV.fetch("RUBY_THREAD_TIMESLICE", 100), exception: false)&.fdiv(1000) || 0.1
+    TIMESLICE = (RUBY_VERSION >= "3.4" && Integer(ENV.fetch("RUBY_THREAD_TIMESLICE", 100), exception: false)&.fdiv(1000)) || 0.1
     # Whether a thread in a C call that keeps the GVL gives it to a waiting
     # thread as soon as the call returns (Ruby 3.1 and 3.2), so that the
     # watchdog's backtrace shows where the call returned to.
     GVL_AT_RETURN = RUBY_ENGINE == "ruby" && RUBY_VERSION < "3.3"
     private_constant :TIMESLICE, :GVL_AT_RETURN
+
+    # Threads besides this one that want to run (CPU work in NeverBlock.defer,
+    # say): each may hold the GVL a timeslice before the watchdog gets it.
+    def busy_threads
+      [Thread.list.count { |thread| !thread.equal?(Thread.current) && thread.status == "run" }, 1].max
+    end
 
     # Seconds of CPU this process has used (all its threads).
     def cpu_time

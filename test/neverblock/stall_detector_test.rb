@@ -68,9 +68,9 @@ class StallDetectorTest < PlainTest
       NeverBlock.run(stall_threshold: 0.1) do
         NeverBlock.spawn do
           sleep 0.3
-          stopper = Process.spawn("kill -STOP #{Process.pid}; sleep 0.6; kill -CONT #{Process.pid}")
+          stopper = Process.spawn("kill -STOP #{Process.pid}; sleep 1.2; kill -CONT #{Process.pid}")
           started = now
-          until now - started > 1.5 # short steps of CPU, with a yield between them
+          until now - started > 2.5 # short steps of CPU, with a yield between them
             burn_cpu(0.005) { false }
             sleep 0
           end

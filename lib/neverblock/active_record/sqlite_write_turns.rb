@@ -21,10 +21,10 @@ module NeverBlock
     # How: ActiveRecord's SQLite3 adapter begins a read-write transaction
     # with `begin_db_transaction` (`BEGIN IMMEDIATE` from Rails 8). Called
     # from a non-blocking fiber of a NeverBlock loop, it first takes the
-    # database file's turn (a one-token Thread::Queue per file and process:
-    # its waiters are served in order, and a fiber waits without holding
-    # the loop); commit and rollback give it back, and so do the ends that
-    # lose the transaction (a failed BEGIN, `disconnect!`, `reset!`). A
+    # database file's turn ({Turn}, one per file and process: handed to its
+    # waiters in order, and a fiber waits without holding the loop); commit
+    # and rollback hand it on, and so do the ends that lose the transaction
+    # (a failed BEGIN, `disconnect!`, `reset!`). A
     # waiting writer waits as long as the writers before it take (as
     # requests wait for one of Puma's threads), within the request's own
     # limits (`request_timeout`, a cancelled request leaves the queue) and
@@ -50,9 +50,72 @@ module NeverBlock
       # Seconds a transaction waits for its turn at most, by default.
       WAIT = 60
 
-      # A database file's turn in this process: a queue holding one token
-      # while no transaction has it, and the fiber whose transaction has it.
-      Turn = Struct.new(:queue, :holder)
+      # A database file's turn in this process. Handed over, not put back:
+      # a transaction that ends gives the turn to the one that has waited
+      # longest, so that one that begins meanwhile (the same request's next
+      # `save`) queues behind it; a waiter that is cancelled or times out
+      # after the turn was handed to it passes it on.
+      class Turn
+        # @return [Fiber, nil] the fiber whose transaction has the turn.
+        attr_reader :holder
+
+        def initialize
+          @lock = Thread::Mutex.new
+          @holder = nil
+          @waiters = [] # [Thread::Queue, Fiber], longest waiting first
+        end
+
+        # Takes the turn for the calling fiber, waiting at most `seconds`.
+        # @param seconds [Numeric]
+        # @return [Boolean] false when the wait timed out.
+        def take(seconds)
+          mailbox = nil
+          @lock.synchronize do
+            if @holder.nil?
+              @holder = Fiber.current
+              return true
+            end
+            mailbox = Thread::Queue.new
+            @waiters << [mailbox, Fiber.current]
+          end
+          begin
+            NeverBlock.timeout(seconds) { mailbox.pop }
+            true
+          rescue NeverBlock::TimeoutError # this wait's own (an enclosing timeout's expiry is not one)
+            give_back unless still_waiting?(mailbox) # handed the turn as the timer fired
+            false
+          rescue Exception # rubocop:disable Lint/RescueException -- cancelled: the turn must not be lost
+            give_back unless still_waiting?(mailbox)
+            raise
+          end
+        end
+
+        # Gives the turn to the longest waiting, or frees it.
+        # @return [void]
+        def give_back
+          mailbox = nil
+          @lock.synchronize do
+            mailbox, @holder = @waiters.shift
+          end
+          mailbox&.push(true)
+          nil
+        end
+
+        # @return [Integer] transactions waiting for the turn.
+        def waiting
+          @lock.synchronize { @waiters.size }
+        end
+
+        private
+
+        # Whether `mailbox`'s waiter is still in line; takes it out if so.
+        def still_waiting?(mailbox)
+          @lock.synchronize do
+            index = @waiters.index { |(waiting, _fiber)| waiting.equal?(mailbox) }
+            index ? (@waiters.delete_at(index) && true) : false
+          end
+        end
+      end
 
       @turns = {}
       @turns_pid = Process.pid
@@ -89,7 +152,7 @@ module NeverBlock
               @turns = {}
               @turns_pid = Process.pid
             end
-            @turns[path] ||= Turn.new(Thread::Queue.new.tap { |queue| queue << true }, nil)
+            @turns[path] ||= Turn.new
           end
         end
       end
@@ -143,13 +206,11 @@ module NeverBlock
         turn = SqliteWriteTurns.turn_for(path)
         return if turn.holder.equal?(Fiber.current) # its other connection's transaction
 
-        begin
-          NeverBlock.timeout(wait) { turn.queue.pop }
-        rescue NeverBlock::TimeoutError
-          raise ::ActiveRecord::StatementTimeout, "waited #{wait} s for the turn to write to #{path}: a transaction " \
-                                                  "before it has held it that long (NeverBlock::ActiveRecord::SqliteWriteTurns)"
+        unless turn.take(wait)
+          raise ::ActiveRecord::StatementTimeout, "waited #{wait} s for the turn to write to #{path}: the " \
+                                                  "transactions before it held it that long " \
+                                                  "(NeverBlock::ActiveRecord::SqliteWriteTurns)"
         end
-        turn.holder = Fiber.current
         @neverblock_write_turn = turn
       end
 
@@ -157,8 +218,7 @@ module NeverBlock
         turn = @neverblock_write_turn or return
 
         @neverblock_write_turn = nil
-        turn.holder = nil
-        turn.queue << true
+        turn.give_back
       end
 
       # The database file, absolute; nil for an in-memory database (private

@@ -93,13 +93,20 @@ module NeverBlock
       # the request's first bytes have come meanwhile, unread yet (the loop
       # has not resumed the connection): closing with unread bytes resets
       # the connection, and the client loses a request it had sent in time.
-      # The readable socket resumes it; its next wait is watched afresh.
+      # The readable socket resumes it; it gets one more sweep interval for
+      # that, once per wait (bytes that do not make a request, such as part
+      # of a TLS record, do not keep it open longer).
       # @param now [Float] monotonic seconds.
       # @return [void]
       def expire_idle(now)
         deadline = @idle_deadline
         return unless deadline && deadline <= now
-        return if bytes_waiting?
+
+        if !@idle_grace && bytes_waiting?
+          @idle_grace = true
+          @idle_deadline = now + @context.idle_sweeper.interval
+          return @context.idle_sweeper.watch(self)
+        end
 
         if @parked
           closed_while_parked
@@ -186,6 +193,7 @@ module NeverBlock
         unless @parked
           @idle = false
           @idle_deadline = nil
+          @idle_grace = false
         end
       end
 
@@ -243,8 +251,6 @@ module NeverBlock
         nil
       end
 
-      # Closes a parked connection (idle timeout, stop): out of the set, then
-      # what the end of its task would have done.
       # Whether the client's next bytes wait in the socket, by a peek that
       # reads nothing.
       def bytes_waiting?
@@ -254,6 +260,8 @@ module NeverBlock
         false
       end
 
+      # Closes a parked connection (idle timeout, stop): out of the set, then
+      # what the end of its task would have done.
       def closed_while_parked
         @context.idle_set.unpark(@io.fileno)
         @parked = false

@@ -13,7 +13,9 @@ require "neverblock/active_record"
 # handler for at most 5 s, unfairly: the requests that came last took the
 # lock first and the first ones failed with SQLite3::BusyException. With
 # NeverBlock's transactions taking turns (ActiveRecord::SqliteWriteTurns),
-# all twenty are served, in order.
+# all twenty are served. (A pool of 25, as `neverblock serve` sets
+# RAILS_MAX_THREADS when it is unset: with 5, the last writers would wait
+# for a connection instead.)
 class ActiveRecordSqliteAppTest < PlainTest
   EXE = File.expand_path("../../../exe/neverblock", __dir__)
   APP = File.expand_path("../../fixtures/rails_sqlite/config.ru", __dir__)
@@ -62,7 +64,8 @@ class ActiveRecordSqliteAppTest < PlainTest
 
   def start(env = {})
     @reader, writer = IO.pipe
-    @pid = Process.spawn({ "NB_SQLITE_DATABASE" => File.join(@dir, "production.sqlite3") }.merge(env),
+    @pid = Process.spawn({ "NB_SQLITE_DATABASE" => File.join(@dir, "production.sqlite3"),
+                           "RAILS_MAX_THREADS" => "25" }.merge(env),
                          RbConfig.ruby, EXE, "serve", APP, "-b", "tcp://127.0.0.1:0", "-w", "0", "-E", "production",
                          "--no-adaptive-limit", out: writer, err: writer)
     writer.close

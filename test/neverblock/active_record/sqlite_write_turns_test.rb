@@ -32,7 +32,7 @@ class ActiveRecordSqliteWriteTurnsTest < PlainTest
   end
 
   def turn
-    Turns.turn_for(File.expand_path(@path)).queue
+    Turns.turn_for(File.expand_path(@path))
   end
 
   def write(body, hold: 0)
@@ -56,7 +56,7 @@ class ActiveRecordSqliteWriteTurnsTest < PlainTest
       end
     end
     assert_equal Array.new(6) { |index| "w#{index}" }, bodies
-    assert_equal 1, turn.size, "the turn is free again"
+    assert_nil turn.holder, "the turn is free again"
   end
 
   def test_a_transaction_that_raises_gives_its_turn_back
@@ -69,7 +69,7 @@ class ActiveRecordSqliteWriteTurnsTest < PlainTest
       end
     end
     assert_equal ["after"], bodies
-    assert_equal 1, turn.size
+    assert_nil turn.holder
   end
 
   def test_a_cancelled_waiter_leaves_the_line_and_the_next_gets_the_turn
@@ -80,14 +80,55 @@ class ActiveRecordSqliteWriteTurnsTest < PlainTest
         cancelled = NeverBlock.spawn { write("cancelled") }
         after = NeverBlock.spawn { write("after") }
         NeverBlock.sleep(0.05)
-        assert_equal 0, turn.size, "the holder has the turn"
+        refute_nil turn.holder, "the holder has the turn"
+        assert_equal 2, turn.waiting
         cancelled.cancel
         holder.wait
         after.wait
       end
     end
     assert_equal %w[holder after], bodies
-    assert_equal 1, turn.size
+    assert_nil turn.holder
+  end
+
+  # A request that writes twice queues its second transaction behind the
+  # one that waited while it had the turn: the turn is handed over, not
+  # put back for whoever asks first.
+  def test_the_turn_is_handed_to_the_longest_waiting_not_taken_back
+    NeverBlock.run do
+      NeverBlock.timeout(20) do
+        twice = NeverBlock.spawn do
+          write("first", hold: 0.1)
+          write("second")
+        end
+        NeverBlock.sleep(0.03)
+        waiter = NeverBlock.spawn { write("waiter") }
+        NeverBlock.wait_all([twice, waiter])
+      end
+    end
+    assert_equal %w[first waiter second], bodies
+    assert_nil turn.holder
+  end
+
+  # A waiter cancelled after the turn was handed to it, before it ran,
+  # passes the turn on: the next waiter is not left waiting on a free turn.
+  def test_a_waiter_cancelled_as_the_turn_is_handed_to_it_passes_it_on
+    NeverBlock.run do
+      NeverBlock.timeout(20) do
+        cancelled = nil
+        holder = NeverBlock.spawn do
+          write("holder", hold: 0.1)
+          cancelled.cancel # handed the turn by the commit above, not yet run
+        end
+        NeverBlock.sleep(0.03)
+        cancelled = NeverBlock.spawn { write("cancelled") }
+        NeverBlock.sleep(0.01)
+        after = NeverBlock.spawn { write("after") }
+        NeverBlock.timeout(3) { NeverBlock.wait_all([holder, after]) }
+      end
+    end
+    assert_equal %w[holder after], bodies
+    assert_nil turn.holder
   end
 
   # Cancelled while it holds the turn (a request_timeout, a client that
@@ -102,7 +143,7 @@ class ActiveRecordSqliteWriteTurnsTest < PlainTest
       end
     end
     assert_equal ["after"], bodies
-    assert_equal 1, turn.size
+    assert_nil turn.holder
   end
 
   # A transaction that waits on another fiber that needs the turn would
@@ -122,7 +163,7 @@ class ActiveRecordSqliteWriteTurnsTest < PlainTest
     end
     assert_match(/waited 0.3 s for the turn to write to .*turns.sqlite3/, error.message)
     assert_equal ["holder"], bodies
-    assert_equal 1, turn.size
+    assert_nil turn.holder
   end
 
   # Two pools on one file, both in one fiber's transactions: the inner one
@@ -146,7 +187,7 @@ class ActiveRecordSqliteWriteTurnsTest < PlainTest
       end
     end
     assert_equal ["outer"], bodies
-    assert_equal 1, turn.size
+    assert_nil turn.holder
   ensure
     other&.remove_connection
   end
@@ -164,16 +205,16 @@ class ActiveRecordSqliteWriteTurnsTest < PlainTest
 
   def test_threads_and_in_memory_databases_take_no_turn
     inside = nil
-    Thread.new { write("thread") { inside = turn.size } }.join
-    assert_equal 1, inside, "a thread's transaction took the turn"
+    Thread.new { write("thread") { inside = turn.holder } }.join
+    assert_nil inside, "a thread's transaction took the turn"
     Record.establish_connection(adapter: "sqlite3", database: ":memory:", pool: 2)
     NeverBlock.run do
       Record.connection_pool.with_connection { |connection| connection.execute("CREATE TABLE notes (body TEXT)") }
       Record.transaction do
         Record.connection_pool.with_connection { |connection| connection.execute("INSERT INTO notes VALUES ('m')") }
-        inside = turn.size
+        inside = turn.holder
       end
     end
-    assert_equal 1, inside, "an in-memory database took a turn"
+    assert_nil inside, "an in-memory database took a turn"
   end
 end

@@ -60,7 +60,7 @@ class ServerIdleSweeperTest < PlainTest
   # connection waits, not yet parked, when the request comes), so the hold
   # is inside the selector's turn, and the timers (the sweep) fire after it.
   def test_a_request_that_arrives_as_the_idle_timeout_passes_is_served
-    idle_timeout = 1.0 # a sweep interval of 0.125 s: time to send before the holder parks
+    idle_timeout = 3.0 # a sweep interval of 0.375 s: time to send before the holder parks, and for the setup
     sent = Thread::Queue.new
     app = lambda do |env|
       # Holds the loop (not the GVL) until the client has sent on `idle`.
