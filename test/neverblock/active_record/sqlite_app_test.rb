@@ -2,10 +2,10 @@
 
 require "test_helper"
 require "net/http"
-require "timeout"
 require "tmpdir"
 require "fileutils"
 require "neverblock/active_record"
+require_relative "../../support/serve_processes"
 
 # A Rails app on SQLite, as `rails new` makes it, served by `neverblock
 # serve`: twenty requests at once that each write in a transaction lasting
@@ -17,7 +17,8 @@ require "neverblock/active_record"
 # RAILS_MAX_THREADS when it is unset: with 5, the last writers would wait
 # for a connection instead.)
 class ActiveRecordSqliteAppTest < PlainTest
-  EXE = File.expand_path("../../../exe/neverblock", __dir__)
+  include ServeProcesses
+
   APP = File.expand_path("../../fixtures/rails_sqlite/config.ru", __dir__)
   WRITERS = 20
 
@@ -26,23 +27,16 @@ class ActiveRecordSqliteAppTest < PlainTest
   end
 
   def teardown
-    if @pid
-      Process.kill("TERM", @pid)
-      Timeout.timeout(30) { Process.wait(@pid) }
-    end
-  rescue Errno::ESRCH, Errno::ECHILD
-    nil
-  ensure
-    @reader&.close
-    FileUtils.rm_rf(@dir) if @dir
     super
+  ensure
+    FileUtils.rm_rf(@dir) if @dir
   end
 
   def test_twenty_writers_at_once_are_all_served
     start
     statuses = write_at_once
     assert_equal ["200"] * WRITERS, statuses, output
-    assert_equal WRITERS, Integer(get("/count").body)
+    assert_equal WRITERS, Integer(get(@server, "/count").body)
   end
 
   # What the turns prevent, so that the test above can fail: racing for
@@ -63,40 +57,21 @@ class ActiveRecordSqliteAppTest < PlainTest
   private
 
   def start(env = {})
-    @reader, writer = IO.pipe
-    @pid = Process.spawn({ "NB_SQLITE_DATABASE" => File.join(@dir, "production.sqlite3"),
-                           "RAILS_MAX_THREADS" => "25" }.merge(env),
-                         RbConfig.ruby, EXE, "serve", APP, "-b", "tcp://127.0.0.1:0", "-w", "0", "-E", "production",
-                         "--no-adaptive-limit", out: writer, err: writer)
-    writer.close
-    @lines = []
-    line = read_until(/on tcp:/)
-    @port = Integer(line[%r{tcp://127\.0\.0\.1:(\d+)}, 1])
-    # The server's output goes on being read, so that it never blocks on a full pipe.
-    @drain = Thread.new do
-      @reader.each_line { |output_line| @lines << output_line }
+    @server = serve(APP, "-w", "0", "-E", "production", "--no-adaptive-limit", timeout: 60,
+                    env: { "NB_SQLITE_DATABASE" => File.join(@dir, "production.sqlite3"),
+                           "RAILS_MAX_THREADS" => "25" }.merge(env))
+    # The server's output goes on being read (three 500s' backtraces could
+    # fill the pipe and block it); ServeProcesses#teardown closes it.
+    Thread.new do
+      @server[:out].each_line { |line| @server[:lines] << line }
     rescue IOError
-      nil # closed by teardown
-    end
-  end
-
-  def read_until(pattern, timeout: 60)
-    Timeout.timeout(timeout) do
-      loop do
-        line = @reader.gets or raise "the server exited:\n#{@lines.join}"
-        @lines << line
-        return line if line.match?(pattern)
-      end
+      nil
     end
   end
 
   def output
     sleep 0.2 # the last lines
-    @lines.join
-  end
-
-  def get(path)
-    Net::HTTP.start("127.0.0.1", @port, read_timeout: 60) { |http| http.get(path) }
+    @server[:lines].join
   end
 
   # Twenty GET /write sent together; their statuses.
@@ -104,7 +79,7 @@ class ActiveRecordSqliteAppTest < PlainTest
     gate = Queue.new
     threads = Array.new(WRITERS) do
       Thread.new do
-        Net::HTTP.start("127.0.0.1", @port, read_timeout: 60) do |http|
+        Net::HTTP.start("127.0.0.1", @server[:port], read_timeout: 60) do |http|
           gate.pop
           http.get("/write").code
         end
