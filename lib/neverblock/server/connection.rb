@@ -193,7 +193,7 @@ module NeverBlock
       def client_gone?
         return false if @hijacked
 
-        peeked = @io.recv_nonblock(1, Socket::MSG_PEEK, exception: false)
+        peeked = peek
         peeked.nil? || peeked == "" # end of file (nil from Ruby 3.3 on)
       rescue Errno::ECONNRESET, Errno::EPIPE, Errno::ENOTCONN, Errno::ETIMEDOUT
         true
@@ -213,6 +213,13 @@ module NeverBlock
       end
 
       private
+
+      # The first byte the client sent that is not read yet, left in the
+      # socket: a String, "" or nil at end of file, :wait_readable when none
+      # came ({#client_gone?}, Parking's idle expiry).
+      def peek
+        @io.recv_nonblock(1, Socket::MSG_PEEK, exception: false)
+      end
 
       # Reads, parses and answers requests (see {#run}).
       def serve_requests

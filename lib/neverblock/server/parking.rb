@@ -251,10 +251,9 @@ module NeverBlock
         nil
       end
 
-      # Whether the client's next bytes wait in the socket, by a peek that
-      # reads nothing.
+      # Whether the client's next bytes wait in the socket (Connection#peek).
       def bytes_waiting?
-        peeked = @io.recv_nonblock(1, Socket::MSG_PEEK, exception: false)
+        peeked = peek
         peeked.is_a?(String) && !peeked.empty?
       rescue IOError, SystemCallError
         false
