@@ -50,10 +50,10 @@ module NeverBlock
         #   when it has it.
         def self.unavailable
           return "reforking needs Linux (PR_SET_CHILD_SUBREAPER), this is #{RUBY_PLATFORM}" unless RUBY_PLATFORM.include?("linux")
-          return "reforking needs prctl(2), whose system call number on #{cpu} is unknown" unless PRCTL[cpu]
-          return "reforking needs Kernel#syscall, which this Ruby lacks" unless Kernel.respond_to?(:syscall, true)
+          return nil if Kernel.respond_to?(:syscall, true) && PRCTL[cpu]
+          return nil if fiddle
 
-          nil
+          "reforking needs prctl(2): through Kernel#syscall (this Ruby #{Kernel.respond_to?(:syscall, true) ? "has it, but prctl's number on #{cpu} is unknown" : 'lacks it'}) or the fiddle gem (not loadable)"
         end
 
         # Makes this process a child subreaper, once.
@@ -63,12 +63,16 @@ module NeverBlock
           return if @subreaper == Process.pid
 
           why = unavailable and raise Error, why
-          verbose = $VERBOSE
-          $VERBOSE = nil # Kernel#syscall's "we plan to remove" notice
-          begin
-            Kernel.send(:syscall, PRCTL.fetch(cpu), PR_SET_CHILD_SUBREAPER, 1)
-          ensure
-            $VERBOSE = verbose
+          if Kernel.respond_to?(:syscall, true) && PRCTL[cpu]
+            verbose = $VERBOSE
+            $VERBOSE = nil # Kernel#syscall's "we plan to remove" notice
+            begin
+              Kernel.send(:syscall, PRCTL.fetch(cpu), PR_SET_CHILD_SUBREAPER, 1)
+            ensure
+              $VERBOSE = verbose
+            end
+          elsif fiddle.call(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0
+            raise SystemCallError.new("prctl", Fiddle.last_error)
           end
           @subreaper = Process.pid
         rescue SystemCallError => e
@@ -78,7 +82,20 @@ module NeverBlock
         def self.cpu
           RbConfig::CONFIG["host_cpu"]
         end
-        private_class_method :cpu
+
+        # libc's prctl through Fiddle, where Kernel#syscall is gone; nil
+        # when fiddle cannot be loaded (a bundled gem since Ruby 3.5).
+        def self.fiddle
+          return @fiddle if defined?(@fiddle)
+
+          @fiddle = begin
+            require "fiddle"
+            Fiddle::Function.new(Fiddle.dlopen(nil)["prctl"], [Fiddle::TYPE_INT] + [Fiddle::TYPE_LONG] * 4, Fiddle::TYPE_INT)
+          rescue LoadError, StandardError # (Fiddle::DLError: no prctl in this libc)
+            nil
+          end
+        end
+        private_class_method :cpu, :fiddle
 
         # @api private
         # @return [Child, nil] the mold the workers fork from now.
