@@ -30,8 +30,8 @@ require_relative "support/postgres"
 
 module NeverBlockBench
   class ReforkBench < Bench
-    DEFAULTS = { workers: 4, connections: 16, warmup: 4000, refork_after: 250, duration: 15, cache_mb: 100, preload: true }.freeze
-    QUICK = { warmup: 1000, refork_after: 100, duration: 4 }.freeze
+    DEFAULTS = { workers: 4, connections: 16, warmup: 4000, refork_after: 200, duration: 15, cache_mb: 100, preload: true }.freeze
+    QUICK = { warmup: 1000, refork_after: 50, duration: 4 }.freeze
     ONLY = %w[rails cache].freeze # the apps
     SERVERS = %w[neverblock neverblock_refork pitchfork puma_fork_worker].freeze
     APPS = { "rails" => [File.expand_path("rails/config.ru", __dir__), "/fast"],
@@ -41,6 +41,7 @@ module NeverBlockBench
     # refork_after list's last limit repeats; Pitchfork's `false` ends it, which NeverBlock may not take).
     NEVER = 1_000_000_000
     SETTLE_TIMEOUT = 60 # seconds a server may take to finish a refork
+    URGE_AFTER = 5 # seconds after the warm-up without a refork
     # Puma reforks when its master sees worker 0's count, at a worker check: each second, not 5.
     PUMA_CONFIG = "fork_worker %d\nworker_check_interval 1\n"
     COLUMNS = ["app", "server", "replaced", "processes", "PSS MiB", "workers PSS MiB", "req/s", "p50 ms", "p99 ms",
@@ -98,8 +99,12 @@ module NeverBlockBench
         url = "http://127.0.0.1:#{port}#{path}"
         ENV["NB_REFORK_REQUESTS"] = @options[:warmup].to_s
         warmup = Wrk.run(url, connections: @options[:connections], duration: 600, timeout: 30, script: WARMUP_SCRIPT)
-        after = settle(process, replacing: (before unless server == "neverblock"))
+        # Puma's worker 0 may hold too few of the keep-alive connections to reach the count: then SIGURG.
+        urged = nil
+        urge = (-> { urged = Process.kill("URG", process.pid) } if server == "puma_fork_worker")
+        after = settle(process, replacing: (before unless server == "neverblock"), urge: urge)
         numbers(after, before, warmup, Wrk.run(url, connections: @options[:connections], duration: @options[:duration], pid: process.pid))
+          .tap { |row| row["note"] = ["reforked by SIGURG: worker 0 served too few", row["note"]].reject(&:empty?).join("; ") if urged }
       end
     end
 
@@ -143,11 +148,12 @@ module NeverBlockBench
     end
 
     # Waits (at most SETTLE_TIMEOUT s) until the server has --workers workers, one of them
-    # not among the pids `replacing` when given (a refork began), and, over three
-    # samples 0.5 s apart, the same processes using under a tenth of a CPU.
-    # @return [Array<Hash>] its processes then ({#processes})
-    def settle(server, replacing: nil)
-      deadline = NeverBlockBench.now + SETTLE_TIMEOUT
+    # not among the pids `replacing` when given (a refork began; `urge` is called once when
+    # none has after URGE_AFTER s), and, over three samples 0.5 s apart, the same processes
+    # using under a tenth of a CPU. @return [Array<Hash>] its processes then ({#processes})
+    def settle(server, replacing: nil, urge: nil)
+      started = NeverBlockBench.now
+      deadline = started + SETTLE_TIMEOUT
       cpu = ProcessCpu.session_seconds(server.pid)
       calm = 0
       seen = nil
@@ -163,7 +169,11 @@ module NeverBlockBench
         seen = now
         return now if calm >= 3
         raise "no #{'refork and ' unless reforked}steady #{@options[:workers]} workers within #{SETTLE_TIMEOUT} s: " \
-              "#{now.map { |p| p[:role] }.tally}" if NeverBlockBench.now > deadline
+              "#{now.map { |p| p[:role] }.tally}\n#{server.log_tail}" if NeverBlockBench.now > deadline
+        next unless urge && !reforked && NeverBlockBench.now > started + URGE_AFTER
+
+        urge.call
+        urge = nil
       end
     end
 
