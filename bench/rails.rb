@@ -146,25 +146,18 @@ module NeverBlockBench
     def measure(cells, rotate: false)
       @options[:runs].times do |round|
         (rotate ? cells.keys.rotate(round) : cells.keys).each do |setup|
-          mine = rotate ? cells[setup].rotate(round) : cells[setup]
-          with_server(setup) { |port, pid| mine.each { |cell| record(cell, yield(port, cell, pid)) } }
+          warn "#{setup.label} on 127.0.0.1:#{port = ServerProcess.free_port}"
+          setup.start.call(port).serve(path: "/fast", timeout: 120) do |process|
+            warn "  #{PeerServers.check_ruby(process)}"
+            warm_up(port, setup, process)
+            (rotate ? cells[setup].rotate(round) : cells[setup]).each { |cell| record(cell, yield(port, cell, process.pid)) }
+          end
         rescue StandardError => e
           warn "  #{setup.name} FAILED: #{e.message}"
-          mine.each { |cell| cell.failures << e.message.lines.first.strip if cell.failures.empty? }
+          cells[setup].each { |cell| cell.failures << e.message.lines.first.strip if cell.failures.empty? }
         end
       end
       cells.values.flatten
-    end
-
-    # Starts the setup's server, warms it up, yields its port and pid, stops it.
-    def with_server(setup)
-      port = ServerProcess.free_port
-      warn "#{setup.label} on 127.0.0.1:#{port}"
-      setup.start.call(port).serve(path: "/fast", timeout: 120) do |process|
-        warn "  #{PeerServers.check_ruby(process)}"
-        warm_up(port, setup, process)
-        yield port, process.pid
-      end
     end
 
     # Opens the connections the measurements use (each costs milliseconds of
@@ -190,9 +183,7 @@ module NeverBlockBench
     end
 
     # @return [Array<Integer>] the server's total_allocated_objects, GC time (ms), major and minor GC counts
-    def gc_counters(port)
-      Net::HTTP.start("127.0.0.1", port) { |http| http.get("/_bench/gc").body.split.map { |v| Integer(v) } }
-    end
+    def gc_counters(port) = Net::HTTP.start("127.0.0.1", port) { |http| http.get("/_bench/gc").body.split.map { |v| Integer(v) } }
 
     # Issues `paths` in order from `concurrency` NeverBlock tasks, each on its own keep-alive connection.
     # @param latencies [Array, nil] gets each request's seconds when given
@@ -234,7 +225,7 @@ module NeverBlockBench
 
     def fast?(cell) = cell[:part] == "fast"
     # The median over runs of one of part (c)'s measures; nil when none.
-    def fast_median(cell, key) = cell && NeverBlockBench.median(cell[:fast].filter_map { |run| run[key] })
+    def fast_median(cell, key) = cell && NeverBlockBench.median_of(cell[:fast], key)
     # requests/s: of the median run, or for part (c) the median of the runs'.
     def rate(cell) = cell && (fast?(cell) ? fast_median(cell, :rate) : cell.median&.then { |s| cell[:requests] / s })
     def find(cells, name, key, value) = cells.find { |cell| cell[:setup].name == name && cell[key] == value }
