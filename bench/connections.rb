@@ -49,7 +49,8 @@ module NeverBlockBench
 
     def start(server)
       case server
-      when "neverblock" then PeerServers.neverblock(APP, args: ["-w", "0", "-C", config_file("nb.rb", "limits idle_timeout: #{IDLE_TIMEOUT}")])
+      when "neverblock"
+        PeerServers.neverblock(APP, args: ["-w", "0", "-C", config_file("nb.rb", "limits idle_timeout: #{IDLE_TIMEOUT}")])
       when "puma" then PeerServers.puma(APP, config: config_file("puma.rb", "persistent_timeout #{IDLE_TIMEOUT}"))
       else PeerServers.falcon(APP, args: %W[--timeout #{IDLE_TIMEOUT}])
       end

@@ -30,7 +30,8 @@ module NeverBlockBench
                    env: { "NB_RAILS_ADAPTER" => "neverblock_postgresql", "NB_RAILS_POOL" => "16" } }
     }.freeze
     # The extra `neverblock serve` arguments of each variant (the control socket goes in the cell's directory).
-    FLAGS = { "off" => [], "metrics" => %w[--control], "metrics_json_log" => %w[--control --access-log --access-log-format json] }.freeze
+    FLAGS = { "off" => [], "metrics" => %w[--control],
+              "metrics_json_log" => %w[--control --access-log --access-log-format json] }.freeze
 
     # @return [Boolean] true when every cell was measured without errors
     def call

@@ -73,7 +73,8 @@ module NeverBlockBench
     def neverblock(adaptive: true)
       name, pool = adaptive ? "neverblock" : "neverblock_fixed", @options[:nb_pool] # rubocop:disable Style/ParallelAssignment
       args = ["-w", "0", *("--no-adaptive-limit" unless adaptive)]
-      Setup.new(name: name, label: "NeverBlock::Server, 1 process, #{'no ' unless adaptive}adaptive limit, neverblock_postgresql pool #{pool}",
+      Setup.new(name: name,
+                label: "NeverBlock::Server, 1 process, #{'no ' unless adaptive}adaptive limit, neverblock_postgresql pool #{pool}",
                 start: ->(port) { PeerServers.neverblock(APP, port: port, args: args, env: env("neverblock_postgresql", pool)) })
     end
 
@@ -82,7 +83,9 @@ module NeverBlockBench
       mode = workers.zero? ? "1 process (single mode)" : "#{workers} workers"
       puma_threads = { 1 => "1:1", PUMA_THREADS => nil }.fetch(threads) { "#{threads}:#{threads}" }
       Setup.new(name: name, label: "Puma, #{mode}, #{threads} threads and a postgresql pool of #{threads} per process",
-                start: ->(port) { PeerServers.puma(APP, port: port, workers: workers, threads: puma_threads, env: env("postgresql", threads)) })
+                start: lambda do |port|
+                  PeerServers.puma(APP, port: port, workers: workers, threads: puma_threads, env: env("postgresql", threads))
+                end)
     end
 
     # Puma 8's IO mode in one process: 0:5 threads, plus up to io_threads for

@@ -92,7 +92,8 @@ module NeverBlockBench
       process = case server
                 when "neverblock"
                   limits = direct ? "idle_timeout: 1, header_timeout: 2, body_timeout: 2" : "idle_timeout: #{IDLE_TIMEOUT}"
-                  PeerServers.neverblock(APP, args: ["-w", "0", "-C", config_file("neverblock.rb", "limits #{limits}", dir: dir)], env: env)
+                  config = config_file("neverblock.rb", "limits #{limits}", dir: dir)
+                  PeerServers.neverblock(APP, args: ["-w", "0", "-C", config], env: env)
                 when "puma"
                   settings = direct ? "persistent_timeout 1\nfirst_data_timeout 2" : "persistent_timeout #{IDLE_TIMEOUT}"
                   PeerServers.puma(APP, config: config_file("puma.rb", settings, dir: dir), env: env)
@@ -135,7 +136,8 @@ module NeverBlockBench
 
     def report(columns)
       cases = SmugglingCorpus::CASES.to_h { |kase| [kase.name, kase.category] }
-      cases[SmugglingCheck::NO_CASE] = "" if columns.values.any? { |verdicts| verdicts.is_a?(Hash) && verdicts.key?(SmugglingCheck::NO_CASE) }
+      stray = columns.values.any? { |verdicts| verdicts.is_a?(Hash) && verdicts.key?(SmugglingCheck::NO_CASE) }
+      cases[SmugglingCheck::NO_CASE] = "" if stray
       rows = cases.map do |name, category|
         { "case" => name, "category" => category }.merge(columns.transform_values { |verdicts| cell(verdicts, name) })
       end

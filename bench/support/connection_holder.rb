@@ -67,7 +67,8 @@ module NeverBlockBench
       sockets.each { |socket| socket.write(RawHTTP.request(sse ? "/sse" : "/")) }
       deadline = NeverBlockBench.now + 30
       sockets.each do |socket|
-        (sse ? RawHTTP.read_head(socket, deadline) : RawHTTP.read_response(socket, deadline)) or raise "no response on a new connection"
+        answered = sse ? RawHTTP.read_head(socket, deadline) : RawHTTP.read_response(socket, deadline)
+        answered or raise "no response on a new connection"
       end
     end
 
