@@ -142,7 +142,7 @@ module NeverBlockBench
           require "neverblock"
           NeverBlock.run { NeverBlock.wait_all(on_queue(count, parked, ->(pop) { NeverBlock.spawn(&pop) })) }
         end],
-        "async" => ["Async { queue.pop } (async %s)", lambda do |count, parked|
+        "async" => ["Async { queue.pop } (async #{Machine.gem_version('async')})", lambda do |count, parked|
           require "async"
           Async { |task| on_queue(count, parked, ->(pop) { task.async(&pop) }).each(&:wait) }.wait
         end]
@@ -171,7 +171,7 @@ module NeverBlockBench
         rows = VARIANTS.map do |name, (label, park)|
           outcome = Isolated.run(timeout: 300) { measure(park, count) }
           warn "queue: #{name}: #{outcome.is_a?(Isolated::Failure) ? "FAILED #{outcome}" : format('%.2f KB/task', outcome[:rss])}"
-          [name, format(label, Machine.gem_version("async")), outcome]
+          [name, label, outcome]
         end
         report(count, rows)
         rows.none? { |*, outcome| outcome.is_a?(Isolated::Failure) }
