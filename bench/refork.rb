@@ -142,7 +142,6 @@ module NeverBlockBench
       end
     end
 
-    def config_file(name, text) = File.join(scratch, name).tap { |path| File.write(path, text) }
 
     def refork_built?
       return @refork_built unless @refork_built.nil?
