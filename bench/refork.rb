@@ -8,8 +8,7 @@
 #   cache  support/refork_app.ru (each process builds a ~--cache-mb MiB cache of
 #          Ruby hashes and strings on its first requests)
 # under NeverBlock without reforking (without --preload, the default, and with it),
-# NeverBlock --refork-after (skipped until
-# `neverblock serve --help` has it), Pitchfork refork_after and Puma fork_worker,
+# NeverBlock --refork-after, Pitchfork refork_after and Puma fork_worker,
 # all reforking once, after --refork-after requests of a worker; NeverBlock with
 # --preload (--no-preload: without), as Pitchfork loads the app once in its
 # first mold. Each cell: a fresh server; --warmup requests from --connections
@@ -80,11 +79,7 @@ module NeverBlockBench
     # One cell on a fresh server. @return [Hash] its row
     def measure(app, server)
       row = { "app" => app, "server" => server }
-      if server == "neverblock_refork" && !refork_built?
-        row["note"] = "skipped (not built)"
-      else
-        row.merge!(run_cell(app, server))
-      end
+      row.merge!(run_cell(app, server))
       row
     rescue StandardError => e
       warn "  #{app}, #{server} FAILED: #{e.message}"
@@ -142,14 +137,6 @@ module NeverBlockBench
       end
     end
 
-
-    def refork_built?
-      return @refork_built unless @refork_built.nil?
-
-      help = IO.popen([RbConfig.ruby, File.join(PeerServers::REPO, "exe/neverblock"), "serve", "--help"], err: %i[child out], &:read)
-      @refork_built = help.include?("--refork-after")
-    end
-
     # Waits (at most SETTLE_TIMEOUT s) until the server has --workers workers, one of them
     # not among the pids `replacing` when given (a refork began; `urge` is called once when
     # none has after URGE_AFTER s), and, over three samples 0.5 s apart, the same processes
@@ -199,8 +186,7 @@ module NeverBlockBench
                                     "#{@options[:warmup]} warm-up requests, refork after #{@options[:refork_after]}")
       chart.pivot("total PSS after warm-up, MiB (lower is better)", "PSS MiB", by: "app", series: "server")
       chart.pivot("p99 latency after warm-up, ms (lower is better)", "p99 ms", by: "app", series: "server", log: true)
-      charted = rows.map { |row| row["note"]&.start_with?("skipped") ? row.merge("PSS MiB" => "not built", "p99 ms" => "not built") : row }
-      NeverBlockBench.write_results(@options[:out], "refork", rows, chart, chart_rows: charted)
+      NeverBlockBench.write_results(@options[:out], "refork", rows, chart)
     end
   end
 end
