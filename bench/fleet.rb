@@ -58,7 +58,7 @@ module NeverBlockBench
     private
 
     def row(server, variant)
-      return { "server" => server, "variant" => "not run: #{NOT_RUN.fetch(server)}" } unless variant
+      return { "server" => server, "variant" => "-", "notes" => "not run: #{NOT_RUN.fetch(server)}" } unless variant
 
       warn "#{server}, #{variant}: starting the fleet"
       fleet = NeverBlockFleet::Fleet.new(server: server, peers: peers_env)
@@ -67,7 +67,7 @@ module NeverBlockBench
       herd = NeverBlockFleet.herd(fleet, @options[:herd])
       warn "  #{drill.inspect}\n  herd: #{herd.inspect}"
       { "server" => server, "variant" => variant, "requests" => drill[:requests], "lost" => drill[:lost],
-        "errors" => drill[:errors].map { |error, count| "#{error} #{count}" }.join("; "),
+        "notes" => drill[:errors].map { |error, count| "#{error} #{count}" }.join("; "),
         "long_finished" => "#{drill[:long_finished]}/#{drill[:long]}", "sse_clean" => drill[:clean],
         "sse_cut" => drill[:cut], "sse_reconnects" => drill[:reconnects], "sessions_left" => drill[:sessions_left],
         "herd_calls" => herd[:calls], "herd_answered" => "#{herd[:answered]}/#{@options[:herd]}",
@@ -88,11 +88,11 @@ module NeverBlockBench
 
     def report(rows)
       columns = %w[server variant requests lost long_finished sse_clean sse_cut sse_reconnects herd_calls herd_answered
-                   deploy_s sessions_left errors]
-      puts "\n#{Table.of(rows, columns, left: %w[variant errors])}"
+                   deploy_s sessions_left notes]
+      puts "\n#{Table.of(rows, columns, left: %w[variant notes])}"
       puts "\nlost: requests without a 2xx answer (HAProxy retries a failed connect only); long_finished: answered by the " \
            "host they started on; sse_cut: streams closed before their last chunk; sessions_left: sessions on the " \
-           "drained hosts when each restart began; herd_calls: upstream calls for one herd (target 1)"
+           "drained hosts when each restart began; notes: errors the load clients saw; herd_calls: upstream calls for one herd (target 1)"
       chart = NeverBlockBench.chart("A rolling deploy of a 3-host fleet behind HAProxy, and a herd through Redis")
       measured = rows.select { |row| row["requests"] }.map { |row| row.merge("cell" => "#{row['server']} #{row['variant']}") }
       chart.pivot("requests lost during the deploy (target 0)", "lost", series: "cell")
