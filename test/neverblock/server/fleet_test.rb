@@ -18,7 +18,8 @@ class ServerFleetTest < PlainTest
   end
 
   def test_a_rolling_hot_restart_behind_haproxy_loses_nothing_and_a_herd_costs_one_upstream_call
-    fleet = NeverBlockFleet::Fleet.new(prefix: "nbtest", subnet: "10.78.0", upstream_delay: 0.5)
+    # Names and addresses of this process's own: two suites may run at once on one machine.
+    fleet = NeverBlockFleet::Fleet.new(prefix: "nbt#{Process.pid % 100_000}", subnet: "10.78.#{Process.pid % 250}", upstream_delay: 0.5)
     begin
       fleet.start
     rescue NeverBlockFleet::Unavailable => e
