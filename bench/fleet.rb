@@ -11,8 +11,12 @@
 # host in turn is drained in HAProxy (at most --drain s for its sessions to end), restarted,
 # waited for (new workers answering) and put back; --long GET /slow?--slow start on each host
 # just before its drain. Target: no request lost, every long request finished on its host,
-# every stream ended clean (its last chunk), none cut. NeverBlock: HUP (hot restart) and USR2
-# (rolling restart); Puma 8: phased restart (USR1, no preload).
+# every stream ended clean (its last chunk), none cut. NeverBlock: HUP (hot restart), USR2
+# (rolling restart) and restart; Puma 8: phased restart (USR1, no preload); Pitchfork: restart
+# only (TERM to the server's processes, waiting for them to finish their requests, then start it
+# again: what a team without hot restarts does; Pitchfork has no reload, its USR2 reforks the same
+# code). Pitchfork serves one request per worker and closes every connection: a host's 2 workers
+# serve at most 2 requests at once, so streams and long requests make the others queue.
 # Herd: --herd clients at once GET /herd?KEY, round robin over the hosts, behind
 # NeverBlock::Debouncer with a RedisStore all hosts share. Target: 1 upstream call.
 #
@@ -33,8 +37,7 @@ module NeverBlockBench
     DEFAULTS = { clients: 16, long: 3, slow: 3, streams: 6, stream_seconds: 4, drain: 1.0, herd: 300 }.freeze
     QUICK = { clients: 8, long: 2, streams: 3, herd: 100 }.freeze
     ONLY = %w[neverblock puma pitchfork].freeze # the servers
-    VARIANTS = { "neverblock" => %w[hup usr2], "puma" => %w[phased] }.freeze
-    NOT_RUN = { "pitchfork" => "not in the Ruby 3.1 servers bundle (bench/gemfiles/servers.gemfile)" }.freeze
+    VARIANTS = { "neverblock" => %w[hup usr2 restart], "puma" => %w[phased], "pitchfork" => %w[restart] }.freeze
 
     # @return [Boolean] true when NeverBlock lost nothing and its herds cost one upstream call
     def call
@@ -43,12 +46,12 @@ module NeverBlockBench
         "A fleet drill: 3 hosts (network namespaces), 2 workers each, HAProxy #{haproxy_version} in front; " \
         "a rolling deploy host by host under keep-alive load, and a herd through Redis",
         "neverblock #{NeverBlock::VERSION} (#{Checkout.description}); puma #{PeerServers.locked_versions['puma']} " \
-        "(threads 16, no preload); redis #{`redis-server --version`[/v=(\S+)/, 1]}",
+        "(threads 16, no preload); pitchfork #{PeerServers.locked_versions['pitchfork']} (one request per worker); redis #{`redis-server --version`[/v=(\S+)/, 1]}",
         "load: #{@options[:clients]} keep-alive clients; #{@options[:long]} GET /slow?#{@options[:slow]} per host " \
         "before its drain; #{@options[:streams]} SSE clients, #{@options[:stream_seconds]} s streams; drain wait " \
         "at most #{@options[:drain]} s; herd: #{@options[:herd]} clients, a 1 s upstream; all on one machine"
       )
-      rows = @options[:only].flat_map { |server| VARIANTS.fetch(server, [nil]).map { |variant| row(server, variant) } }
+      rows = @options[:only].flat_map { |server| VARIANTS.fetch(server).map { |variant| row(server, variant) } }
       report(rows)
       rows.select { |row| row["server"] == "neverblock" }.all? { |row| row["lost"].zero? && row["sse_cut"].zero? && row["herd_calls"] == 1 }
     rescue NeverBlockFleet::Unavailable => e
@@ -58,8 +61,6 @@ module NeverBlockBench
     private
 
     def row(server, variant)
-      return { "server" => server, "variant" => "-", "notes" => "not run: #{NOT_RUN.fetch(server)}" } unless variant
-
       warn "#{server}, #{variant}: starting the fleet"
       fleet = NeverBlockFleet::Fleet.new(server: server, peers: peers_env)
       fleet.start
@@ -76,7 +77,7 @@ module NeverBlockBench
       fleet&.stop
     end
 
-    # Puma runs under the servers bundle; fleet_app.ru loads NeverBlock's lib/ and redis-client from these.
+    # Puma and Pitchfork run under the servers bundle; fleet_app.ru loads NeverBlock's lib/ and redis-client from these.
     def peers_env
       gems = %w[redis-client connection_pool].flat_map { |name| Gem::Specification.find_by_name(name).full_require_paths }
       load_path = [File.expand_path("../lib", __dir__), *ENV.fetch("RUBYLIB", "").split(":").reject(&:empty?), *gems]
@@ -94,7 +95,7 @@ module NeverBlockBench
            "host they started on; sse_cut: streams closed before their last chunk; sessions_left: sessions on the " \
            "drained hosts when each restart began; notes: errors the load clients saw; herd_calls: upstream calls for one herd (target 1)"
       chart = NeverBlockBench.chart("A rolling deploy of a 3-host fleet behind HAProxy, and a herd through Redis")
-      measured = rows.select { |row| row["requests"] }.map { |row| row.merge("cell" => "#{row['server']} #{row['variant']}") }
+      measured = rows.map { |row| row.merge("cell" => "#{row['server']} #{row['variant']}") }
       chart.pivot("requests lost during the deploy (target 0)", "lost", series: "cell")
       chart.pivot("SSE streams cut (target 0)", "sse_cut", series: "cell")
       chart.pivot("upstream calls for one herd (target 1)", "herd_calls", series: "cell")

@@ -15,7 +15,8 @@ module NeverBlockFleet
   UPSTREAM_APP = File.expand_path("debounce_upstream.ru", __dir__)
   EXE = File.expand_path("../../exe/neverblock", __dir__)
   PORT = 8080 # each host's, on its own address
-  # What a server is told to restart host by host.
+  # What a server is told to restart host by host; "restart" instead stops it (TERM to all its
+  # processes, as `systemctl restart` does) and starts it again.
   SIGNALS = { "hup" => "HUP", "usr2" => "USR2", "phased" => "USR1" }.freeze
 
   # Why the fleet cannot run here (not root, no `ip netns`, a missing command).
@@ -88,10 +89,10 @@ module NeverBlockFleet
   class Fleet
     attr_reader :server, :hosts, :port, :dir
 
-    # @param server [String] "neverblock" or "puma"
+    # @param server [String] "neverblock", "puma" or "pitchfork"
     # @param prefix [String] the namespaces' names: PREFIX1..PREFIXn, the bridge PREFIX0
     # @param subnet [String] the first three octets: the bridge is .1, host i is .(10 + i)
-    # @param peers [Hash] for Puma: the bundle environment to run it under (bench/support/servers.rb)
+    # @param peers [Hash] for Puma and Pitchfork: the bundle environment to run it under (bench/support/servers.rb)
     def initialize(server: "neverblock", hosts: 3, prefix: "nbfleet", subnet: "10.77.0", workers: 2,
                    upstream_delay: 1.0, sse_rate: 5, peers: {})
       @server, @count, @prefix, @subnet, @workers = server, hosts, prefix, subnet, workers
@@ -113,7 +114,7 @@ module NeverBlockFleet
                                      "--appendonly", "no", "--protected-mode", "no"], log: log("redis"))
       @children[:upstream] = Child.new([RbConfig.ruby, EXE, "serve", UPSTREAM_APP, "-b", "tcp://#{gateway}:#{@upstream_port}", "-w", "0"],
                                        log: log("upstream"), env: { "NB_BENCH_DELAY" => @upstream_delay.to_s })
-      @hosts.each { |host| @children[host] = Child.new(["ip", "netns", "exec", namespace(host), *server_command(host)], log: log(host), env: host_env(host)) }
+      @hosts.each { |host| @children[host] = start_server(host) }
       ready?(gateway, @upstream_port, "/count") or raise "the upstream did not answer:\n#{tail('upstream')}"
       @hosts.each { |host| ready?(address(host), PORT) or raise "#{host} did not answer:\n#{tail(host)}" }
       @children[:haproxy] = Child.new(["haproxy", "-db", "-f", haproxy_config], log: log("haproxy"))
@@ -128,7 +129,7 @@ module NeverBlockFleet
       FileUtils.rm_rf(@dir)
     end
 
-    # One host out of the balancer, restarted with `variant` (SIGNALS), back in. Waits at most
+    # One host out of the balancer, restarted with `variant` (SIGNALS, or "restart"), back in. Waits at most
     # `drain` seconds for its sessions in HAProxy to end (long requests and streams may still run).
     # @return [Hash] :sessions left when the restart began, :seconds the host was out
     def deploy(host, variant, drain:)
@@ -136,11 +137,7 @@ module NeverBlockFleet
       admin("set server hosts/#{host} state drain")
       NeverBlockFleet.wait_for(drain, interval: 0.1) { sessions(host).zero? }
       left = sessions(host)
-      master = @children.fetch(host)
-      old = master.children
-      master.signal(SIGNALS.fetch(variant))
-      NeverBlockFleet.wait_for(60, interval: 0.1) { (master.children - old).size >= @workers && new_worker_answers?(host, old) } or
-        raise "#{host} did not restart with #{variant} in 60 s:\n#{tail(host)}"
+      variant == "restart" ? restart(host) : reload(host, variant)
       admin("set server hosts/#{host} state ready")
       { sessions: left, seconds: NeverBlockFleet.now - started }
     end
@@ -167,6 +164,24 @@ module NeverBlockFleet
     private
 
     def log(name) = File.join(@dir, "#{name}.log")
+
+    def start_server(host) = Child.new(["ip", "netns", "exec", namespace(host), *server_command(host)], log: log(host), env: host_env(host))
+
+    # Signals the host's server to restart itself; waits until new workers answer.
+    def reload(host, variant)
+      master = @children.fetch(host)
+      old = master.children
+      master.signal(SIGNALS.fetch(variant))
+      NeverBlockFleet.wait_for(60, interval: 0.1) { (master.children - old).size >= @workers && new_worker_answers?(host, old) } or
+        raise "#{host} did not restart with #{variant} in 60 s:\n#{tail(host)}"
+    end
+
+    # Stops the host's server (it finishes its requests first, Child#stop) and starts it again.
+    def restart(host)
+      @children.fetch(host).stop
+      @children[host] = start_server(host)
+      ready?(address(host), PORT) or raise "#{host} did not start again in 60 s:\n#{tail(host)}"
+    end
 
     def free_port = TCPServer.open("127.0.0.1", 0) { |server| server.addr[1] }
 
@@ -203,6 +218,10 @@ module NeverBlockFleet
         config = File.join(@dir, "puma.rb")
         File.write(config, "workers #{@workers}\nthreads 16, 16\npreload_app! false\nbind 'tcp://0.0.0.0:#{PORT}'\n")
         ["bundle", "exec", "puma", "--environment", "production", "-C", config, APP]
+      when "pitchfork"
+        config = File.join(@dir, "pitchfork.rb")
+        File.write(config, "worker_processes #{@workers}\nlisten '0.0.0.0:#{PORT}'\n")
+        ["bundle", "exec", "pitchfork", "-E", "production", "-c", config, APP]
       else raise ArgumentError, "no fleet for #{@server.inspect}"
       end
     end
