@@ -93,7 +93,7 @@ module NeverBlock
           # llhttp 8.1 also ends a head at `\r\n\n` and at `\r\n\r` and any
           # byte; NeverBlock only at `\r\n\r\n`. So the empty line's CRLF
           # (its LF alone, when its CR came in the last read) is fed on its
-          # own, and the head must end there (#on_headers_complete).
+          # own, and the head must end there (Parser#on_headers_complete).
           split = stop - 2 < offset ? offset : stop - 2
           feed_head(data.byteslice(offset, split - offset), data, nil) if split > offset
           @head_ending = true
