@@ -32,19 +32,18 @@ module NeverBlockBench
                   "very_heavy" => "Very Heavy: 3 counts + unindexed count + create + 2 updates, committed" }.freeze
     SLEEP_LABELS = { "blocking" => "postgresql adapter, in order, 1 connection", "threads" => "postgresql adapter, 10 threads, pool 10",
                      "neverblock" => "neverblock_postgresql, 10 tasks, pool 10" }.freeze
-    # `adapter`: the database.yml name; `awake`: CPUs kept awake.
-    Variant = Struct.new(:name, :label, :adapter, :awake, keyword_init: true) do
+    Variant = Struct.new(:name, :label) do
       def sequential? = name.start_with?("blocking")
+      def awake = name == "blocking_awake" # CPUs kept awake
+      def adapter = name == "neverblock" ? "neverblock_postgresql" : "postgresql" # the database.yml name
     end
 
     def initialize(options)
       super
-      @variants = [Variant.new(name: "blocking", label: SLEEP_LABELS["blocking"], adapter: "postgresql"),
-                   Variant.new(name: "blocking_awake", label: "the same, CPUs kept awake", adapter: "postgresql", awake: true),
-                   Variant.new(name: "threads", adapter: "postgresql",
-                               label: "postgresql adapter, #{@options[:threads]} threads, pool #{@options[:threads]}"),
-                   Variant.new(name: "neverblock", adapter: "neverblock_postgresql",
-                               label: "neverblock_postgresql, #{@options[:fibers]} tasks, pool #{@options[:pool_size]}")]
+      @variants = { "blocking" => SLEEP_LABELS["blocking"], "blocking_awake" => "the same, CPUs kept awake",
+                    "threads" => "postgresql adapter, #{@options[:threads]} threads, pool #{@options[:threads]}",
+                    "neverblock" => "neverblock_postgresql, #{@options[:fibers]} tasks, pool #{@options[:pool_size]}" }
+                  .map { |name, label| Variant.new(name, label) }
     end
 
     # @return [Boolean] true when every measurement succeeded

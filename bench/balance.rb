@@ -35,8 +35,7 @@ module NeverBlockBench
       )
       @options[:runs].times do |round|
         @options[:only].each do |name|
-          result = measure(name)
-          results[name] << result
+          results[name] << (result = measure(name))
           warn format("  %-10s run %d: fast p50 %.1f ms, p99 %.1f ms, %.0f req/s, %d burns", name, round + 1,
                       result[:p50] * 1000, result[:p99] * 1000, result[:rps], result[:burns])
         end
@@ -77,7 +76,7 @@ module NeverBlockBench
 
     def report(results)
       rows = results.map do |name, runs|
-        median = ->(key) { NeverBlockBench.median(runs.map { |run| run[key] }) }
+        median = ->(key) { NeverBlockBench.median_of(runs, key) }
         { "server" => name, "fast_p50_ms" => (median.call(:p50) * 1000).round(2), "fast_p99_ms" => (median.call(:p99) * 1000).round(2),
           "fast_req_per_s" => median.call(:rps).round, "errors" => runs.sum { |run| run[:errors] }, "burns" => median.call(:burns) }
       end

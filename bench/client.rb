@@ -27,8 +27,7 @@ module NeverBlockBench
 
     def initialize(options)
       super
-      @options[:pool_size] ||= @options[:requests]
-      @clients = clients(@options[:pool_size]).select { |client| @options[:only].include?(client.name) }
+      @clients = clients(@options[:pool_size] ||= @options[:requests]).select { |client| @options[:only].include?(client.name) }
     end
 
     # @return [Boolean] true when every request of every cell succeeded
@@ -37,9 +36,8 @@ module NeverBlockBench
       server = DelayServer.start
       cells = @options[:delays].product(@clients).map { |delay_ms, client| cell(client, delay_ms) }
       NeverBlockBench.rounds(cells, @options[:runs], timeout: ->(cell) { cell[:timeout] }) { |cell| measure(server, cell) }
-      server_ok = server.stop
       report(cells)
-      warn "delay server did not exit cleanly" unless server_ok
+      warn "delay server did not exit cleanly" unless (server_ok = server.stop)
       server_ok && cells.none? { |cell| cell.failures.any? }
     end
 
@@ -87,10 +85,9 @@ module NeverBlockBench
       require cell[:client].library if cell[:client].library
       path = DelayServer.path_for(cell[:delay_ms] / 1000.0)
       HTTPGet.call(server.host, server.port, "/") # warm up Net::HTTP's code paths, outside the timing
-      errors = []
-      seconds = NeverBlockBench.timed do
-        errors = cell[:client].run.call(cell[:requests], -> { HTTPGet.call(server.host, server.port, path) }).compact
-      end
+      get = -> { HTTPGet.call(server.host, server.port, path) }
+      errors = nil
+      seconds = NeverBlockBench.timed { errors = cell[:client].run.call(cell[:requests], get).compact }
       raise "#{errors.size} of #{cell[:requests]} requests failed, first: #{errors.first}" if errors.any?
 
       seconds

@@ -16,7 +16,7 @@
 #   bench/run connections --only neverblock --parts idle --connections 5000
 
 require_relative "support/harness"
-require_relative "support/servers"
+require_relative "support/connection_holder"
 require "neverblock/version"
 
 module NeverBlockBench
@@ -26,8 +26,6 @@ module NeverBlockBench
     ONLY = %w[neverblock puma falcon].freeze # the servers
     PARTS = %w[idle sse queue].freeze
     APP = File.expand_path("support/connections_app.ru", __dir__)
-    # Connections opened at once: below every server's listen backlog, so no SYN is dropped and retried.
-    BATCH = 100
     IDLE_TIMEOUT = 3600 # seconds, every server's keep-alive timeout here
     CANNOT = { "sse" => { "puma" => "cannot hold them (5 threads: a stream holds one)" } }.freeze
     COLUMNS = ["part", "server", "open at end", "RSS before MB", "RSS KB/conn", "PSS KB/conn", "RSS-LazyFree KB/conn", "CPU ms/s held",
@@ -49,12 +47,11 @@ module NeverBlockBench
 
     private
 
-    def config(name, text) = File.join(scratch, name).tap { |path| File.write(path, "#{text}\n") }
-
     def start(server)
       case server
-      when "neverblock" then PeerServers.neverblock(APP, args: ["-w", "0", "-C", config("neverblock.rb", "limits idle_timeout: #{IDLE_TIMEOUT}")])
-      when "puma" then PeerServers.puma(APP, config: config("puma.rb", "persistent_timeout #{IDLE_TIMEOUT}"))
+      when "neverblock"
+        PeerServers.neverblock(APP, args: ["-w", "0", "-C", config_file("nb.rb", "limits idle_timeout: #{IDLE_TIMEOUT}")])
+      when "puma" then PeerServers.puma(APP, config: config_file("puma.rb", "persistent_timeout #{IDLE_TIMEOUT}"))
       else PeerServers.falcon(APP, args: %W[--timeout #{IDLE_TIMEOUT}])
       end
     end
@@ -81,25 +78,23 @@ module NeverBlockBench
       warn "#{part}: #{server}"
       start(server).serve do |process|
         fresh_requests(process.port, 200) # warm-up
-        before = fresh_requests(process.port, @options[:fresh])
-        rss_before, pss_before, used_before = memory_kb(process.pid)
-        holder = Holder.start(process.port, @options[:connections], sse: part == "sse")
+        fresh = { "before" => fresh_requests(process.port, @options[:fresh]) }
+        memory = memory_kb(process.pid)
+        holder = ConnectionHolder.start(process.port, @options[:connections], sse: part == "sse")
         sleep @options[:settle]
-        rss_after, pss_after, used_after = memory_kb(process.pid)
+        rss, pss, used = memory_kb(process.pid).zip(memory).map { |now, was| format("%.1f", (now - was).fdiv(holder.opened)) }
         cpu = ProcessCpu.session_seconds(process.pid)
         sleep @options[:window]
         cpu = (ProcessCpu.session_seconds(process.pid) - cpu) / @options[:window]
-        during = fresh_requests(process.port, @options[:fresh])
+        fresh["held"] = fresh_requests(process.port, @options[:fresh])
         held = holder.finish
-        each = ->(kb) { format("%.1f", kb.to_f / holder.opened) if holder.opened.positive? }
-        ms = ->(samples, fraction) { format("%.2f", NeverBlockBench.percentile(samples, fraction) * 1000) }
-        warn "  #{holder.opened} opened, #{held[:open]} open at the end; RSS #{each.call(rss_after - rss_before)} KB each"
+        warn "  #{holder.opened} opened, #{held[:open]} open at the end; RSS #{rss} KB each"
+        ms = fresh.flat_map do |at, samples|
+          [50, 99].map { |p| ["fresh p#{p} ms #{at}", format("%.2f", NeverBlockBench.percentile(samples, p / 100.0) * 1000)] }
+        end
         { "part" => part, "server" => server, "open at end" => "#{held[:open]}/#{@options[:connections]}",
-          "RSS before MB" => format("%.1f", rss_before / 1024.0), "RSS KB/conn" => each.call(rss_after - rss_before),
-          "PSS KB/conn" => each.call(pss_after - pss_before), "RSS-LazyFree KB/conn" => each.call(used_after - used_before),
-          "CPU ms/s held" => format("%.1f", cpu * 1000),
-          "fresh p50 ms before" => ms.call(before, 0.5), "fresh p99 ms before" => ms.call(before, 0.99),
-          "fresh p50 ms held" => ms.call(during, 0.5), "fresh p99 ms held" => ms.call(during, 0.99),
+          "RSS before MB" => format("%.1f", memory[0] / 1024.0), "RSS KB/conn" => rss, "PSS KB/conn" => pss,
+          "RSS-LazyFree KB/conn" => used, "CPU ms/s held" => format("%.1f", cpu * 1000), **ms.to_h,
           "events/s" => (held[:events_per_second]&.round if part == "sse"), "note" => held[:failure] }
       ensure
         holder&.kill
@@ -133,111 +128,36 @@ module NeverBlockBench
       NeverBlockBench.write_results(@options[:out], "connections", rows, chart)
     end
 
-    # A forked child that opens and holds the connections, reading stream
-    # events for sse, and tells what it saw.
-    class Holder
-      attr_reader :opened # connections opened (each answered once)
-
-      # Forks the holder and waits until it opened every connection.
-      def self.start(port, count, sse:) = new(port, count, sse).tap(&:wait_opened)
-
-      def initialize(port, count, sse)
-        @from_child, to_parent = IO.pipe
-        from_parent, @to_child = IO.pipe
-        @pid = fork do
-          @from_child.close
-          @to_child.close
-          hold(port, count, sse, from_parent, to_parent)
-          exit!(0)
-        end
-        to_parent.close
-        from_parent.close
-      end
-
-      def wait_opened
-        line = @from_child.gets or raise "the connection holder died while opening"
-        @opened = Integer(line[/\Aopened (\d+)/, 1] || raise("the holder failed: #{line.strip}"))
-      end
-
-      # Ends the holding: the child checks every connection, closes them and reports.
-      # @return [Hash] :open (connections the server still had open), :events_per_second, :failure
-      def finish
-        @to_child.write("finish\n")
-        report = Marshal.load(@from_child.read) # rubocop:disable Security/MarshalLoad -- our own child
-        Process.wait(@pid)
-        @pid = nil
-        report
-      end
-
-      def kill
-        return unless @pid
-
-        Process.kill("KILL", @pid)
-        Process.wait(@pid)
-      rescue Errno::ESRCH, Errno::ECHILD
-        nil
-      ensure
-        @pid = nil
-      end
-
-      private
-
-      def hold(port, count, sse, from_parent, to_parent)
-        sockets = []
-        NeverBlockBench.split(count, (count + BATCH - 1) / BATCH).each { |batch| sockets.concat(open_batch(port, batch, sse)) }
-        to_parent.puts("opened #{sockets.size}")
-        sockets.each { |socket| drain(socket) } if sse # events sent while the later streams were opened do not count
-        started = NeverBlockBench.now
-        events = 0
-        until from_parent.wait_readable(sse ? 0.2 : 1)
-          events += sockets.sum { |socket| drain(socket) } if sse
-        end
-        seconds = NeverBlockBench.now - started
-        to_parent.write(Marshal.dump({ open: sockets.count { |socket| open?(socket, sse) }, events_per_second: events / seconds }))
-      rescue StandardError => e
-        to_parent.puts("failed #{e.class}: #{e.message}")
-        to_parent.write(Marshal.dump({ open: 0, failure: "#{e.class}: #{e.message}" }))
-      end
-
-      def open_batch(port, size, sse)
-        sockets = Array.new(size) { Socket.tcp("127.0.0.1", port, connect_timeout: 10) }
-        sockets.each { |socket| socket.write(RawHTTP.request(sse ? "/sse" : "/")) }
-        deadline = NeverBlockBench.now + 30
-        sockets.each do |socket|
-          if sse
-            data = +"".b
-            data << (RawHTTP.read_some(socket, deadline) || raise("no stream head")) until data.include?("\r\n\r\n")
-          else
-            RawHTTP.read_response(socket, deadline) or raise "no response on a connection being opened"
-          end
-        end
-      end
-
-      # @return [Integer] events read from a stream now
-      def drain(socket)
-        events = 0
-        while (data = socket.read_nonblock(65_536, exception: false)).is_a?(String)
-          events += data.scan("data: tick").size
-        end
-        events
-      end
-
-      # Whether the server still has the connection open: it answers a second request (idle), or sent no end of stream (sse).
-      def open?(socket, sse)
-        return socket.read_nonblock(65_536, exception: false) != nil && !socket.closed? if sse
-
-        socket.write(RawHTTP.request)
-        !RawHTTP.read_response(socket, NeverBlockBench.now + 10).nil?
-      rescue SystemCallError, IOError
-        false
-      end
-    end
-
     # The queue part: memory per task parked on a Thread::Queue, each variant in a forked child.
     class QueueParking
-      # `park.(count, parked)` starts `count` tasks that each pop a queue, calls
+      # name => [label, park]: `park.(count, parked)` starts `count` tasks that each pop a queue, calls
       # `parked` once all wait, then feeds the queue and returns when all are done.
-      Variant = Struct.new(:name, :label, :park, keyword_init: true)
+      VARIANTS = {
+        "fibers" => ["raw Fiber.new { Fiber.yield }, no scheduler (the lower bound)", lambda do |count, parked|
+          fibers = Array.new(count) { Fiber.new { Fiber.yield }.tap(&:resume) }
+          parked.call
+          fibers.each(&:resume)
+        end],
+        "neverblock" => ["NeverBlock.spawn { queue.pop }", lambda do |count, parked|
+          require "neverblock"
+          NeverBlock.run { NeverBlock.wait_all(on_queue(count, parked, ->(pop) { NeverBlock.spawn(&pop) })) }
+        end],
+        "async" => ["Async { queue.pop } (async #{Machine.gem_version('async')})", lambda do |count, parked|
+          require "async"
+          Async { |task| on_queue(count, parked, ->(pop) { task.async(&pop) }).each(&:wait) }.wait
+        end]
+      }.freeze
+
+      # Starts `count` tasks (`spawn.(block)` starts one) that pop one queue, calls `parked`
+      # once all wait, feeds the queue. @return [Array] the tasks
+      def self.on_queue(count, parked, spawn)
+        queue = Thread::Queue.new
+        tasks = Array.new(count) { spawn.call(proc { queue.pop }) }
+        sleep(0.01) until queue.num_waiting == count
+        parked.call
+        count.times { queue << 1 }
+        tasks
+      end
 
       def initialize(options)
         @options = options
@@ -248,67 +168,33 @@ module NeverBlockBench
         count = @options[:tasks]
         # A fiber stack is two memory mappings: 100_000 parked tasks need more than the default 65530.
         Machine.raise_sysctl("vm/max_map_count", (count * 2) + 10_000)
-        rows = variants.map do |variant|
-          outcome = Isolated.run(timeout: 300) { measure(variant, count) }
-          warn "queue: #{variant.name}: #{outcome.is_a?(Isolated::Failure) ? "FAILED #{outcome}" : format('%.2f KB/task', outcome[:rss])}"
-          [variant, outcome]
+        rows = VARIANTS.map do |name, (label, park)|
+          outcome = Isolated.run(timeout: 300) { measure(park, count) }
+          warn "queue: #{name}: #{outcome.is_a?(Isolated::Failure) ? "FAILED #{outcome}" : format('%.2f KB/task', outcome[:rss])}"
+          [name, label, outcome]
         end
         report(count, rows)
-        rows.none? { |_, outcome| outcome.is_a?(Isolated::Failure) }
+        rows.none? { |*, outcome| outcome.is_a?(Isolated::Failure) }
       end
 
       private
 
-      def variants
-        queue_pop = ->(queue) { queue.pop }
-        [Variant.new(name: "fibers", label: "raw Fiber.new { Fiber.yield }, no scheduler (the lower bound)",
-                     park: lambda do |count, parked|
-                       fibers = Array.new(count) { Fiber.new { Fiber.yield }.tap(&:resume) }
-                       parked.call
-                       fibers.each(&:resume)
-                     end),
-         Variant.new(name: "neverblock", label: "NeverBlock.spawn { queue.pop }",
-                     park: lambda do |count, parked|
-                       require "neverblock"
-                       NeverBlock.run do
-                         queue = Thread::Queue.new
-                         tasks = Array.new(count) { NeverBlock.spawn { queue_pop.call(queue) } }
-                         NeverBlock.sleep(0.01) until queue.num_waiting == count
-                         parked.call
-                         count.times { queue << 1 }
-                         NeverBlock.wait_all(tasks)
-                       end
-                     end),
-         Variant.new(name: "async", label: "Async { queue.pop } (async #{Machine.gem_version('async')})",
-                     park: lambda do |count, parked|
-                       require "async"
-                       Async do |task|
-                         queue = Thread::Queue.new
-                         tasks = Array.new(count) { task.async { queue_pop.call(queue) } }
-                         sleep(0.01) until queue.num_waiting == count
-                         parked.call
-                         count.times { queue << 1 }
-                         tasks.each(&:wait)
-                       end.wait
-                     end)]
-      end
-
       # In a forked child: memory before and with `count` tasks parked, per task (KB).
-      def measure(variant, count)
+      def measure(park, count)
         GC.start
         before = memory_kb
         after = nil
-        variant.park.call(count, -> { GC.start; after = memory_kb })
+        park.call(count, -> { GC.start; after = memory_kb })
         { rss: (after[0] - before[0]).to_f / count, pss: (after[1] - before[1]).to_f / count }
       end
 
       def memory_kb = [Machine.status_kb("VmRSS"), File.read("/proc/self/smaps_rollup")[/^Pss:\s+(\d+)/, 1].to_i]
 
       def report(count, outcomes)
-        rows = outcomes.map do |variant, outcome|
+        rows = outcomes.map do |name, label, outcome|
           failed = outcome.is_a?(Isolated::Failure)
-          { "variant" => variant.name, "RSS KB/task" => (format("%.2f", outcome[:rss]) unless failed),
-            "PSS KB/task" => (format("%.2f", outcome[:pss]) unless failed), "what" => failed ? "FAILED #{outcome}" : variant.label }
+          { "variant" => name, "RSS KB/task" => (format("%.2f", outcome[:rss]) unless failed),
+            "PSS KB/task" => (format("%.2f", outcome[:pss]) unless failed), "what" => failed ? "FAILED #{outcome}" : label }
         end
         puts "\n## #{count} tasks parked on a Thread::Queue, memory per task (a forked child each)\n\n" \
              "vm.max_map_count #{Machine.sysctl('vm/max_map_count')}\n#{Table.of(rows, rows.first.keys, left: ['what'])}"

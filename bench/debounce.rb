@@ -23,10 +23,23 @@ module NeverBlockBench
   class DebounceBench < Bench
     EXE = File.join(PeerServers::REPO, "exe", "neverblock")
     UPSTREAM = File.join(__dir__, "support", "debounce_upstream.ru")
-
     DEFAULTS = { clients: 500, delay: 0.2, runs: 3 }.freeze
     QUICK = { clients: 50, runs: 1 }.freeze
     ONLY = %w[none middleware proxy proxy+redis nginx].freeze
+    # nginx's locations: concurrent misses for one key wait for the first one's response (proxy_cache_lock).
+    NGINX_LOCATIONS = <<~LOCATIONS
+      location /count { proxy_pass http://app; }
+      location / {
+        proxy_pass http://app;
+        proxy_http_version 1.1;
+        proxy_set_header Connection "";
+        proxy_cache storm;
+        proxy_cache_valid 200 1s;
+        proxy_cache_lock on;
+        proxy_cache_lock_timeout 10s;
+        proxy_cache_lock_age 10s;
+      }
+    LOCATIONS
 
     # @return [true] (a failed storm shows in its row)
     def call
@@ -39,14 +52,14 @@ module NeverBlockBench
 
     def measure(variant)
       if variant == "proxy+redis" && !ENV["NEVERBLOCK_REDIS_URL"]
-        warn "skipping proxy+redis: NEVERBLOCK_REDIS_URL is not set (bench/run starts Redis)"
-        return nil
+        return warn("skipping proxy+redis: NEVERBLOCK_REDIS_URL is not set (bench/run starts Redis)")
       end
+
       warn "#{variant}: #{@options[:runs]} storms of #{@options[:clients]} clients"
       env = { "NB_BENCH_DELAY" => @options[:delay].to_s, "NB_BENCH_DEBOUNCE" => variant == "middleware" ? "1" : nil }
       upstream = PeerServers.neverblock(UPSTREAM, env: env, name: "upstream")
       upstream.wait_until_ready(path: "/count")
-      front = front_server(variant, upstream.port)
+      front = front_server(variant, upstream.port)&.tap { |server| server.wait_until_ready(path: "/count") }
       runs = Array.new(@options[:runs]) do |run|
         get(upstream.port, "/count") # reset
         latencies, errors = storm((front || upstream).port, "/config?run=#{run}")
@@ -60,36 +73,18 @@ module NeverBlockBench
 
     # The server the clients talk to in front of the upstream; nil when they talk to it directly.
     def front_server(variant, upstream_port)
-      return nil if %w[none middleware].include?(variant)
-
       port = ServerProcess.free_port
-      workers = variant == "proxy+redis" ? ["-w", "2", "--redis", ENV.fetch("NEVERBLOCK_REDIS_URL")] : %w[-w 0]
-      server = if variant == "nginx" then nginx(port, upstream_port)
-               else ServerProcess.start(variant, [RbConfig.ruby, EXE, "debounce", "--upstream", "http://127.0.0.1:#{upstream_port}",
-                                                  *workers, "--listen", "tcp://127.0.0.1:#{port}"], port: port)
-               end
-      server.wait_until_ready(path: "/count")
-      server
-    end
-
-    # nginx with a cache lock: concurrent misses for one key wait for the first one's response.
-    def nginx(port, upstream_port)
-      PeerServers.nginx(port: port, dir: scratch, http: <<~HTTP, locations: <<~LOCATIONS)
-        proxy_cache_path %{prefix}/cache levels=1:2 keys_zone=storm:10m;
-        upstream app { server 127.0.0.1:#{upstream_port}; keepalive 64; }
-      HTTP
-        location /count { proxy_pass http://app; }
-        location / {
-          proxy_pass http://app;
-          proxy_http_version 1.1;
-          proxy_set_header Connection "";
-          proxy_cache storm;
-          proxy_cache_valid 200 1s;
-          proxy_cache_lock on;
-          proxy_cache_lock_timeout 10s;
-          proxy_cache_lock_age 10s;
-        }
-      LOCATIONS
+      case variant
+      when "nginx"
+        PeerServers.nginx(port: port, dir: scratch, locations: NGINX_LOCATIONS, http: <<~HTTP)
+          proxy_cache_path %{prefix}/cache levels=1:2 keys_zone=storm:10m;
+          upstream app { server 127.0.0.1:#{upstream_port}; keepalive 64; }
+        HTTP
+      when "proxy", "proxy+redis"
+        workers = variant == "proxy+redis" ? ["-w", "2", "--redis", ENV.fetch("NEVERBLOCK_REDIS_URL")] : %w[-w 0]
+        ServerProcess.start(variant, [RbConfig.ruby, EXE, "debounce", "--upstream", "http://127.0.0.1:#{upstream_port}",
+                                      *workers, "--listen", "tcp://127.0.0.1:#{port}"], port: port)
+      end
     end
 
     # Opens --clients connections, then sends every GET at once (a storm, not
@@ -107,12 +102,7 @@ module NeverBlockBench
             go.pop
             started = NeverBlockBench.now
             socket.write(request)
-            response = socket.read
-            if response.start_with?("HTTP/1.1 200")
-              latencies << (NeverBlockBench.now - started)
-            else
-              errors += 1
-            end
+            socket.read.start_with?("HTTP/1.1 200") ? (latencies << (NeverBlockBench.now - started)) : (errors += 1)
           rescue SystemCallError, IOError
             errors += 1
           ensure
@@ -132,7 +122,7 @@ module NeverBlockBench
     # One variant's row: medians over its runs of the upstream requests and of
     # the clients' p50, p99 and max latency, ms (nil where nothing answered).
     def summarize(variant, runs)
-      median = ->(values) { values.sort[values.size / 2] }
+      median = ->(values) { NeverBlockBench.percentile(values, 0.5) } # the upper middle one of an even count
       latency_ms = lambda do |q|
         values = runs.filter_map { |run| run[:latencies][[(run[:latencies].size * q).ceil - 1, 0].max] }
         (median.call(values) * 1000).round unless values.empty?
@@ -150,8 +140,8 @@ module NeverBlockBench
         "server, proxies and clients share the machine; connections opened first, then every GET at once;",
         "latency = request sent to last byte"
       ), ""
-      nginx = rows.find { |row| row["variant"] == "nginx" }
-      rows.each { |row| row["targets"] = targets(row, nginx && nginx["p99_ms"], delay_ms) }
+      nginx_p99 = rows.find { |row| row["variant"] == "nginx" }&.fetch("p99_ms")
+      rows.each { |row| row["targets"] = targets(row, nginx_p99, delay_ms) }
       puts Table.of(rows, rows.first.keys - ["clients"]) unless rows.empty?
       chart = NeverBlockBench.chart("Restart storm: #{@options[:clients]} identical GETs at once", "upstream answers in #{delay_ms} ms")
       chart.pivot("upstream requests", "upstream_requests", series: "variant", log: true)
@@ -163,9 +153,9 @@ module NeverBlockBench
       return "-" if %w[none nginx].include?(row["variant"])
 
       p99 = row["p99_ms"] || Float::INFINITY
-      checks = ["1 request #{row['upstream_requests'] == 1 ? 'met' : 'NOT met'}", "p99 <= 1.2x #{p99 <= 1.2 * delay_ms ? 'met' : 'NOT met'}"]
-      checks << "p99 < nginx #{p99 < nginx_p99 ? 'met' : 'NOT met'}" if nginx_p99
-      checks.join(", ")
+      met = ->(yes) { yes ? "met" : "NOT met" }
+      ["1 request #{met.call(row['upstream_requests'] == 1)}", "p99 <= 1.2x #{met.call(p99 <= 1.2 * delay_ms)}",
+       *("p99 < nginx #{met.call(p99 < nginx_p99)}" if nginx_p99)].join(", ")
     end
   end
 end

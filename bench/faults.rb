@@ -43,9 +43,7 @@ module NeverBlockBench
     private
 
     # Starts each server of --only in turn, a two-worker cluster, yields its name and ServerProcess, stops it.
-    def each_server
-      @options[:only].each { |name| PeerServers.cluster(name, APP, workers: 2) { |server| yield name, server } }
-    end
+    def each_server = @options[:only].each { |name| PeerServers.cluster(name, APP, workers: 2) { |server| yield name, server } }
 
     def run_slowloris
       warn "slowloris: #{@options[:loris]} partial heads, wrk -c 20 ordinary requests"
@@ -72,9 +70,7 @@ module NeverBlockBench
       def stop
         @stop = true
         @thread.join
-        open_now = @sockets.compact.reject(&:closed?)
-        open_now.each(&:close)
-        open_now.size
+        @sockets.compact.reject(&:closed?).each(&:close).size
       end
 
       private
@@ -90,14 +86,10 @@ module NeverBlockBench
         @sockets.map!.with_index do |socket, i|
           break @sockets if @stop
 
-          begin
-            socket ||= open
-            socket&.write_nonblock("X-Loris-#{i}: #{rand(1000)}\r\n")
-            socket
-          rescue SystemCallError, IOError
-            socket&.close
-            open
-          end
+          (socket ||= open)&.write_nonblock("X-Loris-#{i}: #{rand(1000)}\r\n") && socket
+        rescue SystemCallError, IOError
+          socket&.close
+          open
         end
         remaining = deadline - NeverBlockBench.now
         sleep(remaining) if remaining.positive? && !@stop

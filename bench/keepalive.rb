@@ -34,25 +34,24 @@ module NeverBlockBench
     COLUMNS = ["endpoint", "clients", "workers", "server", "requests", "req/s", "p50 ms", "p99 ms", "max ms", "over 2 s",
                "errors", "max/even", "per worker", "CPU ms/req", "median p99 ms", "median max/even", "note"].freeze
 
-    Cell = Struct.new(:endpoint, :clients, :workers, :server) do
+    Cell = Struct.new(:endpoint, :clients, :workers, :server, :runs) do
       def to_s = "/#{endpoint}, #{clients} clients, #{workers} workers, #{server}"
     end
 
     # @return [Boolean] true when every run of every cell succeeded
     def call
       endpoints = CommandLine.only(@options[:endpoints], ENDPOINTS)
-      cells = endpoints.product(@options[:clients], @options[:workers], @options[:only]).map { |values| Cell.new(*values) }
-      runs = cells.to_h { |cell| [cell, []] }
+      cells = endpoints.product(@options[:clients], @options[:workers], @options[:only]).map { |values| Cell.new(*values, []) }
       puts header
       @options[:runs].times do |round|
         cells.each do |cell|
-          runs[cell] << (run = measure(cell))
+          cell.runs << (run = measure(cell))
           warn "  #{cell}, run #{round + 1}: " + (run[:failure] || format("p99 %.1f ms, max/even %.2f, %.0f req/s, per worker %s",
                                                                          run[:p99], run[:max_even], run[:rps], run[:counts].join(" ")))
         end
       end
-      report(cells.map { |cell| row(cell, runs[cell]) }, endpoints)
-      runs.values.flatten.none? { |run| run[:failure] }
+      report(cells.map { |cell| row(cell) }, endpoints)
+      cells.flat_map(&:runs).none? { |run| run[:failure] }
     end
 
     private
@@ -64,8 +63,7 @@ module NeverBlockBench
         "neverblock #{NeverBlock::VERSION} (#{Checkout.description}); puma #{v['puma']} (--threads #{PUMA_THREADS}); " \
         "falcon #{v['falcon']} (async #{v['async']}); #{Wrk.version}",
         "each run: a fresh server, #{@options[:warmup]} s warm-up (then until the server is idle), " \
-        "#{@options[:duration]} s of wrk -t1 --timeout 10s; " \
-        "latencies as the client timed each response",
+        "#{@options[:duration]} s of wrk -t1 --timeout 10s; latencies as the client timed each response",
         "wrk and the servers on the same machine"
       )
     end
@@ -88,11 +86,10 @@ module NeverBlockBench
     def settle(server)
       deadline = NeverBlockBench.now + SETTLE_TIMEOUT
       cpu = ProcessCpu.session_seconds(server.pid)
-      loop do
+      until NeverBlockBench.now > deadline
         sleep 0.3
-        before = cpu
-        cpu = ProcessCpu.session_seconds(server.pid)
-        return if cpu - before < 0.03 || NeverBlockBench.now > deadline
+        cpu, before = ProcessCpu.session_seconds(server.pid), cpu # rubocop:disable Style/ParallelAssignment
+        return if cpu - before < 0.03
       end
     end
 
@@ -111,19 +108,19 @@ module NeverBlockBench
 
     # A cell's CSV row: its worst run (highest p99, then highest max), the
     # median p99 and max/even over its runs, and its failures.
-    def row(cell, runs)
-      done = runs.reject { |run| run[:failure] }
+    def row(cell)
+      done = cell.runs.reject { |run| run[:failure] }
       worst = done.max_by { |run| [run[:p99], run[:max]] } || {}
-      median = ->(key) { NeverBlockBench.median(done.map { |run| run[key] }) }
+      median = ->(key) { NeverBlockBench.median_of(done, key) }
       two = ->(value) { format("%.2f", value) if value }
-      failures = runs.filter_map { |run| run[:failure] }
+      failures = cell.runs.filter_map { |run| run[:failure] }
       { "endpoint" => cell.endpoint, "clients" => cell.clients, "workers" => cell.workers, "server" => cell.server,
         "requests" => worst[:requests], "req/s" => worst[:rps]&.round, "p50 ms" => worst[:p50]&.round(1),
         "p99 ms" => worst[:p99]&.round(1), "max ms" => worst[:max]&.round(1), "over 2 s" => worst[:over_2s],
         "errors" => worst[:errors], "max/even" => two.call(worst[:max_even]), "per worker" => worst[:counts]&.join(" "),
         "CPU ms/req" => two.call(worst[:cpu_ms]), "median p99 ms" => median.call(:p99)&.round(1), "median max/even" => two.call(median.call(:max_even)),
         "runs" => done.size, "wrk p99 ms" => worst[:wrk_p99]&.round(1), "cell" => "#{cell.clients} clients, #{cell.workers} workers",
-        "note" => ("#{failures.size} of #{runs.size} runs failed: #{failures.first}" unless failures.empty?) }
+        "note" => ("#{failures.size} of #{cell.runs.size} runs failed: #{failures.first}" unless failures.empty?) }
     end
 
     def report(rows, endpoints)

@@ -29,18 +29,13 @@ module NeverBlockBench
       "rails" => { title: "Rails GET /fast (select 1)", rackup: File.expand_path("rails/config.ru", __dir__), path: "/fast",
                    env: { "NB_RAILS_ADAPTER" => "neverblock_postgresql", "NB_RAILS_POOL" => "16" } }
     }.freeze
-    # The extra `neverblock serve` arguments of each variant; `dir` holds the control socket.
-    FLAGS = {
-      "off" => ->(_dir) { [] },
-      "metrics" => ->(dir) { ["--control", "unix://#{dir}/control.sock"] },
-      "metrics_json_log" => ->(dir) { ["--control", "unix://#{dir}/control.sock", "--access-log", "--access-log-format", "json"] }
-    }.freeze
+    # The extra `neverblock serve` arguments of each variant (the control socket goes in the cell's directory).
+    FLAGS = { "off" => [], "metrics" => %w[--control],
+              "metrics_json_log" => %w[--control --access-log --access-log-format json] }.freeze
 
     # @return [Boolean] true when every cell was measured without errors
     def call
-      apps = @options[:apps]
-      unknown = apps - APPS.keys
-      raise ArgumentError, "unknown app(s) #{unknown.join(', ')}; use #{APPS.keys.join(',')}" unless unknown.empty?
+      apps = CommandLine.only(@options[:apps], APPS.keys)
       if apps.include?("rails") && (problem = PostgresServer.problem)
         warn "skipping the Rails app: #{problem}"
         apps -= ["rails"]
@@ -74,7 +69,8 @@ module NeverBlockBench
       port = ServerProcess.free_port
       warn "#{app_name} #{variant} (run #{round + 1}/#{@options[:runs]}) on 127.0.0.1:#{port}"
       dir = File.join(scratch, "#{app_name}-#{variant}-#{round}").tap { |path| FileUtils.mkdir_p(path) }
-      PeerServers.neverblock(app[:rackup], port: port, args: ["-w", "1", *FLAGS.fetch(variant).call(dir)],
+      flags = FLAGS.fetch(variant).flat_map { |flag| flag == "--control" ? [flag, "unix://#{dir}/control.sock"] : [flag] }
+      PeerServers.neverblock(app[:rackup], port: port, args: ["-w", "1", *flags],
                                            env: app[:env], name: "neverblock-#{app_name}-#{variant}").serve(path: app[:path]) do |process|
         url = "http://127.0.0.1:#{port}#{app[:path]}"
         Wrk.run(url, connections: @options[:connections], duration: @options[:warmup]) if @options[:warmup].positive?
@@ -90,7 +86,7 @@ module NeverBlockBench
     end
 
     def report(apps)
-      median = ->(key, app, variant) { NeverBlockBench.median(@runs[[app, variant]].filter_map { |run| run[key] }) }
+      median = ->(key, app, variant) { NeverBlockBench.median_of(@runs[[app, variant]], key) }
       rows = apps.product(@options[:only]).map do |app, variant|
         cpu = median.call(:cpu_us, app, variant)
         off = median.call(:cpu_us, app, "off") if @options[:only].include?("off")

@@ -67,25 +67,25 @@ module NeverBlockBench
       )
     end
 
+    def env(adapter, pool, extra = {}) = { "NB_RAILS_ADAPTER" => adapter, "NB_RAILS_POOL" => pool.to_s }.merge(extra)
+
     # adaptive false: `--no-adaptive-limit` (up to fiber_pool requests at once)
     def neverblock(adaptive: true)
-      pool = @options[:nb_pool]
-      name = adaptive ? "neverblock" : "neverblock_fixed"
-      env = { "NB_RAILS_ADAPTER" => "neverblock_postgresql", "NB_RAILS_POOL" => pool.to_s }
-      Setup.new(name: name, label: "NeverBlock::Server, 1 process, #{adaptive ? 'adaptive limit' : 'no adaptive limit'}, " \
-                                   "neverblock_postgresql pool #{pool}",
-                start: lambda do |port|
-                  PeerServers.neverblock(APP, port: port, args: ["-w", "0", *("--no-adaptive-limit" unless adaptive)], name: "neverblock-rails-#{name}", env: env)
-                end)
+      name, pool = adaptive ? "neverblock" : "neverblock_fixed", @options[:nb_pool] # rubocop:disable Style/ParallelAssignment
+      args = ["-w", "0", *("--no-adaptive-limit" unless adaptive)]
+      Setup.new(name: name,
+                label: "NeverBlock::Server, 1 process, #{'no ' unless adaptive}adaptive limit, neverblock_postgresql pool #{pool}",
+                start: ->(port) { PeerServers.neverblock(APP, port: port, args: args, env: env("neverblock_postgresql", pool)) })
     end
 
     def puma(workers:, threads:)
       name = threads == 1 ? "puma_1x1" : "puma_#{workers}x#{threads}"
       mode = workers.zero? ? "1 process (single mode)" : "#{workers} workers"
       puma_threads = { 1 => "1:1", PUMA_THREADS => nil }.fetch(threads) { "#{threads}:#{threads}" }
-      env = { "NB_RAILS_ADAPTER" => "postgresql", "NB_RAILS_POOL" => threads.to_s }
       Setup.new(name: name, label: "Puma, #{mode}, #{threads} threads and a postgresql pool of #{threads} per process",
-                start: ->(port) { PeerServers.puma(APP, port: port, workers: workers, threads: puma_threads, name: "puma-rails-#{name}", env: env) })
+                start: lambda do |port|
+                  PeerServers.puma(APP, port: port, workers: workers, threads: puma_threads, env: env("postgresql", threads))
+                end)
     end
 
     # Puma 8's IO mode in one process: 0:5 threads, plus up to io_threads for
@@ -93,10 +93,10 @@ module NeverBlockBench
     def puma_io
       io_threads = @options[:puma_io_threads]
       pool = PUMA_THREADS + io_threads
-      env = { "NB_RAILS_ADAPTER" => "postgresql", "NB_RAILS_POOL" => pool.to_s, "NB_BENCH_PUMA_IO_THREADS" => io_threads.to_s }
+      vars = env("postgresql", pool, "NB_BENCH_PUMA_IO_THREADS" => io_threads.to_s)
       Setup.new(name: "puma_io", label: "Puma IO mode, 1 process (single mode), threads 0:#{PUMA_THREADS} + max_io_threads " \
                                         "#{io_threads}, postgresql pool #{pool}",
-                start: ->(port) { PeerServers.puma(APP, port: port, config: PUMA_IO_CONFIG, name: "puma-rails-puma_io", env: env) })
+                start: ->(port) { PeerServers.puma(APP, port: port, config: PUMA_IO_CONFIG, env: vars) })
     end
 
     def cells_for(part, setups, values, requests:, concurrency: nil)
@@ -149,25 +149,18 @@ module NeverBlockBench
     def measure(cells, rotate: false)
       @options[:runs].times do |round|
         (rotate ? cells.keys.rotate(round) : cells.keys).each do |setup|
-          mine = rotate ? cells[setup].rotate(round) : cells[setup]
-          with_server(setup) { |port, pid| mine.each { |cell| record(cell, yield(port, cell, pid)) } }
+          warn "#{setup.label} on 127.0.0.1:#{port = ServerProcess.free_port}"
+          setup.start.call(port).serve(path: "/fast", timeout: 120) do |process|
+            warn "  #{PeerServers.check_ruby(process)}"
+            warm_up(port, setup, process)
+            (rotate ? cells[setup].rotate(round) : cells[setup]).each { |cell| record(cell, yield(port, cell, process.pid)) }
+          end
         rescue StandardError => e
           warn "  #{setup.name} FAILED: #{e.message}"
-          mine.each { |cell| cell.failures << e.message.lines.first.strip if cell.failures.empty? }
+          cells[setup].each { |cell| cell.failures << e.message.lines.first.strip if cell.failures.empty? }
         end
       end
       cells.values.flatten
-    end
-
-    # Starts the setup's server, warms it up, yields its port and pid, stops it.
-    def with_server(setup)
-      port = ServerProcess.free_port
-      warn "#{setup.label} on 127.0.0.1:#{port}"
-      setup.start.call(port).serve(path: "/fast", timeout: 120) do |process|
-        warn "  #{PeerServers.check_ruby(process)}"
-        warm_up(port, setup, process)
-        yield port, process.pid
-      end
     end
 
     # Opens the connections the measurements use (each costs milliseconds of
@@ -193,9 +186,7 @@ module NeverBlockBench
     end
 
     # @return [Array<Integer>] the server's total_allocated_objects, GC time (ms), major and minor GC counts
-    def gc_counters(port)
-      Net::HTTP.start("127.0.0.1", port) { |http| http.get("/_bench/gc").body.split.map { |v| Integer(v) } }
-    end
+    def gc_counters(port) = Net::HTTP.start("127.0.0.1", port) { |http| http.get("/_bench/gc").body.split.map { |v| Integer(v) } }
 
     # Issues `paths` in order from `concurrency` NeverBlock tasks, each on its own keep-alive connection.
     # @param latencies [Array, nil] gets each request's seconds when given
@@ -204,16 +195,14 @@ module NeverBlockBench
       errors = []
       # No stall warnings: a busy machine starves the client's loop now and then.
       NeverBlock.run(stall_threshold: nil) do
-        following = 0
+        queue = paths.dup
         started = NeverBlockBench.now
         tasks = Array.new([concurrency, paths.size].min) do
           NeverBlock.spawn do
             http = Net::HTTP.new("127.0.0.1", port, nil)
             http.read_timeout = 300
             http.keep_alive_timeout = 60
-            while following < paths.size
-              path = paths[following]
-              following += 1
+            while (path = queue.shift)
               sent = NeverBlockBench.now
               error = issue(http, path) and errors << error
               latencies&.<<(NeverBlockBench.now - sent)
@@ -239,7 +228,7 @@ module NeverBlockBench
 
     def fast?(cell) = cell[:part] == "fast"
     # The median over runs of one of part (c)'s measures; nil when none.
-    def fast_median(cell, key) = cell && NeverBlockBench.median(cell[:fast].filter_map { |run| run[key] })
+    def fast_median(cell, key) = cell && NeverBlockBench.median_of(cell[:fast], key)
     # requests/s: of the median run, or for part (c) the median of the runs'.
     def rate(cell) = cell && (fast?(cell) ? fast_median(cell, :rate) : cell.median&.then { |s| cell[:requests] / s })
     def find(cells, name, key, value) = cells.find { |cell| cell[:setup].name == name && cell[key] == value }

@@ -38,6 +38,9 @@ module NeverBlockBench
     Scenario = Struct.new(:name, :path, :title, :connections, :targets, :cpu_targets, :database, keyword_init: true)
     # `start` takes a port and returns a ServerProcess; `gc_socket`, given a port, where NeverBlock answers its allocations.
     Server = Struct.new(:name, :label, :start, :scenarios, :gc_socket, keyword_init: true)
+    # The columns of each scenario's printed table (all are in the CSV).
+    TABLE = %w[server req_per_s p50_ms p90_ms p99_ms errors cpu_us_per_req allocations_per_req neverblock_ratio target met
+               neverblock_cpu_ratio cpu_target cpu_met].freeze
 
     def initialize(options)
       super
@@ -52,16 +55,12 @@ module NeverBlockBench
       return false unless ready?
 
       puts header
-      cells = @servers.flat_map do |server|
-        @scenarios.select { |s| server.scenarios.include?(s.name) }.map { |scenario| Cell.new("#{server.name} #{scenario.name}", server: server, scenario: scenario) }
+      cells = @servers.to_h do |server|
+        mine = @scenarios.select { |scenario| server.scenarios.include?(scenario.name) }
+        [server, mine.map { |scenario| Cell.new("#{server.name} #{scenario.name}", server: server, scenario: scenario) }]
       end
-      @options[:runs].times do |round|
-        @servers.each do |server|
-          mine = cells.select { |cell| cell[:server].equal?(server) }
-          measure_server(server, mine, round) unless mine.empty?
-        end
-      end
-      report(cells)
+      @options[:runs].times { |round| cells.each { |server, mine| measure_server(server, mine, round) unless mine.empty? } }
+      report(cells = cells.values.flatten)
       cells.all? { |cell| cell.failures.empty? && (cell[:server].name != "neverblock" || cell.runs.all? { |run| run.errors.zero? }) }
     end
 
@@ -83,13 +82,13 @@ module NeverBlockBench
       io_threads = @options[:puma_io_threads]
       v = PeerServers.locked_versions
       gc_socket = ->(port) { File.join(scratch, "neverblock-#{port}-gc.sock") }
-      db = ->(kind) { { "NB_BENCH_DB" => kind, "NB_BENCH_DB_POOL" => pool.to_s } }
+      db = ->(kind, extra = {}) { { "NB_BENCH_DB" => kind, "NB_BENCH_DB_POOL" => pool.to_s }.merge(extra) }
       peer = ->(name, port, *command, env: {}) { PeerServers.peer(name, ["bundle", "exec", name, *command], port, env) }
       [Server.new(name: "neverblock", scenarios: all, gc_socket: gc_socket,
                   label: "NeverBlock #{NeverBlock::VERSION} (1 process, fiber_pool #{@options[:fiber_pool]}; pg: NeverBlock::Postgres.pool(size: #{pool}))",
                   start: lambda do |port|
                     PeerServers.neverblock(APP, port: port, args: ["-w", "0", "--fiber-pool", @options[:fiber_pool].to_s],
-                                                env: db.call("neverblock").merge("NB_BENCH_GC_SOCKET" => gc_socket.call(port)))
+                                                env: db.call("neverblock", "NB_BENCH_GC_SOCKET" => gc_socket.call(port)))
                   end),
        Server.new(name: "puma", label: "Puma #{v['puma']} (single mode, default threads 0:5; pg: a connection per thread)", scenarios: all,
                   start: ->(port) { PeerServers.puma(APP, port: port, env: db.call("threads")) }),
@@ -99,7 +98,7 @@ module NeverBlockBench
                          "pg: a connection per thread, up to #{PUMA_THREADS + io_threads})",
                   start: lambda do |port|
                     PeerServers.puma(APP, port: port, config: PUMA_IO_CONFIG, name: "puma_io",
-                                          env: db.call("threads").merge("NB_BENCH_PUMA_IO_THREADS" => io_threads.to_s))
+                                          env: db.call("threads", "NB_BENCH_PUMA_IO_THREADS" => io_threads.to_s))
                   end),
        # As many threads as IO mode allows at most, without its accounting bug (see the file comment).
        Server.new(name: "puma_threads", scenarios: %w[sleep pg],
@@ -179,33 +178,17 @@ module NeverBlockBench
 
     # The run with the median req/s (the upper middle one for an even count).
     def median_run(cell) = cell.runs.sort_by(&:requests_per_second)[cell.runs.size / 2]
-    def rate(cell) = cell && NeverBlockBench.median(cell.runs.map(&:requests_per_second))
-    def cpu(cell) = cell && NeverBlockBench.median(cell.cpu)
-    def allocations(cell) = cell && NeverBlockBench.median(cell.allocations)
-    def find(cells, server, scenario) = cells.find { |c| c[:server].name == server && c[:scenario].name == scenario }
+    def rate(cell) = NeverBlockBench.median(cell.runs.map(&:requests_per_second))
+    def cpu(cell) = NeverBlockBench.median(cell.cpu)
     def met_text(ratio, target) = ratio ? (ratio >= target ? "yes" : "no") : "n/a"
 
     # NeverBlock's median over the peer's: req/s (`of` :rate) or CPU per request (:cpu); nil for NeverBlock itself.
     def ratio(nb, cell, of)
-      return nil if cell.equal?(nb) || nb.nil? || cell.nil?
+      return nil if cell.equal?(nb) || nb.nil?
 
       mine, theirs = send(of, nb), send(of, cell) # rubocop:disable Style/ParallelAssignment
       mine && theirs&.positive? ? mine / theirs : nil
     end
-
-    # [ratio, target, met, cpu ratio, cpu target, cpu met] of a cell against NeverBlock's.
-    def versus(cells, cell)
-      nb = find(cells, "neverblock", cell[:scenario].name)
-      name = cell[:server].name
-      rate_ratio, cpu_ratio = ratio(nb, cell, :rate), ratio(nb, cell, :cpu) # rubocop:disable Style/ParallelAssignment
-      target, cpu_target = cell[:scenario].targets[name], cell[:scenario].cpu_targets[name] # rubocop:disable Style/ParallelAssignment
-      [rate_ratio, target, (met_text(rate_ratio, target) if target), cpu_ratio, cpu_target,
-       (met_text(cpu_ratio && 1 / cpu_ratio, 1 / cpu_target) if cpu_target)]
-    end
-
-    # The columns of each scenario's printed table (all are in the CSV).
-    TABLE = %w[server req_per_s p50_ms p90_ms p99_ms errors cpu_us_per_req allocations_per_req neverblock_ratio target met
-               neverblock_cpu_ratio cpu_target cpu_met].freeze
 
     def report(cells)
       puts "\nServers:"
@@ -213,8 +196,7 @@ module NeverBlockBench
       rows = cells.map { |cell| csv_row(cells, cell) }
       @scenarios.each do |scenario|
         puts "\n#{scenario.title}: GET #{scenario.path}, #{scenario.connections} connections, #{@options[:duration]} s"
-        mine = rows.select { |row| row["scenario"] == scenario.name }
-        puts Table.of(mine, TABLE)
+        puts Table.of(mine = rows.select { |row| row["scenario"] == scenario.name }, TABLE)
         mine.each do |row|
           puts "#{row['server']} runs: req/s #{row['req_per_s_runs']}; CPU us/req #{row['cpu_us_per_req_runs']}" if @options[:runs] > 1
           puts "#{row['server']}: #{row['note']}" if row["note"]
@@ -232,18 +214,22 @@ module NeverBlockBench
     def csv_row(cells, cell)
       run = median_run(cell) unless cell.runs.empty?
       scenario = cell[:scenario]
-      r, target, met, cpu_r, cpu_target, cpu_met = versus(cells, cell)
+      nb = cells.find { |c| c[:server].name == "neverblock" && c[:scenario].equal?(scenario) }
+      r, cpu_r = ratio(nb, cell, :rate), ratio(nb, cell, :cpu) # rubocop:disable Style/ParallelAssignment
+      target, cpu_target = [scenario.targets, scenario.cpu_targets].map { |targets| targets[cell[:server].name] }
       to_ms = ->(seconds) { seconds && (seconds * 1000).round(2) }
-      errors = cell.runs.select { |each| each.errors.positive? }.map(&:error_text)
+      runs = ->(values) { values.map { |x| x.round(1) }.join(" ") }
       { "scenario" => scenario.name, "server" => cell[:server].name, "label" => cell[:server].label, "path" => scenario.path,
         "connections" => scenario.connections, "duration_s" => @options[:duration], "runs" => cell.runs.size,
         "req_per_s" => rate(cell)&.round, "req_per_s_runs" => cell.runs.map { |x| x.requests_per_second.round }.join(" "),
         "p50_ms" => to_ms.call(run&.p50), "p90_ms" => to_ms.call(run&.p90), "p99_ms" => to_ms.call(run&.p99),
         "errors" => run && cell.runs.sum(&:errors), "cpu_us_per_req" => cpu(cell)&.round(1),
-        "cpu_us_per_req_runs" => cell.cpu.map { |x| x.round(1) }.join(" "), "allocations_per_req" => allocations(cell)&.round(1),
-        "allocations_per_req_runs" => cell.allocations.map { |x| x.round(1) }.join(" "), "neverblock_ratio" => r&.round(2),
-        "target" => target, "met" => met, "neverblock_cpu_ratio" => cpu_r&.round(2), "cpu_target" => cpu_target, "cpu_met" => cpu_met,
-        "note" => cell.failures.first || errors.first }
+        "cpu_us_per_req_runs" => runs.call(cell.cpu), "allocations_per_req" => NeverBlockBench.median(cell.allocations)&.round(1),
+        "allocations_per_req_runs" => runs.call(cell.allocations),
+        "neverblock_ratio" => r&.round(2), "target" => target, "met" => (met_text(r, target) if target),
+        "neverblock_cpu_ratio" => cpu_r&.round(2), "cpu_target" => cpu_target,
+        "cpu_met" => (met_text(cpu_r && 1 / cpu_r, 1 / cpu_target) if cpu_target),
+        "note" => cell.failures.first || cell.runs.select { |each| each.errors.positive? }.map(&:error_text).first }
     end
   end
 end

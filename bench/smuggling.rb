@@ -70,7 +70,7 @@ module NeverBlockBench
         responses = SmugglingCorpus::CASES.to_h { |kase| [kase.name, SmugglingCheck.exchange(port, kase.bytes, half_close: false)] }
         proxy&.stop
         drain(process)
-        SmugglingCheck.judge_all(responses, served: log.read_new, forwarded: proxy&.forwarded)
+        SmugglingCheck.judge_all(responses, served: log.call, forwarded: proxy&.forwarded)
       ensure
         proxy&.stop
       end
@@ -78,33 +78,38 @@ module NeverBlockBench
       "#{e.class}: #{e.message.lines.first&.strip}"
     end
 
-    # Starts `server`, the app logging what it serves, yields it and that
-    # log, and stops it. `direct`: it closes a connection idle for a second,
-    # the end of a case for a client that reads until the server closes (Puma
-    # drops, unanswered, a connection its client half-closed); behind a proxy
-    # it keeps the proxy's connections open through the run (closing one as
-    # the proxy sends on it would lose a request).
+    # Starts `server`, the app appending a line per request served to a log,
+    # yields it and a lambda reading what that log gained since the server was
+    # ready (the requests served), and stops it. `direct`: it closes a
+    # connection idle for a second, the end of a case for a client that reads
+    # until the server closes (Puma drops, unanswered, a connection its client
+    # half-closed); behind a proxy it keeps the proxy's connections open
+    # through the run (closing one as the proxy sends on it would lose a request).
     def serving(server, direct:)
-      dir = File.join(scratch, "#{server}-#{direct ? 'direct' : 'proxied'}")
-      FileUtils.mkdir_p(dir)
-      log = ServedLog.new(File.join(dir, "served.log"))
-      env = { "NB_SMUGGLING_LOG" => log.path }
+      dir = File.join(scratch, "#{server}-#{direct ? 'direct' : 'proxied'}").tap { |path| FileUtils.mkdir_p(path) }
+      log = File.join(dir, "served.log").tap { |path| File.write(path, "") }
+      env = { "NB_SMUGGLING_LOG" => log }
       process = case server
                 when "neverblock"
                   limits = direct ? "idle_timeout: 1, header_timeout: 2, body_timeout: 2" : "idle_timeout: #{IDLE_TIMEOUT}"
-                  PeerServers.neverblock(APP, args: ["-w", "0", "-C", config(dir, "neverblock.rb", "limits #{limits}")], env: env)
+                  config = config_file("neverblock.rb", "limits #{limits}", dir: dir)
+                  PeerServers.neverblock(APP, args: ["-w", "0", "-C", config], env: env)
                 when "puma"
                   settings = direct ? "persistent_timeout 1\nfirst_data_timeout 2" : "persistent_timeout #{IDLE_TIMEOUT}"
-                  PeerServers.puma(APP, config: config(dir, "puma.rb", settings), env: env)
+                  PeerServers.puma(APP, config: config_file("puma.rb", settings, dir: dir), env: env)
                 end
       process.serve do
-        log.skip # the readiness check's GET /
-        yield process, log
+        ready = File.size(log) # after the readiness check's GET /
+        yield process, -> { File.binread(log, nil, ready).each_line.map { |line| served(line) } }
       end
     end
 
-    # @return [String] the path of a config file holding `text`
-    def config(dir, name, text) = File.join(dir, name).tap { |path| File.write(path, "#{text}\n") }
+    # @return [SmugglingCheck::Served] one line of bench/support/smuggling_app.ru's log
+    def served(line)
+      method, rest = line.chomp.split(" ", 2)
+      target, _, bytes = rest.rpartition(" ")
+      SmugglingCheck::Served.new(method, target.undump, Integer(bytes))
+    end
 
     # Waits until the server has closed every connection (none ESTABLISHED or
     # CLOSE_WAIT on its port in /proc/net/tcp): it has served all it will.
@@ -130,12 +135,11 @@ module NeverBlockBench
     end
 
     def report(columns)
-      rows = SmugglingCorpus::CASES.map do |kase|
-        { "case" => kase.name, "category" => kase.category }.merge(columns.transform_values { |verdicts| cell(verdicts, kase.name) })
-      end
-      strays = columns.select { |_, verdicts| verdicts.is_a?(Hash) && verdicts.key?(SmugglingCheck::NO_CASE) }
-      unless strays.empty?
-        rows << { "case" => SmugglingCheck::NO_CASE, "category" => "" }.merge(columns.transform_values { |verdicts| cell(verdicts, SmugglingCheck::NO_CASE) })
+      cases = SmugglingCorpus::CASES.to_h { |kase| [kase.name, kase.category] }
+      stray = columns.values.any? { |verdicts| verdicts.is_a?(Hash) && verdicts.key?(SmugglingCheck::NO_CASE) }
+      cases[SmugglingCheck::NO_CASE] = "" if stray
+      rows = cases.map do |name, category|
+        { "case" => name, "category" => category }.merge(columns.transform_values { |verdicts| cell(verdicts, name) })
       end
       puts "\nwhat each server did with each case\n\n#{Table.of(rows, rows.first.keys, left: rows.first.keys)}"
       summary = columns.map { |column, verdicts| summary_row(column, verdicts) }
@@ -149,11 +153,7 @@ module NeverBlockBench
       NeverBlockBench.write_results(@options[:out], "smuggling", rows, chart, chart_rows: summary)
     end
 
-    def cell(verdicts, name)
-      return verdicts if verdicts.is_a?(String)
-
-      verdicts[name]&.label || ""
-    end
+    def cell(verdicts, name) = verdicts.is_a?(String) ? verdicts : verdicts[name]&.label || ""
 
     def summary_row(column, verdicts)
       server, path = column.split(" ", 2)
@@ -175,31 +175,6 @@ module NeverBlockBench
         verdicts.filter_map { |name, verdict| "  #{column}, #{name}: #{verdict.failure}" if verdict.failure }
       end
       puts "\nfailures\n\n#{lines.empty? ? '  none' : lines.join("\n")}"
-    end
-
-    # The file bench/support/smuggling_app.ru appends a line to per request served, read as it grows.
-    class ServedLog
-      attr_reader :path
-
-      def initialize(path)
-        @path = path
-        File.write(path, "")
-        @offset = 0
-      end
-
-      # Forgets what the file holds so far.
-      def skip = @offset = File.size(@path)
-
-      # @return [Array<SmugglingCheck::Served>] the requests logged since the last call
-      def read_new
-        text = File.binread(@path, nil, @offset)
-        @offset += text.bytesize
-        text.each_line.map do |line|
-          method, rest = line.chomp.split(" ", 2)
-          target, _, bytes = rest.rpartition(" ")
-          SmugglingCheck::Served.new(method, target.undump, Integer(bytes))
-        end
-      end
     end
   end
 end

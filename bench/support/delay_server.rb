@@ -32,8 +32,7 @@ module NeverBlockBench
     end
 
     def self.listen(host, port)
-      soft, hard = Process.getrlimit(:NOFILE)
-      Process.setrlimit(:NOFILE, [FD_LIMIT, hard].min, hard) if soft < FD_LIMIT
+      Machine.raise_fd_limit(FD_LIMIT)
       TCPServer.new(host, port).tap { |listener| listener.listen(4096) }
     end
 
@@ -107,7 +106,7 @@ module NeverBlockBench
       at_exit { stop if Process.pid == owner }
     end
 
-    def uri(path = "/") = URI("http://#{@host}:#{@port}#{path}")
+    def uri(path = "/") = URI("http://#{@host}:#{@port}#{path}") # bin/demo's
 
     # Closes the lifeline, on which the server ends within a second, and waits
     # for it. Idempotent. @return [Boolean] whether it exited cleanly

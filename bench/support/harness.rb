@@ -52,6 +52,9 @@ module NeverBlockBench
     (sorted[(sorted.size - 1) / 2] + sorted[sorted.size / 2]) / 2.0 unless sorted.empty?
   end
 
+  # The median of `key` over the Hashes `runs` that have it; nil for none.
+  def self.median_of(runs, key) = median(runs.filter_map { |run| run[key] })
+
   # The value a `fraction` (0.99) of the way up the sorted values; nil for none.
   def self.percentile(values, fraction)
     sorted = values.sort
@@ -115,6 +118,9 @@ module NeverBlockBench
 
     # A temporary directory for this run's files, removed when the script ends.
     def scratch = @scratch ||= Dir.mktmpdir("neverblock-bench-")
+
+    # @return [String] the path of a new file `name` (in `dir`) holding `text`, e.g. a server's config
+    def config_file(name, text, dir: scratch) = File.join(dir, name).tap { |path| File.write(path, "#{text}\n") }
 
     def cleanup
       FileUtils.rm_rf(@scratch) if @scratch
@@ -236,6 +242,14 @@ module NeverBlockBench
     end
   end
 
+  # Kills and reaps a child process, if it is still there.
+  def self.kill(pid)
+    Process.kill("KILL", pid)
+    Process.wait(pid)
+  rescue Errno::ESRCH, Errno::ECHILD
+    nil
+  end
+
   # Runs a block in a forked child, so that each measurement starts from the
   # same heap, has its own peak RSS, and a crash or hang costs one cell.
   module Isolated
@@ -260,8 +274,7 @@ module NeverBlockBench
       writer.close
       # The child writes once, as it ends: readable means its result, or its death.
       unless reader.wait_readable(timeout)
-        Process.kill("KILL", pid)
-        Process.wait(pid)
+        NeverBlockBench.kill(pid)
         return Failure.new("Timeout", "killed after #{timeout} s")
       end
       data = reader.read
@@ -350,12 +363,7 @@ module NeverBlockBench
       end
       yield
     ensure
-      pids&.each do |pid|
-        Process.kill("KILL", pid)
-        Process.wait(pid)
-      rescue Errno::ESRCH, Errno::ECHILD
-        nil
-      end
+      pids&.each { |pid| NeverBlockBench.kill(pid) }
     end
   end
 
@@ -389,9 +397,8 @@ module NeverBlockBench
     def text(probe)
       return "versions and selector unknown (probe failed: #{probe})" if probe.is_a?(Isolated::Failure)
 
-      selectors = { "NeverBlock" => probe.neverblock_selector, "async" => probe.async_selector }.compact
-      ["neverblock #{probe.neverblock}", ("async #{probe.async}" if probe.async), "io-event #{probe.io_event}"].compact.join(", ") +
-        "; selector #{selectors.map { |library, name| "#{name} for #{library}" }.join(', ')}"
+      "neverblock #{probe.neverblock}, async #{probe.async}, io-event #{probe.io_event}; " \
+        "selector #{probe.neverblock_selector} for NeverBlock, #{probe.async_selector} for async"
     end
 
     # Sets the selector, probes, prints the header the block makes of the probe; nil unless both are on EPoll.
@@ -399,7 +406,7 @@ module NeverBlockBench
       use_epoll
       probe = self.probe
       puts yield(probe)
-      return probe if !probe.is_a?(Isolated::Failure) && [probe.neverblock_selector, probe.async_selector].compact.all?("EPoll")
+      return probe if !probe.is_a?(Isolated::Failure) && [probe.neverblock_selector, probe.async_selector].all?("EPoll")
 
       warn "NeverBlock and async are not both on the EPoll selector (see above); not measuring"
       nil

@@ -95,9 +95,7 @@ module NeverBlockBench
       connection ||= waiter.pop
       yield connection
     ensure
-      if connection
-        @lock.synchronize { (longest = @waiters.shift) ? longest.push(connection) : @idle.push(connection) }
-      end
+      @lock.synchronize { (longest = @waiters.shift) ? longest.push(connection) : @idle.push(connection) } if connection
     end
   end
 

@@ -115,15 +115,16 @@ module NeverBlockBench
       nil
     end
 
+    # Reads a response's head. @return [Array(String, String), nil] the head and what followed; nil on EOF or past `deadline`
+    def read_head(socket, deadline)
+      data = +"".b
+      data << (read_some(socket, deadline) || (return nil)) until data.include?("\r\n\r\n")
+      data.split("\r\n\r\n", 2)
+    end
+
     # Reads one response. @return [String, nil] its head, nil on EOF or past `deadline`
     def read_response(socket, deadline)
-      data = +"".b
-      until (head_end = data.index("\r\n\r\n"))
-        chunk = read_some(socket, deadline) or return nil
-        data << chunk
-      end
-      head = data[0, head_end]
-      body = data[(head_end + 4)..]
+      head, body = read_head(socket, deadline) || (return nil)
       if (length = head[/^content-length:\s*(\d+)/i, 1])
         body << (read_some(socket, deadline) || (return nil)) while body.bytesize < length.to_i
       elsif head.match?(/^transfer-encoding:\s*chunked/i)

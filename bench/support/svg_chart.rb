@@ -71,16 +71,14 @@ module NeverBlockBench
 
     def panel_svg(panel, names, top)
       bottom = top + PANEL_HEIGHT - 44
-      plot_top = top + 34
-      values = panel[:series].values.flatten.grep(Numeric)
-      y, ticks = scale(values, panel[:log], bottom, plot_top)
+      y, ticks = scale(panel[:series].values.flatten.grep(Numeric), panel[:log], bottom, top + 34)
       parts = [text(LEFT, top + 20, panel[:title] + (panel[:log] ? "; log scale" : ""), size: 13, weight: "bold")]
       ticks.each do |tick|
         at = y.call(tick).round(1)
         parts << %(<line x1="#{LEFT}" y1="#{at}" x2="#{RIGHT}" y2="#{at}" stroke="#e3e3e3"/>) +
                  text(LEFT - 6, at + 4, SvgChart.format_number(tick), size: 11, anchor: "end", fill: "#444444")
       end
-      parts << %(<path d="M#{LEFT} #{plot_top}V#{bottom}H#{RIGHT}" stroke="#333333" fill="none"/>) # the axes
+      parts << %(<path d="M#{LEFT} #{top + 34}V#{bottom}H#{RIGHT}" stroke="#333333" fill="none"/>) # the axes
       group = (RIGHT - LEFT).to_f / panel[:categories].size
       width = (group * 0.8) / panel[:series].size
       panel[:categories].each_with_index do |category, c|
@@ -98,11 +96,10 @@ module NeverBlockBench
     def scale(values, log, bottom, top)
       if log
         positive = values.select(&:positive?)
-        low = 10.0**Math.log10(positive.min || 1).floor
-        high = 10.0**Math.log10(positive.max || 10).ceil
-        high *= 10 if high <= low
-        fraction = ->(v) { v <= 0 ? 0.0 : (Math.log10(v) - Math.log10(low)) / (Math.log10(high) - Math.log10(low)) }
-        ticks = (Math.log10(low).round..Math.log10(high).round).map { |power| 10.0**power }
+        low, high = Math.log10(positive.min || 1).floor.to_f, Math.log10(positive.max || 10).ceil.to_f # decades
+        high += 1 if high <= low
+        fraction = ->(v) { v <= 0 ? 0.0 : (Math.log10(v) - low) / (high - low) }
+        ticks = (low.round..high.round).map { |power| 10.0**power }
       else
         rough = (values.max || 1).to_f / 5
         magnitude = rough.positive? ? 10.0**Math.log10(rough).floor : 1.0
@@ -131,8 +128,6 @@ module NeverBlockBench
         %(font-weight="#{weight}" fill="#{fill}">#{escape(content)}</text>)
     end
 
-    def escape(content)
-      content.to_s.gsub("&", "&amp;").gsub("<", "&lt;").gsub(">", "&gt;").gsub('"', "&quot;")
-    end
+    def escape(content) = content.to_s.gsub("&", "&amp;").gsub("<", "&lt;").gsub(">", "&gt;").gsub('"', "&quot;")
   end
 end

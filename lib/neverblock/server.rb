@@ -30,12 +30,15 @@ require_relative "server/introspection"
 require_relative "server/cluster_interface"
 require_relative "server/cluster/hot_restart"
 require_relative "server/cluster/watchdog"
+require_relative "server/cluster/refork"
+require_relative "server/cluster/stopping"
 require_relative "server/cluster"
 require_relative "server/cluster/child"
 require_relative "server/cluster/settings"
 require_relative "server/cluster/memory"
 require_relative "server/cluster/sidecars"
 require_relative "server/cluster/worker"
+require_relative "server/cluster/mold"
 require_relative "server/task_dump"
 require_relative "server/status_endpoint"
 require_relative "server/lazy_app"
@@ -165,6 +168,14 @@ module NeverBlock
     #   process accepts).
     # @param on_restart [#call, nil] called in the master when a rolling
     #   restart (USR2, {#restart}) begins.
+    # @param before_refork [#call, nil] called with its worker index in a
+    #   worker promoted to mold ({Cluster::Refork}), once it stopped serving
+    #   and before it forks the next generation (close what children must
+    #   not share; NeverBlock's and ActiveRecord's pools are closed already).
+    # @param refork_after [Array<Integer>, nil] request counts: a worker
+    #   that served the first is promoted to mold and the next generation
+    #   of workers is forked from it; the next count is for that generation,
+    #   and so on ({Cluster::Settings}). Linux only (ArgumentError elsewhere).
     # @param worker_timeout [Numeric, nil] seconds a worker's loop may stay
     #   held by one fiber before the master kills and replaces it (see
     #   {Cluster::Settings}; default 60, nil: never).
@@ -218,7 +229,8 @@ module NeverBlock
     # @raise [ArgumentError] for an invalid bind spec or option.
     def initialize(app, bind: ["tcp://0.0.0.0:9292"], workers: Etc.nprocessors, fiber_pool: 1000,
                    adaptive_limit: true, before_fork: nil, on_worker_boot: nil, before_worker_shutdown: nil,
-                   after_worker_exit: nil, on_booted: nil, on_restart: nil, status_path: nil, access_log: nil, access_log_format: :common,
+                   after_worker_exit: nil, on_booted: nil, on_restart: nil, before_refork: nil, refork_after: nil,
+                   status_path: nil, access_log: nil, access_log_format: :common,
                    worker_timeout: 60, worker_boot_timeout: nil, max_requests: nil, max_requests_jitter: nil,
                    max_memory: nil, memory_metric: :rss, supervise: [], control: nil, control_token: nil, early_hints: false,
                    opentelemetry: false, cancel_on_hangup: true, **limits)
@@ -232,17 +244,19 @@ module NeverBlock
       @app = app
       @workers = NeverBlock.validate_size!(workers, :workers, minimum: 0)
       @hooks = { before_fork: before_fork, on_worker_boot: on_worker_boot, before_worker_shutdown: before_worker_shutdown,
-                 after_worker_exit: after_worker_exit, on_booted: on_booted, on_restart: on_restart }
+                 after_worker_exit: after_worker_exit, on_booted: on_booted, on_restart: on_restart,
+                 before_refork: before_refork }
       @hooks.each { |name, hook| raise ArgumentError, "#{name} must respond to call" unless hook.nil? || hook.respond_to?(:call) }
       @hooks.freeze
       @supervision = Cluster::Settings.build(worker_timeout: worker_timeout, worker_boot_timeout: worker_boot_timeout,
                                              max_requests: max_requests, max_requests_jitter: max_requests_jitter,
                                              max_memory: max_memory, memory_metric: memory_metric, supervise: supervise,
-                                             control: control, control_token: control_token)
+                                             control: control, control_token: control_token, refork_after: refork_after)
       if @workers.zero? && @supervision.supervise.any?
         NeverBlock.logger.warn("NeverBlock::Server: supervise needs a master (workers: 1 or more); with workers: 0 " \
                                "nothing runs #{@supervision.supervise.map { |command| Array(command).join(' ') }.join(', ')}")
       end
+      NeverBlock.logger.warn("NeverBlock::Server: refork_after needs workers (1 or more); with workers: 0 nothing reforks") if @workers.zero? && @supervision.refork_after.any?
       if status_path
         raise ArgumentError, "status_path must start with /, got #{status_path.inspect}" unless status_path.to_s.start_with?("/")
 
@@ -251,26 +265,17 @@ module NeverBlock
       @cluster = nil
       @worker_index = nil
       @on_ready = nil
-      @serving_jobs = [] # blocks run in tasks of their own while serving (#while_serving)
-      @serving_tasks = [] # those tasks
       @metrics = nil # Metrics, when the master serves /metrics
       @systemd = nil # Systemd::Notifier, with workers: 0 under systemd
       @access_log = AccessLog.build(access_log, format: access_log_format)
 
       @limits = Limits.build(limits)
-      @admission = Admission.new(size: fiber_pool, adaptive_limit: adaptive_limit)
-      @sweeper = nil # the task running the IdleSweeper, while serving
       @listeners = Array(bind).map { |spec| Listener.new(spec) }
       raise ArgumentError, "bind needs at least one address" if @listeners.empty?
 
-      @acceptor = Acceptor.new(@admission, @limits, @listeners, @workers)
-      # What every connection gets (see Context).
-      @acceptor.context = @context = Context.new(app: @app, limits: @limits, admission: @admission, access_log: @access_log,
-                                                 idle_sweeper: IdleSweeper.new(@limits.idle_timeout), acceptor: @acceptor,
-                                                 early_hints: early_hints, opentelemetry: opentelemetry,
-                                                 cancel_on_hangup: cancel_on_hangup)
-      @scheduler = nil
-      @stop_requested = false
+      @request_path = { fiber_pool: fiber_pool, adaptive_limit: adaptive_limit, early_hints: early_hints,
+                        opentelemetry: opentelemetry, cancel_on_hangup: cancel_on_hangup }.freeze
+      assemble
       @wake_reader, @wake_writer = IO.pipe
     end
 
@@ -346,7 +351,7 @@ module NeverBlock
       end
     ensure
       @access_log&.flush
-      @listeners.each(&:close)
+      @listeners.each(&:close) unless @keep_listeners
       @wake_reader.close
       @wake_writer.close
     end
@@ -390,6 +395,24 @@ module NeverBlock
 
     private
 
+    # The request path, new (see {#renew}): what admits requests, accepts
+    # connections and what every connection gets ({Context}).
+    def assemble
+      options = @request_path
+      @admission = Admission.new(size: options[:fiber_pool], adaptive_limit: options[:adaptive_limit])
+      @sweeper = nil # the task running the IdleSweeper, while serving
+      @acceptor = Acceptor.new(@admission, @limits, @listeners, @workers)
+      @acceptor.context = @context = Context.new(app: @app, limits: @limits, admission: @admission, access_log: @access_log,
+                                                 idle_sweeper: IdleSweeper.new(@limits.idle_timeout), acceptor: @acceptor,
+                                                 early_hints: options[:early_hints], opentelemetry: options[:opentelemetry],
+                                                 cancel_on_hangup: options[:cancel_on_hangup])
+      @serving_jobs = [] # blocks run in tasks of their own while serving (#while_serving)
+      @serving_tasks = [] # those tasks
+      @scheduler = nil
+      @stop_requested = false
+      @last_stop = false
+    end
+
     # The stop, in order: no more accepts (at the server's last stop what
     # the kernel queued is taken in, {Acceptor#take_backlog}; the listeners
     # close), idle
@@ -406,7 +429,7 @@ module NeverBlock
       @admission.stop
       @acceptor.stop_accepting
       @acceptor.take_backlog if @last_stop || @workers.zero?
-      @listeners.each(&:close)
+      @listeners.each(&:close) unless @keep_listeners
       @acceptor.drain([STOP_IDLE_GRACE, @limits.idle_timeout].min)
       # The sweeper last: a connection may begin an idle wait after the
       # above (a TLS handshake that ends now), and then closes in idle_timeout.

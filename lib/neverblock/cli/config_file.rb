@@ -31,12 +31,14 @@ module NeverBlock
     #   worker_timeout 30                  # false: never kill a worker whose loop is held
     #   max_requests 10_000                # replace a worker after that many (plus jitter)
     #   max_memory "512M"                  # or bytes; memory_metric :pss to count shared pages shared
+    #   refork_after 100, 1000             # fork each next generation from a worker that served that many
     #   before_fork { ActiveRecord::Base.connection_handler.clear_all_connections! }
     #   on_worker_boot { |index| MyStats.reconnect }
     #   before_worker_shutdown { |index| MyStats.flush }
     #   after_worker_exit { |index, status| warn "worker #{index}: #{status}" }
     #   on_booted { puts "all workers accept" }
     #   on_restart { puts "rolling restart" }
+    #   before_refork { |index| MyStats.disconnect }   # in the mold, before it forks
     #   solid_queue true                   # supervise bin/jobs (as SOLID_QUEUE_IN_PUMA does)
     #   control "tcp://127.0.0.1:9293"     # /metrics, /stats, /tasks, neverblock ctl; control_token "secret"
     #   supervise "bin/sidekiq -C config/sidekiq.yml"   # any command kept running; repeatable
@@ -52,7 +54,8 @@ module NeverBlock
                 before_worker_shutdown: "with the worker index, in a worker that stops, once its requests are answered",
                 after_worker_exit: "with the index and Process::Status, in the master, of each worker that exits",
                 on_booted: "in the master, once every worker accepts",
-                on_restart: "in the master, as a rolling restart (USR2) begins" }.freeze
+                on_restart: "in the master, as a rolling restart (USR2) begins",
+                before_refork: "with its worker index, in the worker promoted to mold, before it forks the next generation" }.freeze
 
       # @param path [String]
       # @return [Hash] the options the file sets (`:bind` an Array, `:limits`
@@ -110,6 +113,12 @@ module NeverBlock
         define_method(name) do |value|
           @options[name] = value
         end
+      end
+
+      # @param counts [Array<Integer>] `refork_after 100, 1000`: see
+      #   {NeverBlock::Server::Cluster::Settings}.
+      def refork_after(*counts)
+        @options[:refork_after] = counts.flatten
       end
 
       # @param url [String] `tcp://HOST:PORT`, `unix://PATH` or
@@ -181,7 +190,7 @@ module NeverBlock
       # An unknown setting: an error naming the known ones.
       def method_missing(name, *_args)
         known = SETTINGS + HOOKS.keys + %i[bind ssl_bind port status limits adaptive_limit supervise solid_queue
-                                           access_log_format]
+                                           access_log_format refork_after]
         raise ArgumentError, "unknown setting #{name} (known: #{known.sort.join(', ')})"
       end
 

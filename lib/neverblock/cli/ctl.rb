@@ -13,7 +13,8 @@ module NeverBlock
       # Command => [HTTP method, path].
       COMMANDS = { "stats" => %w[GET /stats], "tasks" => %w[GET /tasks], "metrics" => %w[GET /metrics],
                    "restart" => %w[POST /restart], "phased-restart" => %w[POST /phased-restart],
-                   "stop" => %w[POST /stop], "halt" => %w[POST /halt], "gc" => %w[POST /gc] }.freeze
+                   "stop" => %w[POST /stop], "halt" => %w[POST /halt], "gc" => %w[POST /gc],
+                   "refork" => %w[POST /refork] }.freeze
 
       # Seconds the master has to answer unless `--timeout` says.
       DEFAULT_TIMEOUT = 30
@@ -32,6 +33,7 @@ module NeverBlock
           restart          a hot restart: the master executes itself again (as HUP)
           stop             stop gracefully (as TERM); halt: kill every worker now
           gc               a full GC in every worker
+          refork           fork the next generation from a warmed-up worker (as URG; Linux)
 
       TEXT
 

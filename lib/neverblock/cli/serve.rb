@@ -125,6 +125,12 @@ module NeverBlock
                                                   "by one request (default 60)") { |seconds| set(:worker_timeout, seconds) }
           o.on("--max-requests N", Integer, "replace a worker after about N requests (plus up to a tenth), " \
                                             "its successor booted first") { |n| set(:max_requests, n) }
+          o.on("--refork-after N,N", Array, "fork each next generation of workers from one that served N requests " \
+                                            "(Linux; see also neverblock ctl refork)") do |counts|
+            set(:refork_after, counts.map { |count| Integer(count, 10) })
+          rescue ArgumentError
+            raise OptionParser::InvalidArgument, "--refork-after #{counts.join(',')} (request counts, like 100,1000)"
+          end
           o.on("--max-memory BYTES", "replace a worker whose RSS passes BYTES (like 512M), its successor booted first") do |size|
             set(:max_memory, parse_size(size, "--max-memory"))
           end
@@ -319,7 +325,7 @@ module NeverBlock
         options[:access_log_format] = opts[:access_log_format] if opts[:access_log_format]
         %i[shutdown_timeout request_timeout max_connections max_body max_requests max_requests_jitter max_memory memory_metric
            worker_boot_timeout before_fork before_worker_shutdown after_worker_exit on_booted on_restart control
-           control_token].each do |key|
+           control_token refork_after before_refork].each do |key|
           options[key] = opts[key] if opts[key]
         end
         options[:worker_timeout] = opts[:worker_timeout] if opts.key?(:worker_timeout)

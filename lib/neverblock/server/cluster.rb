@@ -17,6 +17,8 @@ module NeverBlock
     #   whole time, so no connection is refused.
     # - `TTIN`, `TTOU` :: one worker more, one fewer.
     # - `QUIT` :: every worker logs what its tasks are doing ({TaskDump}).
+    # - `URG` :: refork: a warmed-up worker becomes the mold the next
+    #   generation is forked from ({Refork}, in cluster/refork.rb).
     #
     # Beside the workers it keeps the `supervise` commands running
     # ({Sidecars}: Solid Queue's `bin/jobs`), and stops them when it stops.
@@ -46,7 +48,7 @@ module NeverBlock
       MAX_BOOT_DELAY = 10
 
 
-      SIGNALS = %w[TERM INT USR2 HUP TTIN TTOU QUIT CHLD].freeze
+      SIGNALS = %w[TERM INT USR2 HUP TTIN TTOU QUIT URG CHLD].freeze
 
       # Sends signal `name` (or 0, which only checks) to `pid`.
       # @return [Boolean] false when no such process is left.
@@ -72,11 +74,14 @@ module NeverBlock
                          "USR2" => "rolling restart", "HUP" => "hot restart: executing its command again, keeping its sockets",
                          "TTIN" => "one worker more",
                          "TTOU" => "one worker fewer", "QUIT" => "asking every worker for its task dump",
-                         "HALT" => "halting: killing every worker now" }.freeze
+                         "HALT" => "halting: killing every worker now",
+                         "URG" => "refork: promoting a warmed-up worker to mold" }.freeze
       private_constant :SIGNALS
 
       include HotRestart::Master
       include Watchdog
+      include Refork
+      include Stopping
 
       # @param server [Server]
       # @param count [Integer] workers to keep running.
@@ -107,6 +112,7 @@ module NeverBlock
         @restart_queue = []
         @stopping = false
         @handoff = nil
+        start_reforking
       end
 
       # Runs the master until a stop signal (or {Server#stop}) and every
@@ -124,6 +130,7 @@ module NeverBlock
         @wake_reader, @wake_writer = IO.pipe
         @alive_reader, @alive_writer = IO.pipe # workers see EOF when the master is gone
         carry_over(HotRestart.take_state)
+        Refork.subreaper! if @settings.refork_after.any?
         Cluster.trapping(SIGNALS.to_h { |name| [name, proc { signal(name) }] }) do
           @control = start_control if @settings.control
           @server.cluster = self
@@ -157,17 +164,18 @@ module NeverBlock
 
       # @return [Hash] `{master_pid:, workers: [{index:, pid:, generation:, ready:, started_at:, requests:,
       #   retiring:}], generation:, stopping:, restarts: {crash:, watchdog:, boot_timeout:, requests:, memory:},
-      #   hot_restarts:, supervised:}`: `requests` as of the worker's last heartbeat; `restarts` counts
-      #   workers replaced, by cause; with `generation` and `hot_restarts` it carries on across hot restarts.
+      #   hot_restarts:, reforks:, mold:, supervised:}`: `requests` as of the worker's last heartbeat; `restarts` counts
+      #   workers replaced, by cause; with `generation`, `hot_restarts` and `reforks` it carries on across hot
+      #   restarts; `mold` is the worker new ones fork from ({Refork}; nil: the master).
       def stats
         workers = @workers.values.sort_by(&:index).map(&:to_h)
         { master_pid: Process.pid, workers: workers, generation: @generation, stopping: @stopping, restarts: restarts,
-          hot_restarts: @hot_restarts, supervised: @sidecars.stats }
+          hot_restarts: @hot_restarts, reforks: reforks, mold: @mold&.to_h, supervised: @sidecars.stats }
       end
 
       # @api private
       # What the control listener asks for ({Control}): `"TERM"` (stop),
-      # `"USR2"` (rolling restart), `"HUP"` (hot restart), `"HALT"`. Safe from any thread.
+      # `"USR2"` (rolling restart), `"HUP"` (hot restart), `"URG"` (refork), `"HALT"`. Safe from any thread.
       # @return [void]
       def command(name)
         signal(name)
@@ -185,6 +193,10 @@ module NeverBlock
       attr_reader :settings
 
       # @api private
+      # @return [Integer] the master's pid (a worker forked by a mold has another parent at first).
+      attr_reader :master_pid
+
+      # @api private
       # @return [Handoff, nil] made before the first fork (nil when off).
       attr_reader :handoff
 
@@ -192,7 +204,7 @@ module NeverBlock
       # recycling, TTOU, a stop): workers move no connections meanwhile
       # ({Handoff#paused=}).
       def replacing?
-        @stopping || !@restart_queue.empty? || !@retiring.empty? || @workers.each_value.any?(&:stopping)
+        @stopping || promoting? || !@restart_queue.empty? || !@retiring.empty? || @workers.each_value.any?(&:stopping)
       end
 
       # @api private
@@ -227,7 +239,7 @@ module NeverBlock
       # The master's loop: waits for a signal, a worker's readiness or
       # death, or the next boot retry, and acts on it.
       def supervise
-        until @stopping && @workers.empty? && !@sidecars.running?
+        until @stopping && @workers.empty? && @molds.empty? && !@sidecars.running?
           wait_for_events
           reap
           handle_signals
@@ -244,6 +256,7 @@ module NeverBlock
           replace_missing
           continue_restart
           continue_retiring
+          continue_refork
           notice_booted
         end
       end
@@ -279,6 +292,8 @@ module NeverBlock
         when :booted then @boot_failures = 0
         when :dumped then worker.kill_hung
         when :max_requests then retire(worker, :requests)
+        when :molded then molded(worker)
+        when :mold_refused then mold_refused(worker)
         end
       end
 
@@ -288,6 +303,8 @@ module NeverBlock
           break unless pid
 
           worker = @workers.delete(pid)
+          next if mold_exited(pid, status)
+
           @sidecars.reaped(pid, status, stopping: @stopping) unless worker
           next unless worker
 
@@ -340,6 +357,7 @@ module NeverBlock
           when "TTIN" then @count += 1
           when "TTOU" then @count = [@count - 1, 1].max
           when "QUIT" then @workers.each_value { |worker| worker.signal("QUIT") }
+          when "URG" then refork_requested
           when "HALT" then halt
           else next
           end
@@ -354,36 +372,17 @@ module NeverBlock
         Process.setproctitle("neverblock master (#{Server.workers_phrase(@count)}) #{@listeners.map(&:address).join(' ')}")
       end
 
-      def begin_stop
-        return if @stopping
-
-        @stopping = true
-        @stop_deadline = Clock.now + @server.limits.shutdown_timeout + KILL_GRACE
-        @systemd.stopping("stopping #{Server.workers_phrase(@count)}")
-        @workers.each_value { |worker| worker.terminate(last: true) }
-        # The kernel refuses new connections once the workers close their
-        # copies too (each takes in what was queued first); a client that
-        # connects meanwhile is not queued, to be reset after the drain.
-        @listeners.each(&:close)
-        @sidecars.stop
-      end
-
       def start_control
         require_relative "cluster/control"
         require_relative "cluster/prometheus"
         Control.new(self, @settings.control, @control_token).start
       end
 
-      # `neverblock ctl halt`: every worker and sidecar is killed now.
-      def halt
-        begin_stop
-        @stop_deadline = Clock.now
-      end
-
       def begin_restart
         return if @stopping
 
         @server.call_hook(:on_restart)
+        drop_mold # the new workers load the app anew, from the master
         @systemd.reloading("rolling restart of #{Server.workers_phrase(@count)}")
         @reloading = true
         @generation += 1
@@ -438,47 +437,6 @@ module NeverBlock
         @systemd.ready("#{Server.workers_phrase(@count)} serving on #{@listeners.map(&:address).join(', ')}")
       end
 
-      # Stops every worker and waits for them (killing those still there
-      # after the deadline); for when {#supervise} did not get to the end.
-      def stop_all
-        return if @workers.empty? && !@sidecars.running?
-
-        begin_stop unless @stopping
-        until @workers.empty? && !@sidecars.running?
-          if Clock.now > @stop_deadline
-            kill_stragglers
-            break
-          end
-          IO.select([@wake_reader], nil, nil, 0.1) unless @wake_reader.closed?
-          reap
-        end
-      end
-
-      def kill_stragglers
-        @workers.each_value(&:kill)
-        @workers.each_key { |pid| wait_quietly(pid) }
-        @workers.clear
-        @sidecars.kill
-        while @sidecars.running?
-          break unless wait_any
-        end
-      end
-
-      # Waits for any child; false when none is left.
-      def wait_any
-        pid, status = Process.wait2(-1)
-        @sidecars.reaped(pid, status, stopping: true)
-        true
-      rescue Errno::ECHILD
-        false
-      end
-
-      def wait_quietly(pid)
-        Process.wait(pid)
-      rescue Errno::ECHILD
-        nil
-      end
-
       # New workers keep dying before their app booted. During a rolling
       # restart with old workers still serving, the restart is abandoned and
       # they go on; after a hot restart, the old image's workers go on
@@ -516,14 +474,18 @@ module NeverBlock
       end
 
       def spawn_worker(index, successor_of: nil)
+        if @mold && (child = spawn_from_mold(index, @generation, successor_of))
+          return @workers[child.pid] = child
+        end
+
         status_reader, status_writer = IO.pipe
-        command_reader, command_writer = IO.pipe
+        command_writer, command_reader = UNIXSocket.pair # a socket: a promoted worker takes descriptors on it (Refork)
         generation = @generation
         @handoff&.prepare(index)
         pid = fork_holding_control do
           @systemd.close # only the master speaks to systemd
           master_only = [status_reader, command_writer, @wake_reader, @wake_writer, @alive_writer, @predecessors&.alive].compact +
-                        @workers.each_value.flat_map { |worker| [worker.status_reader, worker.commands] } +
+                        (@workers.values + @molds).flat_map { |worker| [worker.status_reader, worker.commands] } +
                         (@control ? @control.ios : [])
           Worker.run(@server, index, status_writer, @alive_reader, master_only, self, commands: command_reader,
                      explain_failure: @boot_failures.zero? && index.zero?)

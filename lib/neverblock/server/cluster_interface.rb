@@ -7,8 +7,10 @@ module NeverBlock
     # master reads the hooks, the supervision settings and the restart
     # command, and opens the listeners ({Server#listen_all}) before it forks;
     # a worker, before {Server#serve_here}, takes its own wake pipe, its
-    # index, the master's {Handoff} and the tasks to run while it serves.
-    # None of it is called while a request is answered.
+    # index, the master's {Handoff} and the tasks to run while it serves; a
+    # worker promoted to mold keeps its listeners, and each worker forked
+    # from it renews the Server ({Cluster::Mold}). None of it is called
+    # while a request is answered.
     module ClusterInterface
       # @api private
       # @return [Hash{Symbol => #call, nil}] `before_fork`, `on_worker_boot`.
@@ -52,6 +54,27 @@ module NeverBlock
       rescue StandardError => e
         NeverBlock.logger.error { "NeverBlock::Server: the #{name} hook raised #{e.class}: #{e.message}\n#{(e.backtrace || []).first(10).join("\n")}" }
       end
+
+      # @api private
+      # Makes a Server that served and stopped (a worker promoted to mold,
+      # {Cluster::Mold}) ready to serve again, in a process forked from it:
+      # a new wake pipe and a fresh request path (admission, acceptor,
+      # connection context), as {Server#initialize} built them; the app, the
+      # listeners and the hooks are the ones it served with.
+      # @return [void]
+      def renew
+        own_wake_pipe
+        assemble
+      end
+
+      # @api private
+      # A worker that becomes a mold keeps its listening sockets open when it
+      # stops serving: the workers forked from it serve them.
+      attr_writer :keep_listeners
+
+      # @api private
+      # @return [Boolean] this worker was promoted to mold ({Cluster::Mold}).
+      attr_accessor :molding
 
       # @api private
       # Gives a forked worker a wake pipe of its own. The one made in

@@ -64,6 +64,10 @@ module NeverBlock
         # @return [Symbol, nil] why it is being replaced gracefully
         #   (`:requests`, `:memory`; `:abandoned` when that was given up).
         attr_accessor :retiring
+        # @return [Boolean] it was asked to become the mold ({Refork}).
+        attr_accessor :promoting
+        # @return [String, nil] why it refused to become the mold.
+        attr_reader :refusal
 
         # @param index [Integer]
         # @param pid [Integer]
@@ -83,13 +87,14 @@ module NeverBlock
           @started_at = Time.now
           @spawned = Clock.now
           @requests = 0
-          @booted = @ready = @stopping = @killed = false
+          @booted = @ready = @stopping = @killed = @promoting = false
           @partial = nil # the start of a status line not yet read whole
         end
 
         # Reads what the worker wrote since the last call and yields each
         # note the master acts on: `:booted` (the first time), `:dumped`,
-        # `:max_requests` (it reached its share). Closes the pipe at EOF.
+        # `:max_requests` (it reached its share), `:molded` and
+        # `:mold_refused` (how a promotion went, {Refork}). Closes the pipe at EOF.
         # @yieldparam note [Symbol]
         # @return [Boolean] whether there was something to read.
         def read_status(&block)
@@ -140,6 +145,12 @@ module NeverBlock
             "NeverBlock::Server: #{self} #{why}; asking it for its tasks (QUIT), then killing it"
           end
           signal("QUIT")
+        end
+
+        # It stops by itself (a refused promotion): its exit is expected.
+        # @return [void]
+        def expect_exit
+          @stopping = true
         end
 
         # Kills a hung worker, once.
@@ -241,6 +252,10 @@ module NeverBlock
             @ready = true
             @beat_at = Clock.now
           when "dumped" then yield :dumped if @hung_at
+          when "molded" then yield :molded if @promoting
+          when /\Amold-refused (.*)\z/
+            @refusal = Regexp.last_match(1)
+            yield :mold_refused if @promoting
           when /\Ametrics (.*)\z/ then @metrics = JSON.parse(Regexp.last_match(1))
           when /\Atasks (.*)\z/
             @tasks = JSON.parse(Regexp.last_match(1))

@@ -21,7 +21,8 @@ module NeverBlock
       # - `GET /tasks` :: every worker's {Server#task_dump}, asked for now;
       # - `POST /phased-restart` (USR2: workers one at a time), `/restart`
       #   (HUP: a hot restart, {HotRestart}), `/stop` (TERM), `/halt` (every
-      #   worker killed now), `/gc` (a full GC in every worker).
+      #   worker killed now), `/gc` (a full GC in every worker), `/refork`
+      #   (URG: the next generation forks from a warmed-up worker, {Refork}).
       #
       # Loaded only by a master that has one (it needs OpenSSL, ~7 MB of RSS
       # that no other process should pay for).
@@ -55,7 +56,8 @@ module NeverBlock
         # Longest request head read (bytes).
         MAX_HEAD = 8192
 
-        COMMANDS = { "/phased-restart" => "USR2", "/restart" => "HUP", "/stop" => "TERM", "/halt" => "HALT" }.freeze
+        COMMANDS = { "/phased-restart" => "USR2", "/restart" => "HUP", "/stop" => "TERM", "/halt" => "HALT",
+                     "/refork" => "URG" }.freeze
 
         # @return [String, nil] the token a TCP listener wants.
         attr_reader :token
@@ -189,7 +191,7 @@ module NeverBlock
           in ["POST", command] if COMMANDS.key?(command)
             [200, "application/json", "#{JSON.generate(command: command.delete_prefix('/'), sent: true)}\n", COMMANDS.fetch(command)]
           else [404, "text/plain", "unknown: #{method} #{path} (GET /metrics /stats /tasks; POST /phased-restart " \
-                                    "/restart /stop /halt /gc)\n"]
+                                    "/restart /stop /halt /gc /refork)\n"]
           end
         end
 

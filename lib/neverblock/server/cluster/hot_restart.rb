@@ -100,13 +100,14 @@ module NeverBlock
           # @return [Hash]
           def carried
             { "control_token" => @control&.token || @control_token, "generation" => @generation,
-              "restarts" => @restarts, "hot_restarts" => @hot_restarts + 1 }
+              "restarts" => @restarts, "hot_restarts" => @hot_restarts + 1, "reforks" => reforks }
           end
 
           def carry_over(state)
             @control_token ||= state["control_token"] if state["control_token"].is_a?(String)
             @generation = state["generation"] if state["generation"].is_a?(Integer)
             @hot_restarts = state["hot_restarts"] if state["hot_restarts"].is_a?(Integer)
+            @reforks = state["reforks"] if state["reforks"].is_a?(Integer)
             (state["restarts"].is_a?(Hash) ? state["restarts"] : {}).each do |cause, count|
               @restarts[cause.to_sym] = count if count.is_a?(Integer) && restarts.key?(cause.to_sym)
             end
@@ -132,6 +133,7 @@ module NeverBlock
               reap
             end
             @sidecars.kill
+            @molds.each(&:terminate) # the next image forks its workers from its own master
             if @boot_paused # this image never served: the previous image's workers are handed on again
               HotRestart.exec(command, dir, @listeners, @predecessors.pids, @predecessors.alive, carried)
             else

@@ -16,6 +16,7 @@ module NeverBlock
           "neverblock_worker_up" => ["gauge", "1 while the worker's loop sends heartbeats."],
           "neverblock_worker_restarts_total" => ["counter", "Workers replaced, by cause."],
           "neverblock_hot_restarts_total" => ["counter", "Hot restarts (HUP) of the master."],
+          "neverblock_reforks_total" => ["counter", "Generations of workers forked from a warmed-up worker (refork)."],
           "neverblock_resident_memory_bytes" => ["gauge", "A worker's resident memory (RSS)."],
           "neverblock_requests_total" => ["counter", "Requests answered, by method and status class."],
           "neverblock_request_timeouts_total" => ["counter", "Requests answered 503 for outliving request_timeout."],
@@ -56,6 +57,7 @@ module NeverBlock
           cluster.restarts.each { |cause, count| series["neverblock_worker_restarts_total"] << [{ cause: cause }, count] }
           stats = cluster.stats
           series["neverblock_hot_restarts_total"] << [{}, stats[:hot_restarts]]
+          series["neverblock_reforks_total"] << [{}, stats[:reforks]]
           stats[:supervised].each do |sidecar|
             series["neverblock_supervised_restarts_total"] << [{ command: sidecar[:command] }, sidecar[:restarts]]
           end

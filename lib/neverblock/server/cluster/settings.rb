@@ -32,13 +32,21 @@ module NeverBlock
       #   answers `/metrics`, `/stats`, `/tasks` and commands ({Control};
       #   default nil: none), `control_token` the token a TCP one wants
       #   (default: one is made and logged).
+      # - `refork_after` :: request counts (`[50, 1000]`): when a worker of
+      #   the current generation has served the first, it is promoted to
+      #   mold and the next generation is forked from it ({Refork}); the
+      #   second counts for that generation, and so on; after the last no
+      #   more reforks come by themselves (default empty: none; `neverblock
+      #   ctl refork` and `URG` promote one at any time).
       Settings = Struct.new(:worker_timeout, :worker_boot_timeout, :max_requests, :max_requests_jitter,
-                            :max_memory, :memory_metric, :supervise, :control, :control_token, keyword_init: true) do
+                            :max_memory, :memory_metric, :supervise, :control, :control_token, :refork_after,
+                            keyword_init: true) do
         # @param options [Hash] any of the members.
         # @return [Settings] frozen, with defaults filled in.
         # @raise [ArgumentError] for an invalid value.
         def self.build(worker_timeout: 60, worker_boot_timeout: nil, max_requests: nil, max_requests_jitter: nil,
-                       max_memory: nil, memory_metric: :rss, supervise: [], control: nil, control_token: nil)
+                       max_memory: nil, memory_metric: :rss, supervise: [], control: nil, control_token: nil,
+                       refork_after: nil)
           worker_timeout = nil if worker_timeout == false
           positive!(worker_timeout, :worker_timeout) if worker_timeout
           worker_boot_timeout ||= worker_timeout
@@ -57,8 +65,23 @@ module NeverBlock
           new(worker_timeout: worker_timeout, worker_boot_timeout: worker_boot_timeout, max_requests: max_requests,
               max_requests_jitter: max_requests_jitter, max_memory: max_memory, memory_metric: memory_metric,
               supervise: supervise.freeze, control: control && control_url!(control),
-              control_token: control_token&.to_s).freeze
+              control_token: control_token&.to_s, refork_after: refork_after!(refork_after)).freeze
         end
+
+        # @return [Array<Integer>] `counts` (nil, false or [] for none), each a
+        #   positive Integer, on a platform that can refork.
+        # @raise [ArgumentError] otherwise.
+        def self.refork_after!(counts)
+          counts = [] if counts.nil? || counts == false
+          counts = Array(counts)
+          unless counts.all? { |count| count.is_a?(Integer) && count.positive? }
+            raise ArgumentError, "refork_after must be request counts above 0, like [50, 1000], got #{counts.inspect}"
+          end
+          raise ArgumentError, "refork_after: #{Refork.unavailable}" if counts.any? && Refork.unavailable
+
+          counts.freeze
+        end
+        private_class_method :refork_after!
 
         def self.positive!(seconds, name)
           NeverBlock.validate_timeout!(seconds, name)

@@ -31,7 +31,7 @@ module NeverBlock
         def watch_workers
           now = Clock.now
           @workers.each_value do |worker|
-            next if worker.stopping
+            next if worker.stopping || worker.promoting # (a promoted one is watched by Refork#watch_candidate)
 
             if worker.hung_at
               worker.kill_hung if now - worker.hung_at > DUMP_GRACE

@@ -33,12 +33,12 @@ module NeverBlock
           (SIGNALS - %w[TERM INT QUIT]).each { |name| trap(name, "DEFAULT") }
           trap("QUIT") { server.log_task_dump(-> { report(status_writer, "dumped") }) }
           # Meant for the master; a signal sent to the whole process group must not end a worker.
-          %w[USR2 HUP TTIN TTOU].each { |name| trap(name, "IGNORE") }
+          %w[USR2 HUP TTIN TTOU URG].each { |name| trap(name, "IGNORE") }
           master_only.each { |io| io.close unless io.closed? }
           server.worker_index = index
           server.handoff = cluster.handoff
           server.access_log&.worker = index
-          Process.setproctitle("neverblock worker #{index} (master #{Process.ppid})")
+          Process.setproctitle("neverblock worker #{index} (master #{cluster.master_pid})")
           status = 1
           booted = false
           begin
@@ -51,6 +51,7 @@ module NeverBlock
             server.while_serving { heartbeat(server, status_writer, server.supervision.heartbeat_interval) }
             server.while_serving { read_commands(server, status_writer, commands) } if commands
             server.serve_here
+            Mold.new(server, index, status_writer, commands, alive_reader, cluster).run if server.molding
             server.call_hook(:before_worker_shutdown, index)
             status = 0
           rescue Exception => e # rubocop:disable Lint/RescueException -- a worker reports every death
@@ -116,12 +117,14 @@ module NeverBlock
           nil
         end
 
-        # A command from the master's control listener: `gc` runs a full
-        # GC; `tasks` answers with {Server#task_dump} on the status pipe.
+        # A command from the master: `gc` runs a full GC; `tasks` answers
+        # with {Server#task_dump} on the status pipe (both from the control
+        # listener); `mold` promotes this worker ({Mold.promote}).
         def self.obey(server, status_writer, command)
           case command
           when "gc" then GC.start
           when "tasks" then report(status_writer, "tasks #{JSON.generate(server.task_dump)}")
+          when "mold" then Mold.promote(server)
           end
         end
 

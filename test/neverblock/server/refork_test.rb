@@ -1,0 +1,176 @@
+# frozen_string_literal: true
+
+require_relative "../../test_helper"
+require_relative "../../support/serve_processes"
+require "neverblock/server"
+require "neverblock/cli/config_file"
+require "open3"
+require "tmpdir"
+
+# Reforking: a worker that warmed up becomes the mold the next generation of
+# workers is forked from (refork_after, URG, `neverblock ctl refork`). The
+# fixture answers "PID WARMED_IN": a worker forked from the mold answers the
+# mold's pid there, because it inherited the mold's warmed-up memory.
+class ServerReforkTest < PlainTest
+  include ServeProcesses
+  include NeverBlockTest::Databases
+
+  def setup
+    skip NeverBlock::Server::Cluster::Refork.unavailable if NeverBlock::Server::Cluster::Refork.unavailable
+  end
+
+  def test_a_refork_under_keep_alive_load_loses_no_request_and_the_new_generation_shares_the_molds_memory
+    server = serve("refork.ru", "-w", "2", "--refork-after", "200")
+    answers = Queue.new
+    errors = Queue.new
+    clients = Array.new(4) { keep_alive_client(server[:port], answers, errors) }
+    mold = Integer(wait_for_line(server, /\(pid (\d+)\) is the mold/, timeout: 60)[/\(pid (\d+)\) is the mold/, 1])
+    seen = []
+    eventually(timeout: 30) do
+      seen << answers.pop until answers.empty?
+      seen.count { |pid, warmed| warmed == mold && pid != mold } >= 20 &&
+        seen.map(&:first).uniq.count { |pid| seen.assoc(pid).last == mold } >= 2 # both indexes, from the mold
+    end
+    sleep 0.5 # a little more load on the new generation
+    @hammering = false
+    clients.each(&:join)
+    assert_empty errors.size.times.map { errors.pop }, "requests lost during the refork"
+    newest = seen.last(20).map(&:first).uniq
+    newest.each { |pid| assert_equal mold, seen.assoc(pid).last, "pid #{pid} was not forked from the mold" }
+    newest.each { |pid| assert_equal server[:pid], parent(pid), "the master adopts the workers the mold forks" }
+    assert_includes process_title(mold), "neverblock mold"
+  end
+
+  def test_the_next_generation_shares_a_cache_built_after_boot
+    server = serve("refork.ru", "-w", "2", "--refork-after", "20", env: { "NB_REFORK_CACHE_MB" => "100" })
+    mold = nil
+    eventually(timeout: 60) do
+      get(server)
+      mold ||= output_lines(server).join[/\(pid (\d+)\) is the mold/, 1]&.to_i
+      mold && workers(server).size == 2 && workers(server).all? { |pid| answer_from(server, pid) == mold }
+    end
+    workers(server).each do |pid|
+      memory = smaps_rollup(pid)
+      assert_operator memory["Rss"], :>, 90 * 1024, "worker #{pid} maps the cache: #{memory}"
+      assert_operator memory["Rss"] - memory["Pss"], :>, 40 * 1024, "worker #{pid} shares the cache with the mold and its sibling: #{memory}"
+    end
+  end
+
+  def test_reforked_workers_keep_their_pools_their_watchdog_and_rolling_restarts
+    env = { "NB_TEST_PG" => JSON.generate(pg_conninfo) }
+    server = serve("refork.ru", "-w", "2", "--refork-after", "10", "--worker-timeout", "2", env: env)
+    before = []
+    mold = eventually(timeout: 60) do
+      before << get(server, "/backend").body.split.map { |number| Integer(number) }
+      output_lines(server).join[/\(pid (\d+)\) is the mold/, 1]&.to_i
+    end
+    eventually(timeout: 30) { workers(server).size == 2 && workers(server).all? { |pid| answer_from(server, pid) == mold } }
+    after = Array.new(12) { get(server, "/backend").body.split.map { |number| Integer(number) } }
+    molds_connections = before.select { |pid, _backend| pid == mold }.map(&:last)
+    refute_empty molds_connections
+    assert_empty after.map(&:last) & molds_connections, "the new generation opened connections of its own"
+    assert_empty after.map(&:first) & before.map(&:first), "the new generation answered"
+
+    hung = workers(server)
+    spinning = Thread.new { get(server, "/spin") rescue nil } # rubocop:disable Style/RescueModifier -- its worker is killed
+    wait_for_line(server, /killed by the watchdog/, timeout: 30)
+    eventually(timeout: 30) do
+      (fresh = workers(server) - hung).any? && fresh.all? { |pid| answer_from(server, pid) == mold }
+    end
+    spinning.join(5)
+
+    Process.kill("USR2", server[:pid])
+    eventually(timeout: 30) { !alive?(mold) }
+    eventually(timeout: 30) do
+      workers(server).size == 2 && workers(server).all? { |pid| answer_from(server, pid) == pid }
+    end
+    assert_equal "200", get(server, "/backend").code
+  end
+
+  def test_a_promotion_is_refused_while_another_thread_computes_and_says_why
+    server = serve("refork.ru", "-w", "1")
+    busy = Integer(get(server, "/busy").body.split.first)
+    Process.kill("URG", server[:pid])
+    line = wait_for_line(server, /refused to become the mold/, timeout: 30)
+    assert_match(/worker 0 \(pid #{busy}\) refused to become the mold: 1 other thread\(s\) still running after \d+ s \(busy-spinner at .*refork\.ru:\d+/, line)
+    eventually(timeout: 30) { (w = workers(server)).size == 1 && w.first != busy }
+    pid, warmed = get(server).body.split.map { |number| Integer(number) }
+    assert_equal pid, warmed, "its successor comes from the master"
+    refute_match(/died|killed by the watchdog|is the mold/, output_lines(server).join)
+  end
+
+  def test_refork_after_needs_request_counts
+    error = assert_raises(ArgumentError) { NeverBlock::Server.new(->(_env) {}, workers: 2, refork_after: [10, 0]) }
+    assert_match(/refork_after must be request counts above 0/, error.message)
+    assert_equal [10, 100], NeverBlock::Server.new(->(_env) {}, workers: 2, refork_after: [10, 100]).supervision.refork_after
+    assert_equal [], NeverBlock::Server.new(->(_env) {}, workers: 2).supervision.refork_after
+    out, status = Open3.capture2e(RbConfig.ruby, EXE, "serve", "--refork-after", "10,x", File.join(FIXTURES, "hello.ru"))
+    assert_equal 64, status.exitstatus, out
+    assert_match(/--refork-after 10,x \(request counts/, out)
+  end
+
+  def test_a_config_file_sets_refork_after_and_before_refork
+    Dir.mktmpdir do |dir|
+      File.write(File.join(dir, "config.rb"), "refork_after 50, 500\nbefore_refork { |index| index }\n")
+      options = NeverBlock::CLI::ConfigFile.load(File.join(dir, "config.rb"))
+      assert_equal [50, 500], options[:refork_after]
+      assert_respond_to options[:before_refork], :call
+    end
+  end
+
+  private
+
+  # A client on one keep-alive connection, GET after GET, until
+  # @hammering is false; Net::HTTP does not retry: a request the server
+  # dropped is an error.
+  def keep_alive_client(port, answers, errors)
+    @hammering = true
+    Thread.new do
+      Net::HTTP.start("127.0.0.1", port, open_timeout: 5, read_timeout: 30) do |http|
+        http.max_retries = 0
+        while @hammering
+          begin
+            response = http.get("/")
+            next errors << "#{response.code}: #{response.body}" unless response.code == "200"
+
+            answers << response.body.split.map { |number| Integer(number) }
+          rescue StandardError => e
+            errors << "#{e.class}: #{e.message}"
+            http.finish if http.started?
+            http.start
+          end
+        end
+      end
+    end
+  end
+
+  # The pids of the master's serving workers (not its mold).
+  def workers(server)
+    worker_pids(server[:pid]).select { |pid| process_title(pid).include?("neverblock worker") }
+  end
+
+  # WARMED_IN of an answer from worker `pid` (a few tries: any worker may answer).
+  def answer_from(server, pid)
+    20.times do
+      answered, warmed = get(server).body.split.map { |number| Integer(number) }
+      return warmed if answered == pid
+    end
+    nil
+  end
+
+  def process_title(pid)
+    File.read("/proc/#{pid}/cmdline").tr("\0", " ")
+  rescue SystemCallError
+    ""
+  end
+
+  def parent(pid)
+    Integer(File.read("/proc/#{pid}/stat")[/\) \S (\d+)/, 1])
+  end
+
+  # kB, by field.
+  def smaps_rollup(pid)
+    File.read("/proc/#{pid}/smaps_rollup").scan(/^(\w+):\s+(\d+) kB/).to_h { |name, kb| [name, Integer(kb)] }
+  end
+
+end
