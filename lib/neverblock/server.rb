@@ -27,6 +27,7 @@ require_relative "server/exchange"
 require_relative "server/parking"
 require_relative "server/connection"
 require_relative "server/introspection"
+require_relative "server/cluster_interface"
 require_relative "server/cluster/hot_restart"
 require_relative "server/cluster/watchdog"
 require_relative "server/cluster/refork"
@@ -94,6 +95,7 @@ module NeverBlock
   #   holding no request slot; `rack.url_scheme` is "https" there.
   class Server
     include Introspection
+    include ClusterInterface
 
     # SERVER_SOFTWARE in the env.
     SOFTWARE = "NeverBlock/#{VERSION}"
@@ -127,7 +129,6 @@ module NeverBlock
     # Seconds a stopping server keeps idle keep-alive connections open for a
     # request already on its way (see {#stop}).
     STOP_IDLE_GRACE = 1.0
-
 
     # @return [#call] the Rack app.
     attr_reader :app
@@ -259,14 +260,13 @@ module NeverBlock
       if status_path
         raise ArgumentError, "status_path must start with /, got #{status_path.inspect}" unless status_path.to_s.start_with?("/")
 
-        @app = StatusEndpoint.new(app, self, status_path.to_s)
+        @app = StatusEndpoint.new(app, method(:stats), status_path.to_s)
       end
       @cluster = nil
       @worker_index = nil
       @on_ready = nil
       @metrics = nil # Metrics, when the master serves /metrics
       @systemd = nil # Systemd::Notifier, with workers: 0 under systemd
-      @watchdog_pings = nil # its task
       @access_log = AccessLog.build(access_log, format: access_log_format)
 
       @limits = Limits.build(limits)
@@ -344,7 +344,7 @@ module NeverBlock
         @on_ready&.call
         if @workers.zero?
           call_hook(:on_booted)
-          notify_systemd
+          @systemd = Systemd::Notifier.serving("serving on #{@listeners.map(&:address).join(', ')}")
         end
         @wake_reader.wait_readable until @stop_requested
         shutdown
@@ -383,28 +383,6 @@ module NeverBlock
     end
 
     # @api private
-    # @return [Hash{Symbol => #call, nil}] `before_fork`, `on_worker_boot`.
-    attr_reader :hooks
-
-    # @api private
-    attr_writer :cluster, :worker_index, :on_ready
-
-    # @api private
-    # The master's {Handoff}, given to a forked worker ({Cluster::Worker}):
-    # the worker takes part in it while serving.
-    attr_writer :handoff
-
-    # @api private
-    # Runs the block in a task of its own while serving: from when the
-    # acceptors start until the server stops, when the task is cancelled (a
-    # worker's heartbeat and command reader, {Cluster::Worker}). Call before
-    # {#serve_here}.
-    # @return [void]
-    def while_serving(&block)
-      @serving_jobs << block
-    end
-
-    # @api private
     # Opens the listening sockets (or takes those systemd passed, see
     # {Systemd}); a passed socket that no bind address names gets a listener
     # of its own.
@@ -414,65 +392,6 @@ module NeverBlock
       Systemd.unclaimed.each { |server| @listeners << Listener.adopt(server) }
       @listeners
     end
-
-    # @api private
-    # The command line a master executes again on HUP (a hot restart, see
-    # {Cluster::HotRestart}), and the directory to run it in; set by
-    # `neverblock serve`, nil otherwise (HUP is then refused with a warning).
-    # @return [Array(Array<String>, String), nil]
-    attr_accessor :restart_command
-
-    # @api private
-    # @return [Cluster::Settings] how a master supervises its workers.
-    attr_reader :supervision
-
-    # @api private
-    # Calls the hook `name` with `args`; one that raises is logged, not
-    # let through (a master, or a stopping worker, must go on).
-    # @return [void]
-    def call_hook(name, *args)
-      @hooks[name]&.call(*args)
-    rescue StandardError => e
-      NeverBlock.logger.error { "NeverBlock::Server: the #{name} hook raised #{e.class}: #{e.message}\n#{(e.backtrace || []).first(10).join("\n")}" }
-    end
-
-    # @api private
-    # Makes a Server that served and stopped (a worker promoted to mold,
-    # {Cluster::Mold}) ready to serve again, in a process forked from it:
-    # a new wake pipe and a fresh request path (admission, acceptor,
-    # connection context), as {#initialize} built them; the app, the
-    # listeners and the hooks are the ones it served with.
-    # @return [void]
-    def renew
-      own_wake_pipe
-      assemble
-    end
-
-    # @api private
-    # A worker that becomes a mold keeps its listening sockets open when it
-    # stops serving: the workers forked from it serve them.
-    attr_writer :keep_listeners
-
-    # @api private
-    # @return [Boolean] this worker was promoted to mold ({Cluster::Mold}).
-    attr_accessor :molding
-
-    # @api private
-    # Gives a forked worker a wake pipe of its own. The one made in
-    # #initialize is inherited by every worker: one worker's {#stop} would
-    # leave its byte there for all of them, and each one's loop in
-    # {#serve_here} would find the pipe readable forever (a busy loop).
-    # Call before the worker's stop signal handlers are installed.
-    # @return [void]
-    def own_wake_pipe
-      @wake_reader.close
-      @wake_writer.close
-      @wake_reader, @wake_writer = IO.pipe
-    end
-
-    # @api private
-    # @return [AccessLog, nil]
-    attr_reader :access_log
 
     private
 
@@ -494,16 +413,6 @@ module NeverBlock
       @last_stop = false
     end
 
-    # With a {Handoff} from the master (a worker beside others): joins it,
-    # publishing the connections its {Acceptor} counts as active.
-    # @return [Handoff, nil] the handoff joined.
-    def joined_handoff
-      return nil unless @handoff && @worker_index &&
-                        @handoff.attach(@worker_index, @listeners, @acceptor.method(:active_connections))
-
-      @handoff
-    end
-
     # The stop, in order: no more accepts (at the server's last stop what
     # the kernel queued is taken in, {Acceptor#take_backlog}; the listeners
     # close), idle
@@ -515,8 +424,8 @@ module NeverBlock
     def shutdown
       @context.stopping = true
       @context.handoff&.close # siblings send no more; the Acceptor takes up what they sent
-      @systemd&.stopping
-      (@serving_tasks + [@watchdog_pings]).each { |task| task&.cancel }
+      @systemd&.stopping # (and its watchdog pings end)
+      @serving_tasks.each(&:cancel)
       @admission.stop
       @acceptor.stop_accepting
       @acceptor.take_backlog if @last_stop || @workers.zero?
@@ -526,23 +435,6 @@ module NeverBlock
       # above (a TLS handshake that ends now), and then closes in idle_timeout.
       @sweeper&.cancel
       @acceptor.close
-    end
-
-    # With `workers: 0` this process is the service systemd watches (a
-    # master does it for its workers, see {Cluster}): READY=1 now, STOPPING=1
-    # when it stops, and WATCHDOG=1 from a task of the loop.
-    def notify_systemd
-      @systemd = Systemd::Notifier.new
-      return (@systemd = nil) unless @systemd.enabled?
-
-      @systemd.ready("serving on #{@listeners.map(&:address).join(', ')}")
-      interval = @systemd.watchdog_interval or return
-      @watchdog_pings = NeverBlock.spawn(detached: true) do
-        loop do
-          @systemd.watchdog
-          NeverBlock.sleep(interval)
-        end
-      end
     end
   end
 end

@@ -9,11 +9,11 @@ module NeverBlock
     # front of the app when given `status_path:`.
     class StatusEndpoint
       # @param app [#call] the app behind it.
-      # @param server [Server] whose stats it shows.
+      # @param stats [#call] returns the Hash to show ({Server#stats}).
       # @param path [String] like `"/_neverblock/status"`.
-      def initialize(app, server, path)
+      def initialize(app, stats, path)
         @app = app
-        @server = server
+        @stats = stats
         @path = path
       end
 
@@ -28,7 +28,7 @@ module NeverBlock
                   ["method not allowed\n"]]
         end
 
-        body = "#{JSON.generate(@server.stats)}\n"
+        body = "#{JSON.generate(@stats.call)}\n"
         [200, { "content-type" => "application/json", "cache-control" => "no-store",
                 "content-length" => body.bytesize.to_s }, method == "HEAD" ? [] : [body]]
       end

@@ -110,6 +110,22 @@ module NeverBlock
           @pinged_at = nil
           @failed = false
           @socket = nil
+          @pings = nil # the task of #ping_watchdog_while_serving
+        end
+
+        # The one process of `workers: 0` is the service systemd watches (a
+        # master does it for its workers, see {Cluster}): READY=1 now,
+        # WATCHDOG=1 from a task of the running loop, STOPPING=1 at
+        # {#stopping}. Called on the serving loop.
+        # @param status [String]
+        # @return [Notifier, nil] nil when systemd does not listen.
+        def self.serving(status)
+          notifier = new
+          return nil unless notifier.enabled?
+
+          notifier.ready(status)
+          notifier.ping_watchdog_while_serving
+          notifier
         end
 
         # @return [Boolean] whether systemd listens (NOTIFY_SOCKET is set).
@@ -136,9 +152,11 @@ module NeverBlock
           notify("RELOADING=1", "MONOTONIC_USEC=#{now}", "STATUS=#{status}")
         end
 
+        # Also ends the pings of {#ping_watchdog_while_serving}.
         # @return [void]
         def stopping(status = "stopping")
           notify("STOPPING=1", "STATUS=#{status}")
+          @pings&.cancel
         end
 
         # @return [void]
@@ -156,6 +174,21 @@ module NeverBlock
 
           @pinged_at = now
           notify("WATCHDOG=1")
+        end
+
+        # With a watchdog: `WATCHDOG=1` every {#watchdog_interval} from a
+        # task of the running loop, until {#stopping}. A loop held by a fiber
+        # then misses its pings, and systemd restarts the service.
+        # @return [void]
+        def ping_watchdog_while_serving
+          interval = watchdog_interval or return
+
+          @pings = NeverBlock.spawn(detached: true) do
+            loop do
+              watchdog
+              NeverBlock.sleep(interval)
+            end
+          end
         end
 
         # @return [Float, nil] seconds until the next watchdog ping is due.

@@ -53,6 +53,15 @@ class ServerSystemdTest < PlainTest
     assert wait_exit(server).success?
   end
 
+  def test_one_process_pings_the_watchdog_from_its_loop_until_it_stops
+    server = serve("pids.ru", "-w", "0", env: { "NOTIFY_SOCKET" => @notify_path, "WATCHDOG_USEC" => "400000" })
+    next_message { |message| message.include?("READY=1") }
+    2.times { next_message { |message| message == "WATCHDOG=1" } } # every 0.2 s, half of WatchdogSec
+    Process.kill("TERM", server[:pid])
+    next_message { |message| message.include?("STOPPING=1") }
+    assert wait_exit(server).success?
+  end
+
   def test_socket_activation_serves_the_sockets_systemd_passed
     port = free_port
     path = File.join(@dir, "app.sock")

@@ -1,0 +1,188 @@
+# frozen_string_literal: true
+
+module NeverBlock
+  class Server
+    class Parser < LLHttp::Delegate
+      # How a {Parser} gives llhttp the bytes of a head its C fast path
+      # declined, and checks what llhttp reports as it goes: the head ends
+      # only at CRLF CRLF (#take_head, #head_end), the request line is
+      # `METHOD SP target SP version CRLF` (#check_request_line), no obs-fold,
+      # no whitespace in a header name, and the head {Limits}
+      # (`max_request_target`, `max_header_bytes`, `max_headers`), which
+      # llhttp has no notion of. The headers go straight into the request's
+      # env (#store_header).
+      #
+      # Mixed into Parser, on its state. Called from Parser#<< at a head
+      # (#take_head) and by llhttp (the `on_*` callbacks, from its `<<` in
+      # #feed_head); when a head ends it calls Parser#start_body, and
+      # Parser#upgrade when llhttp pauses at an Upgrade or CONNECT request.
+      # A refusal raises {HTTPError} through Parser#fail_with.
+      module HeadFeeding
+        # llhttp error names mapped to statuses other than 400.
+        STATUSES = { "HPE_PAUSED_H2_UPGRADE" => 505, "HPE_INVALID_VERSION" => 505 }.freeze
+
+        # The end of a head (strict llhttp takes no bare LF as a line end).
+        HEAD_END = "\r\n\r\n"
+
+        HTTP_KEYS = {} # rubocop:disable Style/MutableConstant -- a bounded cache
+        private_constant :HTTP_KEYS, :HEAD_END
+
+        # --- llhttp callbacks -------------------------------------------------
+
+        def on_message_begin
+          @started_at = Clock.now
+          @in_message = true
+          @url = nil
+          @field = nil
+          @value = nil
+          @headers = @base_env.dup # the request's env: headers go straight into it
+          @header_bytes = 0
+          @header_count = 0
+        end
+
+        def on_url(fragment)
+          @url ? @url << fragment : (@url = fragment)
+          fail_with(414, "request target over #{@limits.max_request_target} bytes") if @url.bytesize > @limits.max_request_target
+        end
+
+        def on_header_field(fragment)
+          @field ? @field << fragment : (@field = fragment)
+          count_header_bytes(fragment)
+        end
+
+        # A value arrives in one fragment per read it spans. A second fragment
+        # from the same read, or one after a read that ended at a line end,
+        # is an obs-fold continuation line (`X: a\r\n b`), which llhttp
+        # joins to the value: refused, as proxies may read it otherwise.
+        def on_header_value(fragment)
+          if @value
+            fail_with(400, "obs-fold (a header line continued on the next line)") if @value_fragments.positive? || @line_ended
+            @value << fragment
+          else
+            @value = fragment
+          end
+          @value_fragments += 1
+          count_header_bytes(fragment)
+        end
+
+        # llhttp calls this after every value, empty ones included.
+        def on_header_value_complete
+          store_header
+        end
+
+        private
+
+        # Gives llhttp the bytes of the current head from `offset`, up to its
+        # end if it ends in `data`; once it does, readies the body's framing.
+        # @return [Integer] the offset after what it took.
+        def take_head(data, offset)
+          unless @in_message
+            # Empty lines before a request line are skipped, as llhttp would (RFC 9112 2.2).
+            offset += 1 while (byte = data.getbyte(offset)) == 13 || byte == 10
+            return offset if byte.nil?
+
+            check_request_line(data, offset)
+          end
+          stop = head_end(data, offset)
+          unless stop
+            feed_head(offset.zero? ? data : data.byteslice(offset, data.bytesize - offset), data, nil)
+            remember_tail(data, offset)
+            return data.bytesize
+          end
+
+          # llhttp 8.1 also ends a head at `\r\n\n` and at `\r\n\r` and any
+          # byte; NeverBlock only at `\r\n\r\n`. So the empty line's CRLF
+          # (its LF alone, when its CR came in the last read) is fed on its
+          # own, and the head must end there (Parser#on_headers_complete).
+          split = stop - 2 < offset ? offset : stop - 2
+          feed_head(data.byteslice(offset, split - offset), data, nil) if split > offset
+          @head_ending = true
+          feed_head(data.byteslice(split, stop - split), data, stop)
+          @head_ending = false
+          @head_tail = nil
+          start_body(@current) if @current # (nil when llhttp completed a request without a body)
+          stop
+        end
+
+        # Gives llhttp `part` of `data`; `stop` is where the head ends in `data`
+        # when `part` ends it.
+        def feed_head(part, data, stop)
+          @value_fragments = 0
+          @llhttp << part
+        rescue LLHttp::Error => e
+          raise @error if @error
+
+          name = e.message[/HPE_\w+/]
+          upgrade(data, stop) if name == "HPE_PAUSED_UPGRADE" # (only ever at a head's end)
+          raise HTTPError.new(STATUSES.fetch(name, 400), e.message)
+        ensure
+          @line_ended = part.end_with?("\n", "\r")
+        end
+
+        # llhttp 8.1 takes a request line ended by a bare LF, and more than one
+        # space between its parts; a proxy may read either otherwise. Checked
+        # when the line is whole in this read (a line split over reads is
+        # left to llhttp).
+        def check_request_line(data, offset)
+          newline = data.index("\n", offset) or return
+          return if data.getbyte(newline - 1) == 13 && data.byteslice(offset, newline - offset).count(" ") == 2
+
+          fail_with(400, "request line not `METHOD SP target SP version CRLF`")
+        end
+
+        # @return [Integer, nil] the offset just after the current head's empty
+        #   line, nil when it does not end in `data`.
+        def head_end(data, offset)
+          if (tail = @head_tail)
+            spanning = (tail + data.byteslice(offset, 3)).index(HEAD_END)
+            return offset + spanning + 4 - tail.bytesize if spanning
+          end
+          found = data.index(HEAD_END, offset)
+          found && found + 4
+        end
+
+        # Keeps the last three bytes of the head so far: its end may span reads.
+        def remember_tail(data, offset)
+          size = data.bytesize
+          tail = size - offset >= 3 || @head_tail.nil? ? data.byteslice(offset, size - offset) : @head_tail + data.byteslice(offset, size - offset)
+          @head_tail = tail.bytesize > 3 ? tail.byteslice(tail.bytesize - 3, 3) : tail
+        end
+
+        def count_header_bytes(fragment)
+          return if (@header_bytes += fragment.bytesize + 4) <= @limits.max_header_bytes
+
+          fail_with(431, "header block over #{@limits.max_header_bytes} bytes")
+        end
+
+        def store_header
+          field = @field || +""
+          value = @value || +""
+          @field = @value = nil
+          fail_with(431, "more than #{@limits.max_headers} headers") if (@header_count += 1) > @limits.max_headers
+          # llhttp lets `Host : x` through, which a proxy might read differently: refused.
+          fail_with(400, "whitespace in header name #{field.inspect}") if field.include?(" ") || field.include?("\t")
+          fail_with(400, "empty header name") if field.empty?
+          key = http_key(field)
+          return unless key # a name with "_" could pose as one with "-": dropped, as Puma and nginx do
+          return unless @headers # a trailer after a chunked body: counted above, not kept (see #on_headers_complete)
+
+          value.strip!
+          existing = @headers[key]
+          @headers[key] = existing ? "#{existing}#{key == 'HTTP_COOKIE' ? '; ' : ', '}#{value}" : value
+        end
+
+        def http_key(field)
+          key = HTTP_KEYS[field]
+          return key if key
+          return nil if field.include?("_")
+
+          key = "HTTP_#{field.upcase.tr('-', '_')}".freeze
+          key = "CONTENT_TYPE" if key == "HTTP_CONTENT_TYPE"
+          key = "CONTENT_LENGTH" if key == "HTTP_CONTENT_LENGTH"
+          HTTP_KEYS[field.dup.freeze] = key if HTTP_KEYS.size < 512
+          key
+        end
+      end
+    end
+  end
+end
