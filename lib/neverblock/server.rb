@@ -175,7 +175,8 @@ module NeverBlock
     # @param refork_after [Array<Integer>, nil] request counts: a worker
     #   that served the first is promoted to mold and the next generation
     #   of workers is forked from it; the next count is for that generation,
-    #   and so on ({Cluster::Settings}). Linux only (ArgumentError elsewhere).
+    #   the last repeats unless it is `false` ({Cluster::Settings}). Linux
+    #   only (ArgumentError elsewhere).
     # @param worker_timeout [Numeric, nil] seconds a worker's loop may stay
     #   held by one fiber before the master kills and replaces it (see
     #   {Cluster::Settings}; default 60, nil: never).

@@ -31,7 +31,7 @@ module NeverBlock
     #   worker_timeout 30                  # false: never kill a worker whose loop is held
     #   max_requests 10_000                # replace a worker after that many (plus jitter)
     #   max_memory "512M"                  # or bytes; memory_metric :pss to count shared pages shared
-    #   refork_after 100, 1000             # fork each next generation from a worker that served that many
+    #   refork_after 100, 1000             # fork the next generation from a worker that served 100, then every 1000
     #   before_fork { ActiveRecord::Base.connection_handler.clear_all_connections! }
     #   on_worker_boot { |index| MyStats.reconnect }
     #   before_worker_shutdown { |index| MyStats.flush }

@@ -125,9 +125,9 @@ module NeverBlock
                                                   "by one request (default 60)") { |seconds| set(:worker_timeout, seconds) }
           o.on("--max-requests N", Integer, "replace a worker after about N requests (plus up to a tenth), " \
                                             "its successor booted first") { |n| set(:max_requests, n) }
-          o.on("--refork-after N,N", Array, "fork each next generation of workers from one that served N requests " \
-                                            "(Linux; see also neverblock ctl refork)") do |counts|
-            set(:refork_after, counts.map { |count| Integer(count, 10) })
+          o.on("--refork-after N,N", Array, "fork each next generation of workers from one that served N requests; " \
+                                            "the last N repeats, unless false (Linux; also neverblock ctl refork)") do |counts|
+            set(:refork_after, counts.map { |count| count == "false" ? false : Integer(count, 10) })
           rescue ArgumentError
             raise OptionParser::InvalidArgument, "--refork-after #{counts.join(',')} (request counts, like 100,1000)"
           end

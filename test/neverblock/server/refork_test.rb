@@ -20,7 +20,7 @@ class ServerReforkTest < PlainTest
   end
 
   def test_a_refork_under_keep_alive_load_loses_no_request_and_the_new_generation_shares_the_molds_memory
-    server = serve("refork.ru", "-w", "2", "--refork-after", "200")
+    server = serve("refork.ru", "-w", "2", "--refork-after", "200,false")
     answers = Queue.new
     errors = Queue.new
     clients = Array.new(4) { keep_alive_client(server[:port], answers, errors) }
@@ -42,7 +42,7 @@ class ServerReforkTest < PlainTest
   end
 
   def test_the_next_generation_shares_a_cache_built_after_boot
-    server = serve("refork.ru", "-w", "2", "--refork-after", "20", env: { "NB_REFORK_CACHE_MB" => "100" })
+    server = serve("refork.ru", "-w", "2", "--refork-after", "20,false", env: { "NB_REFORK_CACHE_MB" => "100" })
     mold = nil
     eventually(timeout: 60) do
       get(server)
@@ -58,7 +58,7 @@ class ServerReforkTest < PlainTest
 
   def test_reforked_workers_keep_their_pools_their_watchdog_and_rolling_restarts
     env = { "NB_TEST_PG" => JSON.generate(pg_conninfo) }
-    server = serve("refork.ru", "-w", "2", "--refork-after", "10", "--worker-timeout", "2", env: env)
+    server = serve("refork.ru", "-w", "2", "--refork-after", "10,false", "--worker-timeout", "2", env: env)
     before = []
     mold = eventually(timeout: 60) do
       before << get(server, "/backend").body.split.map { |number| Integer(number) }
@@ -99,11 +99,24 @@ class ServerReforkTest < PlainTest
     refute_match(/died|killed by the watchdog|is the mold/, output_lines(server).join)
   end
 
+  def test_the_last_refork_after_count_repeats
+    server = serve("refork.ru", "-w", "1", "--refork-after", "5,10")
+    eventually(timeout: 60) do
+      get(server)
+      output_lines(server).join.scan(/is the mold; forking generation (\d+)/).flatten.last.to_i >= 3
+    end
+    log = output_lines(server).join
+    assert_match(/served \d+ requests \(refork_after 5\)/, log)
+    assert_operator log.scan(/served \d+ requests \(refork_after 10\)/).size, :>=, 2, log
+  end
+
   def test_refork_after_needs_request_counts
     error = assert_raises(ArgumentError) { NeverBlock::Server.new(->(_env) {}, workers: 2, refork_after: [10, 0]) }
     assert_match(/refork_after must be request counts above 0/, error.message)
     assert_equal [10, 100], NeverBlock::Server.new(->(_env) {}, workers: 2, refork_after: [10, 100]).supervision.refork_after
     assert_equal [], NeverBlock::Server.new(->(_env) {}, workers: 2).supervision.refork_after
+    assert_equal [10, false], NeverBlock::Server.new(->(_env) {}, workers: 2, refork_after: [10, false]).supervision.refork_after
+    assert_raises(ArgumentError) { NeverBlock::Server.new(->(_env) {}, workers: 2, refork_after: [false, 10]) }
     out, status = Open3.capture2e(RbConfig.ruby, EXE, "serve", "--refork-after", "10,x", File.join(FIXTURES, "hello.ru"))
     assert_equal 64, status.exitstatus, out
     assert_match(/--refork-after 10,x \(request counts/, out)

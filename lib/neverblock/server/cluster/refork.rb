@@ -13,7 +13,8 @@ module NeverBlock
       # each of them.
       #
       # 1. A worker of the current generation is promoted: when it has served
-      #    the next count of `refork_after`, or on demand (`URG`, `neverblock
+      #    the next count of `refork_after` (the last repeats, unless it
+      #    is `false`), or on demand (`URG`, `neverblock
       #    ctl refork`: the one that served most). The master writes `mold`
       #    to it.
       # 2. It stops accepting, finishes its requests (its siblings serve on),
@@ -135,7 +136,7 @@ module NeverBlock
         # workers; gives up on a candidate that does not report in time.
         def continue_refork
           return watch_candidate if @candidate
-          return unless @refork_wanted || @refork_counts.any?
+          return unless @refork_wanted || @refork_counts.first
           return if @stopping || @boot_paused || !@restart_queue.empty? || !@retiring.empty?
 
           serving = @workers.each_value.select do |worker|
@@ -153,7 +154,7 @@ module NeverBlock
         def promote(worker, why)
           Refork.subreaper!
           @refork_wanted = false
-          @refork_counts.shift unless @refork_counts.empty?
+          @refork_counts.shift if @refork_counts.size > 1 # the last repeats (false: none after it)
           @candidate = worker
           @candidate_deadline = Clock.now + @server.limits.shutdown_timeout + Mold::THREADS_SETTLE + 30
           worker.promoting = true

@@ -32,12 +32,13 @@ module NeverBlock
       #   answers `/metrics`, `/stats`, `/tasks` and commands ({Control};
       #   default nil: none), `control_token` the token a TCP one wants
       #   (default: one is made and logged).
-      # - `refork_after` :: request counts (`[50, 1000]`): when a worker of
-      #   the current generation has served the first, it is promoted to
+      # - `refork_after` :: request counts (`[50, 100, 1000]`): when a worker
+      #   of the current generation has served the first, it is promoted to
       #   mold and the next generation is forked from it ({Refork}); the
-      #   second counts for that generation, and so on; after the last no
-      #   more reforks come by themselves (default empty: none; `neverblock
-      #   ctl refork` and `URG` promote one at any time).
+      #   second counts for that generation, and so on; the last repeats for
+      #   every later generation, unless it is `false` (`[50, false]`: one
+      #   refork), as in Pitchfork (default empty: none; `neverblock ctl
+      #   refork` and `URG` promote one at any time).
       Settings = Struct.new(:worker_timeout, :worker_boot_timeout, :max_requests, :max_requests_jitter,
                             :max_memory, :memory_metric, :supervise, :control, :control_token, :refork_after,
                             keyword_init: true) do
@@ -68,15 +69,20 @@ module NeverBlock
               control_token: control_token&.to_s, refork_after: refork_after!(refork_after)).freeze
         end
 
-        # @return [Array<Integer>] `counts` (nil, false or [] for none), each a
-        #   positive Integer, on a platform that can refork.
+        # @return [Array<Integer, false>] `counts` (nil, false or [] for none),
+        #   each a positive Integer, the last possibly `false`, on a platform
+        #   that can refork.
         # @raise [ArgumentError] otherwise.
         def self.refork_after!(counts)
           counts = [] if counts.nil? || counts == false
           counts = Array(counts)
-          unless counts.all? { |count| count.is_a?(Integer) && count.positive? }
-            raise ArgumentError, "refork_after must be request counts above 0, like [50, 1000], got #{counts.inspect}"
+          counts = counts[0...-1] + [false] if counts.last == false # (the end: nothing repeats)
+          unless counts[0...-1].all? { |count| count.is_a?(Integer) && count.positive? } &&
+                 (counts.empty? || counts.last == false || (counts.last.is_a?(Integer) && counts.last.positive?))
+            raise ArgumentError, "refork_after must be request counts above 0, the last may be false, like [50, 1000], " \
+                                 "got #{counts.inspect}"
           end
+          counts = [] if counts == [false]
           raise ArgumentError, "refork_after: #{Refork.unavailable}" if counts.any? && Refork.unavailable
 
           counts.freeze
