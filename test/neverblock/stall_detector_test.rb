@@ -38,16 +38,25 @@ class StallDetectorTest < PlainTest
   # unreported). It is reported by the detector's late wake: on Ruby 3.1
   # and 3.2 with the frame the call returned to; on 3.3+, which hands the
   # GVL over only at the fiber's next wait here, without a backtrace.
+  #
+  # The detector tells such a call from a process that got no CPU by the CPU
+  # the process used meanwhile: on a machine so loaded that the digest got
+  # under a quarter of the wall time it took, it stays silent. Such a run is
+  # tried again, up to three times.
   def test_a_c_call_that_keeps_the_gvl_is_reported
     big = "x" * 150_000_000 # 0.3-1 s
-    log = with_log do
-      NeverBlock.run(stall_threshold: 0.1) do
-        NeverBlock.spawn do
-          sleep 0.3 # the detector's thread runs and samples first
-          Digest::SHA256.digest(big)
+    log = nil
+    3.times do
+      log = with_log do
+        NeverBlock.run(stall_threshold: 0.1) do
+          NeverBlock.spawn do
+            sleep 0.3 # the detector's thread runs and samples first
+            Digest::SHA256.digest(big)
+          end
+          NeverBlock.spawn { 20.times { sleep 0.02 } } # another fiber that waits meanwhile
         end
-        NeverBlock.spawn { 20.times { sleep 0.02 } } # another fiber that waits meanwhile
       end
+      break unless log.empty?
     end
     if RUBY_VERSION < "3.3"
       assert_equal 1, log.scan(WARNING).size, log # (by the late wake, or a sample taken after the switch)
