@@ -105,6 +105,7 @@ module NeverBlock
         @wait_cut = false # a wait on the socket was cut short (see #movable?)
         @app_task = nil # the task calling the app, while HangupWatch watches it
         @hung_up = false # its client hung up while the app ran (see #cancel_for_hangup)
+        @stop_grace_taken = false # it waited for a request on its way at a stop (see #request_on_its_way?)
       end
 
       # Serves requests until the client or HTTP ends the connection, an
@@ -245,7 +246,7 @@ module NeverBlock
             return unless keep_open
           end
           return refuse(error) if error
-          return if @context.stopping? && !@parser.in_message?
+          return if @context.stopping? && !@parser.in_message? && !request_on_its_way?
 
           if (request = requests.first)&.expects_continue
             request.expects_continue = false
@@ -257,6 +258,25 @@ module NeverBlock
       ensure
         @parser&.requests&.each(&:close) # refused or cut short: their spooled bodies
         release_slot
+      end
+
+      # The server is stopping, and the last response's head, sent before
+      # the stop began (a stream, a long body), promised keep-alive: its
+      # client may reuse the connection the moment the response ends (a
+      # proxy does) and have sent its next request already. As an idle
+      # connection at a stop gets (Acceptor#drain), it gets STOP_IDLE_GRACE
+      # (at most `idle_timeout`) for that request, which is then answered
+      # with `connection: close`; once per connection. Closed at once, the
+      # request would be reset unread, and a proxy tells its client only
+      # EOF. Holds no request slot meanwhile, and is not idle to the drain
+      # (which may be over): its own wait bounds it.
+      # @return [Boolean] whether the client sent something (or closed) in time.
+      def request_on_its_way?
+        return false if @stop_grace_taken
+
+        @stop_grace_taken = true
+        release_slot
+        @socket.wait_readable([STOP_IDLE_GRACE, @limits.idle_timeout].min) ? true : false
       end
 
       # @return [String, nil] the next bytes, or nil when the connection

@@ -1,0 +1,54 @@
+# frozen_string_literal: true
+
+require_relative "server_helper"
+
+# A response whose head went out before a stop began (a stream, a long body)
+# promised keep-alive: it has no `connection: close`. A client that reuses
+# its connection the moment the response ends (a proxy with `http-reuse`)
+# may have sent its next request before it sees the server close. The stop
+# gives such a connection what it gives an idle one: STOP_IDLE_GRACE for a
+# request on its way, answered with `connection: close`. Closed at once
+# instead, the request was reset unread, and a proxy tells its client
+# nothing but EOF (the fleet drill's lost request in a hot restart).
+class ServerStopKeepAliveTest < PlainTest
+  include ServerHelper
+
+  # A stream that stops the server between its two events, and ends once
+  # the stop has begun.
+  def stopping_stream
+    lambda do |env|
+      return [200, { "content-length" => "5" }, ["after"]] if env["PATH_INFO"] == "/after"
+
+      events = Enumerator.new do |stream|
+        stream << "data: 1\n\n"
+        @server.stop
+        sleep 0.01 until @server.stopping?
+        stream << "data: 2\n\n"
+      end
+      [200, { "content-type" => "text/event-stream" }, events]
+    end
+  end
+
+  def test_a_request_sent_the_moment_a_stream_ends_during_a_stop_is_answered
+    start_server(stopping_stream, lint: false, idle_timeout: 60)
+    socket = connect
+    socket.write(get("/stream"))
+    status, headers, body = read_response(socket)
+    assert_equal [200, nil, "data: 1\n\ndata: 2\n\n"], [status, headers["connection"], body]
+
+    socket.write(get("/after")) # at once, as a proxy reusing the connection does
+    status, headers, body = read_response(socket)
+    assert_equal [200, "close", "after"], [status, headers["connection"], body]
+    assert @server_thread.join(10)
+  end
+
+  def test_a_stream_that_ends_during_a_stop_closes_its_connection_after_the_grace
+    start_server(stopping_stream, lint: false, idle_timeout: 60)
+    socket = connect
+    socket.write(get("/stream"))
+    assert_equal 200, read_response(socket)[0]
+
+    assert_equal "", read_all(socket, timeout: 5) # not idle_timeout (60 s) nor shutdown_timeout (30 s)
+    assert @server_thread.join(5)
+  end
+end
