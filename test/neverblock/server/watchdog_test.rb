@@ -22,7 +22,8 @@ class ServerWatchdogTest < PlainTest
     assert_equal 1, (before - after).size, "one worker replaced"
     answered, failed = steady.call
     assert_only_caught_with_the_stuck_worker failed, clients: 3
-    assert_operator answered, :>, 5, "the other worker answered meanwhile"
+    # (Some on a calm machine; 3 in one CI run with three suites at once on two cores.)
+    assert_operator answered, :>=, 2, "the other worker answered meanwhile"
     assert_kind_of Exception, spinning.value, "the spinning request's connection closed"
     log = output_lines(server).join
     assert_match(/worker \d \(pid \d+\) has not turned its event loop for 1\.0 s \(worker_timeout\)/, log)
