@@ -76,7 +76,6 @@ module NeverBlock
         def self.refork_after!(counts)
           counts = [] if counts.nil? || counts == false
           counts = Array(counts)
-          counts = counts[0...-1] + [false] if counts.last == false # (the end: nothing repeats)
           unless counts[0...-1].all? { |count| count.is_a?(Integer) && count.positive? } &&
                  (counts.empty? || counts.last == false || (counts.last.is_a?(Integer) && counts.last.positive?))
             raise ArgumentError, "refork_after must be request counts above 0, the last may be false, like [50, 1000], " \
