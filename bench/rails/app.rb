@@ -12,6 +12,7 @@ require "logger"
 require "rails"
 require "active_record/railtie"
 require "action_controller/railtie"
+require_relative "../support/ruby_description"
 # Registers neverblock_postgresql and sets fiber isolation (its Railtie keeps it).
 require "neverblock/active_record" if ENV.fetch("NB_RAILS_ADAPTER", "neverblock_postgresql").start_with?("neverblock_")
 
@@ -52,7 +53,7 @@ class BenchController < ActionController::API
 
   # Which Ruby serves, and whether YJIT is on in it (PeerServers.check_ruby).
   def ruby
-    render plain: "#{RUBY_DESCRIPTION} yjit=#{defined?(RubyVM::YJIT) && RubyVM::YJIT.enabled? ? true : false}\n"
+    render plain: NeverBlockBench.ruby_description
   end
 end
 

@@ -8,6 +8,8 @@
 #               under NeverBlock and Falcon, a thread's under Puma
 #   GET /ruby   the serving Ruby (PeerServers.check_ruby: is YJIT on in it?)
 #   anything else answers at once
+require_relative "ruby_description"
+
 KEEPALIVE_COMPUTE = lambda do |seconds|
   deadline = Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) + seconds
   nil while Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) < deadline
@@ -20,7 +22,7 @@ run(lambda do |env|
   when "/mixed"
     KEEPALIVE_COMPUTE.call(0.01)
     sleep 0.01
-  when "/ruby" then body = "#{RUBY_DESCRIPTION} yjit=#{defined?(RubyVM::YJIT) && RubyVM::YJIT.enabled? ? true : false}\n"
+  when "/ruby" then body = NeverBlockBench.ruby_description
   end
   headers = { "content-type" => "text/plain", "x-pid" => Process.pid.to_s }
   headers["x-sent"] = env["HTTP_X_SENT"] if env["HTTP_X_SENT"]

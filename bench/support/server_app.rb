@@ -1,11 +1,9 @@
 # frozen_string_literal: true
 
 require_relative "postgres"
+require_relative "ruby_description"
 
 module NeverBlockBench
-  # @return [String] this Ruby and whether YJIT is on in it, e.g. "ruby 3.4.5 ... yjit=true\n"
-  def self.ruby_description = "#{RUBY_DESCRIPTION} yjit=#{defined?(RubyVM::YJIT) && RubyVM::YJIT.enabled? ? true : false}\n"
-
   # The Rack app of every server in bench/server.rb:
   #
   #   GET /       "Hello world\n"

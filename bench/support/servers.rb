@@ -6,6 +6,7 @@ require "open3"
 require "rbconfig"
 require "socket"
 require "tmpdir"
+require_relative "ruby_description"
 
 module NeverBlockBench
   # One HTTP server under test, in a session of its own (setsid), so that
@@ -249,7 +250,7 @@ module NeverBlockBench
     def check_ruby(server, path: "/ruby")
       require "net/http"
       answer = Net::HTTP.get(URI("http://127.0.0.1:#{server.port}#{path}")).strip
-      wanted = "yjit=#{defined?(RubyVM::YJIT) && RubyVM::YJIT.enabled? ? true : false}"
+      wanted = NeverBlockBench.ruby_description[/yjit=\w+/]
       raise "#{server.name} runs #{answer.inspect}, wanted #{wanted} as in the benchmark's own Ruby" unless answer.end_with?(wanted)
 
       answer
