@@ -7,21 +7,24 @@
 #   rails  bench/rails/ (GET /fast: ActionController, an ActiveRecord query, render)
 #   cache  support/refork_app.ru (each process builds a ~--cache-mb MiB cache of
 #          Ruby hashes and strings on its first requests)
-# under NeverBlock without reforking (without --preload, the default, and with it),
-# NeverBlock --refork-after, Pitchfork refork_after and Puma fork_worker,
-# all reforking once, after --refork-after requests of a worker; NeverBlock with
-# --preload (--no-preload: without), as Pitchfork loads the app once in its
-# first mold. Each cell: a fresh server; --warmup requests from --connections
-# keep-alive wrk connections (support/refork.lua); a wait until its processes
-# stay the same and idle (the refork done); their PSS; --duration s of wrk
-# measured. PSS is the Pss line of /proc/PID/smaps_rollup (a page shared by
-# n processes counts 1/n in each), summed over every process of the server's
-# session (setsid): master, mold and workers; "workers" leaves out the master
-# and mold. CPU: utime+stime of the session over the measured run (/proc).
+# under NeverBlock without reforking (neverblock: without --preload, the CLI's
+# default; neverblock_preload), NeverBlock --refork-after without and with
+# --preload, Pitchfork refork_after and Puma fork_worker (its first count), all
+# going through the --refork-after schedule once (NeverBlock and Pitchfork get the
+# same list, its last count not repeated). Each cell: a fresh server; --warmup
+# requests from --connections keep-alive wrk connections (support/refork.lua); a
+# wait until its processes stay the same and idle (the refork done); their PSS;
+# --requests more requests measured, the same number for every server; PSS again
+# ("PSS after": how far the generation drifted from its mold). PSS is the Pss line
+# of /proc/PID/smaps_rollup (a page shared by n processes counts 1/n in each),
+# summed over every process of the server's session (setsid): master, mold and
+# workers; "workers" leaves out the master and mold. CPU: utime+stime of the
+# session over the measured run (/proc). --smaps (the default) prints each
+# process's memory by kind of mapping (support/smaps.rb) at both points.
 #
 #   bench/run --ruby 3.4-yjit refork           -> bench/results/ruby34-yjit/refork.{txt,csv,svg}
-#   bench/run --ruby 3.4-yjit refork --quick   fewer warm-up requests, 4 s measured
-#   bench/run --ruby 3.4-yjit refork --only cache --cache-mb 200
+#   bench/run --ruby 3.4-yjit refork --quick   fewer warm-up and measured requests
+#   bench/run --ruby 3.4-yjit refork --only rails --servers neverblock_refork,pitchfork --refork-after 50,100,1000
 
 require_relative "support/harness"
 require "neverblock/version"
@@ -33,9 +36,9 @@ module NeverBlockBench
   class ReforkBench < Bench
     SERVERS = %w[neverblock neverblock_preload neverblock_refork neverblock_refork_preload pitchfork puma_fork_worker].freeze
     REFORKING = %w[neverblock_refork neverblock_refork_preload pitchfork puma_fork_worker].freeze
-    DEFAULTS = { workers: 4, connections: 16, warmup: 4000, refork_after: [200], duration: 15, cache_mb: 100, servers: SERVERS,
-                 smaps: false }.freeze
-    QUICK = { warmup: 1000, refork_after: [50], duration: 4 }.freeze
+    DEFAULTS = { workers: 4, connections: 16, warmup: 4000, refork_after: [200], requests: 30_000, cache_mb: 100,
+                 servers: SERVERS, smaps: true }.freeze
+    QUICK = { warmup: 1000, refork_after: [50], requests: 4000 }.freeze
     ONLY = %w[rails cache].freeze # the apps
     APPS = { "rails" => [File.expand_path("rails/config.ru", __dir__), "/fast"],
              "cache" => [File.expand_path("support/refork_app.ru", __dir__), "/"] }.freeze
@@ -74,7 +77,7 @@ module NeverBlockBench
         "pitchfork #{v['pitchfork']}; puma #{v['puma']} (fork_worker); rails #{v['railties']}; #{Wrk.version}",
         *("PostgreSQL: #{PostgresServer.description}" if @options[:only].include?("rails")),
         "each cell: a fresh server, #{@options[:warmup]} requests from #{@options[:connections]} keep-alive connections, " \
-        "a wait until its processes stay the same and idle, PSS, #{@options[:duration]} s of wrk -t1 measured " \
+        "a wait until its processes stay the same and idle, PSS, #{@options[:requests]} requests of wrk -t1 measured, PSS after " \
         "(Pitchfork closes every connection: a connect per request)",
         "PSS: /proc/PID/smaps_rollup Pss summed over the server's session (master, mold, workers); workers: without master " \
         "and mold; replaced: workers not there before the warm-up; lost: wrk's socket errors and non-2xx over the whole cell"
@@ -107,7 +110,8 @@ module NeverBlockBench
         urge = (-> { urged = Process.kill("URG", process.pid) } if server == "puma_fork_worker")
         after = settle(process, replacing: (before if REFORKING.include?(server)), urge: urge)
         puts Smaps.table("#{app}, #{server}", after) if @options[:smaps]
-        measured = Wrk.run(url, connections: @options[:connections], duration: @options[:duration], pid: process.pid)
+        ENV["NB_REFORK_REQUESTS"] = @options[:requests].to_s
+        measured = Wrk.run(url, connections: @options[:connections], duration: 600, timeout: 30, script: WARMUP_SCRIPT, pid: process.pid)
         puts Smaps.table("#{app}, #{server}, after the measured run", processes(process)) if @options[:smaps]
         numbers(after, before, warmup, measured)
           .merge("PSS after MiB" => (processes(process).sum { |p| p[:pss] } / 1024.0).round(1))
