@@ -7,34 +7,39 @@
 #   rails  bench/rails/ (GET /fast: ActionController, an ActiveRecord query, render)
 #   cache  support/refork_app.ru (each process builds a ~--cache-mb MiB cache of
 #          Ruby hashes and strings on its first requests)
-# under NeverBlock without reforking (without --preload, the default, and with it),
-# NeverBlock --refork-after, Pitchfork refork_after and Puma fork_worker,
-# all reforking once, after --refork-after requests of a worker; NeverBlock with
-# --preload (--no-preload: without), as Pitchfork loads the app once in its
-# first mold. Each cell: a fresh server; --warmup requests from --connections
-# keep-alive wrk connections (support/refork.lua); a wait until its processes
-# stay the same and idle (the refork done); their PSS; --duration s of wrk
-# measured. PSS is the Pss line of /proc/PID/smaps_rollup (a page shared by
-# n processes counts 1/n in each), summed over every process of the server's
-# session (setsid): master, mold and workers; "workers" leaves out the master
-# and mold. CPU: utime+stime of the session over the measured run (/proc).
+# under NeverBlock without reforking (neverblock: without --preload, the CLI's
+# default; neverblock_preload), NeverBlock --refork-after without and with
+# --preload, Pitchfork refork_after and Puma fork_worker (its first count), all
+# going through the --refork-after schedule once (NeverBlock and Pitchfork get the
+# same list, its last count not repeated). Each cell: a fresh server; --warmup
+# requests from --connections keep-alive wrk connections (support/refork.lua); a
+# wait until its processes stay the same and idle (the refork done); their PSS;
+# --requests more requests measured, the same number for every server; PSS again
+# ("PSS after": how far the generation drifted from its mold). PSS is the Pss line
+# of /proc/PID/smaps_rollup (a page shared by n processes counts 1/n in each),
+# summed over every process of the server's session (setsid): master, mold and
+# workers; "workers" leaves out the master and mold. CPU: utime+stime of the
+# session over the measured run (/proc). --smaps (the default) prints each
+# process's memory by kind of mapping (support/smaps.rb) at both points.
 #
 #   bench/run --ruby 3.4-yjit refork           -> bench/results/ruby34-yjit/refork.{txt,csv,svg}
-#   bench/run --ruby 3.4-yjit refork --quick   fewer warm-up requests, 4 s measured
-#   bench/run --ruby 3.4-yjit refork --only cache --cache-mb 200
+#   bench/run --ruby 3.4-yjit refork --quick   fewer warm-up and measured requests
+#   bench/run --ruby 3.4-yjit refork --only rails --servers neverblock_refork,pitchfork --refork-after 50,100,1000
 
 require_relative "support/harness"
 require "neverblock/version"
 require_relative "support/servers"
 require_relative "support/postgres"
+require_relative "support/smaps"
 
 module NeverBlockBench
   class ReforkBench < Bench
-    DEFAULTS = { workers: 4, connections: 16, warmup: 4000, refork_after: 200, duration: 15, cache_mb: 100, preload: true }.freeze
-    QUICK = { warmup: 1000, refork_after: 50, duration: 4 }.freeze
+    SERVERS = %w[neverblock neverblock_preload neverblock_refork neverblock_refork_preload pitchfork puma_fork_worker].freeze
+    REFORKING = %w[neverblock_refork neverblock_refork_preload pitchfork puma_fork_worker].freeze
+    DEFAULTS = { workers: 4, connections: 16, warmup: 4000, refork_after: [200], requests: 30_000, cache_mb: 100,
+                 servers: SERVERS, smaps: true }.freeze
+    QUICK = { warmup: 1000, refork_after: [50], requests: 4000 }.freeze
     ONLY = %w[rails cache].freeze # the apps
-    SERVERS = %w[neverblock_no_preload neverblock neverblock_refork pitchfork puma_fork_worker].freeze
-    REFORKING = %w[neverblock_refork pitchfork puma_fork_worker].freeze
     APPS = { "rails" => [File.expand_path("rails/config.ru", __dir__), "/fast"],
              "cache" => [File.expand_path("support/refork_app.ru", __dir__), "/"] }.freeze
     WARMUP_SCRIPT = File.expand_path("support/refork.lua", __dir__)
@@ -45,15 +50,18 @@ module NeverBlockBench
     URGE_AFTER = 5 # seconds after the warm-up without a refork
     # Puma reforks when its master sees worker 0's count, at a worker check: each second, not 5.
     PUMA_CONFIG = "fork_worker %d\nworker_check_interval 1\n"
-    COLUMNS = ["app", "server", "replaced", "processes", "PSS MiB", "workers PSS MiB", "req/s", "p50 ms", "p99 ms",
+    COLUMNS = ["app", "server", "replaced", "processes", "PSS MiB", "workers PSS MiB", "PSS after MiB", "req/s", "p50 ms", "p99 ms",
                "CPU s/1000 req", "lost", "note"].freeze
 
     # @return [Boolean] true when every NeverBlock cell that ran lost no request (peers' losses are reported, not failed)
     def call
       return warn(PostgresServer.problem) if @options[:only].include?("rails") && PostgresServer.problem
 
+      unknown = @options[:servers] - SERVERS
+      raise ArgumentError, "unknown server #{unknown.join(', ')}; use #{SERVERS.join(',')}" unless unknown.empty?
+
       puts header
-      rows = @options[:only].product(SERVERS).map { |app, server| measure(app, server) }
+      rows = @options[:only].product(SERVERS & @options[:servers]).map { |app, server| measure(app, server) }
       report(rows)
       rows.select { |row| row["server"].start_with?("neverblock") }
           .all? { |row| row["lost"].to_i.zero? && !row["note"].to_s.start_with?("FAILED") }
@@ -65,11 +73,11 @@ module NeverBlockBench
       v = PeerServers.locked_versions
       NeverBlockBench.header(
         "Reforking: the memory of #{@options[:workers]} warmed-up workers, reforked after #{@options[:refork_after]} requests of one",
-        "neverblock #{NeverBlock::VERSION} (#{Checkout.description}, -w #{@options[:workers]}#{' --preload' if @options[:preload]}); " \
+        "neverblock #{NeverBlock::VERSION} (#{Checkout.description}, -w #{@options[:workers]}); " \
         "pitchfork #{v['pitchfork']}; puma #{v['puma']} (fork_worker); rails #{v['railties']}; #{Wrk.version}",
         *("PostgreSQL: #{PostgresServer.description}" if @options[:only].include?("rails")),
         "each cell: a fresh server, #{@options[:warmup]} requests from #{@options[:connections]} keep-alive connections, " \
-        "a wait until its processes stay the same and idle, PSS, #{@options[:duration]} s of wrk -t1 measured " \
+        "a wait until its processes stay the same and idle, PSS, #{@options[:requests]} requests of wrk -t1 measured, PSS after " \
         "(Pitchfork closes every connection: a connect per request)",
         "PSS: /proc/PID/smaps_rollup Pss summed over the server's session (master, mold, workers); workers: without master " \
         "and mold; replaced: workers not there before the warm-up; lost: wrk's socket errors and non-2xx over the whole cell"
@@ -101,7 +109,12 @@ module NeverBlockBench
         urged = nil
         urge = (-> { urged = Process.kill("URG", process.pid) } if server == "puma_fork_worker")
         after = settle(process, replacing: (before if REFORKING.include?(server)), urge: urge)
-        numbers(after, before, warmup, Wrk.run(url, connections: @options[:connections], duration: @options[:duration], pid: process.pid))
+        puts Smaps.table("#{app}, #{server}", after) if @options[:smaps]
+        ENV["NB_REFORK_REQUESTS"] = @options[:requests].to_s
+        measured = Wrk.run(url, connections: @options[:connections], duration: 600, timeout: 30, script: WARMUP_SCRIPT, pid: process.pid)
+        puts Smaps.table("#{app}, #{server}, after the measured run", processes(process)) if @options[:smaps]
+        numbers(after, before, warmup, measured)
+          .merge("PSS after MiB" => (processes(process).sum { |p| p[:pss] } / 1024.0).round(1))
           .tap { |row| row["note"] = ["reforked by SIGURG: worker 0 served too few", row["note"]].reject(&:empty?).join("; ") if urged }
       end
     end
@@ -123,16 +136,16 @@ module NeverBlockBench
       env = { "NB_REFORK_CACHE_MB" => @options[:cache_mb].to_s, "NB_RAILS_ADAPTER" => "postgresql" }
       case server
       when /\Aneverblock/
-        args = ["-w", workers.to_s, *("--preload" if @options[:preload] && server != "neverblock_no_preload"),
-                *(["--refork-after", "#{refork_after},#{NEVER}"] if server.end_with?("refork"))]
+        args = ["-w", workers.to_s, *("--preload" if server.end_with?("_preload")),
+                *(["--refork-after", [*refork_after, NEVER].join(",")] if server.include?("refork"))]
         PeerServers.neverblock(rackup, port: port, args: args, name: "#{server}-#{app}",
                                        env: env.merge("NB_RAILS_ADAPTER" => "neverblock_postgresql", "NB_RAILS_POOL" => "50"))
       when "pitchfork"
-        config = config_file("pitchfork.rb", "worker_processes #{workers}\nlisten \"127.0.0.1:#{port}\"\nrefork_after [#{refork_after}, #{NEVER}]\n")
+        config = config_file("pitchfork.rb", "worker_processes #{workers}\nlisten \"127.0.0.1:#{port}\"\nrefork_after #{[*refork_after, NEVER]}\n")
         PeerServers.peer("pitchfork-#{app}", ["bundle", "exec", "pitchfork", "-c", config, "-E", "production", rackup], port,
                          env.merge("RACK_ENV" => "production", "NB_RAILS_POOL" => "1"))
       when "puma_fork_worker"
-        PeerServers.puma(rackup, port: port, workers: workers, config: config_file("puma.rb", PUMA_CONFIG % refork_after),
+        PeerServers.puma(rackup, port: port, workers: workers, config: config_file("puma.rb", PUMA_CONFIG % refork_after.first),
                                  name: "puma-#{app}", env: env.merge("NB_RAILS_POOL" => "5"))
       end
     end

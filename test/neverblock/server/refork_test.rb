@@ -41,6 +41,27 @@ class ServerReforkTest < PlainTest
     assert_includes process_title(mold), "neverblock mold"
   end
 
+  def test_repeated_reforks_under_keep_alive_load_lose_no_request
+    server = serve("refork.ru", "-w", "2", "--refork-after", "50,100") # 100 repeats: a refork every ~100 requests of one
+    answers = Queue.new
+    errors = Queue.new
+    clients = Array.new(4) { keep_alive_client(server[:port], answers, errors) }
+    eventually(timeout: 90) do
+      answers.clear
+      output_lines(server).join.scan(/is the mold; forking generation (\d+)/).flatten.last.to_i >= 4
+    end
+    molds = output_lines(server).join.scan(/\(pid (\d+)\) is the mold/).flatten.uniq
+    seen = []
+    eventually(timeout: 30) do # the latest generation answers
+      seen << answers.pop until answers.empty?
+      seen.any?
+    end
+    @hammering = false
+    clients.each(&:join)
+    assert_empty errors.size.times.map { errors.pop }, "requests lost across #{molds.size} reforks"
+    assert_operator molds.size, :>=, 3, "each refork has a mold of its own"
+  end
+
   def test_the_next_generation_shares_a_cache_built_after_boot
     server = serve("refork.ru", "-w", "2", "--refork-after", "20,false", env: { "NB_REFORK_CACHE_MB" => "100" })
     mold = nil
