@@ -60,21 +60,23 @@ module NeverBlockFleet
       @port, @seconds, @stop = port, seconds, false
       @events = (seconds * rate).ceil
       @streams = Queue.new
+      @pinned = []
       @threads = Array.new(clients) { |client| Thread.new { read_stream(client) until @stop } }
     end
 
-    # One more client, whose first stream is served by `host` (HAProxy's use-server).
+    # One more client for two streams: the first served by `host` (HAProxy's use-server), the second
+    # wherever HAProxy sends its reconnect. (Only two: on Pitchfork's six workers each stream client
+    # takes one.)
     def pin(host)
       client = "#{host} pinned"
-      @threads << Thread.new do
-        read_stream(client, host)
-        read_stream(client) until @stop
-      end
+      @pinned << client
+      @threads << Thread.new { 2.times { |i| read_stream(client, i.zero? ? host : nil) } }
     end
 
     # Lets each client finish its stream. `deploys` (Fleet#deploy's answers) say when each host was out of
     # the balancer: a stream served by a host when it went out was deployed, and moved when its client's
-    # next stream came from another host.
+    # next stream came from another host. (A pinned client's second stream has no next one: it counts
+    # only as clean or cut.)
     # @return [Hash] :clean, :cut, :reconnects, :hosts (streams per host), :deployed, :moved, :stayed (those that did not move)
     def stop(deploys = [])
       @stop = true
@@ -82,7 +84,8 @@ module NeverBlockFleet
       streams = Array.new(@streams.size) { @streams.pop }.sort_by(&:started)
       deployed = streams.filter_map do |st|
         deploy = deploys.find { |d| d[:host] == st.host && st.started < d[:out] && d[:out] < st.ended }
-        [st, deploy, streams.find { |other| other.client == st.client && other.started >= st.ended }] if deploy
+        after = streams.find { |other| other.client == st.client && other.started >= st.ended }
+        [st, deploy, after] if deploy && (after || !@pinned.include?(st.client))
       end
       stayed = deployed.reject { |st, _, after| after&.host && after.host != st.host }
       { clean: streams.count(&:clean), cut: streams.count { |st| !st.clean }, reconnects: streams.map(&:client).tally.sum { |_, n| n - 1 },
