@@ -26,7 +26,7 @@
 #   bench/run fleet --quick          fewer clients, a smaller herd
 #   bench/run fleet --only neverblock
 #
-# Needs root and `ip netns` (creates the namespaces nbfN1-3 and the bridge nbfN0 on 10.78.N.0/24,
+# Needs root and `ip netns` (creates the namespaces nbfN-1..3 and the bridge nbfN-0 on 10.78.N.0/24,
 # N the first free slot, removed at exit), haproxy and redis-server.
 
 require_relative "support/harness"

@@ -12,7 +12,7 @@ require "tmpdir"
 # HAProxy on 127.0.0.1 in front, drained and readied through its runtime API. Linux, as root.
 #
 # Each fleet's names and subnet are its own: slot N (the first free of SLOTS) gives the
-# namespaces nbfN1..nbfN3, the bridge nbfN0 and the subnet 10.78.N.0/24. A fleet holds its slot by
+# namespaces nbfN-1..nbfN-3, the bridge nbfN-0 and the subnet 10.78.N.0/24. A fleet holds its slot by
 # binding the abstract Unix socket "neverblock-fleet-N", which the kernel releases when the process
 # ends, killed or not. Abstract sockets belong to the network namespace, which bin/test's chroots
 # share with the machine, so fleets that run at once (the passes of bin/test --all, a benchmark)
@@ -60,6 +60,7 @@ module NeverBlockFleet
     system("ip", "netns", "del", probe, %i[out err] => File::NULL) if probe
   end
 
+  # Runs `command`; raises Unavailable with what it printed unless it succeeds.
   def self.probe!(*command)
     output = IO.popen(command, err: %i[child out], &:read)
     Process.last_status.success? or raise Unavailable, "`#{command.join(' ')}` fails here: #{output.strip}"
@@ -118,7 +119,7 @@ module NeverBlockFleet
     attr_reader :server, :hosts, :port, :dir, :sse_rate, :prefix, :subnet
 
     # @param server [String] "neverblock", "puma" or "pitchfork"
-    # Names: the namespaces PREFIX1..PREFIXn, the bridge PREFIX0, where PREFIX is nbfN for slot N
+    # Names: the namespaces PREFIX1..PREFIXn, the bridge PREFIX0, where PREFIX is nbfN- for slot N
     # (NeverBlockFleet.claim_slot). Addresses on SUBNET (10.78.N.0/24): the bridge is .1, host i is .(10 + i).
     # @param peers [Hash] for Puma and Pitchfork: the bundle environment to run it under (bench/support/servers.rb)
     def initialize(server: "neverblock", hosts: 3, workers: 2, upstream_delay: 1.0, sse_rate: 5, peers: {})
@@ -136,7 +137,7 @@ module NeverBlockFleet
 
     def start
       @slot, @slot_lock = NeverBlockFleet.claim_slot
-      @prefix, @subnet = "nbf#{@slot}", "10.78.#{@slot}"
+      @prefix, @subnet = "nbf#{@slot}-", "10.78.#{@slot}"
       network_up
       @redis_port, @upstream_port, @port = Array.new(3) { free_port }
       @children[:redis] = Child.new(["redis-server", "--bind", gateway, "--port", @redis_port.to_s, "--save", "",
