@@ -2,16 +2,18 @@
 # frozen_string_literal: true
 
 # A fleet drill, for the team that outgrows one machine: three hosts in network namespaces on
-# a bridge (10.77.0.11-13), each a two-worker server of support/fleet_app.ru, HAProxy on
+# a bridge (10.78.N.11-13), each a two-worker server of support/fleet_app.ru, HAProxy on
 # 127.0.0.1 in front where kamal-proxy would sit (keep-alive both ways, roundrobin, health
 # checks, retries only on a failed connect), Redis and a counting 1 s upstream on the bridge.
 #
 # Deploy: under keep-alive load (--clients threads, Net::HTTP without retries) and --streams
 # server-sent event clients (--stream-seconds long streams, reconnecting as each ends), every
 # host in turn is drained in HAProxy (at most --drain s for its sessions to end), restarted,
-# waited for (new workers answering) and put back; --long GET /slow?--slow start on each host
-# just before its drain. Target: no request lost, every long request finished on its host,
-# every stream ended clean (its last chunk), none cut. NeverBlock: HUP (hot restart), USR2
+# waited for (new workers answering, and its old requests and streams ended) and put back;
+# --long GET /slow?--slow and one more stream client start on each host just before its drain.
+# Target: no request lost, every long request finished on its host, every stream whole (every
+# event, then the last chunk), none cut, and every stream of a deployed host followed by one
+# from another host. NeverBlock: HUP (hot restart), USR2
 # (rolling restart) and restart; Puma 8: phased restart (USR1, no preload); Pitchfork: restart
 # only (TERM to the server's processes, waiting for them to finish their requests, then start it
 # again: what a team without hot restarts does; Pitchfork has no reload, its USR2 reforks the same
@@ -24,8 +26,8 @@
 #   bench/run fleet --quick          fewer clients, a smaller herd
 #   bench/run fleet --only neverblock
 #
-# Needs root and `ip netns` (creates nbfleet1-3 and the bridge nbfleet0, removed at exit),
-# haproxy and redis-server.
+# Needs root and `ip netns` (creates the namespaces nbfN-1..3 and the bridge nbfN-0 on 10.78.N.0/24,
+# N the first free slot, removed at exit), haproxy and redis-server.
 
 require_relative "support/harness"
 require "neverblock"
@@ -53,7 +55,9 @@ module NeverBlockBench
       )
       rows = @options[:only].flat_map { |server| VARIANTS.fetch(server).map { |variant| row(server, variant) } }
       report(rows)
-      rows.select { |row| row["server"] == "neverblock" }.all? { |row| row["lost"].zero? && row["sse_cut"].zero? && row["herd_calls"] == 1 }
+      rows.select { |row| row["server"] == "neverblock" }.all? do |row| # sse_moved: "moved/deployed"
+        row["lost"].zero? && row["sse_cut"].zero? && row["sse_moved"].split("/").uniq.one? && row["herd_calls"] == 1
+      end
     rescue NeverBlockFleet::Unavailable => e
       abort "bench/fleet.rb cannot run here: #{e.message}"
     end
@@ -70,7 +74,8 @@ module NeverBlockBench
       { "server" => server, "variant" => variant, "requests" => drill[:requests], "lost" => drill[:lost],
         "notes" => drill[:errors].map { |error, count| "#{error} #{count}" }.join("; "),
         "long_finished" => "#{drill[:long_finished]}/#{drill[:long]}", "sse_clean" => drill[:clean],
-        "sse_cut" => drill[:cut], "sse_reconnects" => drill[:reconnects], "sessions_left" => drill[:sessions_left],
+        "sse_cut" => drill[:cut], "sse_moved" => "#{drill[:moved]}/#{drill[:deployed]}", "sse_reconnects" => drill[:reconnects],
+        "sessions_left" => drill[:sessions_left],
         "herd_calls" => herd[:calls], "herd_answered" => "#{herd[:answered]}/#{@options[:herd]}",
         "deploy_s" => drill[:deploy_seconds].round(1) }
     ensure
@@ -88,11 +93,12 @@ module NeverBlockBench
     def haproxy_version = `haproxy -v`[/version (\S+)/, 1]
 
     def report(rows)
-      columns = %w[server variant requests lost long_finished sse_clean sse_cut sse_reconnects herd_calls herd_answered
+      columns = %w[server variant requests lost long_finished sse_clean sse_cut sse_moved sse_reconnects herd_calls herd_answered
                    deploy_s sessions_left notes]
       puts "\n#{Table.of(rows, columns, left: %w[variant notes])}"
       puts "\nlost: requests without a 2xx answer (HAProxy retries a failed connect only); long_finished: answered by the " \
-           "host they started on; sse_cut: streams closed before their last chunk; sessions_left: sessions on the " \
+           "host they started on; sse_cut: streams closed before their last chunk or an event short; sse_moved: streams on a " \
+           "host when it left the balancer whose client's next stream came from another host; sessions_left: sessions on the " \
            "drained hosts when each restart began; notes: errors the load clients saw; herd_calls: upstream calls for one herd (target 1)"
       chart = NeverBlockBench.chart("A rolling deploy of a 3-host fleet behind HAProxy, and a herd through Redis")
       measured = rows.map { |row| row.merge("cell" => "#{row['server']} #{row['variant']}") }

@@ -10,6 +10,13 @@ require "tmpdir"
 # only, so that both load it): hosts in network namespaces on a bridge, each a two-worker server
 # of support/fleet_app.ru on HOST:8080; Redis and a counting upstream on the bridge's address;
 # HAProxy on 127.0.0.1 in front, drained and readied through its runtime API. Linux, as root.
+#
+# Each fleet's names and subnet are its own: slot N (the first free of SLOTS) gives the
+# namespaces nbfN-1..nbfN-3, the bridge nbfN-0 and the subnet 10.78.N.0/24. A fleet holds its slot by
+# binding the abstract Unix socket "neverblock-fleet-N", which the kernel releases when the process
+# ends, killed or not. Abstract sockets belong to the network namespace, which bin/test's chroots
+# share with the machine, so fleets that run at once (the passes of bin/test --all, a benchmark)
+# never share a name or a subnet, and a fleet may remove what a killed one left in its slot.
 module NeverBlockFleet
   APP = File.expand_path("fleet_app.ru", __dir__)
   UPSTREAM_APP = File.expand_path("debounce_upstream.ru", __dir__)
@@ -18,6 +25,10 @@ module NeverBlockFleet
   # What a server is told to restart host by host; "restart" instead stops it (TERM to all its
   # processes, as `systemctl restart` does) and starts it again.
   SIGNALS = { "hup" => "HUP", "usr2" => "USR2", "phased" => "USR1" }.freeze
+  SLOTS = 100
+  # At most this long a deployed host stays out of the balancer after its restart, for the
+  # requests and streams its old processes still serve to end.
+  SETTLE = 30
 
   # Why the fleet cannot run here (not root, no `ip netns`, a missing command).
   class Unavailable < StandardError; end
@@ -42,9 +53,27 @@ module NeverBlockFleet
     %w[ip haproxy redis-server].each do |command|
       system("command -v #{command} >/dev/null 2>&1") or raise Unavailable, "no #{command} on the PATH"
     end
-    probe = "nbprobe#{Process.pid % 100_000}"
-    system("ip", "netns", "add", probe, %i[out err] => File::NULL) or raise Unavailable, "`ip netns add` fails here"
-    system("ip", "netns", "del", probe, %i[out err] => File::NULL)
+    probe = "nbprobe#{Process.pid}"
+    probe!("ip", "netns", "add", probe)
+    probe!("ip", "netns", "exec", probe, "true")
+  ensure
+    system("ip", "netns", "del", probe, %i[out err] => File::NULL) if probe
+  end
+
+  # Runs `command`; raises Unavailable with what it printed unless it succeeds.
+  def self.probe!(*command)
+    output = IO.popen(command, err: %i[child out], &:read)
+    Process.last_status.success? or raise Unavailable, "`#{command.join(' ')}` fails here: #{output.strip}"
+  end
+
+  # Claims the first free slot. @return [Array(Integer, UNIXServer)] the slot and the socket that holds it
+  def self.claim_slot
+    SLOTS.times do |slot|
+      return [slot, UNIXServer.new("\0neverblock-fleet-#{slot}")]
+    rescue Errno::EADDRINUSE
+      next
+    end
+    raise Unavailable, "all #{SLOTS} fleet slots are taken"
   end
 
   # A process in a session of its own (setsid): a signal to the session reaches all it forked.
@@ -87,15 +116,14 @@ module NeverBlockFleet
 
   # The fleet. #start builds it, #stop takes all of it down (idempotent; call it in an ensure).
   class Fleet
-    attr_reader :server, :hosts, :port, :dir
+    attr_reader :server, :hosts, :port, :dir, :sse_rate, :prefix, :subnet
 
     # @param server [String] "neverblock", "puma" or "pitchfork"
-    # @param prefix [String] the namespaces' names: PREFIX1..PREFIXn, the bridge PREFIX0
-    # @param subnet [String] the first three octets: the bridge is .1, host i is .(10 + i)
+    # Names: the namespaces PREFIX1..PREFIXn, the bridge PREFIX0, where PREFIX is nbfN- for slot N
+    # (NeverBlockFleet.claim_slot). Addresses on SUBNET (10.78.N.0/24): the bridge is .1, host i is .(10 + i).
     # @param peers [Hash] for Puma and Pitchfork: the bundle environment to run it under (bench/support/servers.rb)
-    def initialize(server: "neverblock", hosts: 3, prefix: "nbfleet", subnet: "10.77.0", workers: 2,
-                   upstream_delay: 1.0, sse_rate: 5, peers: {})
-      @server, @count, @prefix, @subnet, @workers = server, hosts, prefix, subnet, workers
+    def initialize(server: "neverblock", hosts: 3, workers: 2, upstream_delay: 1.0, sse_rate: 5, peers: {})
+      @server, @count, @workers = server, hosts, workers
       @upstream_delay, @sse_rate, @peers = upstream_delay, sse_rate, peers
       @hosts = Array.new(hosts) { |i| "host#{i + 1}" }
       @children = {}
@@ -108,6 +136,8 @@ module NeverBlockFleet
     def url(path) = "http://127.0.0.1:#{@port}#{path}"
 
     def start
+      @slot, @slot_lock = NeverBlockFleet.claim_slot
+      @prefix, @subnet = "nbf#{@slot}-", "10.78.#{@slot}"
       network_up
       @redis_port, @upstream_port, @port = Array.new(3) { free_port }
       @children[:redis] = Child.new(["redis-server", "--bind", gateway, "--port", @redis_port.to_s, "--save", "",
@@ -125,21 +155,28 @@ module NeverBlockFleet
     def stop
       @children.values.reverse_each(&:stop)
       @children.clear
-      network_down
+      network_down if @slot_lock
+      @slot_lock&.close
+      @slot_lock = nil
       FileUtils.rm_rf(@dir)
     end
 
     # One host out of the balancer, restarted with `variant` (SIGNALS, or "restart"), back in. Waits at most
-    # `drain` seconds for its sessions in HAProxy to end (long requests and streams may still run).
-    # @return [Hash] :sessions left when the restart began, :seconds the host was out
+    # `drain` seconds for its sessions in HAProxy to end before the restart (long requests and streams may
+    # still run), and after it until they ended (at most SETTLE seconds): the host's streams end while it is
+    # out, so their clients reconnect to another host.
+    # @return [Hash] :host, :sessions left when the restart began, :out and :in (monotonic clock: left the
+    #   balancer, back in), :seconds the host was out
     def deploy(host, variant, drain:)
-      started = NeverBlockFleet.now
+      out = NeverBlockFleet.now
       admin("set server hosts/#{host} state drain")
       NeverBlockFleet.wait_for(drain, interval: 0.1) { sessions(host).zero? }
       left = sessions(host)
       variant == "restart" ? restart(host) : reload(host, variant)
+      NeverBlockFleet.wait_for(SETTLE, interval: 0.1) { sessions(host).zero? }
       admin("set server hosts/#{host} state ready")
-      { sessions: left, seconds: NeverBlockFleet.now - started }
+      back = NeverBlockFleet.now
+      { host: host, sessions: left, out: out, in: back, seconds: back - out }
     end
 
     # @return [Integer] requests the upstream got since the last call (it counts, and resets on reading)
@@ -204,9 +241,13 @@ module NeverBlockFleet
       end
     end
 
-    # Deleting a namespace deletes its end of the veth pair, and so the pair.
+    # Deleting either end of a veth pair deletes the pair (a namespace that another mount namespace, e.g. a
+    # chroot's, still names keeps its end: hence the explicit link del).
     def network_down
-      @hosts.each { |host| ip("netns", "del", namespace(host)) }
+      @hosts.each do |host|
+        ip("netns", "del", namespace(host))
+        ip("link", "del", "#{namespace(host)}v")
+      end
       ip("link", "del", "#{@prefix}0")
     end
 

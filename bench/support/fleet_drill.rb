@@ -46,41 +46,99 @@ module NeverBlockFleet
     def count(&) = @mutex.synchronize(&)
   end
 
-  # `clients` threads, each reading GET /sse?SECONDS streams one after the other until #stop: a
-  # stream that ends with the last chunk ended clean; one closed, reset or silent for 10 s before
-  # it was cut. Each then reconnects (HAProxy picks the host).
+  # Server-sent event clients through HAProxy: `clients` threads, each reading GET /sse?SECONDS
+  # streams one after the other until #stop, and as many more (#pin) whose first stream HAProxy
+  # sends to a given host (x-fleet-host). A stream ended clean
+  # when it came whole: a 200, every event it should have (SECONDS * rate, numbered from 0, each
+  # ended by its blank line, all from one host) and the chunked body's last chunk; otherwise (closed,
+  # reset, silent for 10 s, an event short) it was cut. A client reconnects at once (HAProxy picks
+  # the host).
   class Streams
-    def initialize(port, clients, seconds)
+    Stream = Struct.new(:client, :host, :started, :ended, :clean, keyword_init: true)
+
+    def initialize(port, clients, seconds, rate)
       @port, @seconds, @stop = port, seconds, false
-      @outcomes = Queue.new
-      @threads = Array.new(clients) { Thread.new { read_stream until @stop } }
+      @events = (seconds * rate).ceil
+      @streams = Queue.new
+      @pinned = []
+      @threads = Array.new(clients) { |client| Thread.new { read_stream(client) until @stop } }
     end
 
-    # Lets each client finish its stream. @return [Hash] :clean, :cut, :reconnects, :hosts (streams per host)
-    def stop
+    # One more client for two streams: the first served by `host` (HAProxy's use-server), the second
+    # wherever HAProxy sends its reconnect. (Only two: on Pitchfork's six workers each stream client
+    # takes one.)
+    def pin(host)
+      client = "#{host} pinned"
+      @pinned << client
+      @threads << Thread.new { 2.times { |i| read_stream(client, i.zero? ? host : nil) } }
+    end
+
+    # Lets each client finish its stream. `deploys` (Fleet#deploy's answers) say when each host was out of
+    # the balancer: a stream served by a host when it went out was deployed, and moved when its client's
+    # next stream came from another host. (A pinned client's second stream has no next one: it counts
+    # only as clean or cut.)
+    # @return [Hash] :clean, :cut, :reconnects, :hosts (streams per host), :deployed, :moved, :stayed (those that did not move)
+    def stop(deploys = [])
       @stop = true
       @threads.each(&:join)
-      outcomes = Array.new(@outcomes.size) { @outcomes.pop }
-      { clean: outcomes.count { |o| o[:clean] }, cut: outcomes.count { |o| !o[:clean] },
-        reconnects: outcomes.size - @threads.size, hosts: outcomes.map { |o| o[:host] }.compact.tally }
+      streams = Array.new(@streams.size) { @streams.pop }.sort_by(&:started)
+      deployed = streams.filter_map do |st|
+        deploy = deploys.find { |d| d[:host] == st.host && st.started < d[:out] && d[:out] < st.ended }
+        after = streams.find { |other| other.client == st.client && other.started >= st.ended }
+        [st, deploy, after] if deploy && (after || !@pinned.include?(st.client))
+      end
+      stayed = deployed.reject { |st, _, after| after&.host && after.host != st.host }
+      { clean: streams.count(&:clean), cut: streams.count { |st| !st.clean }, reconnects: streams.map(&:client).tally.sum { |_, n| n - 1 },
+        hosts: streams.map(&:host).compact.tally, deployed: deployed.size, moved: deployed.size - stayed.size,
+        stayed: stayed.map { |st, d, after| "#{st.client} on #{st.host}: ended #{(st.ended - d[:in]).round(2)} s after it was back, then #{after&.host.inspect}" } }
     end
 
     private
 
-    def read_stream
+    # One stream (to `host` if given). @return [Boolean] whether it ended clean
+    def read_stream(client, host = nil)
+      started = NeverBlockFleet.now
+      data = receive(host)
+      events = whole_events(data)
+      clean = !events.nil? && events == Array.new(@events) { |i| "data: #{events.first&.split&.at(1)} #{i}" }
+      @streams << Stream.new(client: client, host: data[/data: (\S+)/, 1], started: started, ended: NeverBlockFleet.now, clean: clean)
+      clean
+    end
+
+    # @return [String] what the stream's connection received before its last chunk, a close or 10 s of silence
+    def receive(host)
       data = +"".b
       Socket.tcp("127.0.0.1", @port, connect_timeout: 5) do |socket|
-        socket.write("GET /sse?#{@seconds} HTTP/1.1\r\nHost: fleet\r\n\r\n")
+        socket.write("GET /sse?#{@seconds} HTTP/1.1\r\nHost: fleet\r\n#{"x-fleet-host: #{host}\r\n" if host}\r\n")
         until data.end_with?("\r\n0\r\n\r\n")
           break unless socket.wait_readable(10)
 
           data << socket.readpartial(16_384)
         end
       end
+      data
     rescue SystemCallError, IOError
-      nil
-    ensure
-      @outcomes << { clean: data.start_with?("HTTP/1.1 200") && data.end_with?("\r\n0\r\n\r\n"), host: data[/data: (\S+)/, 1] }
+      data
+    end
+
+    # The events of a 200 with a chunked body that ended with its last chunk, each ended by a blank
+    # line; nil for anything else.
+    def whole_events(response)
+      head, rest = response.split("\r\n\r\n", 2)
+      return unless rest && head.start_with?("HTTP/1.1 200") && head.match?(/^transfer-encoding: *chunked\r?$/i)
+
+      body = +""
+      loop do
+        size, rest = rest.split("\r\n", 2)
+        return unless rest && size.match?(/\A\h+/)
+
+        size = size.to_i(16)
+        return rest == "\r\n" && body.end_with?("\n\n") ? body.split("\n\n") : nil if size.zero?
+        return unless rest.byteslice(size, 2) == "\r\n"
+
+        body << rest.byteslice(0, size)
+        rest = rest.byteslice((size + 2)..)
+      end
     end
   end
 
@@ -133,24 +191,26 @@ module NeverBlockFleet
   end
 
   # Keep-alive load and event streams through HAProxy while every host in turn is deployed with
-  # `variant` (Fleet#deploy), `long` long requests started on each just before it is drained.
+  # `variant` (Fleet#deploy), `long` long requests and one event stream started on each just before
+  # it is drained.
   # @return [Hash] the load's counts, :long and :long_finished (on their own host), the streams'
-  #   counts, :sessions_left (summed over hosts) and :deploy_seconds
+  #   counts (Streams#stop), :sessions_left (summed over hosts) and :deploy_seconds
   def drill(fleet, variant:, clients:, pause: 0, long:, slow:, streams:, stream_seconds:, drain:)
     load = Load.new(fleet.port, clients, pause: pause)
-    sse = Streams.new(fleet.port, streams, stream_seconds)
+    sse = Streams.new(fleet.port, streams, stream_seconds, fleet.sse_rate)
     sleep 1
     started = now
     longs = []
     deploys = fleet.hosts.map do |host|
       longs.concat(Array.new(long) { [host, long_request(fleet.port, host, slow)] })
+      sse.pin(host)
       sleep 0.3 # they reached the host
       fleet.deploy(host, variant, drain: drain)
     end
     deploy_seconds = now - started
     sleep 1
     finished = longs.count { |host, thread| thread.value == host }
-    load.stop.merge(sse.stop).merge(long: longs.size, long_finished: finished, long_answers: longs.map { |_, t| t.value }.tally,
-                                    sessions_left: deploys.sum { |d| d[:sessions] }, deploy_seconds: deploy_seconds)
+    load.stop.merge(sse.stop(deploys)).merge(long: longs.size, long_finished: finished, long_answers: longs.map { |_, t| t.value }.tally,
+                                             sessions_left: deploys.sum { |d| d[:sessions] }, deploy_seconds: deploy_seconds)
   end
 end

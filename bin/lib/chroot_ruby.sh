@@ -41,8 +41,11 @@ CR_BUILD_PACKAGES=(build-essential pkg-config git ca-certificates
 # libcurl4t64: libcurl for the typhoeus test (ethon loads it with ffi; sid has only the
 # gnutls flavour otherwise).
 CR_EXAMPLE_PACKAGES=(libffi-dev libvips42t64 libcurl4t64)
-# Tools the benchmarks run inside (bench/run --ruby 3.4: wrk drives bench/balance.rb, lobsters.rb ...).
-CR_BENCH_PACKAGES=(wrk)
+# Tools the benchmarks run inside (bench/run --ruby 3.4: wrk drives bench/balance.rb, lobsters.rb ...),
+# and the fleet drill's (bench/fleet.rb, test/neverblock/server/fleet_test.rb): `ip netns`,
+# HAProxy and Redis (about 7 MB with their libraries, some 15 s to install once). No service
+# starts in the chroot: /usr/sbin/policy-rc.d refuses (chroot_ruby_ensure_packages).
+CR_BENCH_PACKAGES=(wrk iproute2 haproxy redis-server)
 # Debian's Release files for sid and experimental are past their Valid-Until date on some
 # mirrors (snapshots); apt refuses them unless told not to check.
 CR_APT=(apt-get -o Acquire::Check-Valid-Until=false)
@@ -214,6 +217,8 @@ chroot_ruby_ensure_packages() {
   (( ${#missing[@]} == 0 )) && return 0
   nb_log "installing into the chroot: ${missing[*]}"
   chroot_ruby_exec env DEBIAN_FRONTEND=noninteractive sh -ec "
+    [ -e /usr/sbin/policy-rc.d ] || printf '#!/bin/sh\\nexit 101\\n' >/usr/sbin/policy-rc.d
+    chmod +x /usr/sbin/policy-rc.d
     ${CR_APT[*]} update -qq
     ${CR_APT[*]} install -y -qq --no-install-recommends ${missing[*]} >/dev/null"
 }
@@ -259,6 +264,10 @@ CR_HOST_TOOLS=(/usr/bin/prometheus /usr/bin/promtool)
 
 _chroot_ruby_mount() {
   _chroot_ruby_umount_all "$CR_ROOT"         # anything inherited or stale: start clean
+  # In a private namespace the chroot's root becomes a mount point of its own (bound onto
+  # itself), as / is on a machine: `ip netns exec` (the fleet test) starts with
+  # `mount --make-rslave /`, which fails on a directory that is not one.
+  [[ -z "${CR_PRIVATE_NS:-}" ]] || mount --bind "$CR_ROOT" "$CR_ROOT"
   mkdir -p "$CR_ROOT/src"
   mount --bind "$NB_REPO" "$CR_ROOT/src"
   mount -t proc proc "$CR_ROOT/proc"
@@ -324,7 +333,7 @@ chroot_ruby_exec() {
       bash -c 'set -euo pipefail
                source "$0/common.sh"; source "$0/chroot_ruby.sh"; chroot_ruby_use "$NB_CR_VERSION"
                eval "$NB_CR_PASS_ENV"; unset NB_CR_PASS_ENV NB_CR_VERSION
-               _chroot_ruby_mount_and_run "$@"' "$NB_REPO/bin/lib" "$@"
+               CR_PRIVATE_NS=1 _chroot_ruby_mount_and_run "$@"' "$NB_REPO/bin/lib" "$@"
   else
     # Host namespace: one chroot run at a time, so one run cannot unmount another's /src.
     (
