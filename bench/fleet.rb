@@ -55,8 +55,8 @@ module NeverBlockBench
       )
       rows = @options[:only].flat_map { |server| VARIANTS.fetch(server).map { |variant| row(server, variant) } }
       report(rows)
-      rows.select { |row| row["server"] == "neverblock" }.all? do |row| # sse_moved: "moved/deployed"
-        row["lost"].zero? && row["sse_cut"].zero? && row["sse_moved"].split("/").uniq.one? && row["herd_calls"] == 1
+      rows.select { |row| row["server"] == "neverblock" }.all? do |row|
+        row["lost"].zero? && row["sse_cut"].zero? && row["sse_deployed"].positive? && row["sse_stayed"].zero? && row["herd_calls"] == 1
       end
     rescue NeverBlockFleet::Unavailable => e
       abort "bench/fleet.rb cannot run here: #{e.message}"
@@ -72,9 +72,10 @@ module NeverBlockBench
       herd = NeverBlockFleet.herd(fleet, @options[:herd])
       warn "  #{drill.inspect}\n  herd: #{herd.inspect}"
       { "server" => server, "variant" => variant, "requests" => drill[:requests], "lost" => drill[:lost],
-        "notes" => drill[:errors].map { |error, count| "#{error} #{count}" }.join("; "),
+        "notes" => [*drill[:errors].map { |error, count| "#{error} #{count}" }, *drill[:stayed]].join("; "),
         "long_finished" => "#{drill[:long_finished]}/#{drill[:long]}", "sse_clean" => drill[:clean],
-        "sse_cut" => drill[:cut], "sse_moved" => "#{drill[:moved]}/#{drill[:deployed]}", "sse_reconnects" => drill[:reconnects],
+        "sse_cut" => drill[:cut], "sse_moved" => "#{drill[:moved]}/#{drill[:deployed]}",
+        "sse_deployed" => drill[:deployed], "sse_stayed" => drill[:stayed].size, "sse_reconnects" => drill[:reconnects],
         "sessions_left" => drill[:sessions_left],
         "herd_calls" => herd[:calls], "herd_answered" => "#{herd[:answered]}/#{@options[:herd]}",
         "deploy_s" => drill[:deploy_seconds].round(1) }
@@ -98,7 +99,8 @@ module NeverBlockBench
       puts "\n#{Table.of(rows, columns, left: %w[variant notes])}"
       puts "\nlost: requests without a 2xx answer (HAProxy retries a failed connect only); long_finished: answered by the " \
            "host they started on; sse_cut: streams closed before their last chunk or an event short; sse_moved: streams on a " \
-           "host when it left the balancer whose client's next stream came from another host; sessions_left: sessions on the " \
+           "host when it left the balancer whose client's next stream came from another host (one that came from it while it " \
+           "was still out is named in notes); sessions_left: sessions on the " \
            "drained hosts when each restart began; notes: errors the load clients saw; herd_calls: upstream calls for one herd (target 1)"
       chart = NeverBlockBench.chart("A rolling deploy of a 3-host fleet behind HAProxy, and a herd through Redis")
       measured = rows.map { |row| row.merge("cell" => "#{row['server']} #{row['variant']}") }

@@ -29,6 +29,8 @@ module NeverBlockFleet
   # At most this long a deployed host stays out of the balancer after its restart, for the
   # requests and streams its old processes still serve to end.
   SETTLE = 30
+  # Seconds a host stays out after its last session ended.
+  RECONNECT = 1
 
   # Why the fleet cannot run here (not root, no `ip netns`, a missing command).
   class Unavailable < StandardError; end
@@ -174,6 +176,7 @@ module NeverBlockFleet
       left = sessions(host)
       variant == "restart" ? restart(host) : reload(host, variant)
       NeverBlockFleet.wait_for(SETTLE, interval: 0.1) { sessions(host).zero? }
+      sleep RECONNECT # the clients of the streams that just ended reconnect while it is still out
       admin("set server hosts/#{host} state ready")
       back = NeverBlockFleet.now
       { host: host, sessions: left, out: out, in: back, seconds: back - out }

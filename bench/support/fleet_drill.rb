@@ -75,9 +75,10 @@ module NeverBlockFleet
 
     # Lets each client finish its stream. `deploys` (Fleet#deploy's answers) say when each host was out of
     # the balancer: a stream served by a host when it went out was deployed, and moved when its client's
-    # next stream came from another host. (A pinned client's second stream has no next one: it counts
-    # only as clean or cut.)
-    # @return [Hash] :clean, :cut, :reconnects, :hosts (streams per host), :deployed, :moved, :stayed (those that did not move)
+    # next stream came from another host; it stayed when that next stream began while the host was still
+    # out and yet came from it (a reconnect begun after the host was back in may rightly land there).
+    # (A pinned client's second stream has no next one: it counts only as clean or cut.)
+    # @return [Hash] :clean, :cut, :reconnects, :hosts (streams per host), :deployed, :moved, :stayed (descriptions)
     def stop(deploys = [])
       @stop = true
       @threads.each(&:join)
@@ -87,10 +88,11 @@ module NeverBlockFleet
         after = streams.find { |other| other.client == st.client && other.started >= st.ended }
         [st, deploy, after] if deploy && (after || !@pinned.include?(st.client))
       end
-      stayed = deployed.reject { |st, _, after| after&.host && after.host != st.host }
+      moved = deployed.count { |st, _, after| after&.host && after.host != st.host }
+      stayed = deployed.select { |st, d, after| after && after.host == st.host && after.started < d[:in] }
       { clean: streams.count(&:clean), cut: streams.count { |st| !st.clean }, reconnects: streams.map(&:client).tally.sum { |_, n| n - 1 },
-        hosts: streams.map(&:host).compact.tally, deployed: deployed.size, moved: deployed.size - stayed.size,
-        stayed: stayed.map { |st, d, after| "#{st.client} on #{st.host}: ended #{(st.ended - d[:in]).round(2)} s after it was back, then #{after&.host.inspect}" } }
+        hosts: streams.map(&:host).compact.tally, deployed: deployed.size, moved: moved,
+        stayed: stayed.map { |st, d, after| "#{st.client} on #{st.host}: reconnected #{(d[:in] - after.started).round(2)} s before it was back, to it" } }
     end
 
     private
@@ -212,5 +214,9 @@ module NeverBlockFleet
     finished = longs.count { |host, thread| thread.value == host }
     load.stop.merge(sse.stop(deploys)).merge(long: longs.size, long_finished: finished, long_answers: longs.map { |_, t| t.value }.tally,
                                              sessions_left: deploys.sum { |d| d[:sessions] }, deploy_seconds: deploy_seconds)
+  rescue StandardError # a deploy that raised: the clients stop too, not spin against a fleet being stopped
+    load&.stop
+    sse&.stop
+    raise
   end
 end

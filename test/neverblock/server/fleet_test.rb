@@ -37,9 +37,10 @@ class ServerFleetTest < PlainTest
     assert_equal 0, drill[:cut], context
     assert_operator drill[:clean], :>=, 2, context
     # One stream pinned to each host just before its deploy, and any other that was there: each ends
-    # while its host is out of the balancer, so its client's next stream comes from another host.
-    assert_operator drill[:deployed], :>=, 3, context
-    assert_equal drill[:deployed], drill[:moved], context
+    # while its host is out of the balancer, so its client's next stream comes from another host (a
+    # reconnect that a starved client began only after the host was back in may land on it).
+    assert_empty drill[:stayed], context
+    assert_operator drill[:moved], :>=, 2, context
 
     herd = NeverBlockFleet.herd(fleet, 50)
     assert_equal 50, herd[:answered], herd.inspect
