@@ -25,6 +25,7 @@
 #   bench/run --ruby 3.4-yjit refork           -> bench/results/ruby34-yjit/refork.{txt,csv,svg}
 #   bench/run --ruby 3.4-yjit refork --quick   fewer warm-up and measured requests
 #   bench/run --ruby 3.4-yjit refork --only rails --servers neverblock_refork,pitchfork --refork-after 50,100,1000
+#   bench/run --ruby 3.4-yjit refork --only rails --servers neverblock_refork --server-env RUBY_GC_MALLOC_LIMIT=4000000
 
 require_relative "support/harness"
 require "neverblock/version"
@@ -37,7 +38,7 @@ module NeverBlockBench
     SERVERS = %w[neverblock neverblock_preload neverblock_refork neverblock_refork_preload pitchfork puma_fork_worker].freeze
     REFORKING = %w[neverblock_refork neverblock_refork_preload pitchfork puma_fork_worker].freeze
     DEFAULTS = { workers: 4, connections: 16, warmup: 4000, refork_after: [200], requests: 30_000, cache_mb: 100,
-                 servers: SERVERS, smaps: true }.freeze
+                 servers: SERVERS, smaps: true, server_env: "" }.freeze
     QUICK = { warmup: 1000, refork_after: [50], requests: 4000 }.freeze
     ONLY = %w[rails cache].freeze # the apps
     APPS = { "rails" => [File.expand_path("rails/config.ru", __dir__), "/fast"],
@@ -133,13 +134,13 @@ module NeverBlockBench
     # Starts `server` serving `rackup` on `port`. @return [ServerProcess]
     def start(server, app, rackup, port)
       workers, refork_after = @options.values_at(:workers, :refork_after)
-      env = { "NB_REFORK_CACHE_MB" => @options[:cache_mb].to_s, "NB_RAILS_ADAPTER" => "postgresql" }
+      env = { "NB_REFORK_CACHE_MB" => @options[:cache_mb].to_s, "NB_RAILS_ADAPTER" => "postgresql" }.merge(server_env)
       case server
       when /\Aneverblock/
         args = ["-w", workers.to_s, *("--preload" if server.end_with?("_preload")),
                 *(["--refork-after", [*refork_after, NEVER].join(",")] if server.include?("refork"))]
         PeerServers.neverblock(rackup, port: port, args: args, name: "#{server}-#{app}",
-                                       env: env.merge("NB_RAILS_ADAPTER" => "neverblock_postgresql", "NB_RAILS_POOL" => "50"))
+                                       env: env.merge("NB_RAILS_ADAPTER" => "neverblock_postgresql", "NB_RAILS_POOL" => "50").merge(server_env))
       when "pitchfork"
         config = config_file("pitchfork.rb", "worker_processes #{workers}\nlisten \"127.0.0.1:#{port}\"\nrefork_after #{[*refork_after, NEVER]}\n")
         PeerServers.peer("pitchfork-#{app}", ["bundle", "exec", "pitchfork", "-c", config, "-E", "production", rackup], port,
@@ -148,6 +149,11 @@ module NeverBlockBench
         PeerServers.puma(rackup, port: port, workers: workers, config: config_file("puma.rb", PUMA_CONFIG % refork_after.first),
                                  name: "puma-#{app}", env: env.merge("NB_RAILS_POOL" => "5"))
       end
+    end
+
+    # @return [Hash{String => String}] --server-env "NAME=value;NAME=value": more of every server's environment
+    def server_env
+      @options[:server_env].split(";").to_h { |pair| pair.split("=", 2) }
     end
 
     # Waits (at most SETTLE_TIMEOUT s) until the server has --workers workers, one of them
