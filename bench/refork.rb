@@ -73,7 +73,7 @@ module NeverBlockBench
     def header
       v = PeerServers.locked_versions
       NeverBlockBench.header(
-        "Reforking: the memory of #{@options[:workers]} warmed-up workers, reforked after #{@options[:refork_after]} requests of one",
+        "Reforking: the memory of #{@options[:workers]} warmed-up workers, reforked after #{@options[:refork_after].join(",")} requests of one",
         "neverblock #{NeverBlock::VERSION} (#{Checkout.description}, -w #{@options[:workers]}); " \
         "pitchfork #{v['pitchfork']}; puma #{v['puma']} (fork_worker); rails #{v['railties']}; #{Wrk.version}",
         *("PostgreSQL: #{PostgresServer.description}" if @options[:only].include?("rails")),
@@ -202,7 +202,7 @@ module NeverBlockBench
       puts "\n#{Table.of(rows, COLUMNS, left: %w[server processes note])}"
       chart = NeverBlockBench.chart("Reforking: PSS of #{@options[:workers]} warmed-up workers and their master and mold",
                                     "NeverBlock, NeverBlock --refork-after, Pitchfork refork_after, Puma fork_worker; " \
-                                    "#{@options[:warmup]} warm-up requests, refork after #{@options[:refork_after]}")
+                                    "#{@options[:warmup]} warm-up requests, refork after #{@options[:refork_after].join(",")}")
       chart.pivot("total PSS after warm-up, MiB (lower is better)", "PSS MiB", by: "app", series: "server")
       chart.pivot("p99 latency after warm-up, ms (lower is better)", "p99 ms", by: "app", series: "server", log: true)
       NeverBlockBench.write_results(@options[:out], "refork", rows, chart)

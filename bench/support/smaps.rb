@@ -39,6 +39,7 @@ module NeverBlockBench
     def kind_of(start, finish, perms, inode, name)
       return "stack" if name == "[stack]"
       return "malloc brk" if name == "[heap]"
+      return "anon other" if name.start_with?("[") # [vdso], [vvar]: the kernel's, tiny
       return "files" if inode.positive? || name.start_with?("/")
       return "jit code" if perms.include?("x")
       return "ruby heap" if perms.start_with?("rw") && (start % ALIGN).zero? && ((finish - start) % ALIGN).zero?
