@@ -71,6 +71,11 @@ class ServerHotRestartTest < PlainTest
     5.times { assert_equal "v1", get(server).body.split.first, "the old worker still answers" }
     assert alive?(server[:pid]), "the master did not give up"
     assert_equal old_workers, worker_pids(server[:pid]), "no new workers booting meanwhile"
+    abandoned = output_lines(server).join[/^.*hot restart abandoned.*$/]
+    refute_match(/retrying/, abandoned, "no retry is promised where none follows")
+    last_failure = output_lines(server).grep(/boot failure\(s\) in a row/).last
+    refute_nil last_failure, "each boot failure is logged"
+    refute_match(/retrying in/, last_failure, "the failure that abandons it promises no retry")
 
     File.write(@version, "v3\n")
     Process.kill("HUP", server[:pid])

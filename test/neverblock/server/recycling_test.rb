@@ -3,6 +3,7 @@
 require_relative "../../test_helper"
 require_relative "../../support/serve_processes"
 require "tmpdir"
+require "neverblock/server"
 
 # `max_requests` and `max_memory`: a worker past either is replaced
 # gracefully (its successor accepts before it stops, so no request fails),
@@ -44,6 +45,31 @@ class ServerRecyclingTest < PlainTest
     log = output_lines(server).join
     replaced = log.scan(/\(pid (\d+)\) uses \d+ MB of RSS, over max_memory \d+ MB: replacing it, its successor first/).flatten
     assert_empty original.map(&:to_s) - replaced, log # (their successors leak too, and may be replaced as well)
+  end
+
+  # Two workers found past their limit on one turn: the log says they go one
+  # at a time, not "its successor first" twice in the same millisecond.
+  def test_workers_retired_on_one_turn_are_logged_as_replaced_one_after_the_other
+    watchdog = Class.new do
+      include NeverBlock::Server::Cluster::Watchdog
+      public :retire
+
+      def initialize
+        @retiring = []
+        @stopping = false
+      end
+    end.new
+    worker = Struct.new(:index, :pid, :requests, :max_requests, :retiring, :stopping) do
+      def to_s = "worker #{index} (pid #{pid})"
+    end
+    log = capture_log do
+      watchdog.retire(worker.new(0, 101, 21, 20), :requests)
+      watchdog.retire(worker.new(1, 102, 22, 20), :requests)
+    end
+    first, second = log.lines.grep(/replacing it/)
+    assert_match(/worker 0 \(pid 101\) served 21 requests \(max_requests 20\): replacing it, its successor first$/, first)
+    assert_match(/worker 1 \(pid 102\) served 22 requests \(max_requests 20\): replacing it, its successor first; after worker 0 \(pid 101\)'s replacement \(one at a time\)$/,
+                 second)
   end
 
   def test_hooks_run_where_puma_runs_them

@@ -65,8 +65,8 @@ module NeverBlock
                     "served #{worker.requests} requests (max_requests #{worker.max_requests})"
                   end
             queued = (@retiring - [worker]).first
-          "NeverBlock::Server: #{worker} #{why}: replacing it, its successor first" \
-            "#{"; after #{queued}'s replacement (one at a time)" if queued}"
+            "NeverBlock::Server: #{worker} #{why}: replacing it, its successor first" \
+              "#{"; after #{queued}'s replacement (one at a time)" if queued}"
           end
         end
 
