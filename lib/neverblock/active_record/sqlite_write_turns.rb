@@ -152,7 +152,18 @@ module NeverBlock
               @turns = {}
               @turns_pid = Process.pid
             end
-            @turns[path] ||= Turn.new
+            @turns[path] ||= Turn.new.tap { announce(path) }
+          end
+        end
+
+        private
+
+        # One line when a process first has a file's transactions take turns.
+        def announce(path)
+          NeverBlock.logger.info do
+            "NeverBlock: SQLite transactions on #{path} take turns in this process, first come first served " \
+              "(#{SWITCH}=off turns that off); a SQLite query holds the event loop while it runs, so requests that " \
+              "wait on SQLite wait for each other (docs/rails.md, SQLite)"
           end
         end
       end

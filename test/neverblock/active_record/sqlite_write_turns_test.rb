@@ -17,6 +17,8 @@ class ActiveRecordSqliteWriteTurnsTest < PlainTest
   end
 
   def setup
+    @logger = NeverBlock.logger
+    NeverBlock.logger = Logger.new(IO::NULL) # each test's new file is announced once (one test reads it)
     @dir = Dir.mktmpdir("nb-sqlite-turns")
     @path = File.join(@dir, "turns.sqlite3")
     Record.establish_connection(adapter: "sqlite3", database: @path, pool: 10, timeout: 5000)
@@ -26,6 +28,7 @@ class ActiveRecordSqliteWriteTurnsTest < PlainTest
   end
 
   def teardown
+    NeverBlock.logger = @logger
     Record.remove_connection
     FileUtils.rm_rf(@dir)
     super
@@ -47,6 +50,15 @@ class ActiveRecordSqliteWriteTurnsTest < PlainTest
 
   def bodies
     Record.connection_pool.with_connection { |connection| connection.select_values("SELECT body FROM notes ORDER BY id") }
+  end
+
+  def test_a_process_says_once_that_a_files_transactions_take_turns
+    log = capture_log do
+      NeverBlock.run { 2.times { |index| write("w#{index}") } }
+    end
+    lines = log.lines.grep(/SQLite transactions on/)
+    assert_equal 1, lines.size, log
+    assert_includes lines.first, "#{File.expand_path(@path)} take turns in this process, first come first served"
   end
 
   def test_transactions_of_fibers_take_turns_in_the_order_they_began
