@@ -245,9 +245,15 @@ module NeverBlockFleet
     end
 
     # Deleting either end of a veth pair deletes the pair (a namespace that another mount namespace, e.g. a
-    # chroot's, still names keeps its end: hence the explicit link del).
+    # chroot's, still names keeps its end: hence the explicit link del). Processes still in a namespace of
+    # this slot (the servers of a run killed with SIGKILL) are killed first.
     def network_down
       @hosts.each do |host|
+        IO.popen(["ip", "netns", "pids", namespace(host), { err: File::NULL }], &:read).split.each do |pid|
+          Process.kill("KILL", Integer(pid))
+        rescue Errno::ESRCH
+          nil
+        end
         ip("netns", "del", namespace(host))
         ip("link", "del", "#{namespace(host)}v")
       end
