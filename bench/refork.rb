@@ -113,9 +113,10 @@ module NeverBlockBench
         puts Smaps.table("#{app}, #{server}", after) if @options[:smaps]
         ENV["NB_REFORK_REQUESTS"] = @options[:requests].to_s
         measured = Wrk.run(url, connections: @options[:connections], duration: 600, timeout: 30, script: WARMUP_SCRIPT, pid: process.pid)
-        puts Smaps.table("#{app}, #{server}, after the measured run", processes(process)) if @options[:smaps]
+        later = processes(process)
+        puts Smaps.table("#{app}, #{server}, after the measured run", later) if @options[:smaps]
         numbers(after, before, warmup, measured)
-          .merge("PSS after MiB" => (processes(process).sum { |p| p[:pss] } / 1024.0).round(1))
+          .merge("PSS after MiB" => (later.sum { |p| p[:pss] } / 1024.0).round(1))
           .tap { |row| row["note"] = ["reforked by SIGURG: worker 0 served too few", row["note"]].reject(&:empty?).join("; ") if urged }
       end
     end
@@ -140,7 +141,7 @@ module NeverBlockBench
         args = ["-w", workers.to_s, *("--preload" if server.end_with?("_preload")),
                 *(["--refork-after", [*refork_after, NEVER].join(",")] if server.include?("refork"))]
         PeerServers.neverblock(rackup, port: port, args: args, name: "#{server}-#{app}",
-                                       env: env.merge("NB_RAILS_ADAPTER" => "neverblock_postgresql", "NB_RAILS_POOL" => "50").merge(server_env))
+                                       env: env.merge("NB_RAILS_ADAPTER" => "neverblock_postgresql", "NB_RAILS_POOL" => "50"))
       when "pitchfork"
         config = config_file("pitchfork.rb", "worker_processes #{workers}\nlisten \"127.0.0.1:#{port}\"\nrefork_after #{[*refork_after, NEVER]}\n")
         PeerServers.peer("pitchfork-#{app}", ["bundle", "exec", "pitchfork", "-c", config, "-E", "production", rackup], port,

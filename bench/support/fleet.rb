@@ -118,7 +118,7 @@ module NeverBlockFleet
 
   # The fleet. #start builds it, #stop takes all of it down (idempotent; call it in an ensure).
   class Fleet
-    attr_reader :server, :hosts, :port, :dir, :sse_rate, :prefix, :subnet
+    attr_reader :server, :hosts, :port, :dir, :sse_rate
 
     # @param server [String] "neverblock", "puma" or "pitchfork"
     # Names: the namespaces PREFIX1..PREFIXn, the bridge PREFIX0, where PREFIX is nbfN- for slot N

@@ -60,7 +60,6 @@ module NeverBlockFleet
       @port, @seconds, @stop = port, seconds, false
       @events = (seconds * rate).ceil
       @streams = Queue.new
-      @pinned = []
       @threads = Array.new(clients) { |client| Thread.new { read_stream(client) until @stop } }
     end
 
@@ -68,16 +67,14 @@ module NeverBlockFleet
     # wherever HAProxy sends its reconnect. (Only two: on Pitchfork's six workers each stream client
     # takes one.)
     def pin(host)
-      client = "#{host} pinned"
-      @pinned << client
-      @threads << Thread.new { 2.times { |i| read_stream(client, i.zero? ? host : nil) } }
+      @threads << Thread.new { 2.times { |i| read_stream("#{host} pinned", i.zero? ? host : nil) } }
     end
 
     # Lets each client finish its stream. `deploys` (Fleet#deploy's answers) say when each host was out of
-    # the balancer: a stream served by a host when it went out was deployed, and moved when its client's
-    # next stream came from another host; it stayed when that next stream began while the host was still
-    # out and yet came from it (a reconnect begun after the host was back in may rightly land there).
-    # (A pinned client's second stream has no next one: it counts only as clean or cut.)
+    # the balancer: a stream served by a host when it went out, and followed by its client's next stream,
+    # was deployed; it moved when that next stream came from another host, and stayed when it began while
+    # the host was still out and yet came from it (a reconnect begun after the host was back in may rightly
+    # land there). (A stream with no next one, a pinned client's second, counts only as clean or cut.)
     # @return [Hash] :clean, :cut, :reconnects, :hosts (streams per host), :deployed, :moved, :stayed (descriptions)
     def stop(deploys = [])
       @stop = true
@@ -86,10 +83,10 @@ module NeverBlockFleet
       deployed = streams.filter_map do |st|
         deploy = deploys.find { |d| d[:host] == st.host && st.started < d[:out] && d[:out] < st.ended }
         after = streams.find { |other| other.client == st.client && other.started >= st.ended }
-        [st, deploy, after] if deploy && (after || !@pinned.include?(st.client))
+        [st, deploy, after] if deploy && after
       end
-      moved = deployed.count { |st, _, after| after&.host && after.host != st.host }
-      stayed = deployed.select { |st, d, after| after && after.host == st.host && after.started < d[:in] }
+      moved = deployed.count { |st, _, after| after.host && after.host != st.host }
+      stayed = deployed.select { |st, d, after| after.host == st.host && after.started < d[:in] }
       { clean: streams.count(&:clean), cut: streams.count { |st| !st.clean }, reconnects: streams.map(&:client).tally.sum { |_, n| n - 1 },
         hosts: streams.map(&:host).compact.tally, deployed: deployed.size, moved: moved,
         stayed: stayed.map { |st, d, after| "#{st.client} on #{st.host}: reconnected #{(d[:in] - after.started).round(2)} s before it was back, to it" } }
