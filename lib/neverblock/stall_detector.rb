@@ -106,8 +106,8 @@ module NeverBlock
         switches = @scheduler.switches
         now = Clock.now
         late = now - asleep_at - @interval
-        if late >= @threshold + TIMESLICE && reported != switches && cpu_time - cpu_before >= late / 4 &&
-           late >= @threshold + TIMESLICE * busy_threads
+        ran = cpu_time - cpu_before >= late / 4 # else it waited for a CPU (a busy machine, SIGSTOP)
+        if late >= @threshold + TIMESLICE && reported != switches && ran && late >= @threshold + TIMESLICE * busy_threads
           reported = switches
           # On 3.3+ a fiber that ran since the last sample may have made the
           # call and yielded: the one running now is not known to be it.
@@ -121,9 +121,12 @@ module NeverBlock
         elsif running.nil? || switches != seen
           seen = switches
           since = now
-        elsif reported != switches && now - since >= @threshold
-          reported = switches
-          report(running, now - since)
+        else
+          since += late if late.positive? && !ran # the time the process did not run is no fiber's
+          if reported != switches && now - since >= @threshold
+            reported = switches
+            report(running, now - since)
+          end
         end
       end
     end

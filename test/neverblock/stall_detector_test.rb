@@ -102,6 +102,30 @@ class StallDetectorTest < PlainTest
     assert_empty log
   end
 
+  # The same with the process stopped in the middle of a fiber's step: the
+  # watchdog, having seen the fiber run before the stop, finds it still
+  # running after SIGCONT. The time the process was stopped is not the
+  # fiber's: 450 ms of its own, over two samples, under the 500 ms threshold
+  # (the watchdog counts about 125 + 150 of them).
+  def test_a_fiber_stopped_with_its_process_is_not_charged_for_the_stop
+    pid = Process.pid
+    continuer = Process.spawn("until grep -q '^State:.*T' /proc/#{pid}/status; do sleep 0.01; done; " \
+                              "sleep 1.2; kill -CONT #{pid}")
+    log = with_log do
+      NeverBlock.run(stall_threshold: 0.5) do
+        NeverBlock.spawn do
+          NeverBlock.sleep(0.1) # the watchdog waits for the loop to run
+          burn_cpu(0.3) { false } # it samples the fiber (a timeslice after it began), sleeps, waits for the GVL
+          Process.kill(:STOP, pid)
+          burn_cpu(0.15) { false } # a timeslice after SIGCONT at most, it samples the fiber again
+        end
+      end
+    end
+    Process.wait(continuer)
+    assert_predicate $?, :success?
+    assert_empty log
+  end
+
   def test_each_separate_stall_is_reported
     log = with_log do |io|
       NeverBlock.run(stall_threshold: 0.1) do
