@@ -21,15 +21,20 @@ class ServerReforkTest < PlainTest
 
   def test_a_refork_under_keep_alive_load_loses_no_request_and_the_new_generation_shares_the_molds_memory
     server = serve("refork.ru", "-w", "2", "--refork-after", "200,false")
+    first_generation = eventually { (w = workers(server)).size == 2 && w }
     answers = Queue.new
     errors = Queue.new
     clients = Array.new(4) { keep_alive_client(server[:port], answers, errors) }
     mold = Integer(wait_for_line(server, /\(pid (\d+)\) is the mold/, timeout: 60)[/\(pid (\d+)\) is the mold/, 1])
     seen = []
+    # Until both indexes answer from the mold and the first generation's
+    # other worker has drained its keep-alive connections and exited (on a
+    # loaded machine that can take longer than the new workers' start).
     eventually(timeout: 30) do
       seen << answers.pop until answers.empty?
       seen.count { |pid, warmed| warmed == mold && pid != mold } >= 20 &&
-        seen.map(&:first).uniq.count { |pid| seen.assoc(pid).last == mold } >= 2 # both indexes, from the mold
+        seen.map(&:first).uniq.count { |pid| seen.assoc(pid).last == mold } >= 2 && # both indexes, from the mold
+        (first_generation - [mold]).none? { |pid| alive?(pid) }
     end
     sleep 0.5 # a little more load on the new generation
     @hammering = false
