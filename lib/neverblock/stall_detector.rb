@@ -27,8 +27,11 @@ module NeverBlock
   # call returns, with the fiber's backtrace taken at once: where the call
   # returned to, with its callers. Ruby 3.3+ hands the GVL over a timeslice
   # later or at the next wait; there the backtrace is shown only when no
-  # other fiber ran since the watchdog's last look, else one line says how
-  # long the GVL was held. A C call that keeps the GVL while it waits
+  # other fiber ran since the watchdog's last look. Else the fiber running
+  # when it woke is looked at once more: still running with no switch, it
+  # is reported as any fiber holding the loop (a Ruby loop that kept the
+  # GVL past its timeslice on a busy machine); if it switched, one line says
+  # how long the GVL was held. A C call that keeps the GVL while it waits
   # without CPU (a sleep in C, such as SQLite's own busy timeout) goes
   # unreported.
   class StallDetector
@@ -94,9 +97,7 @@ module NeverBlock
     private
 
     def watch
-      seen = nil
-      since = nil
-      reported = nil
+      @seen = @since = @reported = @unexplained = nil
       until @stopping
         @lock.synchronize { @cond.wait(@lock) while @idle && !@stopping }
         asleep_at = Clock.now
@@ -106,27 +107,51 @@ module NeverBlock
         switches = @scheduler.switches
         now = Clock.now
         late = now - asleep_at - @interval
-        ran = cpu_time - cpu_before >= late / 4 # else it waited for a CPU (a busy machine, SIGSTOP)
-        if late >= @threshold + TIMESLICE && reported != switches && ran && late >= @threshold + TIMESLICE * busy_threads
-          reported = switches
-          # On 3.3+ a fiber that ran since the last sample may have made the
-          # call and yielded: the one running now is not known to be it.
-          if running && (GVL_AT_RETURN || switches == seen)
-            report(running, late, gvl: true)
-          else
-            report_gvl_hold(late)
-          end
-          seen = switches
-          since = now
-        elsif running.nil? || switches != seen
-          seen = switches
-          since = now
+        look(running, switches, now, late, cpu_time - cpu_before >= late / 4) # else it waited for a CPU
+      end
+      report_gvl_hold(@unexplained) if @unexplained
+    end
+
+    # One look at the loop: `running` (a fiber, or nil while the loop waits)
+    # and its `switches` count at `now`, the watchdog having woken `late`
+    # seconds late; `ran` false when the process hardly used a CPU
+    # meanwhile (a busy machine, SIGSTOP), so the lateness was no fiber's.
+    #
+    # A late wake after a switch, with a fiber running (Ruby 3.3+), is held
+    # over one look (@unexplained): the fiber still running then, with no
+    # switch, held the loop itself (a Ruby busy loop that kept the GVL past
+    # its timeslice on a loaded machine) and is reported with its backtrace
+    # once it passes the threshold; if it switched, the hold was a call that
+    # kept the GVL and had ended.
+    def look(running, switches, now, late, ran)
+      if @unexplained && (running.nil? || switches != @seen)
+        report_gvl_hold(@unexplained)
+        @unexplained = nil
+      end
+      if late >= @threshold + TIMESLICE && @reported != switches && ran && late >= @threshold + TIMESLICE * busy_threads
+        # On 3.3+ a fiber that ran since the last look may have made the
+        # call and yielded: the one running now is not known to be it.
+        if running && (GVL_AT_RETURN || switches == @seen)
+          @unexplained = nil
+          @reported = switches
+          report(running, late, gvl: true)
+        elsif running
+          @unexplained = late
         else
-          since += late if late.positive? && !ran # the time the process did not run is no fiber's
-          if reported != switches && now - since >= @threshold
-            reported = switches
-            report(running, now - since)
-          end
+          @reported = switches
+          report_gvl_hold(late)
+        end
+        @seen = switches
+        @since = now
+      elsif running.nil? || switches != @seen
+        @seen = switches
+        @since = now
+      else
+        @since += late if late.positive? && !ran # the time the process did not run is no fiber's
+        if @reported != switches && now - @since >= @threshold
+          @reported = switches
+          @unexplained = nil
+          report(running, now - @since)
         end
       end
     end

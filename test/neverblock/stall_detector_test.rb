@@ -126,6 +126,35 @@ class StallDetectorTest < PlainTest
     assert_empty log
   end
 
+  # Ruby 3.3+ hands a waiting thread the GVL a timeslice after it asked, or
+  # later on a loaded machine: a late look can find another fiber turn than
+  # the last look's. The watchdog's looks, given here one by one: held over
+  # a look, the late wake is blamed on the fiber if it still runs then (a
+  # Ruby loop: its backtrace), or reported as a GVL hold if it switched.
+  def test_a_late_look_after_a_switch_is_told_by_the_next_look
+    NeverBlock.run(stall_threshold: nil) do
+      fiber = Fiber.current
+      still_running = with_log do |io|
+        detector = NeverBlock::StallDetector.new(Fiber.scheduler, 0.1)
+        detector.send(:look, fiber, 1, 10.0, 0.0, true)
+        detector.send(:look, fiber, 3, 10.5, 0.47, true) # 470 ms late, after a switch
+        assert_empty io.string if RUBY_VERSION >= "3.3"
+        detector.send(:look, fiber, 3, 10.62, 0.0, true) # the same turn, 120 ms on
+      end
+      switched = with_log do
+        detector = NeverBlock::StallDetector.new(Fiber.scheduler, 0.1)
+        detector.send(:look, fiber, 1, 10.0, 0.0, true)
+        detector.send(:look, fiber, 3, 10.5, 0.47, true)
+        detector.send(:look, fiber, 5, 10.6, 0.0, true) # another turn
+      end
+      [still_running, switched].each { |log| assert_equal 1, log.lines.grep(/WARN/).size, log }
+      assert_match(/#{WARNING}.*It is here:\n  /m, still_running, "the fiber still running, with its backtrace")
+      if RUBY_VERSION >= "3.3"
+        assert_includes switched, "Ruby's GVL was held for at least 470 ms by a call that kept it"
+      end
+    end
+  end
+
   def test_each_separate_stall_is_reported
     log = with_log do |io|
       NeverBlock.run(stall_threshold: 0.1) do
