@@ -111,7 +111,8 @@ module NeverBlock
 
         def describe_busy(threads)
           listed = threads.first(3).map do |thread|
-            frame = (thread.backtrace || []).first
+            frames = thread.backtrace || []
+            frame = frames.find { |line| !line.start_with?("<internal:") } || frames.first # the app's line, not Kernel#loop's
             "#{thread.name || thread.inspect[/#<Thread:0x\h+/]}#{" at #{frame}" if frame}"
           end
           "#{threads.size} other thread(s) still running after #{THREADS_SETTLE} s (#{listed.join('; ')}); " \
