@@ -21,14 +21,16 @@ module NeverBlock
     # Otherwise (no IdleSet, a TLS connection with decrypted bytes pending,
     # a stopping server) its fiber waits on the socket.
     #
-    # From the end of a request's head until the connection is idle again
-    # (its requests answered, nothing more read) it holds one of the
-    # server's `fiber_pool` request slots. Waiting for its next request, and
-    # reading that request's head (bounded by `max_header_bytes` and
-    # `header_timeout`), it holds none: clients that trickle partial heads
-    # (slowloris) take no request slot from complete requests, and do not
-    # stop the server accepting. A complete head waits for a slot before its
-    # body is read and the app is called. A request whose app calls
+    # From the moment a request is complete (head and body read) until it
+    # is answered it holds one of the server's `fiber_pool` request slots.
+    # Waiting for its next request, reading that request's head (bounded by
+    # `max_header_bytes` and `header_timeout`) and its body (bounded by
+    # `max_body` and {BodyPace}: `body_timeout`, `min_body_rate`,
+    # `request_timeout`; kept in memory up to `max_body_in_memory`, past that
+    # in a Tempfile) it holds none: clients that trickle partial heads or
+    # bodies (slowloris) take no request slot from complete requests, and do
+    # not stop the server accepting. A complete request waits for a slot
+    # before the app is called. A request whose app calls
     # `env["neverblock.mark_as_io_bound"]` ({Server::MARK_AS_IO_BOUND}) gives
     # its slot back there and is answered without one: from then on it only
     # waits (a debouncer follower, a long poll, a stream), which costs the
@@ -233,11 +235,9 @@ module NeverBlock
           rescue HTTPError => e
             error = e
           end
-          acquire_slot unless @slot || requests.empty?
-
           while (request = requests.first)&.complete
             requests.shift
-            acquire_slot unless @slot # the request before it was marked IO-bound
+            acquire_slot unless @slot # its first request, or the request before it was marked IO-bound
             begin
               keep_open = answer(request)
             ensure
@@ -285,25 +285,44 @@ module NeverBlock
       def read_more
         return read_next_request unless @parser.in_message?
 
-        if @parser.in_body?
-          timeout = @limits.body_timeout
-          slow = "no request body for #{timeout} s"
-        else
-          timeout = @parser.started_at + @limits.header_timeout - Clock.now
-          slow = "headers not complete within #{@limits.header_timeout} s"
-        end
+        release_slot # the rest of a pipelined head, or a body, arrives holding none
+        return read_body if @parser.in_body?
+
+        timeout = @parser.started_at + @limits.header_timeout - Clock.now
         buffer = @context.read_buffer
         loop do
           data = @socket.read_nonblock(READ_SIZE, buffer, exception: false)
           return data unless data == :wait_readable
           next if timeout.positive? && @socket.wait_readable(timeout)
 
-          refuse(HTTPError.new(408, slow))
+          refuse(HTTPError.new(408, "headers not complete within #{@limits.header_timeout} s"))
           return nil
         end
       end
 
-      # A request's head is complete: acquires a request slot, waiting (FIFO,
+      # #read_more for a request whose head is complete and whose body is
+      # still arriving: paced by its {BodyPace} (`body_timeout`,
+      # `min_body_rate`, `request_timeout`), else refused with 408.
+      def read_body
+        pace = (@body_pace ||= BodyPace.new(@limits))
+        pace.start(@parser.body_request, Clock.now)
+        buffer = @context.read_buffer
+        loop do
+          data = @socket.read_nonblock(READ_SIZE, buffer, exception: false)
+          unless data == :wait_readable
+            pace.read(data.bytesize, Clock.now) if data
+            return data
+          end
+          now = Clock.now
+          wait = pace.wait(now)
+          next if wait.positive? && @socket.wait_readable(wait)
+
+          refuse(HTTPError.new(408, pace.expired(Clock.now)))
+          return nil
+        end
+      end
+
+      # A request is complete: acquires a request slot, waiting (FIFO,
       # reading nothing more meanwhile) while every one is taken.
       def acquire_slot
         @waited = @admission.acquire

@@ -20,6 +20,9 @@ module NeverBlock
     # - `header_timeout`     :: seconds from a request's first byte to the end of its
     #                           headers, else 408 (default 10)
     # - `body_timeout`       :: seconds the body may make no progress, else 408 (default 10)
+    # - `min_body_rate`      :: bytes per second a request body must average over each
+    #                           `body_timeout` seconds from the end of its head, else 408
+    #                           (default 1024; 0: no minimum). See {BodyPace}
     # - `idle_timeout`       :: seconds a keep-alive connection may wait for its next
     #                           request before it is closed (default 5)
     # - `write_timeout`      :: seconds a client may leave a response write stuck
@@ -32,13 +35,13 @@ module NeverBlock
     #                           see {Connection} and docs/server.md)
     Limits = Struct.new(:max_request_target, :max_header_bytes, :max_headers, :max_body,
                         :max_body_in_memory, :max_connections,
-                        :header_timeout, :body_timeout, :idle_timeout, :write_timeout,
+                        :header_timeout, :body_timeout, :min_body_rate, :idle_timeout, :write_timeout,
                         :shutdown_timeout, :request_timeout, keyword_init: true) do
       # @return [Hash{Symbol => Numeric}]
       def self.defaults
         { max_request_target: 8 * 1024, max_header_bytes: 64 * 1024, max_headers: 100,
           max_body: 10 * 1024 * 1024, max_body_in_memory: 64 * 1024, max_connections: default_max_connections,
-          header_timeout: 10, body_timeout: 10, idle_timeout: 5,
+          header_timeout: 10, body_timeout: 10, min_body_rate: 1024, idle_timeout: 5,
           write_timeout: 30, shutdown_timeout: 30, request_timeout: nil }
       end
 
@@ -62,6 +65,8 @@ module NeverBlock
         values.each do |key, value|
           if key == :request_timeout
             next
+          elsif key == :min_body_rate
+            NeverBlock.validate_size!(value, key, minimum: 0)
           elsif key.to_s.end_with?("timeout")
             NeverBlock.validate_timeout!(value, key)
           else

@@ -149,6 +149,12 @@ module NeverBlock
         !@current.nil? && !@current.complete
       end
 
+      # @return [Request, nil] the request whose body is being read, while
+      #   {#in_body?}.
+      def body_request
+        @current unless @current&.complete
+      end
+
       # --- llhttp callbacks at a head's end (the others: HeadFeeding) ---------
 
       # Exceptions here become llhttp's HPE_CB_HEADERS_COMPLETE, so the chosen

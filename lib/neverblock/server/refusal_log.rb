@@ -17,7 +17,7 @@ module NeverBlock
 
       # Where each limit is set, by the status it refuses with.
       HINTS = {
-        408 => "limits header_timeout: / body_timeout: (seconds) in #{WHERE}",
+        408 => "limits header_timeout: / body_timeout: (seconds), min_body_rate: (bytes/s) in #{WHERE}",
         413 => "--max-body BYTES, or limits max_body: in #{WHERE}",
         414 => "limits max_request_target: (bytes) in #{WHERE}",
         431 => "limits max_header_bytes: / max_headers: in #{WHERE}"
