@@ -115,7 +115,9 @@ class MapOutsideLoopTest < PlainTest
   end
 
   def test_fail_fast_false_outside_a_loop
-    error = assert_raises(NeverBlock::GroupError) { NeverBlock.map([1, 2], fail_fast: false) { |x| raise "no #{x}" if x == 2; x } }
+    error = assert_raises(NeverBlock::GroupError) do
+      NeverBlock.map([1, 2], fail_fast: false) { |x| x == 2 ? raise("no #{x}") : x }
+    end
     assert_equal [1, nil], error.values
   end
 end

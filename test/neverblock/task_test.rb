@@ -203,7 +203,8 @@ class TaskTest < NeverBlockTest
                  "at index 1; to run blocks and wait for their values, use NeverBlock.group or NeverBlock.map",
                  error.message
     refute task.observed?, "no task was marked as collected by a wait_all that refused its list"
-    assert_match(/takes a list of tasks, got #<NeverBlock::Task/, assert_raises(ArgumentError) { NeverBlock.wait_all(task) }.message)
+    not_a_list = assert_raises(ArgumentError) { NeverBlock.wait_all(task) }
+    assert_match(/takes a list of tasks, got #<NeverBlock::Task/, not_a_list.message)
     assert_equal [:done], NeverBlock.wait_all([task])
   end
 
