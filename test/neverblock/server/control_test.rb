@@ -6,6 +6,7 @@ require "tmpdir"
 require "open3"
 require "neverblock/server"
 require "neverblock/cli"
+require "neverblock/server/cluster/prometheus"
 
 # The master's control listener (`--control`) and `neverblock ctl`, on real
 # processes: /metrics for the whole cluster, checked by Debian's promtool and
@@ -37,6 +38,22 @@ class ServerControlTest < PlainTest
     assert_match(/^neverblock_worker_restarts_total\{cause="watchdog"\} 0$/, text)
     output, status = Open3.capture2e("promtool", "check", "metrics", stdin_data: text)
     assert status.success?, "promtool check metrics:\n#{output}"
+  end
+
+  # docs/server.md names every series /metrics has: in full, or as a
+  # `_suffix` after a series of the same family named in full
+  # (`neverblock_db_pool_size`, `_in_use`).
+  def test_the_server_docs_list_every_metric
+    docs = File.read(File.expand_path("../../../docs/server.md", __dir__))
+    named = docs.scan(/`(neverblock_[a-z_]+)`/).flatten.uniq
+    missing = NeverBlock::Server::Cluster::Prometheus::FAMILIES.keys.reject do |name|
+      named.include?(name) || named.any? do |full|
+        [*full.enum_for(:scan, "_").map { Regexp.last_match.begin(0) }, full.size].any? do |cut|
+          name.start_with?(full[0...cut]) && docs.include?("`#{name.delete_prefix(full[0...cut])}`")
+        end
+      end
+    end
+    assert_empty missing, "series /metrics has that docs/server.md does not list"
   end
 
   def test_a_real_prometheus_scrapes_the_cluster

@@ -19,7 +19,7 @@ module NeverBlock
           "neverblock_reforks_total" => ["counter", "Generations of workers forked from a warmed-up worker (refork)."],
           "neverblock_resident_memory_bytes" => ["gauge", "A worker's resident memory (RSS)."],
           "neverblock_requests_total" => ["counter", "Requests answered, by method and status class."],
-          "neverblock_request_timeouts_total" => ["counter", "Requests answered 503 for outliving request_timeout."],
+          "neverblock_request_timeouts_total" => ["counter", "Requests that outlived request_timeout (answered 503, or by the app)."],
           "neverblock_client_hangups_total" => ["counter", "Requests cancelled because their client hung up (logged 499)."],
           "neverblock_request_duration_seconds" => ["histogram", "From a request's complete head to its response's end."],
           "neverblock_admission_wait_seconds" => ["histogram", "Time a request waited for a request slot."],
