@@ -6,6 +6,7 @@ require "tmpdir"
 require "fileutils"
 require "securerandom"
 require_relative "../../support/serve_processes"
+require_relative "../../support/counting_upstream"
 
 # A NeverBlock::ServerSemaphore bounding a whole `neverblock serve -w 2`:
 # the upstream the app calls counts the calls it serves at once, and never
@@ -13,46 +14,6 @@ require_relative "../../support/serve_processes"
 # back, and the server goes on calling the upstream.
 class ServerSemaphoreServerTest < PlainTest
   include ServeProcesses
-
-  # A TCP service that answers each line after `hold` seconds and counts
-  # the calls it serves at once (the upstream is the one that counts).
-  class CountingUpstream
-    attr_reader :port, :most, :calls
-
-    def initialize(hold:)
-      @hold = hold
-      @server = TCPServer.new("127.0.0.1", 0)
-      @port = @server.addr[1]
-      @lock = Mutex.new
-      @now = 0
-      @most = 0
-      @calls = 0
-      @acceptor = Thread.new { loop { serve(@server.accept) } }
-      @acceptor.report_on_exception = false
-    end
-
-    def close
-      @acceptor.kill
-      @server.close
-    end
-
-    private
-
-    def serve(client)
-      Thread.new do
-        client.gets
-        @lock.synchronize do
-          @calls += 1
-          @most = [@most, @now += 1].max
-        end
-        sleep @hold
-        @lock.synchronize { @now -= 1 }
-        client.puts("ok")
-      ensure
-        client.close
-      end
-    end
-  end
 
   def setup
     @dir = Dir.mktmpdir("neverblock-semaphore")
