@@ -128,7 +128,9 @@ module NeverBlock
       begin
         wait_for_permit(ticket, timeout)
       rescue Exception => e # rubocop:disable Lint/RescueException -- the place is given up however the wait ends
-        give_up(ticket)
+        # With Redis down, asking again would only double the wait: the
+        # place (or a permit granted unheard) ends with its lease.
+        give_up(ticket) unless e.is_a?(SemaphoreUnavailable)
         raise unless e.is_a?(SemaphoreUnavailable) && @unavailable == :run
 
         return run_unbounded(e) { yield }
@@ -208,11 +210,19 @@ module NeverBlock
     # Redis has no `ready` key: it is new, or lost its data. The fence is
     # what remains of one hold (lease or window) since Redis started.
     def fence
-      uptime_s = Integer(answering { @redis.call("INFO", "server") }[/^uptime_in_seconds:(\d+)/, 1] || 0)
+      uptime_s = redis_uptime_s
       fence_ms = [@hold_ms - (uptime_s * 1000), 0].max
       NeverBlock.logger.warn("NeverBlock::RedisSemaphore #{@name}: Redis started #{uptime_s} s ago without this semaphore's " \
                              "data; no permit for #{fence_ms} ms, while its holders register again") if fence_ms.positive?
       answering { @redis.call("EVAL", Scripts::INIT, @keys.size, *@keys, fence_ms) }
+    end
+
+    # @return [Integer] seconds since Redis started; 0 when it does not
+    # say (INFO refused), which fences a whole hold.
+    def redis_uptime_s
+      Integer(answering { @redis.call("INFO", "server") }[/^uptime_in_seconds:(\d+)/, 1] || 0)
+    rescue RedisClient::CommandError
+      0
     end
 
     def hold(ticket)
@@ -242,7 +252,8 @@ module NeverBlock
     def run_unbounded(error)
       unless @unbounded_logged
         @unbounded_logged = true
-        NeverBlock.logger.warn("NeverBlock::RedisSemaphore #{@name}: Redis is unavailable (#{error.message}); " \
+        cause = error.cause || error
+        NeverBlock.logger.warn("NeverBlock::RedisSemaphore #{@name}: Redis is unavailable (#{cause.class}: #{cause.message}); " \
                                "running blocks without a permit (unavailable: :run)")
       end
       yield
