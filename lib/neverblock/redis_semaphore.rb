@@ -36,7 +36,8 @@ module NeverBlock
   #   its lease ends. A waiter's place lasts `lease` seconds unless it looks
   #   again (it does, every lease / 3): a dead waiter holds no one up for long.
   # - A waiter that times out or is cancelled gives up its place, and gives
-  #   back a permit Redis granted it just then: no permit is lost.
+  #   back a permit Redis granted it just then; an ask of its still on the
+  #   way to Redis is refused when it arrives: no permit is lost.
   # - Time is Redis's (TIME, in the scripts): hosts' clocks do not matter.
   #
   # == When Redis is down
@@ -106,6 +107,7 @@ module NeverBlock
       base = "#{prefix}{#{name}}:"
       @keys = %w[holders queue tickets seq ready].map { |key| base + key }
       @wake_prefix = "#{base}wake:"
+      @gone_prefix = "#{base}gone:"
       @renewer = @per ? nil : Renewer.new(self, @lease_ms / 3000.0, @config)
       after_fork
     end
@@ -196,11 +198,10 @@ module NeverBlock
     def take_turn(ticket)
       loop do
         granted, wait_ms = script(Scripts::ACQUIRE, ticket)
-        return if granted == 1
-
-        if granted == -1
-          fence
-          next
+        case granted
+        when 1 then return
+        when -1 then fence # and ask again
+        when -2 then raise BaseError, "RedisSemaphore #{@name}: a ticket still waiting was given up" # a bug
         end
         wait = [wait_ms, @lease_ms / 3].min.clamp(1..) / 1000.0
         answering { blocking.blocking_call(wait + @redis_timeout, "BLPOP", @wake_prefix + ticket, wait) }
@@ -236,7 +237,7 @@ module NeverBlock
     end
 
     def give_back(ticket)
-      script(Scripts::RELEASE, ticket)
+      script(Scripts::RELEASE, ticket, "back")
     rescue SemaphoreUnavailable => e
       NeverBlock.logger.warn("NeverBlock::RedisSemaphore #{@name}: could not give a permit back (#{e.class}: " \
                              "#{e.message}); it ends with its lease, in #{@lease_ms / 1000.0} s")
@@ -244,7 +245,7 @@ module NeverBlock
 
     # A waiter leaves: its place, or a permit Redis granted it unheard.
     def give_up(ticket)
-      script(Scripts::RELEASE, ticket)
+      script(Scripts::RELEASE, ticket, "gone")
     rescue SemaphoreUnavailable
       nil # its place and permit end with Redis's data, or after `lease`
     end
@@ -261,8 +262,10 @@ module NeverBlock
 
     # @return [Object] the script's reply.
     # @raise [SemaphoreUnavailable] when Redis does not answer.
-    def script(source, ticket, redis: @redis)
-      reply = answering { redis.call("EVAL", source, @keys.size, *@keys, ticket, @limit, @hold_ms, @lease_ms, @wake_prefix) }
+    def script(source, ticket, flag = "", redis: @redis)
+      reply = answering do
+        redis.call("EVAL", source, @keys.size, *@keys, ticket, @limit, @hold_ms, @lease_ms, @wake_prefix, @gone_prefix, flag)
+      end
       @unbounded_logged = false
       reply
     end

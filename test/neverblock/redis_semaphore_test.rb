@@ -5,6 +5,7 @@ require "securerandom"
 require "tmpdir"
 require "fileutils"
 require "rbconfig"
+require "tempfile"
 require "neverblock/redis_semaphore"
 require_relative "../support/counting_upstream"
 
@@ -37,6 +38,7 @@ class RedisSemaphoreTest < NeverBlockTest
         nil
       end
       child[:out].close
+      child[:err].close!
     end
     @semaphores.each(&:close)
     super
@@ -62,6 +64,7 @@ class RedisSemaphoreTest < NeverBlockTest
             "NB_UPSTREAM_PORT" => upstream.port.to_s }
     children = Array.new(3) { start_child(env) }
     children.each { |child| assert_equal "done 20\n", child[:out].gets }
+    children.each { |child| assert_empty child[:err].read, "a child warned" }
     assert_equal 60, upstream.calls
     assert_operator upstream.most, :<=, 3, "the upstream served more calls at once than the limit"
     assert_operator upstream.most, :>=, 2, "the calls were serialized"
@@ -147,6 +150,40 @@ class RedisSemaphoreTest < NeverBlockTest
     assert_equal 2, limited.available
   end
 
+  # A waiter that times out while its ask is on the way to Redis: the ask
+  # arrives after the waiter gave its ticket up, and is refused.
+  def test_an_ask_that_arrives_after_its_ticket_was_given_up_is_refused
+    limited = semaphore
+    limited.acquire { :ready } # past the first use's fence
+    ticket = SecureRandom.hex(16)
+    limited.send(:give_up, ticket)
+    assert_equal [-2, 0], limited.send(:script, NeverBlock::RedisSemaphore::Scripts::ACQUIRE, ticket)
+    assert_equal 1, limited.available
+    assert_equal 0, limited.waiting
+  end
+
+  def test_a_child_forked_from_a_holder_takes_permits_of_its_own
+    limited = semaphore(2)
+    reader, writer = IO.pipe
+    limited.acquire do
+      pid = fork do
+        reader.close
+        answer = limited.acquire(timeout: 10) { limited.available }
+        writer.puts(answer)
+        writer.puts(limited.acquire(timeout: 10) { :again })
+        exit!(0)
+      end
+      writer.close
+      assert_equal "0\n", reader.gets # the parent's permit, and its own
+      assert_equal "again\n", reader.gets
+      Process.wait(pid)
+    end
+    assert_equal 2, limited.available
+  ensure
+    reader&.close
+    writer&.close unless writer&.closed?
+  end
+
   def test_the_rate_form_grants_at_most_limit_acquisitions_in_any_window
     rate = semaphore(3, per: 1)
     started = Array.new(7) { rate.acquire { now } }
@@ -176,10 +213,11 @@ class RedisSemaphoreTest < NeverBlockTest
     pid = start_redis(dir, socket)
     holder = semaphore(url: url)
     release = Queue.new
-    held = NeverBlock.spawn { holder.acquire { release.pop } }
-    eventually { holder.available.zero? }
-
+    held = nil
     log = capture_log do
+      held = NeverBlock.spawn { holder.acquire { release.pop } } # after the fence of a Redis just started
+      eventually { holder.available.zero? }
+
       Process.kill(:KILL, pid)
       Process.wait(pid)
       pid = nil
@@ -207,10 +245,11 @@ class RedisSemaphoreTest < NeverBlockTest
 
   def start_child(env)
     reader, writer = IO.pipe
+    errors = Tempfile.new("neverblock-semaphore-child")
     env = { "NB_NAME" => @name, "NB_LIMIT" => "1", "NB_LEASE" => "1", "NB_REDIS_URL" => redis_url }.merge(env)
-    pid = Process.spawn(env, RbConfig.ruby, "-I#{ChildRuby::LIB}", CHILD, out: writer)
+    pid = Process.spawn(env, RbConfig.ruby, "-I#{ChildRuby::LIB}", CHILD, out: writer, err: errors.path)
     writer.close
-    { pid: pid, out: reader }.tap { |child| @children << child }
+    { pid: pid, out: reader, err: errors }.tap { |child| @children << child }
   end
 
   def start_redis(dir, socket)

@@ -87,8 +87,11 @@ module NeverBlock
             failing = true
             next
           end
+          # A lease given back while it was being renewed is not lost: its
+          # holder deletes it here before it gives it back.
           lost.each do |token|
-            delete(token)
+            next unless @mutex.synchronize { @tokens.delete(token) }
+
             NeverBlock.logger.warn("NeverBlock::RedisSemaphore #{@semaphore.name}: a lease held here ended before its " \
                                    "block did (Redis was unreachable for longer than the lease); another may hold it now")
           end

@@ -16,11 +16,15 @@ module NeverBlock
     #   ready    the Redis time (ms) from which permits are granted; missing
     #            when Redis lost the semaphore's data (see {INIT})
     #   wake:T   list a releaser pushes to, to wake the waiter of ticket T
+    #   gone:T   ticket T was given up (kept one lease): an ask of its that
+    #            was still on the way is refused
     #
     # A lease token is its waiter's ticket: one random token per acquire.
     #
     # Who calls them: {RedisSemaphore} only, with KEYS in the order
-    # holders, queue, tickets, seq, ready.
+    # holders, queue, tickets, seq, ready, and ARGV: ticket, limit, hold ms
+    # (the lease, or the rate's window), lease ms, the wake:T prefix, the
+    # gone:T prefix, and a flag of the script's own.
     module Scripts
       # Redis time in ms, and the expired leases and given-up tickets gone.
       PRELUDE = <<~LUA
@@ -36,8 +40,7 @@ module NeverBlock
       LUA
 
       # Wakes the waiters whose turn it is: the first (limit - holders)
-      # tickets. ARGV: ..., limit at [2], wake key prefix at [5], ticket ttl
-      # ms at [4].
+      # tickets (their wake keys last one lease).
       WAKE = <<~LUA
         local function wake()
           local free = tonumber(ARGV[2]) - redis.call('ZCARD', KEYS[1])
@@ -52,16 +55,16 @@ module NeverBlock
 
       # Takes a place in line (once) and a permit when it is this ticket's
       # turn: it is among the first (limit - holders) in line, and the
-      # semaphore is ready.
-      # ARGV: ticket, limit, hold ms (lease, or the rate's window), ticket
-      # ttl ms, wake key prefix.
+      # semaphore is ready. The place lasts one lease unless asked again.
       # @return [Array(Integer, Integer)] [1, 0] when taken; [0, ms] when
       #   not (ms: when to look again at the latest without a wake-up: the
       #   first lease or window to end, the end of a fence); [-1, 0] when
-      #   the `ready` key is missing (run {INIT}, then this again).
+      #   the `ready` key is missing (run {INIT}, then this again); [-2, 0]
+      #   for a ticket given up.
       ACQUIRE = <<~LUA
         local ready = redis.call('GET', KEYS[5])
         if not ready then return {-1, 0} end
+        if redis.call('EXISTS', ARGV[6] .. ARGV[1]) == 1 then return {-2, 0} end
         #{PRELUDE}
         ready = tonumber(ready)
         local ticket = ARGV[1]
@@ -83,14 +86,15 @@ module NeverBlock
         return {0, tonumber(ARGV[4])}
       LUA
 
-      # Gives a ticket's permit back, or its place in line (a waiter that
-      # timed out or was cancelled, possibly after Redis granted it a
-      # permit it never heard of), and wakes the waiters whose turn it is.
-      # ARGV: ticket, limit, (unused), ticket ttl ms, wake key prefix.
+      # Gives a ticket's permit back, or, with the flag "gone", its place in
+      # line (a waiter that timed out or was cancelled, possibly after Redis
+      # granted it a permit it never heard of, or before an ask of its
+      # arrived: that ask is refused), and wakes the waiters whose turn it is.
       # @return [Integer] 1.
       RELEASE = <<~LUA
         #{PRELUDE}
         #{WAKE}
+        if ARGV[7] == 'gone' then redis.call('SET', ARGV[6] .. ARGV[1], '1', 'PX', ARGV[4]) end
         redis.call('ZREM', KEYS[1], ARGV[1])
         redis.call('ZREM', KEYS[2], ARGV[1])
         redis.call('ZREM', KEYS[3], ARGV[1])
@@ -102,7 +106,6 @@ module NeverBlock
       # Extends a lease by `hold` ms. A lease Redis no longer has is added
       # again only while the semaphore is not ready (Redis lost its data:
       # the holders register again during the fence).
-      # ARGV: ticket, limit, hold ms.
       # @return [Integer] 1 extended, 2 registered again, 0 lost (expired
       #   and perhaps taken by another).
       RENEW = <<~LUA
@@ -123,7 +126,7 @@ module NeverBlock
       # Run when `ready` is missing: the first use ever, or Redis lost the
       # data (restarted without persistence, flushed); the fence gives the
       # holders that Redis forgot time to register again ({RENEW}).
-      # ARGV: fence ms.
+      # ARGV: the fence in ms.
       INIT = <<~LUA
         local time = redis.call('TIME')
         local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
