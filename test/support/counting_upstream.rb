@@ -33,6 +33,15 @@ class CountingUpstream
     @lock.synchronize { @calls }
   end
 
+  # Forgets the calls and the most so far.
+  # @return [void]
+  def reset
+    @lock.synchronize do
+      @calls = 0
+      @most = @now
+    end
+  end
+
   def close
     @acceptor.kill
     @acceptor.join
