@@ -89,7 +89,7 @@ module NeverBlock
     # @param unavailable [Symbol] `:raise` (fail closed, the default) or
     #   `:run` (run the block without a permit while Redis is down).
     def initialize(name, limit, url: "redis://127.0.0.1:6379", per: nil, lease: 10, prefix: "neverblock:semaphore:",
-                   redis_timeout: 1, pool_size: 4, unavailable: :raise)
+                   redis_timeout: 1, pool_size: 8, unavailable: :raise)
       raise ArgumentError, "name must be a non-empty String, got #{name.inspect}" unless name.is_a?(String) && !name.empty?
       unless UNAVAILABLE.include?(unavailable)
         raise ArgumentError, "unavailable must be one of #{UNAVAILABLE.map(&:inspect).join(', ')}, got #{unavailable.inspect}"
@@ -129,13 +129,16 @@ module NeverBlock
       ticket = SecureRandom.hex(16)
       begin
         wait_for_permit(ticket, timeout)
-      rescue Exception => e # rubocop:disable Lint/RescueException -- the place is given up however the wait ends
-        # With Redis down, asking again would only double the wait: the
-        # place (or a permit granted unheard) ends with its lease.
-        give_up(ticket) unless e.is_a?(SemaphoreUnavailable)
-        raise unless e.is_a?(SemaphoreUnavailable) && @unavailable == :run
+      rescue SemaphoreUnavailable => e
+        # Not asking Redis to take the place back, which would only double
+        # the wait: the place (or a permit granted unheard) ends with its lease.
+        return run_unbounded(e) { yield } if @unavailable == :run
 
-        return run_unbounded(e) { yield }
+        raise SemaphoreUnavailable, "#{e.message}; the block did not run (it fails closed; unavailable: :run " \
+                                    "runs it without a permit)", cause: e.cause
+      rescue Exception # rubocop:disable Lint/RescueException -- the place is given up however the wait ends
+        give_up(ticket)
+        raise
       end
       hold(ticket) { yield }
     end
@@ -239,8 +242,8 @@ module NeverBlock
     def give_back(ticket)
       script(Scripts::RELEASE, ticket, "back")
     rescue SemaphoreUnavailable => e
-      NeverBlock.logger.warn("NeverBlock::RedisSemaphore #{@name}: could not give a permit back (#{e.class}: " \
-                             "#{e.message}); it ends with its lease, in #{@lease_ms / 1000.0} s")
+      NeverBlock.logger.warn("NeverBlock::RedisSemaphore: #{e.message}: a permit was not given back; " \
+                             "it ends with its lease, in #{@lease_ms / 1000.0} s")
     end
 
     # A waiter leaves: its place, or a permit Redis granted it unheard.
@@ -253,9 +256,8 @@ module NeverBlock
     def run_unbounded(error)
       unless @unbounded_logged
         @unbounded_logged = true
-        cause = error.cause || error
-        NeverBlock.logger.warn("NeverBlock::RedisSemaphore #{@name}: Redis is unavailable (#{cause.class}: #{cause.message}); " \
-                               "running blocks without a permit (unavailable: :run)")
+        NeverBlock.logger.warn("NeverBlock::RedisSemaphore: #{error.message}; running blocks without a permit " \
+                               "(unavailable: :run) until it answers")
       end
       yield
     end
@@ -274,8 +276,8 @@ module NeverBlock
     def answering
       yield
     rescue *DOWN => e
-      raise SemaphoreUnavailable, "Redis did not answer for the semaphore #{@name} (#{e.class}: #{e.message}); " \
-                                  "the block did not run (it fails closed; unavailable: :run runs it unbounded)"
+      raise SemaphoreUnavailable, "Redis did not answer for the semaphore #{@name} within #{@redis_timeout} s " \
+                                  "(#{e.class}: #{e.message})"
     end
 
     def stats

@@ -83,7 +83,7 @@ module NeverBlock
             lost = @semaphore.renew(tokens, redis)
             failing = false
           rescue SemaphoreUnavailable => e
-            NeverBlock.logger.warn("#{e.message.sub(/; the block.*/, '')}: leases not renewed") unless failing
+            NeverBlock.logger.warn("NeverBlock::RedisSemaphore: #{e.message}: leases not renewed") unless failing
             failing = true
             next
           end
