@@ -46,8 +46,8 @@ class RedisSemaphoreTest < NeverBlockTest
 
   # A semaphore of this test's name; several stand for several processes
   # (each has its own line and connections).
-  def semaphore(limit = 1, url: redis_url, **options)
-    NeverBlock::RedisSemaphore.new(@name, limit, url: url, lease: 1, **options).tap { |s| @semaphores << s }
+  def semaphore(limit = 1, url: redis_url, lease: 1, **options)
+    NeverBlock::RedisSemaphore.new(@name, limit, url: url, lease: lease, **options).tap { |s| @semaphores << s }
   end
 
   def test_the_options_are_checked
@@ -104,6 +104,23 @@ class RedisSemaphoreTest < NeverBlockTest
     release << true
     NeverBlock.wait_all([held, *waiters])
     assert_equal [0, 1, 2, 3], order
+  end
+
+  # A waiter looks again on its own only every lease / 3 (5 s here): it
+  # acquires long before that because the permit given back wakes it.
+  def test_a_permit_given_back_wakes_the_next_waiter_at_once
+    holder = semaphore(lease: 15)
+    waiter = semaphore(lease: 15)
+    waiter.acquire { :past_the_fence }
+    release = Queue.new
+    held = NeverBlock.spawn { holder.acquire { release.pop } }
+    eventually { holder.available.zero? }
+    task = NeverBlock.spawn { waiter.acquire { now } }
+    eventually { holder.waiting == 1 }
+    released_at = now
+    release << true
+    held.wait
+    assert_operator task.value - released_at, :<, 2.5, "the waiter was not woken: it waited for its own next look"
   end
 
   def test_a_dead_waiters_place_in_line_ends_with_its_lease
