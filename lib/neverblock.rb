@@ -395,6 +395,7 @@ require_relative "neverblock/telemetry"
 require_relative "neverblock/scheduler"
 require_relative "neverblock/group"
 require_relative "neverblock/semaphore"
+require_relative "neverblock/server_semaphore"
 require_relative "neverblock/fiber_pool"
 require_relative "neverblock/connection_pool"
 

@@ -89,6 +89,18 @@ module NeverBlock
   class PoolTimeout < BaseError
   end
 
+  # Raised by `acquire(timeout:)` of {ServerSemaphore} and RedisSemaphore
+  # when no permit was free within the timeout.
+  class SemaphoreTimeout < BaseError
+  end
+
+  # Raised by RedisSemaphore (`require "neverblock/redis_semaphore"`) when
+  # Redis cannot be reached: it fails closed, the block does not run
+  # (unless it was made with `unavailable: :run`). The Redis client's error
+  # is the `cause`.
+  class SemaphoreUnavailable < BaseError
+  end
+
   # Raised by {FiberPool#spawn} after {FiberPool#shutdown}.
   class PoolClosed < BaseError
   end
