@@ -98,10 +98,9 @@ module NeverBlock
         @held = nil          # the bytes of a head that spans reads, until it ends (HeadFeeding)
         @line_end = nil      # where that head's request line ends (HeadForm)
         @line_searched = 0
+        @ends_checked = 0
         @empty_lines = 0     # empty lines read before the next request line (EmptyLines)
         @empty_cr = false    # the last of them has its CR, not its LF yet
-        @value_fragments = 0
-        @line_ended = false
         @host = nil # the last Host seen on this connection, already checked
         @server_name = nil
         @server_port = nil

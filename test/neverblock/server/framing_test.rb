@@ -221,6 +221,15 @@ class ServerFramingTest < PlainTest
     assert_parses [400, []], "POST /form HTTP/1.1\r\nHost: a\r\nContent-Length: 5\t5\r\n\r\nhello"
   end
 
+  # RFC 9112 5.2: a server rejects obs-fold (or replaces it); llhttp took it
+  # after an empty value as the value.
+  def test_a_header_line_continued_on_the_next_is_refused
+    ["X:\r\n b", "X: \r\n\tb", "X: a\r\n b", "X:\t\r\n \r\nY: c"].each do |header|
+      assert_parses [400, []], "GET /a HTTP/1.1\r\nHost: a\r\n#{header}\r\n\r\n#{SMUGGLED}"
+    end
+    assert_parses [400, []], "GET /a HTTP/1.1\r\n Host: a\r\n\r\n#{SMUGGLED}"
+  end
+
   def test_tabs_inside_a_value_are_kept
     parser = Parser.new(LIMITS, {}, "localhost", "80", false)
     parser << "GET / HTTP/1.1\r\nHost: a\r\nX-A: \ta\tb \t\r\n\r\n".b

@@ -203,6 +203,7 @@ module SmugglingCorpus
     ["tab-before-colon", "headers", "GET /tab-before-colon HTTP/1.1\r\nHost: a\r\nX-Header\t: v\r\n\r\n{smuggled}"],
     ["space-before-first-header", "headers", "GET /space-before-first-header HTTP/1.1\r\n Host: a\r\n\r\n{smuggled}"],
     ["obs-fold", "headers", "GET /obs-fold HTTP/1.1\r\nHost: a\r\nX-Header: v\r\n folded\r\n\r\n{smuggled}"],
+    ["obs-fold-empty-value", "headers", "GET /obs-fold-empty-value HTTP/1.1\r\nHost: a\r\nX-Header:\r\n folded\r\n\r\n{smuggled}"],
     ["nul-in-value", "headers", "GET /nul-in-value HTTP/1.1\r\nHost: a\r\nX-Header: a\x00b\r\n\r\n{smuggled}"],
     ["double-space", "request line", "GET  /double-space HTTP/1.1\r\nHost: a\r\n\r\n{smuggled}"],
     ["tab-separators", "request line", "GET\t/tab-separators\tHTTP/1.1\r\nHost: a\r\n\r\n{smuggled}"],

@@ -54,18 +54,14 @@ module NeverBlock
           count_header_bytes(fragment)
         end
 
-        # A value arrives in one fragment per read it spans. A second fragment
-        # from the same read, or one after a read that ended at a line end,
-        # is an obs-fold continuation line (`X: a\r\n b`), which llhttp
-        # joins to the value: refused, as proxies may read it otherwise.
+        # A head is given to llhttp whole (but its final CRLF), so a value
+        # arrives in one fragment. A second one is an obs-fold continuation
+        # line (`X: a\r\n b`), which llhttp joins to the value: refused, as
+        # proxies may read it otherwise.
         def on_header_value(fragment)
-          if @value
-            fail_with(400, "obs-fold (a header line continued on the next line)") if @value_fragments.positive? || @line_ended
-            @value << fragment
-          else
-            @value = fragment
-          end
-          @value_fragments += 1
+          fail_with(400, "obs-fold (a header line continued on the next line)") if @value
+
+          @value = fragment
           count_header_bytes(fragment)
         end
 
@@ -96,6 +92,7 @@ module NeverBlock
           @held = nil
           @head_tail = nil
           check_head_form(head)
+          check_folds(head)
           blank_trailing_tabs(head) if head.include?("\t")
           # llhttp 8.1 also ends a head at `\r\n\n` and at `\r\n\r` and any
           # byte; NeverBlock only at `\r\n\r\n`. So the empty line's CRLF is
@@ -116,12 +113,12 @@ module NeverBlock
           @empty_lines = 0
           @line_end = nil
           @line_searched = 0
+          @ends_checked = 0
         end
 
         # Gives llhttp `part` of `data`; `stop` is where the head ends in `data`
         # when `part` ends it.
         def feed_head(part, data, stop)
-          @value_fragments = 0
           @llhttp << part
         rescue LLHttp::Error => e
           raise @error if @error
@@ -129,8 +126,6 @@ module NeverBlock
           name = e.message[/HPE_\w+/]
           upgrade(data, stop) if name == "HPE_PAUSED_UPGRADE" # (only ever at a head's end)
           raise HTTPError.new(STATUSES.fetch(name, 400), e.message)
-        ensure
-          @line_ended = part.end_with?("\n", "\r")
         end
 
         # @return [Integer, nil] the offset just after the current head's empty
