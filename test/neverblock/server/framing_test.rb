@@ -212,6 +212,15 @@ class ServerFramingTest < PlainTest
     assert_equal [nil, 431], verdicts.uniq, "the limit lies within"
   end
 
+  # A head is held until it ends; one that cannot be valid is refused at
+  # once, not at header_timeout (it may never end).
+  def test_a_head_with_a_bare_cr_or_lf_is_refused_before_it_ends
+    ["GET / HTTP/1.1\r\nHost: a\nX-A: b", "GET / HTTP/1.1\r\nHost: a\r\n\rX", "GET /a\rb", "GET /a\nb",
+     "GET / HTTP/1.1\r\nHost: a\rX-A: b"].each do |bytes|
+      assert_parses [400, []], bytes
+    end
+  end
+
   # --- header values ------------------------------------------------------------
 
   # OWS is SP or HTAB (RFC 9110 5.6.3); llhttp 8.1 refused `5\t`.

@@ -54,6 +54,9 @@ module NeverBlock
             newline = head.index("\n", @line_searched)
             line_max = @limits.max_request_target + LINE_SLACK
             fail_with(414, "request line over #{line_max} bytes") if (newline ? newline + 1 : head.bytesize) > line_max
+          end
+          check_line_ends(head)
+          unless @line_end
             unless newline
               @line_searched = head.bytesize
               return
@@ -62,7 +65,6 @@ module NeverBlock
             check_request_line(head, newline)
             @line_end = newline
           end
-          check_line_ends(head)
           # The header block: a complete head's ends with the empty line's
           # CRLF, which is not counted; an incomplete one's last two bytes
           # may be where that line begins, so they are not counted either.
