@@ -3,6 +3,7 @@
 require "test_helper"
 require "securerandom"
 require "neverblock/postgres"
+require_relative "../../support/tcp_relay"
 
 # NeverBlock::Postgres.pool(pipeline: true): statements from many fibers
 # share each connection (libpq pipeline mode), each fiber gets its own
@@ -198,6 +199,42 @@ class PostgresPipelineTest < NeverBlockTest
     assert_match(/whether it ran is unknown/, outcomes.first.message)
     refute_nil outcomes.first.cause
     assert_equal "1", db.exec("SELECT 1").getvalue(0, 0)
+  end
+
+  # The state the fault-injection run hung in, made on purpose: a sender's
+  # libpq call finds the connection gone while the lane's reader waits on
+  # its socket. After an error the pipeline is aborted until its sync
+  # point, and libpq then writes each statement as it is queued; a write
+  # that fails makes libpq read, and when it reads the end of the
+  # connection it closes the socket. epoll forgets a closed descriptor
+  # without a word, so the reader, waiting for that sync point, was never
+  # woken: the lane kept its connection (here the pool's only one) for good.
+  def test_a_connection_lost_under_a_sender_while_the_reader_waits_goes_back_to_the_pool
+    relay = TcpRelay.new(pg_conninfo[:host], pg_conninfo[:port])
+    db = client(size: 1, timeout: 1, host: "127.0.0.1", port: relay.port)
+    open_connections(db, 1)
+    relay.hold
+    failing = NeverBlock.spawn do
+      db.exec("SELECT 1/0")
+    rescue PG::Error => e
+      e
+    end
+    relay.release_through("E") # the error; its sync point is held back
+    # Lets a loop turn look at the socket (the error is in it already): the
+    # reader takes the error and waits for the sync point.
+    sleep 0.01
+    # Within this turn, before the loop looks at the socket again: the
+    # connection is reset (a blocking fiber, so that closing the relay's
+    # sockets does not yield to the loop), and a statement is sent on it.
+    Fiber.new(blocking: true) { relay.reset }.resume
+    error = assert_raises(PG::Error) { db.exec("SELECT 2") }
+    assert_match(/server closed the connection|connection/i, error.message)
+    assert_kind_of NeverBlock::Postgres::OutcomeUnknown, failing.value
+    eventually(timeout: 5) { db.stats[:in_use].zero? }
+    assert_equal "1", db.exec("SELECT 1").getvalue(0, 0), "a new connection through the relay"
+  ensure
+    db&.close
+    relay&.close
   end
 
   private
