@@ -10,11 +10,13 @@ require "neverblock/postgres"
 # statement must end (a result or a connection error), and every lane must
 # give its connection back, run after run.
 #
-# A longer form of the same run (2,000 INSERTs beside a server restart) once
-# hung on a loaded machine: a lane's reader waited for ever on a socket that
-# libpq had closed under it (test_a_connection_lost_under_a_sender_while_the_reader_waits_goes_back_to_the_pool
-# in pipeline_test.rb makes that state on purpose). A run here that hangs
-# fails at its own timeout and names the pool's state.
+# A longer form of the same run (2,000 INSERTs, and a server restart) once
+# hung on a loaded machine: a lane's reader waited forever on a socket that
+# libpq had closed under it, keeping its connection (pipeline_test.rb's
+# test_a_connection_lost_under_a_sender_while_the_reader_waits_goes_back_to_the_pool
+# makes that state on purpose; this run finds it by chance, most often on a
+# busy machine). A run whose lanes keep a connection, or that does not end
+# within RUN_TIMEOUT, fails and names the pool's state.
 class PostgresPipelineFaultsTest < NeverBlockTest
   include NeverBlockTest::PostgresHelpers
 
@@ -41,8 +43,7 @@ class PostgresPipelineFaultsTest < NeverBlockTest
       assert_operator terminated, :>, 0, "run #{run}: no backend was terminated (the run tested nothing)"
       assert_connections_given_back(db, run)
       assert_equal "1", select_one(db), "run #{run}: the pool works after the faults"
-      rows = with_admin { |admin| Integer(admin.exec("SELECT count(*) FROM #{table} WHERE run = #{run}").getvalue(0, 0)) }
-      assert_operator rows, :>=, ok, "run #{run}: an INSERT that succeeded is missing"
+      assert_operator rows_of(table, run), :>=, ok, "run #{run}: an INSERT that succeeded is missing"
       db.close
     end
   end
@@ -90,6 +91,10 @@ class PostgresPipelineFaultsTest < NeverBlockTest
     :ok
   rescue PG::Error => e
     e
+  end
+
+  def rows_of(table, run)
+    with_admin { |admin| Integer(admin.exec("SELECT count(*) FROM #{table} WHERE run = #{run}").getvalue(0, 0)) }
   end
 
   # Every statement has ended, so every lane must hand its connection back

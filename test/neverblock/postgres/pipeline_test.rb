@@ -328,7 +328,8 @@ class PostgresPipelineForeignSchedulerTest < PlainTest
   # wakes the reader.
   def test_a_connection_lost_under_a_sender_while_the_reader_waits_goes_back_to_the_pool
     relay = TcpRelay.new(pg_conninfo[:host], pg_conninfo[:port])
-    db = NeverBlock::Postgres.pool(size: 1, timeout: 1, pipeline: true, **pg_conninfo, host: "127.0.0.1", port: relay.port)
+    db = NeverBlock::Postgres.pool(size: 1, timeout: 1, pipeline: true, **pg_conninfo,
+                                   host: "127.0.0.1", port: relay.port)
     loop_thread = Thread.new do
       async_on_epoll do |task|
         db.with { nil } # opens the connection
