@@ -11,7 +11,8 @@ require "socket"
 #
 # Messages are PostgreSQL's (a type byte, then a 4-byte length that counts
 # itself); #hold must be called between messages, when the server is not
-# sending.
+# sending, and while one connection is open (#release_through passes the
+# held bytes to the first).
 #
 #   relay = TcpRelay.new("127.0.0.1", 5432)
 #   db = NeverBlock::Postgres.pool(host: "127.0.0.1", port: relay.port, ...)
