@@ -16,7 +16,8 @@ module NeverBlock
       # The worker writes one line per note ({Worker.report}): "booted" once
       # its app is loaded, "ready" once it accepts, "beat REQUESTS" while its
       # loop turns ("metrics JSON" with each beat when the master has a
-      # control listener), "dumped" when it logged its tasks, "tasks JSON"
+      # control listener; both once more when it stopped serving, added up
+      # by {Counters}), "dumped" when it logged its tasks, "tasks JSON"
       # when the control listener asked, "boot-failed WHY" before it exits
       # with its app not loaded. EOF means it exited.
       class Child
@@ -76,7 +77,9 @@ module NeverBlock
         # @param commands [IO]
         # @param max_requests [Integer, nil]
         # @param successor_of [Integer, nil]
-        def initialize(index:, pid:, generation:, status_reader:, commands:, max_requests: nil, successor_of: nil)
+        # @param counters [Counters, nil] where its heartbeats' counts are added up.
+        def initialize(index:, pid:, generation:, status_reader:, commands:, max_requests: nil, successor_of: nil,
+                       counters: nil)
           @index = index
           @pid = pid
           @generation = generation
@@ -84,6 +87,7 @@ module NeverBlock
           @commands = commands
           @max_requests = max_requests
           @successor_of = successor_of
+          @counters = counters
           @started_at = Time.now
           @spawned = Clock.now
           @requests = 0
@@ -241,7 +245,8 @@ module NeverBlock
           when /\Abeat (\d+)\z/
             @beat_at = Clock.now
             @requests = Integer(Regexp.last_match(1))
-            yield :max_requests if @max_requests && @requests >= @max_requests
+            @counters&.beat(@index, @pid, @requests)
+            yield :max_requests if @max_requests && @requests >= @max_requests && !@promoting
           when /\Aboot-failed (.*)\z/ then @failure = Regexp.last_match(1)
           when "booted"
             unless @booted
@@ -256,7 +261,9 @@ module NeverBlock
           when /\Amold-refused (.*)\z/
             @refusal = Regexp.last_match(1)
             yield :mold_refused if @promoting
-          when /\Ametrics (.*)\z/ then @metrics = JSON.parse(Regexp.last_match(1))
+          when /\Ametrics (.*)\z/
+            @metrics = JSON.parse(Regexp.last_match(1))
+            @counters&.metrics(@index, @pid, @metrics)
           when /\Atasks (.*)\z/
             @tasks = JSON.parse(Regexp.last_match(1))
             @tasks_at = Clock.now

@@ -188,6 +188,7 @@ module NeverBlock
           @reforks += 1
           @generation += 1
           @restart_queue = [worker.index] + ((0...@count).to_a - [worker.index])
+          begin_rollout("refork", "forked from the mold (pid #{worker.pid})")
           NeverBlock.logger.info { "NeverBlock::Server: #{worker} is the mold; forking generation #{@generation} from it" }
         end
 
@@ -204,6 +205,7 @@ module NeverBlock
           mold = @molds.find { |process| process.pid == pid } or return false
 
           @molds.delete(mold)
+          @counters.forget(pid)
           mold.close
           return true unless @mold.equal?(mold)
 
@@ -241,7 +243,7 @@ module NeverBlock
           end
 
           Child.new(index: index, pid: pid, generation: generation, status_reader: status_reader, commands: commands,
-                    max_requests: @settings.draw_max_requests, successor_of: successor_of)
+                    max_requests: @settings.draw_max_requests, successor_of: successor_of, counters: @counters)
         ensure
           [status_writer, worker_commands].each { |io| io&.close }
         end
