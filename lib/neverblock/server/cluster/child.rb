@@ -18,7 +18,8 @@ module NeverBlock
       # loop turns ("metrics JSON" with each beat when the master has a
       # control listener; both once more when it stopped serving, added up
       # by {Counters}), "dumped" when it logged its tasks, "tasks JSON"
-      # when the control listener asked, "boot-failed WHY" before it exits
+      # when the control listener asked, "warm" once `refork_when` returned
+      # true in it, "boot-failed WHY" before it exits
       # with its app not loaded. EOF means it exited.
       class Child
         # A status line is shorter (one write each, atomic on a pipe).
@@ -69,6 +70,8 @@ module NeverBlock
         attr_accessor :promoting
         # @return [String, nil] why it refused to become the mold.
         attr_reader :refusal
+        # @return [Boolean] `refork_when` returned true in it ({Refork}).
+        attr_reader :warm
 
         # @param index [Integer]
         # @param pid [Integer]
@@ -91,7 +94,7 @@ module NeverBlock
           @started_at = Time.now
           @spawned = Clock.now
           @requests = 0
-          @booted = @ready = @stopping = @killed = @promoting = false
+          @booted = @ready = @stopping = @killed = @promoting = @warm = false
           @partial = nil # the start of a status line not yet read whole
         end
 
@@ -257,6 +260,7 @@ module NeverBlock
             @ready = true
             @beat_at = Clock.now
           when "dumped" then yield :dumped if @hung_at
+          when "warm" then @warm = true
           when "molded" then yield :molded if @promoting
           when /\Amold-refused (.*)\z/
             @refusal = Regexp.last_match(1)

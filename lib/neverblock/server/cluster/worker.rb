@@ -52,6 +52,9 @@ module NeverBlock
             server.metrics = Metrics.new if server.supervision.control
             server.while_serving { heartbeat(server, status_writer, server.supervision.heartbeat_interval) }
             server.while_serving { read_commands(server, status_writer, commands) } if commands
+            if (warm = server.supervision.refork_when)
+              server.while_serving { watch_warmth(status_writer, index, warm, server.supervision.heartbeat_interval) }
+            end
             server.serve_here
             report(status_writer, counts(server)) # what it counted since its last heartbeat (Counters)
             Mold.new(server, index, status_writer, commands, alive_reader, cluster).run if server.molding
@@ -114,6 +117,26 @@ module NeverBlock
         def self.counts(server)
           snapshot = server.metrics_snapshot
           "beat #{server.requests_total}#{"\nmetrics #{JSON.generate(snapshot)}" if snapshot}"
+        end
+
+        # The `refork_when` task: asks the app's callable whether this worker
+        # is warm every `seconds` until it says so, then reports "warm" once
+        # ({Refork} promotes only a warm worker). One that raises counts as
+        # not warm, and is logged once.
+        def self.watch_warmth(status_writer, index, warm, seconds)
+          complained = false
+          loop do
+            begin
+              return report(status_writer, "warm") if warm.call(index)
+            rescue StandardError => e
+              NeverBlock.logger.error do
+                "NeverBlock::Server: worker #{index} (pid #{Process.pid}): refork_when raised #{e.class}: #{e.message}; " \
+                  "it counts as not warm"
+              end unless complained
+              complained = true
+            end
+            NeverBlock.sleep(seconds)
+          end
         end
 
         # The command reader's task: each line from the master's command
