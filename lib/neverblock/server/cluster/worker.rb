@@ -129,11 +129,13 @@ module NeverBlock
             begin
               return report(status_writer, "warm") if warm.call(index)
             rescue StandardError => e
-              NeverBlock.logger.error do
-                "NeverBlock::Server: worker #{index} (pid #{Process.pid}): refork_when raised #{e.class}: #{e.message}; " \
-                  "it counts as not warm"
-              end unless complained
-              complained = true
+              unless complained
+                complained = true
+                NeverBlock.logger.error do
+                  "NeverBlock::Server: worker #{index} (pid #{Process.pid}): refork_when raised #{e.class}: #{e.message}; " \
+                    "it counts as not warm"
+                end
+              end
             end
             NeverBlock.sleep(seconds)
           end
