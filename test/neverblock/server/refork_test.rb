@@ -161,6 +161,22 @@ class ServerReforkTest < PlainTest
     end
   end
 
+  def test_a_refork_when_that_raises_is_logged_once_and_counts_as_not_warm
+    Dir.mktmpdir do |dir|
+      config = File.join(dir, "config.rb")
+      File.write(config, "refork_after 2, false\nrefork_when { |index| raise 'cache not reachable' }\n")
+      server = serve("refork.ru", "-w", "1", "--worker-timeout", "0.4", "-C", config) # (a check every 0.1 s)
+      eventually(timeout: 30) do
+        get(server)
+        output_lines(server).join.match?(/served \d+ requests \(refork_after 2\) but is not warm yet/)
+      end
+      5.times { get(server) }
+      log = output_lines(server).join
+      assert_equal 1, log.scan(/refork_when raised RuntimeError: cache not reachable; it counts as not warm/).size, log
+      refute_match(/is the mold/, log)
+    end
+  end
+
   def test_refork_after_needs_request_counts
     error = assert_raises(ArgumentError) { NeverBlock::Server.new(->(_env) {}, workers: 2, refork_after: [10, 0]) }
     assert_match(/refork_after must be request counts above 0/, error.message)
