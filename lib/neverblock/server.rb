@@ -34,6 +34,8 @@ require_relative "server/cluster/hot_restart"
 require_relative "server/cluster/watchdog"
 require_relative "server/cluster/refork"
 require_relative "server/cluster/stopping"
+require_relative "server/cluster/rollout"
+require_relative "server/cluster/counters"
 require_relative "server/cluster"
 require_relative "server/cluster/child"
 require_relative "server/cluster/settings"
@@ -179,6 +181,10 @@ module NeverBlock
     #   of workers is forked from it; the next count is for that generation,
     #   the last repeats unless it is `false` ({Cluster::Settings}). Linux
     #   only (ArgumentError elsewhere).
+    # @param refork_when [#call, nil] called with its index in each worker,
+    #   on its loop, until it returns true: the worker is warm (its caches
+    #   built), and only a warm worker is promoted for `refork_after`
+    #   ({Cluster::Settings}); nil (the default): every worker is.
     # @param worker_timeout [Numeric, nil] seconds a worker's loop may stay
     #   held by one fiber before the master kills and replaces it (see
     #   {Cluster::Settings}; default 60, nil: never).
@@ -233,7 +239,7 @@ module NeverBlock
     def initialize(app, bind: ["tcp://0.0.0.0:9292"], workers: Etc.nprocessors, fiber_pool: 1000,
                    adaptive_limit: true, before_fork: nil, on_worker_boot: nil, before_worker_shutdown: nil,
                    after_worker_exit: nil, on_booted: nil, on_restart: nil, before_refork: nil, refork_after: nil,
-                   status_path: nil, access_log: nil, access_log_format: :common,
+                   refork_when: nil, status_path: nil, access_log: nil, access_log_format: :common,
                    worker_timeout: 60, worker_boot_timeout: nil, max_requests: nil, max_requests_jitter: nil,
                    max_memory: nil, memory_metric: :rss, supervise: [], control: nil, control_token: nil, early_hints: false,
                    opentelemetry: false, cancel_on_hangup: true, **limits)
@@ -254,7 +260,8 @@ module NeverBlock
       @supervision = Cluster::Settings.build(worker_timeout: worker_timeout, worker_boot_timeout: worker_boot_timeout,
                                              max_requests: max_requests, max_requests_jitter: max_requests_jitter,
                                              max_memory: max_memory, memory_metric: memory_metric, supervise: supervise,
-                                             control: control, control_token: control_token, refork_after: refork_after)
+                                             control: control, control_token: control_token, refork_after: refork_after,
+                                             refork_when: refork_when)
       if @workers.zero? && @supervision.supervise.any?
         NeverBlock.logger.warn("NeverBlock::Server: supervise needs a master (workers: 1 or more); with workers: 0 " \
                                "nothing runs #{@supervision.supervise.map { |command| Array(command).join(' ') }.join(', ')}")

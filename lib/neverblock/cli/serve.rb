@@ -333,7 +333,7 @@ module NeverBlock
         options[:access_log_format] = opts[:access_log_format] if opts[:access_log_format]
         %i[shutdown_timeout request_timeout max_connections max_body max_requests max_requests_jitter max_memory memory_metric
            worker_boot_timeout before_fork before_worker_shutdown after_worker_exit on_booted on_restart control
-           control_token refork_after before_refork].each do |key|
+           control_token refork_after before_refork refork_when].each do |key|
           options[key] = opts[key] if opts[key]
         end
         options[:worker_timeout] = opts[:worker_timeout] if opts.key?(:worker_timeout)

@@ -56,6 +56,52 @@ class ServerControlTest < PlainTest
     assert_empty missing, "series /metrics has that docs/server.md does not list"
   end
 
+  # Prometheus's counter semantics across the two restarts: a worker
+  # index's count restarts with its process, the master's does not.
+  def test_counters_never_go_down_across_a_rolling_restart_and_a_hot_restart_and_count_every_request
+    port = free_port # (the same after the hot restart)
+    server = serve("pids.ru", "-w", "2", "--control", "tcp://127.0.0.1:#{port}", "--control-token", TOKEN)
+    old_workers = eventually { (w = worker_pids(server[:pid])).size == 2 && w }
+    scrapes = []
+    scraping = true
+    scraper = Thread.new do
+      while scraping
+        body = control_get(port, "/metrics").body rescue nil # rubocop:disable Style/RescueModifier -- the listener is down during the exec
+        scrapes << counter_series(body) if body
+        sleep 0.05 # (pacing, not a wait: every scrape is checked)
+      end
+    end
+    served = 0
+    serve_some = lambda do |count|
+      count.times { assert_equal "200", get(server).code }
+      served += count
+      @context = -> { "\n#{served} served, the last scrape counted #{scrapes.last && requests_total_of(scrapes.last)}; output:\n#{output_lines(server).join}" }
+      eventually(timeout: 30) { scrapes.last && requests_total_of(scrapes.last) == served }
+    end
+
+    serve_some.call(10)
+    Process.kill("USR2", server[:pid])
+    wait_for_line(server, /rolling restart done/, timeout: 60)
+    assert old_workers.none? { |pid| alive?(pid) }
+    serve_some.call(5)
+    Process.kill("HUP", server[:pid])
+    wait_for_line(server, /hot restart done; the old workers/, timeout: 60)
+    serve_some.call(5)
+    scraping = false
+    scraper.join
+
+    assert_equal 20, requests_total_of(scrapes.last)
+    scrapes.each_cons(2) do |before, after|
+      before.each do |series, value|
+        assert_operator after.fetch(series, value), :>=, value, "#{series} went down"
+      end
+    end
+    stats = JSON.parse(control_get(port, "/stats").body)
+    assert_equal 20, stats["requests_total"]
+    assert_equal 20, stats.dig("totals", "requests").values.sum
+    assert_equal 1, stats["hot_restarts"]
+  end
+
   def test_a_real_prometheus_scrapes_the_cluster
     server = serve("pids.ru", "-w", "2", "--control", "tcp://127.0.0.1:0", "--control-token", TOKEN)
     port = control_port(server)
@@ -279,6 +325,10 @@ class ServerControlTest < PlainTest
     queued
   end
 
+  def failure_context
+    @context ? @context.call : ""
+  end
+
   def pg_env
     { "NB_TEST_PG" => JSON.generate(pg_conninfo) }
   end
@@ -292,6 +342,16 @@ class ServerControlTest < PlainTest
     Net::HTTP.start("127.0.0.1", port, open_timeout: 5, read_timeout: 10) do |http|
       http.get(path, token ? { "authorization" => "Bearer #{token}" } : {})
     end
+  end
+
+  # @return [Hash{String => Float}] every counter's and histogram's series
+  #   (the line without its value) and its value.
+  def counter_series(text)
+    text.scan(/^(neverblock_\w+(?:_total|_bucket|_sum|_count)(?:\{[^}]*\})?) (\S+)$/).to_h { |series, value| [series, Float(value)] }
+  end
+
+  def requests_total_of(series)
+    series.sum { |name, value| name.start_with?("neverblock_requests_total{") ? value : 0 }.to_i
   end
 
   def requests_total(text)
