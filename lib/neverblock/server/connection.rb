@@ -42,6 +42,7 @@ module NeverBlock
     # request is answered 503 (see {Exchange}).
     class Connection
       include Exchange
+      include StreamedResponse
       include Parking
 
       # Bytes read from the socket at a time.

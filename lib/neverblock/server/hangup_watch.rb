@@ -12,10 +12,12 @@ module NeverBlock
     #
     # How it sees a hang-up without a cost per request: a connection is on
     # its list only while the app handles its request (whose body has been
-    # read by then), and every INTERVAL seconds it peeks, without reading,
-    # at those that have been there since the last look: end of file or a
-    # reset is a hang-up; bytes (a pipelined next request) or nothing to
-    # read is a client still there. A request that takes less than
+    # read by then) and while a streamed response's body is written
+    # ({StreamedResponse}: a body waiting between chunks is cancelled at
+    # that wait, not at its next write), and every INTERVAL seconds it
+    # peeks, without reading, at those that have been there since the last
+    # look: end of file or a reset is a hang-up; bytes (a pipelined next
+    # request) or nothing to read is a client still there. A request that takes less than
     # INTERVAL is never looked at; one that outlives its client is
     # cancelled within about 2 × INTERVAL.
     #
@@ -29,7 +31,8 @@ module NeverBlock
     # written; one that just closes is seen as with plain TCP.
     #
     # Who calls it: Exchange#respond (#watch, #unwatch, around the app's
-    # call), the server's serving tasks (#run). Loop's thread only.
+    # call), StreamedResponse#write_body (around a streamed body's writing),
+    # the server's serving tasks (#run). Loop's thread only.
     class HangupWatch
       # Seconds between looks.
       INTERVAL = 0.5
@@ -46,14 +49,15 @@ module NeverBlock
         @looks = 0
       end
 
-      # The app is about to handle the connection's request.
+      # The app is about to handle the connection's request, or its
+      # streamed body is about to be written.
       # @param connection [Connection]
       # @return [void]
       def watch(connection)
         @watched[connection] = @looks
       end
 
-      # The app has returned (or raised).
+      # The app has returned (or raised), or the body is written.
       # @return [void]
       def unwatch(connection)
         @watched.delete(connection)
