@@ -37,6 +37,11 @@ module NeverBlock
       # Seconds between looks.
       INTERVAL = 0.5
 
+      # Connections peeked in one turn of the loop: a peek is a system call
+      # (a few microseconds), and a look at thousands of open streams must
+      # not hold the loop for all of them at once.
+      SLICE = 128
+
       # Raised in a request's fiber whose client hung up.
       class HungUp < Cancelled
         def initialize(message = "the client closed the connection while the app handled its request")
@@ -77,18 +82,25 @@ module NeverBlock
         end
       end
 
-      # One look: cancels the requests of connections whose client is gone.
+      # One look: cancels the requests of connections whose client is gone,
+      # SLICE connections a turn of the loop (from its task only).
       # @return [Integer] how many it cancelled.
       def look
         looks = @looks
         @looks += 1
-        gone = []
-        @watched.each { |connection, since| gone << connection if since < looks && connection.client_gone? }
-        gone.each do |connection|
-          @watched.delete(connection)
-          connection.cancel_for_hangup
+        gone = 0
+        @watched.keys.each_slice(SLICE).with_index do |slice, index|
+          Fiber.scheduler.yield if index.positive?
+          slice.each do |connection|
+            since = @watched[connection] # nil once unwatched, newer once watched again meanwhile
+            next unless since && since < looks && connection.client_gone?
+
+            @watched.delete(connection)
+            connection.cancel_for_hangup
+            gone += 1
+          end
         end
-        gone.size
+        gone
       end
     end
   end

@@ -37,7 +37,7 @@ module NeverBlock
       Hijack = Struct.new(:io, :socket, :tasks, :deadline)
 
       def initialize
-        @hijacks = []
+        @hijacks = {}.compare_by_identity # Hijack => true
         @task = nil # the looking task, while there are hijacks
       end
 
@@ -65,7 +65,7 @@ module NeverBlock
         return finish(hijack) if gone || (deadline && deadline <= Clock.now)
         return if tasks.empty?
 
-        @hijacks << hijack
+        @hijacks[hijack] = true
         @task ||= NeverBlock.spawn(detached: true) { run }
       end
 
@@ -74,26 +74,33 @@ module NeverBlock
       # closes their sockets.
       # @return [void]
       def stop(deadline)
-        NeverBlock.sleep(0.02) while @hijacks.any? { |hijack| hijack.tasks.any?(&:alive?) } && Clock.now < deadline
-        hijacks = @hijacks
-        @hijacks = []
+        NeverBlock.sleep(0.02) while @hijacks.each_key.any? { |hijack| hijack.tasks.any?(&:alive?) } && Clock.now < deadline
+        hijacks = @hijacks.keys
+        @hijacks.clear
         @task&.cancel
         hijacks.each { |hijack| finish(hijack) }
       end
 
       # One look: ends the hijacks past their deadline or whose socket
-      # closed, and forgets those whose tasks all ended.
+      # closed, and forgets those whose tasks all ended; HangupWatch::SLICE
+      # of them a turn of the loop (from its task only).
       # @return [void]
       def look
         now = Clock.now
-        ended = []
-        @hijacks.reject! do |hijack|
-          hijack.tasks.select!(&:alive?)
-          next true if hijack.tasks.empty?
+        @hijacks.keys.each_slice(HangupWatch::SLICE).with_index do |slice, index|
+          Fiber.scheduler.yield if index.positive?
+          slice.each do |hijack|
+            next unless @hijacks.key?(hijack) # (ended by #stop meanwhile)
 
-          (hijack.deadline && hijack.deadline <= now) || closed?(hijack.socket) ? ended << hijack : false
+            hijack.tasks.select!(&:alive?)
+            if hijack.tasks.empty?
+              @hijacks.delete(hijack)
+            elsif (hijack.deadline && hijack.deadline <= now) || closed?(hijack.socket)
+              @hijacks.delete(hijack)
+              finish(hijack)
+            end
+          end
         end
-        ended.each { |hijack| finish(hijack) }
       end
 
       private
