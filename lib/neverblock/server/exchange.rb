@@ -58,7 +58,7 @@ module NeverBlock
         end
       ensure
         task.reap(mark, "ended: its request is over") if task&.reapable?(mark) && !@hijacked
-        @context.hijacks.adopt(app_io, @io, task, mark, (deadline unless env[HIJACK_TIMEOUT] == false), @hung_up) if @hijacked && task
+        @context.hijacks.adopt(app_io, @io, task, mark, env, deadline, @hung_up) if @hijacked && task
         @context.request_finished
         metrics.request(env["REQUEST_METHOD"], @status, Clock.now - started) if metrics && started
         if line && (status = @status)

@@ -55,11 +55,14 @@ module NeverBlock
       # @param socket [Socket] the accepted socket beneath it.
       # @param task [Task] the request's task; `mark` ({Task::Tree#spawned})
       #   names the tasks it spawned for this request.
-      # @param deadline [Float, nil] monotonic seconds; nil: no deadline
-      #   (no `request_timeout`, or the app opted out).
+      # @param env [Hash] the request's env, where the app may have opted
+      #   out of the deadline ({HIJACK_TIMEOUT}).
+      # @param deadline [Float, nil] monotonic seconds (`request_timeout`);
+      #   nil: none.
       # @param gone [Boolean] the client hung up while the call ran.
       # @return [void]
-      def adopt(io, socket, task, mark, deadline, gone)
+      def adopt(io, socket, task, mark, env, deadline, gone)
+        deadline = nil if env[HIJACK_TIMEOUT] == false
         tasks = task.children.select { |child| child.seq > mark }
         hijack = Hijack.new(io, socket, tasks, deadline)
         return finish(hijack) if gone || (deadline && deadline <= Clock.now)
@@ -74,7 +77,7 @@ module NeverBlock
       # closes their sockets.
       # @return [void]
       def stop(deadline)
-        NeverBlock.sleep(0.02) while @hijacks.each_key.any? { |hijack| hijack.tasks.any?(&:alive?) } && Clock.now < deadline
+        NeverBlock.sleep(0.02) while Clock.now < deadline && @hijacks.each_key.any? { |hijack| hijack.tasks.any?(&:alive?) }
         hijacks = @hijacks.keys
         @hijacks.clear
         @task&.cancel
