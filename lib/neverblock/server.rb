@@ -22,10 +22,13 @@ require_relative "server/refusal_log"
 require_relative "server/metrics"
 require_relative "server/request_tracer"
 require_relative "server/hangup_watch"
+require_relative "server/hangup_log"
+require_relative "server/hijacks"
 require_relative "server/context"
 require_relative "server/acceptor"
 require_relative "server/request_expiry"
 require_relative "server/exchange"
+require_relative "server/streamed_response"
 require_relative "server/parking"
 require_relative "server/connection"
 require_relative "server/introspection"
@@ -88,9 +91,12 @@ module NeverBlock
   # - `rack.hijack`, full and partial: an Upgrade or CONNECT request reaches
   #   the app, which may take the socket (a WebSocket handshake); if it does
   #   not, the connection closes after its response. A hijacked socket is
-  #   the app's: the server neither counts nor closes it, also on {#stop}; a
-  #   task the app spawns to serve it keeps {#run} from returning until it
-  #   ends. An upgrade whose client sent more bytes right behind it, before
+  #   the app's: the server neither reads, writes nor counts it; it closes
+  #   it only to end the request's work that serves it ({Hijacks}: at
+  #   `request_timeout` unless the app opts out with {HIJACK_TIMEOUT}, when
+  #   the client hangs up, at a stop after `shutdown_timeout`). A socket the
+  #   app hands out of the request's task tree (a thread of its own) is left
+  #   to it, also on {#stop}. An upgrade whose client sent more bytes right behind it, before
   #   its response, is refused with 400, since those bytes could not reach
   #   the app (see {Parser}).
   # - An access log, off by default (`access_log:`, see {AccessLog}).
@@ -114,6 +120,13 @@ module NeverBlock
     # {Server.mark_as_io_bound}. A request that computes after calling it
     # computes unlimited: call it where only waiting is left.
     MARK_AS_IO_BOUND = "neverblock.mark_as_io_bound"
+
+    # The Rack env key an app sets to false (`env["neverblock.hijack_timeout"]
+    # = false`) before its call returns, to keep `request_timeout` from
+    # closing the socket it hijacked (a WebSocket meant to outlive it) and
+    # cancelling the tasks it spawned to serve it ({Hijacks}). The call
+    # itself is bounded all the same.
+    HIJACK_TIMEOUT = "neverblock.hijack_timeout"
 
     # Marks the request of `env` IO-bound (see {MARK_AS_IO_BOUND}); does
     # nothing outside NeverBlock::Server.
@@ -430,8 +443,11 @@ module NeverBlock
     # `idle_timeout`) for a request already on its way, which is answered
     # with `connection: close` (closing them at once would lose it: the
     # client sees EOF or a reset, and must not retry a POST), requests in
-    # flight get `shutdown_timeout` seconds ({Acceptor#drain}).
+    # flight get `shutdown_timeout` seconds ({Acceptor#drain}), and so do
+    # the tasks that serve hijacked sockets ({Hijacks#stop}), counted from
+    # the stop's start.
     def shutdown
+      deadline = Clock.now + @limits.shutdown_timeout
       @context.stopping = true
       @context.handoff&.close # siblings send no more; the Acceptor takes up what they sent
       @systemd&.stopping # (and its watchdog pings end)
@@ -441,6 +457,7 @@ module NeverBlock
       @acceptor.take_backlog if @last_stop || @workers.zero?
       @listeners.each(&:close) unless @keep_listeners
       @acceptor.drain([STOP_IDLE_GRACE, @limits.idle_timeout].min)
+      @context.hijacks.stop(deadline) # what tasks of their requests still serve
       # The sweeper last: a connection may begin an idle wait after the
       # above (a TLS handshake that ends now), and then closes in idle_timeout.
       @sweeper&.cancel

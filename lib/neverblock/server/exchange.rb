@@ -58,6 +58,7 @@ module NeverBlock
         end
       ensure
         task.reap(mark, "ended: its request is over") if task&.reapable?(mark) && !@hijacked
+        @context.hijacks.adopt(app_io, @io, task, mark, env, deadline, @hung_up) if @hijacked && task
         @context.request_finished
         metrics.request(env["REQUEST_METHOD"], @status, Clock.now - started) if metrics && started
         if line && (status = @status)
@@ -218,17 +219,17 @@ module NeverBlock
         @context.request_timed_out
       end
 
-      # The client hung up while the app handled its request (HangupWatch):
-      # nothing is written, the access log shows 499, and the connection
-      # closes. An app that rescued the cancel and answered anyway has its
-      # answer dropped the same way.
+      # The client hung up while the app handled its request (HangupWatch),
+      # or `during` its streamed response (StreamedResponse): nothing more is
+      # written, the access log shows 499, one line is logged (HangupLog),
+      # and the connection closes. An app that rescued the cancel and
+      # answered anyway has its answer dropped the same way.
       # @return [false]
-      def hung_up(env, body, error)
+      def hung_up(env, body, error, during = "while the app handled it")
         close_body(body, env) if body
         @context.request_hung_up
         @status = 499
-        NeverBlock.logger.info("NeverBlock::Server: #{env['REQUEST_METHOD']} #{env['PATH_INFO']}: the client hung up " \
-                               "while the app handled it; the request was cancelled (pid #{Process.pid})")
+        @context.hangup_log.hung_up(env, during)
         response_finished(env, nil, nil, error || HangupWatch::HungUp.new)
         false
       end
@@ -246,21 +247,21 @@ module NeverBlock
             partial_hijack(hijack, status, headers)
             keep_alive = false
           elsif deadline
-            keep_alive = before(deadline) { @response.write(request, status, headers, body, keep_alive) }
+            keep_alive = before(deadline) { write_body(request, status, headers, body, keep_alive) }
           else
-            keep_alive = @response.write(request, status, headers, body, keep_alive)
+            keep_alive = write_body(request, status, headers, body, keep_alive)
           end
         rescue Response::ClientGone => e
           error = e
           keep_alive = false
         rescue StandardError => e
-          raise if e.is_a?(Cancelled)
+          raise if e.is_a?(Cancelled) && !@hung_up # (@hung_up: the HangupWatch cancelled a streamed body)
 
           error = e
           keep_alive = false
           # Under request_timeout, the body's each or call(stream) waited past the deadline.
           expired = deadline && expiry?(e)
-          unless expired
+          unless expired || @hung_up
             app_failed(e, env)
             # Before the first byte a clean 500 is still possible; after it, only
             # closing the connection tells the client the response is incomplete.
@@ -268,8 +269,9 @@ module NeverBlock
           end
         ensure
           close_body(body, env)
-          response_finished(env, status, headers, error) unless expired
+          response_finished(env, status, headers, error) unless expired || @hung_up
         end
+        return hung_up(env, nil, error, "during its streamed response") if @hung_up
         expired ? timed_out(request, env, error) : keep_alive
       end
 
