@@ -26,6 +26,7 @@ require_relative "server/acceptor"
 require_relative "server/exchange"
 require_relative "server/parking"
 require_relative "server/connection"
+require_relative "server/app_tasks"
 require_relative "server/introspection"
 require_relative "server/cluster_interface"
 require_relative "server/cluster/hot_restart"
@@ -85,8 +86,8 @@ module NeverBlock
   #   the app, which may take the socket (a WebSocket handshake); if it does
   #   not, the connection closes after its response. A hijacked socket is
   #   the app's: the server neither counts nor closes it, also on {#stop}; a
-  #   task the app spawns to serve it keeps {#run} from returning until it
-  #   ends. An upgrade whose client sent more bytes right behind it, before
+  #   task the app spawns to serve it runs until it ends, or until {#stop}
+  #   cancels it after the drain ({AppTasks}). An upgrade whose client sent more bytes right behind it, before
   #   its response, is refused with 400, since those bytes could not reach
   #   the app (see {Parser}).
   # - An access log, off by default (`access_log:`, see {AccessLog}).
@@ -289,9 +290,11 @@ module NeverBlock
 
     # Serves until {#stop}. With `workers: 0` it runs its own NeverBlock
     # loop on this thread (or, called inside a running loop, in it) and
-    # returns once the listeners are closed and in-flight requests have
-    # finished or been cancelled after `shutdown_timeout`. With workers it is
-    # the master of a {Cluster} and returns when every worker has exited.
+    # returns once the listeners are closed, in-flight requests have
+    # finished or been cancelled after `shutdown_timeout`, and what they
+    # left running (detached tasks) was cancelled and has ended. With
+    # workers it is the master of a {Cluster} and returns when every worker
+    # has exited.
     # @param handle_signals [Boolean] with `workers: 0`, stop gracefully on
     #   TERM and INT while running (a master always does).
     # @return [void]
@@ -335,13 +338,14 @@ module NeverBlock
       RailsIntegration.before_serving
       NeverBlock.run do
         @scheduler = NeverBlock.current_scheduler!
+        @serving_task = NeverBlock.current_task # for TaskDump: the server's own
         @admission.start
         # Before the acceptors: a connection already in the backlog is served at once.
-        @sweeper = NeverBlock.spawn(detached: true) { @context.idle_sweeper.run }
+        @sweeper = NeverBlock.spawn(detached: true, internal: true) { @context.idle_sweeper.run }
         @acceptor.start(joined_handoff)
-        @serving_tasks = @serving_jobs.map { |job| NeverBlock.spawn(detached: true, &job) }
-        @serving_tasks << NeverBlock.spawn(detached: true) { @metrics.probe_loop_lag } if @metrics
-        @serving_tasks << NeverBlock.spawn(detached: true) { @context.hangup_watch.run } if @context.hangup_watch
+        @serving_tasks = @serving_jobs.map { |job| NeverBlock.spawn(detached: true, internal: true, &job) }
+        @serving_tasks << NeverBlock.spawn(detached: true, internal: true) { @metrics.probe_loop_lag } if @metrics
+        @serving_tasks << NeverBlock.spawn(detached: true, internal: true) { @context.hangup_watch.run } if @context.hangup_watch
         @on_ready&.call
         if @workers.zero?
           call_hook(:on_booted)
@@ -361,8 +365,14 @@ module NeverBlock
     # closed after up to {STOP_IDLE_GRACE} seconds in which a request that
     # was already on its way is still answered (with `connection: close`);
     # requests in flight finish (their connections then close) for
-    # up to `shutdown_timeout` seconds and are cancelled after that.
-    # {#run} then returns. Safe from any thread and from a signal handler.
+    # up to `shutdown_timeout` seconds and are cancelled after that. Then
+    # the tasks the requests left running (spawned `detached: true`, a
+    # `Fiber.schedule` fiber, those serving a hijacked socket) are cancelled,
+    # each logged with where it was spawned, and waited for within what is
+    # left of `shutdown_timeout` (at least {AppTasks::LEAST_WAIT} seconds;
+    # one still running then is logged with its backtrace, and still waited
+    # for). {#run} then returns. Safe from any thread and from a signal
+    # handler.
     # @param last [Boolean] (a worker's) the whole server stops, so what
     #   the kernel queued is taken in and answered before the listeners
     #   close ({Acceptor#take_backlog}); a worker replaced in a restart
@@ -402,7 +412,8 @@ module NeverBlock
       options = @request_path
       @admission = Admission.new(size: options[:fiber_pool], adaptive_limit: options[:adaptive_limit])
       @sweeper = nil # the task running the IdleSweeper, while serving
-      @acceptor = Acceptor.new(@admission, @limits, @listeners, @workers)
+      @app_tasks = AppTasks.new # what the app leaves running past its requests
+      @acceptor = Acceptor.new(@admission, @limits, @listeners, @workers, @app_tasks)
       @acceptor.context = @context = Context.new(app: @app, limits: @limits, admission: @admission, access_log: @access_log,
                                                  idle_sweeper: IdleSweeper.new(@limits.idle_timeout), acceptor: @acceptor,
                                                  early_hints: options[:early_hints], opentelemetry: options[:opentelemetry],
@@ -410,6 +421,7 @@ module NeverBlock
       @serving_jobs = [] # blocks run in tasks of their own while serving (#while_serving)
       @serving_tasks = [] # those tasks
       @scheduler = nil
+      @serving_task = nil # the task running #serve_here
       @stop_requested = false
       @last_stop = false
     end
@@ -421,8 +433,13 @@ module NeverBlock
     # `idle_timeout`) for a request already on its way, which is answered
     # with `connection: close` (closing them at once would lose it: the
     # client sees EOF or a reset, and must not retry a POST), requests in
-    # flight get `shutdown_timeout` seconds ({Acceptor#drain}).
+    # flight get `shutdown_timeout` seconds ({Acceptor#drain}). Then what
+    # the app left running past its requests (a detached poller) is
+    # cancelled and waited for, within what is left of `shutdown_timeout`
+    # ({AppTasks#cancel_left}): the loop, and so {#run}, ends only when
+    # every task has.
     def shutdown
+      deadline = Clock.now + @limits.shutdown_timeout
       @context.stopping = true
       @context.handoff&.close # siblings send no more; the Acceptor takes up what they sent
       @systemd&.stopping # (and its watchdog pings end)
@@ -436,6 +453,7 @@ module NeverBlock
       # above (a TLS handshake that ends now), and then closes in idle_timeout.
       @sweeper&.cancel
       @acceptor.close
+      @app_tasks.cancel_left(@scheduler, deadline, "NeverBlock::Server:#{" worker #{@worker_index} (pid #{Process.pid})" if @worker_index}")
     end
   end
 end
