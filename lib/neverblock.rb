@@ -127,16 +127,19 @@ module NeverBlock
     # cancelled when its parent fails, is cancelled or times out, and when
     # the request that started it ends ({Task::Tree}). `detached: true`
     # starts a task that outlives what started it (work after the response
-    # is sent, a background refresh): nothing cancels it but {Task#cancel}
-    # and the loop's end.
+    # is sent, a background refresh): nothing cancels it but {Task#cancel},
+    # the loop's end and, for one spawned from a request, the server's
+    # stop, after its drain ({Server::AppTasks}). It records where it was
+    # spawned ({Task#spawned_at}).
     #
     # @param detached [Boolean]
+    # @param internal [Boolean] @api private: see {Scheduler#spawn}.
     # @return [Task]
     # @raise [NoReactorError] outside {NeverBlock.run}.
-    def spawn(detached: false, &block)
+    def spawn(detached: false, internal: false, &block)
       raise ArgumentError, "NeverBlock.spawn needs a block" unless block
 
-      current_scheduler!.spawn(detached: detached, &block)
+      current_scheduler!.spawn(detached: detached, internal: internal, &block)
     end
 
     # @return [Task, nil] the task running in the current fiber (a request's

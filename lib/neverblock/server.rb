@@ -31,6 +31,7 @@ require_relative "server/exchange"
 require_relative "server/streamed_response"
 require_relative "server/parking"
 require_relative "server/connection"
+require_relative "server/app_tasks"
 require_relative "server/introspection"
 require_relative "server/cluster_interface"
 require_relative "server/cluster/hot_restart"
@@ -96,7 +97,9 @@ module NeverBlock
   #   `request_timeout` unless the app opts out with {HIJACK_TIMEOUT}, when
   #   the client hangs up, at a stop after `shutdown_timeout`). A socket the
   #   app hands out of the request's task tree (a thread of its own) is left
-  #   to it, also on {#stop}. An upgrade whose client sent more bytes right behind it, before
+  #   to it, also on {#stop}; a task the app spawns detached to serve it runs
+  #   until it ends, or until {#stop} cancels it after the drain ({AppTasks}).
+  #   An upgrade whose client sent more bytes right behind it, before
   #   its response, is refused with 400, since those bytes could not reach
   #   the app (see {Parser}).
   # - An access log, off by default (`access_log:`, see {AccessLog}).
@@ -311,9 +314,11 @@ module NeverBlock
 
     # Serves until {#stop}. With `workers: 0` it runs its own NeverBlock
     # loop on this thread (or, called inside a running loop, in it) and
-    # returns once the listeners are closed and in-flight requests have
-    # finished or been cancelled after `shutdown_timeout`. With workers it is
-    # the master of a {Cluster} and returns when every worker has exited.
+    # returns once the listeners are closed, in-flight requests have
+    # finished or been cancelled after `shutdown_timeout`, and what they
+    # left running (detached tasks) was cancelled and has ended. With
+    # workers it is the master of a {Cluster} and returns when every worker
+    # has exited.
     # @param handle_signals [Boolean] with `workers: 0`, stop gracefully on
     #   TERM and INT while running (a master always does).
     # @return [void]
@@ -357,13 +362,14 @@ module NeverBlock
       RailsIntegration.before_serving
       NeverBlock.run do
         @scheduler = NeverBlock.current_scheduler!
+        @serving_task = NeverBlock.current_task # for TaskDump: the server's own
         @admission.start
         # Before the acceptors: a connection already in the backlog is served at once.
-        @sweeper = NeverBlock.spawn(detached: true) { @context.idle_sweeper.run }
+        @sweeper = NeverBlock.spawn(detached: true, internal: true) { @context.idle_sweeper.run }
         @acceptor.start(joined_handoff)
-        @serving_tasks = @serving_jobs.map { |job| NeverBlock.spawn(detached: true, &job) }
-        @serving_tasks << NeverBlock.spawn(detached: true) { @metrics.probe_loop_lag } if @metrics
-        @serving_tasks << NeverBlock.spawn(detached: true) { @context.hangup_watch.run } if @context.hangup_watch
+        @serving_tasks = @serving_jobs.map { |job| NeverBlock.spawn(detached: true, internal: true, &job) }
+        @serving_tasks << NeverBlock.spawn(detached: true, internal: true) { @metrics.probe_loop_lag } if @metrics
+        @serving_tasks << NeverBlock.spawn(detached: true, internal: true) { @context.hangup_watch.run } if @context.hangup_watch
         @on_ready&.call
         if @workers.zero?
           call_hook(:on_booted)
@@ -383,8 +389,14 @@ module NeverBlock
     # closed after up to {STOP_IDLE_GRACE} seconds in which a request that
     # was already on its way is still answered (with `connection: close`);
     # requests in flight finish (their connections then close) for
-    # up to `shutdown_timeout` seconds and are cancelled after that.
-    # {#run} then returns. Safe from any thread and from a signal handler.
+    # up to `shutdown_timeout` seconds and are cancelled after that. Then
+    # the tasks the requests left running (spawned `detached: true`, a
+    # `Fiber.schedule` fiber, those serving a hijacked socket) are cancelled,
+    # each logged with where it was spawned, and waited for within what is
+    # left of `shutdown_timeout` (at least {AppTasks::LEAST_WAIT} seconds;
+    # one still running then is logged with its backtrace, and still waited
+    # for). {#run} then returns. Safe from any thread and from a signal
+    # handler.
     # @param last [Boolean] (a worker's) the whole server stops, so what
     #   the kernel queued is taken in and answered before the listeners
     #   close ({Acceptor#take_backlog}); a worker replaced in a restart
@@ -424,7 +436,8 @@ module NeverBlock
       options = @request_path
       @admission = Admission.new(size: options[:fiber_pool], adaptive_limit: options[:adaptive_limit])
       @sweeper = nil # the task running the IdleSweeper, while serving
-      @acceptor = Acceptor.new(@admission, @limits, @listeners, @workers)
+      @app_tasks = AppTasks.new # what the app leaves running past its requests
+      @acceptor = Acceptor.new(@admission, @limits, @listeners, @workers, @app_tasks)
       @acceptor.context = @context = Context.new(app: @app, limits: @limits, admission: @admission, access_log: @access_log,
                                                  idle_sweeper: IdleSweeper.new(@limits.idle_timeout), acceptor: @acceptor,
                                                  early_hints: options[:early_hints], opentelemetry: options[:opentelemetry],
@@ -432,6 +445,7 @@ module NeverBlock
       @serving_jobs = [] # blocks run in tasks of their own while serving (#while_serving)
       @serving_tasks = [] # those tasks
       @scheduler = nil
+      @serving_task = nil # the task running #serve_here
       @stop_requested = false
       @last_stop = false
     end
@@ -445,7 +459,10 @@ module NeverBlock
     # client sees EOF or a reset, and must not retry a POST), requests in
     # flight get `shutdown_timeout` seconds ({Acceptor#drain}), and so do
     # the tasks that serve hijacked sockets ({Hijacks#stop}), counted from
-    # the stop's start.
+    # the stop's start. Then what the app left running past its requests (a
+    # detached poller) is cancelled and waited for, within what is left of
+    # `shutdown_timeout` ({AppTasks#cancel_left}): the loop, and so {#run},
+    # ends only when every task has.
     def shutdown
       deadline = Clock.now + @limits.shutdown_timeout
       @context.stopping = true
@@ -462,6 +479,7 @@ module NeverBlock
       # above (a TLS handshake that ends now), and then closes in idle_timeout.
       @sweeper&.cancel
       @acceptor.close
+      @app_tasks.cancel_left(@scheduler, deadline, "NeverBlock::Server:#{" worker #{@worker_index} (pid #{Process.pid})" if @worker_index}")
     end
   end
 end

@@ -153,7 +153,7 @@ class ServerControlTest < PlainTest
         app = release.accept # the request is in flight until this connection gets a byte
         out, status = ctl(socket, "tasks")
         assert status.success?, out
-        assert_match(/GET \/held\?\d+ from 127\.0\.0\.1, in .* waits:/, JSON.parse(out)["workers"].map { |w| w["tasks"] }.join)
+        assert_match(/GET \/held\?\d+ from 127\.0\.0\.1, in .* waits:/, out)
         app.write(".")
         app.close
         assert_equal "200", held.value.code
@@ -171,6 +171,33 @@ class ServerControlTest < PlainTest
       assert status.success?, out
       assert wait_exit(server).success?
       refute File.exist?(socket), "the socket file is removed"
+    end
+  end
+
+  # Plain text, not the JSON /tasks answers with: each worker's tasks by
+  # kind, each with where it comes from and its backtrace.
+  def test_ctl_tasks_prints_each_workers_tasks_by_kind_as_text
+    in_tmpdir_socket do |socket|
+      server = serve("poller.ru", "-w", "1", "--control", "unix://#{socket}")
+      worker = worker_pids(server[:pid]).first
+      TCPServer.open("127.0.0.1", 0) do |release|
+        held = Thread.new { get(server, "/held?#{release.addr[1]}") }
+        assert release.wait_readable(30), "the request for /held reached its worker"
+        app = release.accept # the request is in flight until this connection gets a byte
+        out, status = ctl(socket, "tasks")
+        assert status.success?, out
+        fixture = Regexp.escape(File.join(FIXTURES, "poller.ru"))
+        lines = File.readlines(File.join(FIXTURES, "poller.ru"))
+        poller = lines.index { |line| line.include?("# POLLER_LINE") } + 1
+        child = lines.index { |line| line.include?("# CHILD_LINE") } + 1
+        assert_match(/\Aworker 0 \(pid #{worker}\):\n\d+ tasks: 1 requests in flight, 1 children, 1 detached, \d+ the server's own; /, out)
+        assert_match(/^requests in flight \(1\):\n  GET \/held\?\d+ from 127\.0\.0\.1, in #<NeverBlock::Task:0x\h+ running [^>]*>, waits:\n    \S/, out)
+        assert_match(/^children \(1\):\n  #<NeverBlock::Task:0x\h+ running \(#{fixture}:#{child}\)>, child of the request GET \/held, waits:\n    \S/, out)
+        assert_match(/^detached \(1\):\n  #<NeverBlock::Task:0x\h+ running \(#{fixture}:#{poller}\)>, spawned detached at #{fixture}:#{poller}, waits:\n    \S/, out)
+        app.write(".")
+        app.close
+        assert_equal "200", held.value.code
+      end
     end
   end
 
