@@ -457,12 +457,13 @@ module NeverBlock
     # `idle_timeout`) for a request already on its way, which is answered
     # with `connection: close` (closing them at once would lose it: the
     # client sees EOF or a reset, and must not retry a POST), requests in
-    # flight get `shutdown_timeout` seconds ({Acceptor#drain}), and so do
-    # the tasks that serve hijacked sockets ({Hijacks#stop}), counted from
-    # the stop's start. Then what the app left running past its requests (a
-    # detached poller) is cancelled and waited for, within what is left of
-    # `shutdown_timeout` ({AppTasks#cancel_left}): the loop, and so {#run},
-    # ends only when every task has.
+    # flight get `shutdown_timeout` seconds ({Acceptor#drain}). Then what
+    # the app left running past its requests (a detached poller, the tasks
+    # serving hijacked sockets) is cancelled and waited for, within what is
+    # left of `shutdown_timeout` counted from the stop's start
+    # ({AppTasks#cancel_left}), and the hijacked sockets are closed
+    # ({Hijacks#close}): the loop, and so {#run}, ends only when every task
+    # has.
     def shutdown
       deadline = Clock.now + @limits.shutdown_timeout
       @context.stopping = true
@@ -474,12 +475,13 @@ module NeverBlock
       @acceptor.take_backlog if @last_stop || @workers.zero?
       @listeners.each(&:close) unless @keep_listeners
       @acceptor.drain([STOP_IDLE_GRACE, @limits.idle_timeout].min)
-      @context.hijacks.stop(deadline) # what tasks of their requests still serve
+      @context.hijacks.stop # their tasks are among what the app left running
       # The sweeper last: a connection may begin an idle wait after the
       # above (a TLS handshake that ends now), and then closes in idle_timeout.
       @sweeper&.cancel
       @acceptor.close
       @app_tasks.cancel_left(@scheduler, deadline, "NeverBlock::Server:#{" worker #{@worker_index} (pid #{Process.pid})" if @worker_index}")
+      @context.hijacks.close
     end
   end
 end

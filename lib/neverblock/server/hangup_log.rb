@@ -32,7 +32,7 @@ module NeverBlock
           @suppressed += 1
           unless @summary
             wait = @logged_at + INTERVAL - now
-            @summary = NeverBlock.spawn(detached: true) { summarize(wait) }
+            @summary = NeverBlock.spawn(detached: true, internal: true) { summarize(wait) }
           end
           return
         end

@@ -69,18 +69,25 @@ module NeverBlock
         return if tasks.empty?
 
         @hijacks[hijack] = true
-        @task ||= NeverBlock.spawn(detached: true) { run }
+        @task ||= NeverBlock.spawn(detached: true, internal: true) { run }
       end
 
-      # At a stop: waits until the registered tasks have ended, at most
-      # until `deadline` (monotonic seconds), then cancels those left and
-      # closes their sockets.
+      # At a stop, after the drain: no more looks. The tasks serving the
+      # sockets are among what the app left running, which the server
+      # cancels next, logging each ({AppTasks}); their `ensure` may still
+      # write (a WebSocket's close frame). Then {#close}.
       # @return [void]
-      def stop(deadline)
-        NeverBlock.sleep(0.02) while Clock.now < deadline && @hijacks.each_key.any? { |hijack| hijack.tasks.any?(&:alive?) }
+      def stop
+        @task&.cancel
+      end
+
+      # At a stop, once what the app left running has ended (or
+      # `shutdown_timeout` has passed): closes the sockets of the hijacks
+      # still registered, cancelling any task of theirs still running.
+      # @return [void]
+      def close
         hijacks = @hijacks.keys
         @hijacks.clear
-        @task&.cancel
         hijacks.each { |hijack| finish(hijack) }
       end
 

@@ -6,8 +6,8 @@ require_relative "server_helper"
 # the work of the request's task tree that serves it ends as any request's
 # work ends. request_timeout closes the socket (unless the app opted out
 # with env["neverblock.hijack_timeout"] = false) and cancels the tasks; a
-# client that hangs up has them cancelled; a stop cancels them after
-# shutdown_timeout. A socket handed out of the tree is left alone.
+# client that hangs up has them cancelled; a stop cancels them after the
+# drain and closes their sockets. A socket handed out of the tree is left alone.
 class ServerHijacksTest < PlainTest
   include ServerHelper
 
@@ -135,8 +135,8 @@ class ServerHijacksTest < PlainTest
     assert_equal 1, @server.stats[:requests_hung_up]
   end
 
-  def test_a_stop_cancels_the_tasks_serving_hijacked_sockets_after_shutdown_timeout
-    start_server(waiting_app, shutdown_timeout: 0.5)
+  def test_a_stop_cancels_the_tasks_serving_hijacked_sockets_after_the_drain
+    start_server(waiting_app, shutdown_timeout: 30)
     socket = switched(connect.tap { |client| client.write(upgrade) })
     eventually { @server.stats[:connections].zero? }
     @server.stop
