@@ -152,6 +152,12 @@ module NeverBlock
         end
       end
 
+      # Rails hands a controller's instance variables to its views, except
+      # its own: this one is not the app's either.
+      def _protected_ivars
+        [*super, :@_neverblock_live]
+      end
+
       def served_on_the_loop?
         request.env.key?(::NeverBlock::Server::MARK_AS_IO_BOUND) && NeverBlock.neverblocking?
       end

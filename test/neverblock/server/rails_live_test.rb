@@ -20,8 +20,8 @@ class ServerRailsLiveTest < PlainTest
   def test_a_live_action_runs_on_the_loop_as_a_child_of_its_request_and_sees_its_locals
     server = serve_live
     event = first_event(server, "/events?one")
-    assert_equal({ "same_thread" => true, "child_of_request" => true, "local" => "local one", "current" => "tag one" },
-                 event)
+    assert_equal({ "same_thread" => true, "child_of_request" => true, "local" => "local one", "current" => "tag one",
+                   "assigns" => [] }, event, "assigns: what of NeverBlock's a view would get")
   end
 
   def test_two_hundred_streams_start_no_thread_and_complete
