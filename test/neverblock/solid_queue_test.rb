@@ -72,6 +72,15 @@ class SolidQueueFiberPoolTest < PlainTest
     eventually { count("solid_queue_jobs WHERE finished_at IS NOT NULL") == 1 }
   end
 
+  def test_the_stall_detector_names_the_job_that_holds_the_loop
+    enqueue("BusyJob", 1, 1)
+    start_jobs
+    eventually(timeout: 60) { events("finished").any? }
+
+    job_id = query("SELECT id FROM solid_queue_jobs WHERE class_name = 'BusyJob'")
+    assert_match(/Solid Queue job #{job_id} \(BusyJob\).* has held the event loop/, eventually { File.read(@log)[/.*held the event loop.*/] })
+  end
+
   def test_term_lets_a_job_that_ends_within_the_shutdown_timeout_finish
     enqueue("SleepJob", 1, 2)
     start_jobs(shutdown_timeout: 20)

@@ -12,8 +12,9 @@ module NeverBlock
     #   when the first job is posted: in Solid Queue's default fork mode the
     #   pool is built in the supervisor, and a thread started there would
     #   not survive the fork.
-    # - Each job is a {Task} (`NeverBlock.current_task` in a job), so the
-    #   stall detector sees a job that holds the loop, and what a job spawns
+    # - Each job is a {Task} (`NeverBlock.current_task` in a job), labelled
+    #   with the job's id and class ({Task#label}), so the stall detector
+    #   names a job that holds the loop, and what a job spawns
     #   is its child: cancelled when the job ends, however it ends.
     # - {#shutdown} takes no more jobs; those posted already run.
     #   {#wait_for_termination} gives them the timeout Solid Queue passes
@@ -148,7 +149,10 @@ module NeverBlock
       def perform_execution(execution)
         job = NeverBlock.current_task
         @jobs[job] = execution
-        wrap_in_app_executor { execution.perform }
+        wrap_in_app_executor do
+          job.label = "Solid Queue job #{execution.job_id} (#{execution.job.class_name})"
+          execution.perform
+        end
       rescue Cancelled => e
         if @cancelling && job.cancel_requested?
           NeverBlock.logger.warn("NeverBlock") do
