@@ -45,6 +45,14 @@ class SolidQueueFiberPoolTest < PlainTest
     @log && File.exist?(@log) ? "\n--- bin/jobs output:\n#{File.read(@log)[-4000..] || File.read(@log)}" : ""
   end
 
+  def test_only_fiber_workers_get_neverblocks_pool_and_only_with_neverblock_loaded
+    app = 'require "rails"; require "active_record"; require "solid_queue"'
+    pools = "p(%i[fiber thread].map { |type| SolidQueue::Pool.build(type: type, size: 2).class })"
+    assert_equal "[SolidQueue::FiberPool, SolidQueue::ThreadPool]\n", child_ruby("#{app}; #{pools}")
+    assert_equal "[NeverBlock::SolidQueue::FiberPool, SolidQueue::ThreadPool]\n",
+                 child_ruby(%(#{app}; require "neverblock/solid_queue"; #{pools}))
+  end
+
   def test_twenty_waiting_jobs_run_at_once_each_in_a_neverblock_task_without_async
     enqueue("SleepJob", 20, 1)
     start_jobs
@@ -78,7 +86,8 @@ class SolidQueueFiberPoolTest < PlainTest
     eventually(timeout: 60) { events("finished").any? }
 
     job_id = query("SELECT id FROM solid_queue_jobs WHERE class_name = 'BusyJob'")
-    assert_match(/Solid Queue job #{job_id} \(BusyJob\).* has held the event loop/, eventually { File.read(@log)[/.*held the event loop.*/] })
+    stall = eventually { File.read(@log)[/.*has held the event loop.*/] }
+    assert_match(/Solid Queue job #{job_id} \(BusyJob\).* has held the event loop/, stall)
   end
 
   def test_term_lets_a_job_that_ends_within_the_shutdown_timeout_finish
@@ -140,8 +149,16 @@ class SolidQueueFiberPoolTest < PlainTest
     assert status.success?, output
   end
 
+  # Runs `code` in a new Ruby of this bundle; returns its output.
+  def child_ruby(code)
+    output, status = Open3.capture2e(RbConfig.ruby, "-I", File.expand_path("../../lib", __dir__), "-e", code)
+    assert status.success?, output
+    output
+  end
+
   def enqueue(job, count, argument = nil)
-    output, status = Open3.capture2e(app_env, RbConfig.ruby, "bin/enqueue", job, count.to_s, *argument&.to_s, chdir: APP)
+    output, status = Open3.capture2e(app_env, RbConfig.ruby, "bin/enqueue", job, count.to_s, *argument&.to_s,
+                                     chdir: APP)
     assert status.success?, output
   end
 
