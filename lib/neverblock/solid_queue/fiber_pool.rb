@@ -58,7 +58,7 @@ module NeverBlock
       # @raise [Exception] what stopped the loop, if it stopped.
       def post(execution)
         raise_if_fatal_error!
-        raise RuntimeError, "Execution pool is shutting down" if shutdown?
+        raise "Execution pool is shutting down" if shutdown? # a RuntimeError, as Solid Queue raises it
 
         super
       end
