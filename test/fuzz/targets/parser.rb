@@ -12,7 +12,7 @@ module NeverBlockFuzz
     # and one without.
     #
     # Oracles, beside the sanitizers: #<< raises nothing but HTTPError, with
-    # a status the server answers (400, 413, 414, 431, 505, or nil after an
+    # a status the server answers (400, 413, 414, 431, 501, 505, or nil after an
     # upgrade); no complete request has a body over max_body; and both
     # Parsers read the same requests, envs, bodies and refusal (what
     # head_parser_test.rb checks on the fuzz generator's cases, here on
@@ -22,7 +22,7 @@ module NeverBlockFuzz
       Limits = NeverBlock::Server::Limits
       HTTPError = NeverBlock::Server::HTTPError
 
-      STATUSES = [nil, 400, 413, 414, 431, 505].freeze
+      STATUSES = [nil, 400, 413, 414, 431, 501, 505].freeze
       # Per limit: tiny values, the fuzz test's, the defaults.
       SIZES = { max_request_target: [1, 2, 3, 8, 64, 2048, 8192], max_header_bytes: [1, 8, 16, 64, 300, 8192, 65_536],
                 max_headers: [1, 2, 3, 5, 40, 100], max_body: [1, 2, 5, 16, 300, 65_536, 10 * 1024 * 1024] }.freeze
