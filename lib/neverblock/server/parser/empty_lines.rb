@@ -31,11 +31,13 @@ module NeverBlock
         # @param data [String] binary.
         # @return [Boolean]
         def empty_lines_only?(data)
+          # The common answer first, asked of every keep-alive connection's
+          # next request: its first byte begins a request line. (A while
+          # loop below, not each_byte, for the same reason: no block call,
+          # no return unwinding out of one.)
+          return false unless @empty_cr || data.getbyte(0) == CR
           return false if @in_message || @closed || data.empty?
 
-          # A while loop, not each_byte: the common answer (a request
-          # line's first byte) then costs no block call and no return
-          # unwinding out of one, on every request of a keep-alive connection.
           lines = @empty_lines
           cr = @empty_cr
           offset = 0
