@@ -1,0 +1,139 @@
+#!/usr/bin/env ruby
+# frozen_string_literal: true
+
+# Instructions per hello-world request of `neverblock serve -w 0`, counted
+# by callgrind (valgrind), which counts the same on a loaded machine as on
+# an idle one: wall-clock and CPU time are noisy on a shared box, this is
+# not. One keep-alive client in this process sends --warmup requests, the
+# server's counts are dumped (callgrind_control -d), then --requests more,
+# dumped again: the second dump holds only those requests (and the event
+# loop's turns between them), so startup cancels out. Only the main
+# thread's instructions count: the stall detector's thread wakes on a wall
+# clock, and callgrind runs so slowly that it would add what a native run
+# does not spend (shown apart, "other threads"). Each revision runs
+# from a git worktree of its own (its C extension built there); "head" is
+# this checkout as it is, uncommitted changes included.
+#
+#   bench/run instructions                  -> bench/results/instructions.{txt,csv}
+#   bench/run instructions --quick          100 requests a revision
+#   bench/run instructions --only before,head --before 93b5567
+#
+# Needs valgrind (callgrind_control). What the counts include: the server
+# process only (the client is this process), Ruby 3.1 without YJIT.
+
+require_relative "support/harness"
+require_relative "support/servers"
+require "open3"
+
+module NeverBlockBench
+  class InstructionsBench < Bench
+    APP = File.expand_path("support/instructions_app.ru", __dir__)
+    REPO = File.expand_path("..", __dir__)
+    DEFAULTS = { requests: 1000, warmup: 300, baseline: "1530789", before: "66bcfb0" }.freeze
+    QUICK = { requests: 100, warmup: 50 }.freeze
+    ONLY = %w[baseline before head].freeze
+    COLUMNS = ["revision", "commit", "requests", "instructions/request", "vs baseline", "other threads/request"].freeze
+    READY_TIMEOUT = 300 # seconds: Ruby boots slowly under valgrind
+
+    # @return [Boolean] true when every revision was measured
+    def call
+      puts NeverBlockBench.header("Instructions per hello-world request (callgrind), neverblock serve -w 0",
+                                  "#{@options[:warmup]} warm-up requests, then #{@options[:requests]} counted, " \
+                                  "one keep-alive connection")
+      rows = @options[:only].map { |name| measure(name) }
+      base = rows.find { |row| row["revision"] == "baseline" }&.fetch("instructions/request")
+      rows.each { |row| row["vs baseline"] = base ? format("%.3f", row["instructions/request"].to_f / base) : "" }
+      puts "\n#{Table.of(rows, COLUMNS)}"
+      NeverBlockBench.write_results(@options[:out], "instructions", rows)
+      true
+    end
+
+    private
+
+    # @return [Hash] the row of one revision (baseline, before or head)
+    def measure(name)
+      dir = name == "head" ? REPO : checkout(@options.fetch(name.to_sym))
+      commit = git(dir, "rev-parse", "--short", "HEAD") + (name == "head" && dirty? ? "+" : "")
+      main, others = count(name, dir).map { |total| (total.to_f / @options[:requests]).round }
+      warn "  #{name} (#{commit}): #{main} instructions/request"
+      { "revision" => name, "commit" => commit, "requests" => @options[:requests], "instructions/request" => main,
+        "other threads/request" => others }
+    end
+
+    # @return [Array(Integer, Integer)] the instructions the server's main
+    #   thread and its other threads spent during the counted requests
+    def count(name, dir)
+      out = File.join(scratch, "callgrind.#{name}")
+      port = ServerProcess.free_port
+      server = ServerProcess.start("neverblock #{name}", [
+        "valgrind", "--tool=callgrind", "--separate-threads=yes", "--callgrind-out-file=#{out}",
+        "ruby", "-rbundler/setup", File.join(dir, "exe/neverblock"), "serve", APP, "-w", "0", "-b", "tcp://127.0.0.1:#{port}"
+      ], port: port, env: environment(dir))
+      server.wait_until_ready(timeout: READY_TIMEOUT)
+      Socket.tcp("127.0.0.1", port) do |socket|
+        requests(socket, @options[:warmup])
+        dump(server.pid)
+        requests(socket, @options[:requests])
+        dump(server.pid)
+      end
+      server.stop
+      totals = Dir["#{out}.2-*"].sort.map { |file| Integer(File.read(file)[/^totals: (\d+)/, 1]) }
+      [totals.first, totals.drop(1).sum] # "-01" is the main thread
+    end
+
+    # Sends `count` GETs on the keep-alive `socket`, one at a time, each read to its end.
+    def requests(socket, count)
+      count.times do
+        socket.write(RawHTTP.request)
+        RawHTTP.read_response(socket, NeverBlockBench.now + READY_TIMEOUT) or raise "the server closed the connection"
+      end
+    end
+
+    # Writes callgrind's counts so far to a file of their own and zeroes them.
+    def dump(pid)
+      output, status = Open3.capture2e("callgrind_control", "--dump", pid.to_s)
+      raise "callgrind_control failed: #{output}" unless status.success?
+    end
+
+    # The revision's own lib/ and C extension, this checkout's bundle.
+    def environment(dir)
+      { "BUNDLE_GEMFILE" => File.join(dir, "Gemfile"), "BUNDLE_PATH" => File.join(REPO, "vendor/bundle"),
+        "BUNDLE_FROZEN" => "true", "RUBYLIB" => extension(dir), "RUBYOPT" => nil }
+    end
+
+    # @return [String] the directory of `dir`'s built C extension (built now if needed)
+    def extension(dir)
+      output, status = Open3.capture2e("ruby", File.join(dir, "bin/lib/compile_ext.rb"), chdir: dir)
+      raise "building #{dir}'s extension failed:\n#{output}" unless status.success?
+
+      output.lines.last.strip
+    end
+
+    # @return [String] a worktree of `revision` in the scratch directory, with this checkout's vendor/
+    def checkout(revision)
+      dir = File.join(scratch, "rev-#{revision}")
+      git(REPO, "worktree", "add", "--detach", dir, revision)
+      FileUtils.ln_s(File.join(REPO, "vendor"), File.join(dir, "vendor"))
+      (@worktrees ||= []) << dir
+      dir
+    end
+
+    def dirty? = !git(REPO, "status", "--porcelain", "--untracked-files=no").empty?
+
+    def git(dir, *args)
+      output, status = Open3.capture2e("git", "-C", dir, *args)
+      raise "git #{args.join(' ')} failed: #{output}" unless status.success?
+
+      output.strip
+    end
+
+    public
+
+    def cleanup
+      @worktrees&.each { |dir| git(REPO, "worktree", "remove", "--force", dir) }
+      super
+    end
+  end
+end
+
+NeverBlockBench::CommandLine.main(NeverBlockBench::InstructionsBench, "instructions") if $PROGRAM_NAME == __FILE__
