@@ -24,8 +24,9 @@ module NeverBlockBench
     Stream = Struct.new(:first, :worst_gap, :events, :error)
 
     # `streams`: one {Stream} each; `cpu`: the children's CPU seconds (user +
-    # system); `seconds`: from the start until the last child reported.
-    Result = Struct.new(:streams, :cpu, :seconds)
+    # system); `started`: the start ({NeverBlockBench.now}); `seconds`: from
+    # the start until the last child reported.
+    Result = Struct.new(:streams, :cpu, :started, :seconds)
 
     # How an event starts on the wire: counted in what a read brings (the
     # chunked framing around it never contains it).
@@ -53,7 +54,7 @@ module NeverBlockBench
         pending -= reported if reported
       end
       reports = @children.map { |child| report_of(child) }
-      Result.new(reports.flat_map { |report| report[:streams] }, reports.sum { |report| report[:cpu] },
+      Result.new(reports.flat_map { |report| report[:streams] }, reports.sum { |report| report[:cpu] }, started,
                  NeverBlockBench.now - started)
     end
 
@@ -93,8 +94,10 @@ module NeverBlockBench
       started = Float(from_parent.gets[/\Ago (\S+)/, 1])
       cpu = Process.times
       streams = NeverBlock.run do
-        tasks = Array.new(share) { NeverBlock.spawn { stream(started) } }
-        tasks.map(&:value)
+        # Every connect and request first, in one go (a task's spawn costs a turn of the
+        # loop, on which the streams already open are read); then a task per stream reads it.
+        opened = Array.new(share) { open_stream }
+        opened.map { |socket, outcome| NeverBlock.spawn { finish_stream(socket, outcome, started) } }.map(&:value)
       end
       times = Process.times
       to_parent.write(Marshal.dump({ streams: streams, cpu: times.utime - cpu.utime + times.stime - cpu.stime }))
@@ -102,36 +105,53 @@ module NeverBlockBench
       to_parent.write(Marshal.dump({ streams: [Stream.new(nil, 0.0, 0, "client: #{e.class}: #{e.message}")] * share, cpu: 0.0 }))
     end
 
-    # One stream, in its own task. @return [Stream]
-    def stream(started)
+    # Connects without waiting and, if connected at once (the server's accept queue had
+    # room), sends the request. @return [Array(Socket, Stream)] the socket (nil if refused)
+    #   and the stream's outcome, `events` -1 until the request is sent
+    def open_stream
+      outcome = Stream.new(nil, 0.0, -1, nil)
+      socket = Socket.new(:INET, :STREAM)
+      if socket.connect_nonblock(@address, exception: false) == 0
+        # A new socket's send buffer takes the whole request.
+        raise "the request did not fit a new socket's send buffer" unless socket.write_nonblock(@request) == @request.bytesize
+
+        outcome.events = 0
+      end
+      [socket, outcome]
+    rescue StandardError => e
+      socket&.close
+      [nil, failed(outcome, e)]
+    end
+
+    # The rest of one stream, in its own task: the connect and request if
+    # {#open_stream} could not finish them, then its events. @return [Stream]
+    def finish_stream(socket, outcome, started)
+      return outcome unless socket
+
       deadline = started + @deadline
-      outcome = Stream.new(nil, 0.0, 0, nil)
-      socket = connect(deadline)
-      socket.write(@request)
+      if outcome.events.negative?
+        connect(socket, deadline)
+        socket.write(@request)
+        outcome.events = 0
+      end
       read_events(socket, started, deadline, outcome)
     rescue StandardError => e
-      outcome.error = "#{e.class}: #{e.message.lines.first&.strip}"
-      outcome
+      failed(outcome, e)
     ensure
       socket&.close
     end
 
-    def connect(deadline)
-      socket = Socket.new(:INET, :STREAM)
-      begin
-        socket.connect_nonblock(@address)
-      rescue IO::WaitWritable
-        wait(socket, :wait_writable, deadline, "connecting")
-        begin
-          socket.connect_nonblock(@address)
-        rescue Errno::EISCONN
-          nil
-        end
-      end
-      socket
-    rescue StandardError
-      socket&.close
-      raise
+    def failed(outcome, error)
+      outcome.events = 0 if outcome.events.negative?
+      outcome.error = "#{error.class}: #{error.message.lines.first&.strip}"
+      outcome
+    end
+
+    # Waits for a connect begun without waiting ({#open_stream}) to finish.
+    def connect(socket, deadline)
+      wait(socket, :wait_writable, deadline, "connecting")
+      error = socket.getsockopt(:SOCKET, :ERROR).int
+      raise SystemCallError.new("connect(2) for 127.0.0.1", error) unless error.zero?
     end
 
     # Reads the response until EOF, counting events and timing their arrival into `outcome`.
