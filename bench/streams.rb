@@ -38,7 +38,7 @@ module NeverBlockBench
     WARM_UP = 20 # streams of 3 events 10 ms apart on each fresh server before the batch
     NOTES = { "puma-5" => "5 threads: 5 streams at a time", "puma-50" => "50 threads: 50 streams at a time" }.freeze
     COLUMNS = ["part", "streams", "server", "complete", "first p50 ms", "first p99 ms", "gap p99 ms", "gap max ms",
-               "RSS KB/stream", "CPU us/event", "threads", "RSS before MB", "seconds", "client CPU s", "note"].freeze
+               "RSS KB/stream", "CPU us/event", "threads", "listen drops", "RSS before MB", "seconds", "client CPU s", "note"].freeze
 
     # @return [Boolean] true when every cell ran (whether its streams completed or not)
     def call
@@ -69,7 +69,8 @@ module NeverBlockBench
           Client: #{@options[:clients]} forked Ruby processes (NeverBlock loops, a task per stream) open all streams at once; a
           stream is complete with all its events and the server's close within #{@options[:deadline]} s of the start.
           first: the first event's arrival after the start; gap: a stream's worst gap between reads that brought events;
-          RSS: the server session's peak (VmHWM) less its RSS before, per stream; CPU: the session's user+sys per event received.
+          RSS: the server session's peak (VmHWM) less its RSS before, per stream; CPU: the session's user+sys per event received;
+          listen drops: connections the machine's listening sockets dropped meanwhile (a full accept queue; TcpExt ListenDrops).
         TEXT
       )
     end
@@ -145,7 +146,7 @@ module NeverBlockBench
         "gap p99 ms" => ms.call(NeverBlockBench.percentile(gaps, 0.99)), "gap max ms" => ms.call(gaps.max),
         "RSS KB/stream" => (server_numbers[:rss_growth_kb].fdiv(count)).round(1),
         "CPU us/event" => (received.positive? ? (server_numbers[:cpu] * 1e6 / received).round(1) : nil),
-        "threads" => server_numbers[:threads], "RSS before MB" => (server_numbers[:rss_before_kb] / 1024.0).round(1),
+        "threads" => server_numbers[:threads], "listen drops" => server_numbers[:listen_drops], "RSS before MB" => (server_numbers[:rss_before_kb] / 1024.0).round(1),
         "seconds" => result.seconds.round(1), "client CPU s" => result.cpu.round(1), "events" => received,
         "complete count" => complete, "note" => note(server, streams) }
     end
@@ -181,19 +182,31 @@ module NeverBlockBench
         ProcessCpu.in_session(session) { |dir, _| File.write("#{dir}/clear_refs", "5") rescue nil } # rubocop:disable Style/RescueModifier
         @rss_before = status_kb("VmRSS")
         @cpu = ProcessCpu.session_seconds(session)
+        @drops = ServerSample.listen_drops
         @threads = 0
         take
+      end
+
+      # @return [Integer, nil] connections the machine's listening sockets dropped so far (TcpExt ListenDrops:
+      #   a full accept queue; the client's SYN is retried after 1, 3, 7 s)
+      def self.listen_drops
+        names, values = File.readlines("/proc/net/netstat").select { |line| line.start_with?("TcpExt:") }.map(&:split)
+        Integer(values[names.index("ListenDrops")])
+      rescue SystemCallError, TypeError, ArgumentError
+        nil
       end
 
       def take
         @threads = [@threads, status_kb("Threads")].max
       end
 
-      # @return [Hash] :rss_growth_kb (peak less before), :rss_before_kb, :cpu (seconds), :threads (the most)
+      # @return [Hash] :rss_growth_kb (peak less before), :rss_before_kb, :cpu (seconds), :threads (the most),
+      #   :listen_drops (the machine's, over the batch)
       def finish
         take
+        drops = ServerSample.listen_drops
         { rss_growth_kb: status_kb("VmHWM") - @rss_before, rss_before_kb: @rss_before,
-          cpu: ProcessCpu.session_seconds(@session) - @cpu, threads: @threads }
+          cpu: ProcessCpu.session_seconds(@session) - @cpu, threads: @threads, listen_drops: (drops - @drops if drops && @drops) }
       end
 
       private
