@@ -14,9 +14,10 @@
 # a thread). Per cell, a fresh server: streams complete (all events, then the
 # end) by --deadline s; p50/p99 of each stream's first event, counted from
 # the moment the batch started; p99 and max of each stream's worst gap
-# between two reads that brought events; the server's peak RSS less its RSS
-# before, per stream; its CPU (user + sys, its whole session) per event
-# received; its most threads; the client's CPU.
+# between two reads that brought events; the most streams open at once; the
+# server's peak RSS less its RSS before, per stream open at that peak; its
+# CPU (user + sys, its whole session) per event received; its most threads;
+# the machine's listen drops; the client's CPU.
 #
 #   bench/run streams                      -> bench/results/streams.{txt,csv,svg}
 #   bench/run streams --quick              smoke run: 200 streams of 10 events
@@ -36,9 +37,10 @@ module NeverBlockBench
     PARTS = %w[direct relay].freeze
     APP = File.expand_path("support/streams_app.ru", __dir__)
     WARM_UP = 20 # streams of 3 events 10 ms apart on each fresh server before the batch
-    NOTES = { "puma-5" => "5 threads: 5 streams at a time", "puma-50" => "50 threads: 50 streams at a time" }.freeze
+    # Puma also corks the socket while it writes a response (TCP_CORK): a stream's events leave in ~200 ms batches.
+    NOTES = { "puma-5" => "5 threads: 5 streams at a time, corked", "puma-50" => "50 threads: 50 streams at a time, corked" }.freeze
     COLUMNS = ["part", "streams", "server", "complete", "first p50 ms", "first p99 ms", "gap p99 ms", "gap max ms",
-               "RSS KB/stream", "CPU us/event", "threads", "listen drops", "RSS before MB", "seconds", "client CPU s", "note"].freeze
+               "peak open", "RSS KB/open stream", "CPU us/event", "threads", "listen drops", "RSS before MB", "seconds", "client CPU s", "note"].freeze
 
     # @return [Boolean] true when every cell ran (whether its streams completed or not)
     def call
@@ -69,7 +71,8 @@ module NeverBlockBench
           Client: #{@options[:clients]} forked Ruby processes (NeverBlock loops, a task per stream) open all streams at once; a
           stream is complete with all its events and the server's close within #{@options[:deadline]} s of the start.
           first: the first event's arrival after the start; gap: a stream's worst gap between reads that brought events;
-          RSS: the server session's peak (VmHWM) less its RSS before, per stream; CPU: the session's user+sys per event received;
+          peak open: the most streams open at once (each from its first event to its last); RSS: the server session's peak
+          (VmHWM) less its RSS before, per stream open at the peak; CPU: the session's user+sys per event received;
           listen drops: connections the machine's listening sockets dropped meanwhile (a full accept queue; TcpExt ListenDrops).
         TEXT
       )
@@ -139,12 +142,14 @@ module NeverBlockBench
 
         seconds.finite? ? (seconds * 1000).round : "> #{@options[:deadline]} s"
       end
-      warn format("  %d/%d complete, first event p99 %s ms, worst gap p99 %s ms, %.1f s", complete, count,
-                  ms.call(NeverBlockBench.percentile(firsts, 0.99)), ms.call(NeverBlockBench.percentile(gaps, 0.99)), result.seconds)
+      shown = ->(seconds) { ms.call(seconds).then { |value| value.is_a?(Integer) ? "#{value} ms" : value.to_s } }
+      warn format("  %d/%d complete, first event p99 %s, worst gap p99 %s, %.1f s", complete, count,
+                  shown.call(NeverBlockBench.percentile(firsts, 0.99)), shown.call(NeverBlockBench.percentile(gaps, 0.99)), result.seconds)
       { "part" => part, "streams" => count, "server" => server, "complete" => "#{complete}/#{count}",
         "first p50 ms" => ms.call(NeverBlockBench.percentile(firsts, 0.5)), "first p99 ms" => ms.call(NeverBlockBench.percentile(firsts, 0.99)),
         "gap p99 ms" => ms.call(NeverBlockBench.percentile(gaps, 0.99)), "gap max ms" => ms.call(gaps.max),
-        "RSS KB/stream" => (server_numbers[:rss_growth_kb].fdiv(count)).round(1),
+        "peak open" => (peak = StreamClient.peak_open(streams)),
+        "RSS KB/open stream" => (server_numbers[:rss_growth_kb].fdiv(peak).round(1) if peak.positive?),
         "CPU us/event" => (received.positive? ? (server_numbers[:cpu] * 1e6 / received).round(1) : nil),
         "threads" => server_numbers[:threads], "listen drops" => server_numbers[:listen_drops], "RSS before MB" => (server_numbers[:rss_before_kb] / 1024.0).round(1),
         "seconds" => result.seconds.round(1), "client CPU s" => result.cpu.round(1), "events" => received,
@@ -168,7 +173,7 @@ module NeverBlockBench
         chart.pivot("#{part}: first event p99, ms (lower is better)", "first p99 ms", series: "server", by: "streams", where: where, log: true)
         chart.pivot("#{part}: worst gap p99, ms (lower is better)", "gap p99 ms", series: "server", by: "streams", where: where, log: true)
       end
-      chart.pivot("#{parts.first}: RSS per stream, KB", "RSS KB/stream", series: "server", by: "streams", where: { "part" => parts.first })
+      chart.pivot("#{parts.first}: RSS per open stream (at the peak), KB", "RSS KB/open stream", series: "server", by: "streams", where: { "part" => parts.first })
       chart.pivot("#{parts.first}: CPU per event, µs", "CPU us/event", series: "server", by: "streams", where: { "part" => parts.first })
       NeverBlockBench.write_results(@options[:out], "streams", rows, chart)
     end

@@ -17,11 +17,12 @@ module NeverBlockBench
   #   result = client.run { sample the server } # the block runs every 0.2 s until every child reported
   #   client.kill                                # in an ensure: the children, if they still run
   class StreamClient
-    # One stream's outcome: `first` seconds from the start to its first
-    # event (nil: none came), `worst_gap` seconds (0.0 with fewer than two
-    # reads that brought events), `events` counted, `error` (nil, or the text
-    # of what cut it short: a reset, a refusal, the deadline, a bad status).
-    Stream = Struct.new(:first, :worst_gap, :events, :error)
+    # One stream's outcome: `first` and `last` seconds from the start to its
+    # first and last event (nil: none came), `worst_gap` seconds (0.0 with
+    # fewer than two reads that brought events), `events` counted, `error`
+    # (nil, or the text of what cut it short: a reset, a refusal, the
+    # deadline, a bad status).
+    Stream = Struct.new(:first, :worst_gap, :events, :error, :last)
 
     # `streams`: one {Stream} each; `cpu`: the children's CPU seconds (user +
     # system); `started`: the start ({NeverBlockBench.now}); `seconds`: from
@@ -56,6 +57,15 @@ module NeverBlockBench
       reports = @children.map { |child| report_of(child) }
       Result.new(reports.flat_map { |report| report[:streams] }, reports.sum { |report| report[:cpu] }, started,
                  NeverBlockBench.now - started)
+    end
+
+    # @param streams [Array<Stream>]
+    # @return [Integer] the most streams open at once, each from its first event to its last
+    def self.peak_open(streams)
+      edges = streams.select(&:first).flat_map { |stream| [[stream.first, 1], [stream.last, -1]] }
+      edges.sort! # an end at the same instant as a start comes first
+      open = 0
+      edges.map { |_, step| open += step }.max || 0
     end
 
     # Kills the children still running.
@@ -185,6 +195,7 @@ module NeverBlockBench
         next if count.zero?
 
         outcome.first ||= at - started
+        outcome.last = at - started
         outcome.worst_gap = at - last if last && at - last > outcome.worst_gap
         last = at
         outcome.events += count
