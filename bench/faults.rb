@@ -4,10 +4,8 @@
 # NeverBlock::Server under faults beside Puma, each a two-worker cluster
 # serving support/fault_app.ru, driven by wrk: slowloris (--loris partial
 # heads trickling a header line every 2 s while wrk -c 20 measures; target:
-# NeverBlock's p99 under 100 ms), slowbody (--bodies POSTs of a 100,000-byte
-# body trickling a byte every 5 s, reopened when answered, while wrk -c 20
-# measures, on one worker and on two; target: p99 under 100 ms, and the
-# trickled requests answered 408), restart (a rolling restart 2 s into 8 s of
+# NeverBlock's p99 under 100 ms; bench/slowbody.rb does the same with
+# trickled request bodies), restart (a rolling restart 2 s into 8 s of
 # wrk -c 50 keep-alive, --restarts times; target: no failed request) and crash
 # (every 50th request kills its worker for --duration s: requests answered and
 # lost, lost per worker killed; target: the master still up).
@@ -15,18 +13,18 @@
 #   bench/run faults                 all scenarios (bench/results/faults.{txt,csv,svg})
 #   bench/run faults --quick         shorter cells, 3 restarts instead of 10
 #   bench/run faults --scenarios slowloris --only neverblock
-#   bench/run faults --scenarios slowbody --duration 30
 
 require_relative "support/harness"
 require "neverblock"
 require "socket"
 require_relative "support/servers"
+require_relative "support/trickle"
 
 module NeverBlockBench
   class FaultsBench < Bench
     APP = File.expand_path("support/fault_app.ru", __dir__)
     CRASH_SCRIPT = File.expand_path("support/one_in_50_dies.lua", __dir__)
-    DEFAULTS = { duration: 10, loris: 2000, bodies: 2200, restarts: 10, scenarios: %w[slowloris slowbody restart crash] }.freeze
+    DEFAULTS = { duration: 10, loris: 2000, restarts: 10, scenarios: %w[slowloris restart crash] }.freeze
     QUICK = { duration: 5, restarts: 3 }.freeze
     ONLY = %w[neverblock puma].freeze # the servers
     RESTART_SIGNAL = { "neverblock" => "USR2", "puma" => "USR1" }.freeze
@@ -34,7 +32,7 @@ module NeverBlockBench
     # @return [Boolean] true when every cell ran
     def call
       @rows = []
-      Machine.raise_fd_limit([@options[:loris], @options[:bodies]].max + 4096)
+      Machine.raise_fd_limit(@options[:loris] + 4096)
       puts NeverBlockBench.header("NeverBlock::Server under faults, beside Puma: two workers each",
                                   "neverblock #{NeverBlock::VERSION} (#{Checkout.description}); " \
                                   "puma #{PeerServers.locked_versions['puma']}; #{Wrk.version}",
@@ -47,116 +45,16 @@ module NeverBlockBench
     private
 
     # Starts each server of --only in turn, a two-worker cluster, yields its name and ServerProcess, stops it.
-    def each_server(workers: 2)
-      @options[:only].each { |name| PeerServers.cluster(name, APP, workers: workers) { |server| yield name, server } }
-    end
+    def each_server = @options[:only].each { |name| PeerServers.cluster(name, APP, workers: 2) { |server| yield name, server } }
 
     def run_slowloris
       warn "slowloris: #{@options[:loris]} partial heads, wrk -c 20 ordinary requests"
       each_server do |name, server|
-        loris = Trickle.new(server.port, @options[:loris], "GET / HTTP/1.1\r\nHost: victim\r\n", 2) { |i| "X-Loris-#{i}: #{rand(1000)}\r\n" }
+        loris = NeverBlockBench::Trickle.new(server.port, @options[:loris], "GET / HTTP/1.1\r\nHost: victim\r\n", 2) { |i| "X-Loris-#{i}: #{rand(1000)}\r\n" }
         result = Wrk.run("http://127.0.0.1:#{server.port}/", connections: 20, duration: @options[:duration])
         held = loris.stop
         @rows << ["slowloris", name, "p99 ms", (result.p99 * 1000).round(1), "p50 #{(result.p50 * 1000).round(1)} ms, " \
                   "#{result.requests_per_second.round} req/s, errors #{result.errors}, partial heads open #{held}"]
-      end
-    end
-
-    # POSTs whose bodies trickle a byte every 5 s (about 440 B/s in all for
-    # 2,200), each reopened once the server answers it, while wrk measures
-    # ordinary requests; on one worker and on two.
-    def run_slowbody
-      warn "slowbody: #{@options[:bodies]} POST bodies at a byte per 5 s, wrk -c 20 ordinary requests"
-      head = "POST / HTTP/1.1\r\nHost: victim\r\nContent-Type: text/plain\r\nContent-Length: 100000\r\n\r\nx"
-      [1, 2].each do |workers|
-        each_server(workers: workers) do |name, server|
-          bodies = Trickle.new(server.port, @options[:bodies], head, 5) { "x" }
-          result = Wrk.run("http://127.0.0.1:#{server.port}/", connections: 20, duration: @options[:duration], timeout: 5)
-          held = bodies.stop
-          answers = bodies.answers.tally.sort.map { |status, count| "#{count} #{status}" }.join(", ")
-          answers = "none" if answers.empty?
-          after = bodies.answered_after
-          ended = after.empty? ? "" : format(" after %.1f-%.1f s", after.min, after.max)
-          @rows << ["slowbody #{workers}w", name, "p99 ms", (result.p99 * 1000).round(1),
-                    "p50 #{(result.p50 * 1000).round(1)} ms, #{result.requests_per_second.round} req/s, errors #{result.errors}, " \
-                    "trickled requests answered: #{answers}#{ended}; open at the end #{held}"]
-        end
-      end
-    end
-
-    # Clients that each send `head`, then the block's bytes every `interval`
-    # seconds, reconnecting when the server answers (the answer's status is
-    # kept, with how long after the head it came) or closes, from new until #stop.
-    class Trickle
-      # @return [Array<String>] the statuses of the answers the trickled requests got
-      attr_reader :answers
-
-      # @return [Array<Float>] seconds from each answered request's head to its answer
-      attr_reader :answered_after
-
-      def initialize(port, count, head, interval, &drip)
-        @port = port
-        @head = head
-        @interval = interval
-        @drip = drip
-        @stop = false
-        @answers = []
-        @answered_after = []
-        @opened = {}
-        @sockets = Array.new(count) { open }
-        @thread = Thread.new { trickle until @stop }
-      end
-
-      # @return [Integer] connections still open when it stopped
-      def stop
-        @stop = true
-        @thread.join
-        @sockets.compact.reject(&:closed?).each(&:close).size
-      end
-
-      private
-
-      def open
-        Socket.tcp("127.0.0.1", @port, connect_timeout: 5).tap do |socket|
-          socket.write(@head)
-          @opened[socket] = NeverBlockBench.now
-        end
-      rescue SystemCallError, IOError
-        nil
-      end
-
-      def trickle
-        deadline = NeverBlockBench.now + @interval
-        @sockets.map!.with_index do |socket, i|
-          break @sockets if @stop
-
-          socket = reopen(socket) if socket && answered?(socket)
-          (socket ||= open)&.write_nonblock(@drip.call(i)) && socket
-        rescue SystemCallError, IOError
-          reopen(socket)
-        end
-        remaining = deadline - NeverBlockBench.now
-        sleep(remaining) if remaining.positive? && !@stop
-      end
-
-      # Whether the server answered or closed it (a status it sent is kept).
-      def answered?(socket)
-        data = socket.read_nonblock(4096, exception: false)
-        return false if data == :wait_readable
-
-        if data && (status = data[%r{\AHTTP/1\.[01] (\d{3})}, 1])
-          @answers << status
-          @answered_after << NeverBlockBench.now - @opened[socket]
-        end
-        true
-      end
-
-      def reopen(socket)
-        if socket
-          @opened.delete(socket)
-          socket.close
-        end
-        open
       end
     end
 

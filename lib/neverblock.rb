@@ -127,16 +127,19 @@ module NeverBlock
     # cancelled when its parent fails, is cancelled or times out, and when
     # the request that started it ends ({Task::Tree}). `detached: true`
     # starts a task that outlives what started it (work after the response
-    # is sent, a background refresh): nothing cancels it but {Task#cancel}
-    # and the loop's end.
+    # is sent, a background refresh): nothing cancels it but {Task#cancel},
+    # the loop's end and, for one spawned from a request, the server's
+    # stop, after its drain ({Server::AppTasks}). It records where it was
+    # spawned ({Task#spawned_at}).
     #
     # @param detached [Boolean]
+    # @param internal [Boolean] @api private: see {Scheduler#spawn}.
     # @return [Task]
     # @raise [NoReactorError] outside {NeverBlock.run}.
-    def spawn(detached: false, &block)
+    def spawn(detached: false, internal: false, &block)
       raise ArgumentError, "NeverBlock.spawn needs a block" unless block
 
-      current_scheduler!.spawn(detached: detached, &block)
+      current_scheduler!.spawn(detached: detached, internal: internal, &block)
     end
 
     # @return [Task, nil] the task running in the current fiber (a request's
@@ -240,27 +243,34 @@ module NeverBlock
     # Maps `enumerable` through the block with at most `concurrency` blocks
     # running at once; results come back in input order. The enumerable is
     # consumed lazily as slots free up. If a block raises, the others are
-    # cancelled and the first exception is raised. Outside NeverBlock it runs
-    # its own loop. A {Group} with a limit.
+    # cancelled and the first exception is raised; with `fail_fast: false`
+    # every item is mapped, and failures are raised together at the end as
+    # a {GroupError} (each with its item and index, and the values of the
+    # rest). Outside NeverBlock it runs its own loop. A {Group} with a limit.
     #
     # @param enumerable [Enumerable]
     # @param concurrency [Integer] >= 1.
+    # @param fail_fast [Boolean] see {Group#initialize}.
     # @return [Array]
-    def map(enumerable, concurrency: 10, &block)
+    # @raise [Exception] with fail_fast, the first failure.
+    # @raise [GroupError] without fail_fast, when any block failed.
+    def map(enumerable, concurrency: 10, fail_fast: true, &block)
       raise ArgumentError, "NeverBlock.map needs a block" unless block
 
       validate_size!(concurrency, :concurrency)
-      return run { map(enumerable, concurrency: concurrency, &block) } unless neverblocking?
+      return run { map(enumerable, concurrency: concurrency, fail_fast: fail_fast, &block) } unless neverblocking?
 
-      group(limit: concurrency) do |tasks|
-        enumerable.each { |item| tasks.spawn { block.call(item) } or break }
+      group(limit: concurrency, fail_fast: fail_fast) do |tasks|
+        enumerable.each { |item| tasks.spawn(item) { block.call(item) } or break }
       end
     end
 
     # Runs the tasks the block spawns in `group` and waits for them all:
     # their values in spawn order, or, at the first failure, the others
-    # cancelled and that failure raised ({Group#wait}). If the block itself
-    # raises, the tasks are cancelled. Outside NeverBlock it runs its own loop.
+    # cancelled and that failure raised ({Group#wait}); with `fail_fast:
+    # false` every task runs to its end and the failures are raised together
+    # as a {GroupError}. If the block itself raises, the tasks are
+    # cancelled. Outside NeverBlock it runs its own loop.
     #
     #   user, orders = NeverBlock.group do |group|
     #     group.spawn { fetch_user(id) }
@@ -268,14 +278,16 @@ module NeverBlock
     #   end
     #
     # @param limit [Integer, nil] at most this many tasks at once ({Group}).
+    # @param fail_fast [Boolean] see {Group#initialize}.
     # @yieldparam group [Group]
     # @return [Array] the values, in spawn order.
-    # @raise [Exception] the first failure.
-    def group(limit: nil)
+    # @raise [Exception] with fail_fast, the first failure.
+    # @raise [GroupError] without fail_fast, when any task failed.
+    def group(limit: nil, fail_fast: true)
       raise ArgumentError, "NeverBlock.group needs a block" unless block_given?
-      return run { group(limit: limit) { |tasks| yield tasks } } unless neverblocking?
+      return run { group(limit: limit, fail_fast: fail_fast) { |tasks| yield tasks } } unless neverblocking?
 
-      tasks = Group.new(limit: limit)
+      tasks = Group.new(limit: limit, fail_fast: fail_fast)
       begin
         yield tasks
         tasks.wait
@@ -314,10 +326,22 @@ module NeverBlock
     # failed, raises the first failure (in the order given) once all have
     # finished.
     #
-    # @param tasks [Enumerable<Task>]
+    # @param tasks [Enumerable<Task>] what {spawn}, {Group#spawn} or
+    #   {FiberPool#spawn} returned.
     # @return [Array]
+    # @raise [ArgumentError] when `tasks` is not an Enumerable or holds
+    #   anything but tasks (nothing is waited for).
     def wait_all(tasks)
-      tasks = tasks.to_a.each(&:observe!)
+      raise ArgumentError, "NeverBlock.wait_all takes a list of tasks, got #{tasks.inspect}" unless tasks.is_a?(Enumerable)
+
+      tasks = tasks.to_a
+      if (index = tasks.index { |task| !task.is_a?(Task) })
+        raise ArgumentError, "NeverBlock.wait_all takes tasks (what NeverBlock.spawn and Group#spawn return), got " \
+                             "#{tasks[index].inspect} (#{tasks[index].class}) at index #{index}; to run blocks and " \
+                             "wait for their values, use NeverBlock.group or NeverBlock.map"
+      end
+
+      tasks.each(&:observe!)
       tasks.each(&:wait)
       tasks.map(&:value)
     end
@@ -374,6 +398,7 @@ require_relative "neverblock/telemetry"
 require_relative "neverblock/scheduler"
 require_relative "neverblock/group"
 require_relative "neverblock/semaphore"
+require_relative "neverblock/server_semaphore"
 require_relative "neverblock/fiber_pool"
 require_relative "neverblock/connection_pool"
 

@@ -185,6 +185,9 @@ module NeverBlockFleet
     # @return [Integer] requests the upstream got since the last call (it counts, and resets on reading)
     def upstream_calls = Integer(Net::HTTP.get(URI("http://#{gateway}:#{@upstream_port}/count")))
 
+    # @return [Integer] the most requests the upstream served at once since the last call (it resets on reading)
+    def upstream_most = Integer(Net::HTTP.get(URI("http://#{gateway}:#{@upstream_port}/most")))
+
     # @return [Integer] the host's current sessions in HAProxy (`show stat`'s scur)
     def sessions(host)
       rows = admin("show stat").lines.map { |line| line.split(",") }

@@ -8,12 +8,18 @@
 #                  for S seconds, then the stream ends (its client reconnects)
 #   GET /herd?KEY  NB_FLEET_UPSTREAM's /config behind NeverBlock::Debouncer with a RedisStore at
 #                  NB_FLEET_REDIS that all hosts share: one herd, one upstream call
+#   GET /limited?S NB_FLEET_UPSTREAM's /config holding a permit of a NeverBlock::RedisSemaphore at
+#                  NB_FLEET_REDIS that all hosts share (NB_FLEET_LIMIT, default 3; lease 2 s);
+#                  503 when no permit came within S seconds (default 30)
+#   GET /hold      takes a permit of that semaphore, streams "host1 PID\n", and keeps the permit
+#                  until its worker dies
 # NB_FLEET_LOAD_PATH (directories joined by ":") lets a peer server's bundle load NeverBlock's lib/
 # and redis-client.
 ENV.fetch("NB_FLEET_LOAD_PATH", "").split(":").reverse_each { |dir| $LOAD_PATH.unshift(dir) }
 require "net/http"
 require "neverblock/debouncer"
 require "neverblock/debouncer/redis_store"
+require "neverblock/redis_semaphore"
 
 host = ENV.fetch("NB_FLEET_HOST", "host")
 rate = Float(ENV.fetch("NB_FLEET_SSE_RATE", "5"))
@@ -23,9 +29,18 @@ fetch = lambda do |_env|
   answer = Net::HTTP.get_response(upstream)
   [Integer(answer.code), { "content-type" => "application/json" }, [answer.body]]
 end
-# Built in each worker on its first /herd (after the fork: its Redis connections are its own).
+# Built in each worker on its first /herd or /limited (after the fork: its Redis connections are
+# its own).
 herd = nil
 herd_lock = Mutex.new
+limit = nil
+limit_lock = Mutex.new
+limited = lambda do
+  limit_lock.synchronize do
+    limit ||= NeverBlock::RedisSemaphore.new("fleet-limited", Integer(ENV.fetch("NB_FLEET_LIMIT", "3")),
+                                             url: ENV.fetch("NB_FLEET_REDIS"), lease: 2)
+  end
+end
 
 run(lambda do |env|
   query = env["QUERY_STRING"].to_s
@@ -47,7 +62,20 @@ run(lambda do |env|
       herd ||= NeverBlock::Debouncer.new(fetch, store: NeverBlock::Debouncer::RedisStore.new(url: ENV.fetch("NB_FLEET_REDIS")))
     end
     herd.call(env)
+  when "/limited"
+    limited.call.acquire(timeout: Float(query.empty? ? "30" : query)) { fetch.call(env) }
+  when "/hold"
+    env["neverblock.mark_as_io_bound"]&.call
+    held = Enumerator.new do |stream|
+      limited.call.acquire do
+        stream << "#{host} #{Process.pid}\n"
+        sleep
+      end
+    end
+    [200, { "content-type" => "text/plain" }, held]
   else
     text.call("#{host} #{Process.pid}\n")
   end
+rescue NeverBlock::SemaphoreTimeout => e
+  [503, { "content-type" => "text/plain" }, ["#{e.message}\n"]]
 end)

@@ -18,7 +18,10 @@ module NeverBlock
     # @return [Integer] attempts after the first one.
     attr_reader :retries
 
-    # @param target [String] the server, for messages (no password in it).
+    # @param target [String, #call] the server, for messages (no password
+    #   in it); or a callable that returns it, called only when a message
+    #   is made (the driver's defaults, such as environment variables, are
+    #   then read as the driver reads them, when it connects).
     # @param errors [Array<Class>] the driver's connection errors: others
     #   propagate untouched.
     # @param retryable [#call] true for an error worth another attempt.
@@ -50,21 +53,26 @@ module NeverBlock
         @open.call
       rescue *@errors => e
         unless @retryable.call(e)
-          raise ConnectError, "cannot connect to #{@target} (not retried): #{first_line(e)}"
+          raise ConnectError, "cannot connect to #{target} (not retried): #{first_line(e)}"
         end
         if attempt <= @retries
           sleep(delay(attempt))
           retry
         end
         elapsed = Clock.now - started
-        raise ConnectError, "cannot connect to #{@target}: #{attempt} attempts in #{format('%.1f', elapsed)} s " \
-                            "failed; last error: #{first_line(e)}"
+        raise ConnectError, "cannot connect to #{target}: #{attempt} attempt#{'s' unless attempt == 1} in " \
+                            "#{format('%.1f', elapsed)} s failed; last error: #{first_line(e)}"
       end
     end
 
     # @return [String]
     def inspect
-      "#<#{self.class.name} #{@target} retries=#{@retries}>"
+      "#<#{self.class.name} #{target} retries=#{@retries}>"
+    end
+
+    # @return [String] the server, for messages.
+    def target
+      @target.respond_to?(:call) ? @target.call : @target
     end
 
     private

@@ -89,6 +89,18 @@ module NeverBlock
   class PoolTimeout < BaseError
   end
 
+  # Raised by `acquire(timeout:)` of {ServerSemaphore} and RedisSemaphore
+  # when no permit was free within the timeout.
+  class SemaphoreTimeout < BaseError
+  end
+
+  # Raised by RedisSemaphore (`require "neverblock/redis_semaphore"`) when
+  # Redis cannot be reached: it fails closed, the block does not run
+  # (unless it was made with `unavailable: :run`). The Redis client's error
+  # is the `cause`.
+  class SemaphoreUnavailable < BaseError
+  end
+
   # Raised by {FiberPool#spawn} after {FiberPool#shutdown}.
   class PoolClosed < BaseError
   end
@@ -98,6 +110,35 @@ module NeverBlock
   # for a refusal that retrying cannot fix (wrong password, unknown
   # database). The driver's error is the `cause`.
   class ConnectError < BaseError
+  end
+
+  # Raised by {Group#wait} ({NeverBlock.group}, {NeverBlock.map}) with
+  # `fail_fast: false` once every task has finished, when any failed: it
+  # carries every failure, each with its task and item, and the values of
+  # the tasks that succeeded, so that one failure does not lose the rest's
+  # work. Its `cause` is the first failure.
+  class GroupError < BaseError
+    # How many failures the message names; {#failures} has them all.
+    NAMED = 3
+
+    # @return [Array<Group::Failure>] every failure, in the order they
+    #   happened.
+    attr_reader :failures
+
+    # @return [Array] every task's value in spawn order (for map, input
+    #   order); nil for a task that failed.
+    attr_reader :values
+
+    # @param failures [Array<Group::Failure>] at least one.
+    # @param values [Array]
+    def initialize(failures, values)
+      @failures = failures
+      @values = values
+      named = failures.first(NAMED).join("; ")
+      more = failures.size > NAMED ? "; and #{failures.size - NAMED} more" : ""
+      super("#{failures.size} of #{values.size} #{values.size == 1 ? 'task' : 'tasks'} failed: #{named}#{more} " \
+            "(rescue NeverBlock::GroupError for #failures, each error with its task and item, and #values)")
+    end
   end
 
   # Raised when a scheduler is used after {Scheduler#close}.

@@ -73,12 +73,13 @@ module NeverBlock
     #   Should Ruby then fail to allocate its stack, the block waits for a
     #   busy fiber of the pool instead (or fails, if there is none).
     # @param detached [Boolean] true for a root task, not a child of the
-    #   task spawning it ({Task::Tree}).
+    #   task spawning it ({Task::Tree}, {NeverBlock.spawn}).
+    # @param internal [Boolean] @api private: see {Scheduler#spawn}.
     # @return [Task] the block's task.
     # @raise [PoolFull] when `queue_limit` blocks are already waiting.
     # @raise [PoolClosed] after {#shutdown}.
     # @raise [NoReactorError] outside {NeverBlock.run}.
-    def spawn(defer: false, detached: false, &block)
+    def spawn(defer: false, detached: false, internal: false, &block)
       raise ArgumentError, "FiberPool#spawn needs a block" unless block
       raise PoolClosed, "this FiberPool has been shut down" if @closed
 
@@ -90,7 +91,7 @@ module NeverBlock
 
       task = Task.new(scheduler, block)
       task.storage = Fiber.current.storage if STORAGE
-      scheduler.adopt(task, detached: detached)
+      scheduler.adopt(task, detached: detached, internal: internal)
       dispatch(scheduler, task, defer)
       task
     end

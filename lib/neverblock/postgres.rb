@@ -97,8 +97,8 @@ module NeverBlock
         params.merge!(PG::Connection.conninfo_parse(url).to_h { |opt| [opt[:keyword].to_sym, opt[:val]] }.compact) if url
         params.merge!(conninfo.transform_keys(&:to_sym))
         params[:connect_timeout] ||= DEFAULT_CONNECT_TIMEOUT
-        Connector.new(describe(params), errors: [PG::ConnectionBad], retryable: method(:retryable?),
-                                        retries: retries, backoff: backoff) do
+        Connector.new(-> { describe(params) }, errors: [PG::ConnectionBad], retryable: method(:retryable?),
+                                               retries: retries, backoff: backoff) do
           Connection.new(params)
         end
       end
@@ -114,11 +114,40 @@ module NeverBlock
 
       private
 
-      # user@host:port/dbname, never the password.
+      # The server as libpq resolves it when it connects, as a libpq URI
+      # (`psql` takes it): the parameters given (as pg passes them: `host:
+      # nil` is an empty host, the default Unix socket), else the PG*
+      # environment variables (PGHOST, PGPORT, PGUSER, PGDATABASE...), else
+      # libpq's defaults (port 5432, the OS user, the default Unix socket);
+      # never the password. `postgres://app@127.0.0.1:4198/app`,
+      # `postgres://app@/app?host=/var/run/postgresql&port=5432`. (A
+      # `service:` given as a parameter is not looked up.)
       def describe(params)
-        host = params[:host] || params[:hostaddr] || "localhost"
-        user = params[:user] ? "#{params[:user]}@" : ""
-        "postgres://#{user}#{host}:#{params[:port] || 5432}/#{params[:dbname] || params[:user]}"
+        given = begin
+          PG::Connection.conninfo_parse(PG::Connection.parse_connect_args(params))
+                        .to_h { |option| [option[:keyword].to_sym, option[:val]] }.compact
+        rescue PG::Error # a parameter libpq does not know: the connect failed on it, and its error says so
+          params.compact
+        end
+        settings = PG::Connection.conndefaults_hash.compact.merge(given)
+        value = ->(key) { settings[key].to_s unless settings[key].to_s.empty? }
+        user = value[:user]
+        host = value[:host]
+        hostaddr = value[:hostaddr]
+        port = value[:port] || "5432"
+        query = []
+        if host.nil? && hostaddr.nil? || host&.split(",", -1)&.any? { |name| name.empty? || name.start_with?("/", "@") }
+          authority = "" # a Unix socket: libpq's URI names it in the query
+          query << "host=#{host}" if host
+          query << "port=#{port}"
+        else
+          ports = port.split(",", -1).map { |each| each.empty? ? "5432" : each }
+          authority = (host || hostaddr).split(",", -1).each_with_index.map do |name, index|
+            "#{name}:#{ports[index] || ports.last}"
+          end.join(",")
+        end
+        query << "hostaddr=#{hostaddr}" if host && hostaddr
+        "postgres://#{"#{user}@" if user}#{authority}/#{value[:dbname] || user}#{"?#{query.join('&')}" unless query.empty?}"
       end
     end
   end

@@ -231,22 +231,27 @@ module NeverBlock
     # itself (outside any task), the task starts on the next turn instead.
     #
     # The task is a child of the task that spawns it ({Task::Tree}), unless
-    # `detached`.
+    # `detached`: then it is a root, which records where it was spawned
+    # ({Task#spawned_at}) and joins the scope of the spawning task's tree
+    # (a server's, for one spawned from a request: {Server::AppTasks}).
     #
     # @param observed [Boolean] true if the caller will collect the result,
     #   so a failure is not logged.
     # @param detached [Boolean] true for a root task, which nothing cancels
     #   when the spawning task ends.
+    # @param internal [Boolean] @api private: with `detached`, a task of
+    #   NeverBlock's own (a server's accept loop, a log flush), which records
+    #   nothing and belongs to no scope: whoever started it ends it.
     # @return [Task]
     # @raise [ClosedError] after {#close}.
-    def spawn(observed: false, detached: false, &block)
+    def spawn(observed: false, detached: false, internal: false, &block)
       raise ArgumentError, "spawn needs a block" unless block
       raise ClosedError, "this NeverBlock scheduler is closed" if @closed
 
       claim_thread
 
       task = Task.new(self, block, observed: observed)
-      Task.current&.adopt_child(task) unless detached
+      place(task, detached, internal)
       @tasks[task] = true
       start(task)
       task
@@ -254,12 +259,11 @@ module NeverBlock
 
     # @api private
     # Registers a task created elsewhere (FiberPool) as live, so the loop
-    # runs until it finishes; unless `detached`, as a child of the task
-    # spawning it.
-    def adopt(task, detached: false)
+    # runs until it finishes; placed in the tree as {#spawn} places it.
+    def adopt(task, detached: false, internal: false)
       raise ClosedError, "this NeverBlock scheduler is closed" if @closed
 
-      Task.current&.adopt_child(task) unless detached
+      place(task, detached, internal)
       @tasks[task] = true
     end
 
@@ -491,6 +495,18 @@ module NeverBlock
     end
 
     # --- Starting ----------------------------------------------------------
+
+    # A new task's place in the tree ({#spawn}): a child of the spawning
+    # task, NeverBlock's own root, or the app's.
+    def place(task, detached, internal)
+      if !detached
+        Task.current&.adopt_child(task)
+      elsif internal
+        task.internal!
+      else
+        task.root_from(Task.current, true)
+      end
+    end
 
     # Starts a task (or a raw fiber) at once; it runs until its first wait.
     # From a task, the caller waits meanwhile in the selector's ready queue;

@@ -4,7 +4,9 @@ module NeverBlock
   # A counting semaphore: at most `limit` holders at once, the others wait
   # in line (first come, first served). Inside NeverBlock a waiter suspends
   # only its fiber; it works across threads too, so one semaphore can bound
-  # a whole worker process.
+  # a whole worker process, but one process only: each forked worker of a
+  # server has its own (with `-w 2`, `Semaphore.new(3)` lets 6 run at once;
+  # {ServerSemaphore} bounds every process of a machine, {RedisSemaphore} a fleet).
   #
   #   STRIPE = NeverBlock::Semaphore.new(5) # at most 5 calls at once
   #   STRIPE.acquire { Stripe::Charge.retrieve(id) }

@@ -22,17 +22,24 @@ require_relative "server/refusal_log"
 require_relative "server/metrics"
 require_relative "server/request_tracer"
 require_relative "server/hangup_watch"
+require_relative "server/hangup_log"
+require_relative "server/hijacks"
 require_relative "server/context"
 require_relative "server/acceptor"
+require_relative "server/request_expiry"
 require_relative "server/exchange"
+require_relative "server/streamed_response"
 require_relative "server/parking"
 require_relative "server/connection"
+require_relative "server/app_tasks"
 require_relative "server/introspection"
 require_relative "server/cluster_interface"
 require_relative "server/cluster/hot_restart"
 require_relative "server/cluster/watchdog"
 require_relative "server/cluster/refork"
 require_relative "server/cluster/stopping"
+require_relative "server/cluster/rollout"
+require_relative "server/cluster/counters"
 require_relative "server/cluster"
 require_relative "server/cluster/child"
 require_relative "server/cluster/settings"
@@ -85,9 +92,14 @@ module NeverBlock
   # - `rack.hijack`, full and partial: an Upgrade or CONNECT request reaches
   #   the app, which may take the socket (a WebSocket handshake); if it does
   #   not, the connection closes after its response. A hijacked socket is
-  #   the app's: the server neither counts nor closes it, also on {#stop}; a
-  #   task the app spawns to serve it keeps {#run} from returning until it
-  #   ends. An upgrade whose client sent more bytes right behind it, before
+  #   the app's: the server neither reads, writes nor counts it; it closes
+  #   it only to end the request's work that serves it ({Hijacks}: at
+  #   `request_timeout` unless the app opts out with {HIJACK_TIMEOUT}, when
+  #   the client hangs up, at a stop after `shutdown_timeout`). A socket the
+  #   app hands out of the request's task tree (a thread of its own) is left
+  #   to it, also on {#stop}; a task the app spawns detached to serve it runs
+  #   until it ends, or until {#stop} cancels it after the drain ({AppTasks}).
+  #   An upgrade whose client sent more bytes right behind it, before
   #   its response, is refused with 400, since those bytes could not reach
   #   the app (see {Parser}).
   # - An access log, off by default (`access_log:`, see {AccessLog}).
@@ -111,6 +123,13 @@ module NeverBlock
     # {Server.mark_as_io_bound}. A request that computes after calling it
     # computes unlimited: call it where only waiting is left.
     MARK_AS_IO_BOUND = "neverblock.mark_as_io_bound"
+
+    # The Rack env key an app sets to false (`env["neverblock.hijack_timeout"]
+    # = false`) before its call returns, to keep `request_timeout` from
+    # closing the socket it hijacked (a WebSocket meant to outlive it) and
+    # cancelling the tasks it spawned to serve it ({Hijacks}). The call
+    # itself is bounded all the same.
+    HIJACK_TIMEOUT = "neverblock.hijack_timeout"
 
     # Marks the request of `env` IO-bound (see {MARK_AS_IO_BOUND}); does
     # nothing outside NeverBlock::Server.
@@ -178,6 +197,10 @@ module NeverBlock
     #   of workers is forked from it; the next count is for that generation,
     #   the last repeats unless it is `false` ({Cluster::Settings}). Linux
     #   only (ArgumentError elsewhere).
+    # @param refork_when [#call, nil] called with its index in each worker,
+    #   on its loop, until it returns true: the worker is warm (its caches
+    #   built), and only a warm worker is promoted for `refork_after`
+    #   ({Cluster::Settings}); nil (the default): every worker is.
     # @param worker_timeout [Numeric, nil] seconds a worker's loop may stay
     #   held by one fiber before the master kills and replaces it (see
     #   {Cluster::Settings}; default 60, nil: never).
@@ -232,7 +255,7 @@ module NeverBlock
     def initialize(app, bind: ["tcp://0.0.0.0:9292"], workers: Etc.nprocessors, fiber_pool: 1000,
                    adaptive_limit: true, before_fork: nil, on_worker_boot: nil, before_worker_shutdown: nil,
                    after_worker_exit: nil, on_booted: nil, on_restart: nil, before_refork: nil, refork_after: nil,
-                   status_path: nil, access_log: nil, access_log_format: :common,
+                   refork_when: nil, status_path: nil, access_log: nil, access_log_format: :common,
                    worker_timeout: 60, worker_boot_timeout: nil, max_requests: nil, max_requests_jitter: nil,
                    max_memory: nil, memory_metric: :rss, supervise: [], control: nil, control_token: nil, early_hints: false,
                    opentelemetry: false, cancel_on_hangup: true, **limits)
@@ -253,7 +276,8 @@ module NeverBlock
       @supervision = Cluster::Settings.build(worker_timeout: worker_timeout, worker_boot_timeout: worker_boot_timeout,
                                              max_requests: max_requests, max_requests_jitter: max_requests_jitter,
                                              max_memory: max_memory, memory_metric: memory_metric, supervise: supervise,
-                                             control: control, control_token: control_token, refork_after: refork_after)
+                                             control: control, control_token: control_token, refork_after: refork_after,
+                                             refork_when: refork_when)
       if @workers.zero? && @supervision.supervise.any?
         NeverBlock.logger.warn("NeverBlock::Server: supervise needs a master (workers: 1 or more); with workers: 0 " \
                                "nothing runs #{@supervision.supervise.map { |command| Array(command).join(' ') }.join(', ')}")
@@ -290,9 +314,11 @@ module NeverBlock
 
     # Serves until {#stop}. With `workers: 0` it runs its own NeverBlock
     # loop on this thread (or, called inside a running loop, in it) and
-    # returns once the listeners are closed and in-flight requests have
-    # finished or been cancelled after `shutdown_timeout`. With workers it is
-    # the master of a {Cluster} and returns when every worker has exited.
+    # returns once the listeners are closed, in-flight requests have
+    # finished or been cancelled after `shutdown_timeout`, and what they
+    # left running (detached tasks) was cancelled and has ended. With
+    # workers it is the master of a {Cluster} and returns when every worker
+    # has exited.
     # @param handle_signals [Boolean] with `workers: 0`, stop gracefully on
     #   TERM and INT while running (a master always does).
     # @return [void]
@@ -336,13 +362,14 @@ module NeverBlock
       RailsIntegration.before_serving
       NeverBlock.run do
         @scheduler = NeverBlock.current_scheduler!
+        @serving_task = NeverBlock.current_task # for TaskDump: the server's own
         @admission.start
         # Before the acceptors: a connection already in the backlog is served at once.
-        @sweeper = NeverBlock.spawn(detached: true) { @context.idle_sweeper.run }
+        @sweeper = NeverBlock.spawn(detached: true, internal: true) { @context.idle_sweeper.run }
         @acceptor.start(joined_handoff)
-        @serving_tasks = @serving_jobs.map { |job| NeverBlock.spawn(detached: true, &job) }
-        @serving_tasks << NeverBlock.spawn(detached: true) { @metrics.probe_loop_lag } if @metrics
-        @serving_tasks << NeverBlock.spawn(detached: true) { @context.hangup_watch.run } if @context.hangup_watch
+        @serving_tasks = @serving_jobs.map { |job| NeverBlock.spawn(detached: true, internal: true, &job) }
+        @serving_tasks << NeverBlock.spawn(detached: true, internal: true) { @metrics.probe_loop_lag } if @metrics
+        @serving_tasks << NeverBlock.spawn(detached: true, internal: true) { @context.hangup_watch.run } if @context.hangup_watch
         @on_ready&.call
         if @workers.zero?
           call_hook(:on_booted)
@@ -362,8 +389,14 @@ module NeverBlock
     # closed after up to {STOP_IDLE_GRACE} seconds in which a request that
     # was already on its way is still answered (with `connection: close`);
     # requests in flight finish (their connections then close) for
-    # up to `shutdown_timeout` seconds and are cancelled after that.
-    # {#run} then returns. Safe from any thread and from a signal handler.
+    # up to `shutdown_timeout` seconds and are cancelled after that. Then
+    # the tasks the requests left running (spawned `detached: true`, a
+    # `Fiber.schedule` fiber, those serving a hijacked socket) are cancelled,
+    # each logged with where it was spawned, and waited for within what is
+    # left of `shutdown_timeout` (at least {AppTasks::LEAST_WAIT} seconds;
+    # one still running then is logged with its backtrace, and still waited
+    # for). {#run} then returns. Safe from any thread and from a signal
+    # handler.
     # @param last [Boolean] (a worker's) the whole server stops, so what
     #   the kernel queued is taken in and answered before the listeners
     #   close ({Acceptor#take_backlog}); a worker replaced in a restart
@@ -403,7 +436,8 @@ module NeverBlock
       options = @request_path
       @admission = Admission.new(size: options[:fiber_pool], adaptive_limit: options[:adaptive_limit])
       @sweeper = nil # the task running the IdleSweeper, while serving
-      @acceptor = Acceptor.new(@admission, @limits, @listeners, @workers)
+      @app_tasks = AppTasks.new # what the app leaves running past its requests
+      @acceptor = Acceptor.new(@admission, @limits, @listeners, @workers, @app_tasks)
       @acceptor.context = @context = Context.new(app: @app, limits: @limits, admission: @admission, access_log: @access_log,
                                                  idle_sweeper: IdleSweeper.new(@limits.idle_timeout), acceptor: @acceptor,
                                                  early_hints: options[:early_hints], opentelemetry: options[:opentelemetry],
@@ -411,6 +445,7 @@ module NeverBlock
       @serving_jobs = [] # blocks run in tasks of their own while serving (#while_serving)
       @serving_tasks = [] # those tasks
       @scheduler = nil
+      @serving_task = nil # the task running #serve_here
       @stop_requested = false
       @last_stop = false
     end
@@ -422,8 +457,15 @@ module NeverBlock
     # `idle_timeout`) for a request already on its way, which is answered
     # with `connection: close` (closing them at once would lose it: the
     # client sees EOF or a reset, and must not retry a POST), requests in
-    # flight get `shutdown_timeout` seconds ({Acceptor#drain}).
+    # flight get `shutdown_timeout` seconds ({Acceptor#drain}). Then what
+    # the app left running past its requests (a detached poller, the tasks
+    # serving hijacked sockets) is cancelled and waited for, within what is
+    # left of `shutdown_timeout` counted from the stop's start
+    # ({AppTasks#cancel_left}), and the hijacked sockets are closed
+    # ({Hijacks#close}): the loop, and so {#run}, ends only when every task
+    # has.
     def shutdown
+      deadline = Clock.now + @limits.shutdown_timeout
       @context.stopping = true
       @context.handoff&.close # siblings send no more; the Acceptor takes up what they sent
       @systemd&.stopping # (and its watchdog pings end)
@@ -433,10 +475,13 @@ module NeverBlock
       @acceptor.take_backlog if @last_stop || @workers.zero?
       @listeners.each(&:close) unless @keep_listeners
       @acceptor.drain([STOP_IDLE_GRACE, @limits.idle_timeout].min)
+      @context.hijacks.stop # their tasks are among what the app left running
       # The sweeper last: a connection may begin an idle wait after the
       # above (a TLS handshake that ends now), and then closes in idle_timeout.
       @sweeper&.cancel
       @acceptor.close
+      @app_tasks.cancel_left(@scheduler, deadline, "NeverBlock::Server:#{" worker #{@worker_index} (pid #{Process.pid})" if @worker_index}")
+      @context.hijacks.close
     end
   end
 end

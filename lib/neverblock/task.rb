@@ -1,5 +1,6 @@
 # frozen_string_literal: true
 
+require_relative "task/spawn_site"
 require_relative "task/tree"
 
 module NeverBlock
@@ -44,8 +45,9 @@ module NeverBlock
       @telemetry = ::OpenTelemetry::Context.current if defined?(::OpenTelemetry::Context)
       # Set when needed (nil until then): @result, @fiber, @waiters,
       # @cancel_requested, @location, @owner, @storage, and the tree's
-      # @parent, @seq, @children, @spawned, @reaper, @ending. Spawning is a
-      # hot path, and each assignment here is paid by every task.
+      # @parent, @seq, @children, @spawned, @reaper, @ending, and a root's
+      # @scope, @spawned_at, @internal. Spawning is a hot path, and each
+      # assignment here is paid by every task.
     end
 
     # @return [Fiber, nil] the fiber running the task, nil when it is not

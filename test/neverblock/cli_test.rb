@@ -83,6 +83,36 @@ class CLITest < PlainTest
     end
   end
 
+  # The command line was right: a mistyped setting in the -C file is its
+  # error (file and line) and where the settings are listed, not --help.
+  def test_a_mistyped_config_setting_prints_its_error_and_where_the_settings_are_listed
+    Dir.mktmpdir do |dir|
+      File.write(File.join(dir, "config.ru"), "run ->(_env) { [200, {}, []] }\n")
+      config = File.join(dir, "neverblock.rb")
+      File.write(config, "workers 2\nworker 5\n")
+      _out, err, status = neverblock("serve", File.join(dir, "config.ru"), "-C", config)
+      assert_equal 64, status.exitstatus
+      docs = File.expand_path("../../docs/server.md", __dir__)
+      lines = err.lines(chomp: true)
+      assert_equal 2, lines.size, err
+      assert_match(/\Aneverblock serve: #{Regexp.escape(config)}:2: unknown setting worker \(known: .*workers/, lines[0])
+      assert_equal "The settings a config file takes are listed in #{docs}, \"The config file\".", lines[1]
+      assert File.file?(docs)
+    end
+  end
+
+  def test_a_bad_size_in_the_config_file_names_the_file
+    Dir.mktmpdir do |dir|
+      File.write(File.join(dir, "config.ru"), "run ->(_env) { [200, {}, []] }\n")
+      config = File.join(dir, "neverblock.rb")
+      File.write(config, "max_memory \"1Q\"\n")
+      _out, err, status = neverblock("serve", File.join(dir, "config.ru"), "-C", config)
+      assert_equal 64, status.exitstatus
+      assert_equal "neverblock serve: #{config}: max_memory 1Q (bytes, or a number with K, M or G)", err.lines.first.chomp
+      refute_match(/Usage:/, err)
+    end
+  end
+
   def test_an_exception_in_the_script_fails_the_command
     _out, err, status = neverblock("-e", "raise 'script failed'")
     refute status.success?

@@ -33,13 +33,56 @@ class GroupTest < NeverBlockTest
     assert cleaned
   end
 
-  def test_every_failure_is_reachable_on_the_group
+  def test_every_failure_is_reachable_on_the_group_with_its_task_and_item
     group = NeverBlock::Group.new(fail_fast: false)
-    group.spawn { raise ArgumentError, "one" }
-    group.spawn { sleep 0.01; raise KeyError, "two" }
+    one = group.spawn("https://a.example/") { raise ArgumentError, "one" }
+    two = group.spawn { sleep 0.01; raise KeyError, "two" }
     group.spawn { :fine }
-    assert_raises(ArgumentError) { group.wait }
+    assert_raises(NeverBlock::GroupError) { group.wait }
     assert_equal %w[one two], group.errors.map(&:message)
+    assert_equal [[one, 0, "https://a.example/"], [two, 1, nil]], group.failures.map { |f| [f.task, f.index, f.item] }
+  end
+
+  # fail_fast: false waits for every task, however many fail before it
+  # ends, then raises every failure together, with the values of the rest.
+  def test_without_fail_fast_every_task_runs_and_the_failures_are_raised_together
+    finished = []
+    error = assert_raises(NeverBlock::GroupError) do
+      NeverBlock.group(fail_fast: false) do |group|
+        group.spawn { raise ArgumentError, "bad input" }
+        group.spawn { sleep 0.02; finished << 1; :one }
+        group.spawn { sleep 0.01; raise KeyError, "no such key" }
+        group.spawn { sleep 0.03; finished << 3; :three }
+      end
+    end
+    assert_equal [1, 3], finished
+    assert_equal [nil, :one, nil, :three], error.values
+    assert_equal [[ArgumentError, 0], [KeyError, 2]], error.failures.map { |f| [f.error.class, f.index] }
+    assert_kind_of NeverBlock::Error, error
+    assert_kind_of ArgumentError, error.cause
+    assert_equal "2 of 4 tasks failed: task 0: ArgumentError: bad input; task 2: KeyError: no such key " \
+                 "(rescue NeverBlock::GroupError for #failures, each error with its task and item, and #values)",
+                 error.message
+  end
+
+  def test_without_fail_fast_and_no_failure_the_values_come_back
+    values = NeverBlock.group(fail_fast: false) { |group| 3.times { |index| group.spawn { sleep 0.01; index } } }
+    assert_equal [0, 1, 2], values
+  end
+
+  def test_a_group_error_names_the_first_failures_and_counts_the_rest
+    error = assert_raises(NeverBlock::GroupError) do
+      NeverBlock.group(fail_fast: false) { |group| 5.times { |index| group.spawn(index) { raise "no #{index}" } } }
+    end
+    assert_match(/\A5 of 5 tasks failed: task 0 \(item 0\): RuntimeError: no 0; task 1 .*; task 2 .*no 2; and 2 more /,
+                 error.message)
+    assert_equal 5, error.failures.size
+  end
+
+  def test_a_fail_fast_that_is_not_a_boolean_is_refused
+    error = assert_raises(ArgumentError) { NeverBlock::Group.new(fail_fast: nil) }
+    assert_match(/fail_fast must be true .* or false .*, got nil/, error.message)
+    assert_raises(ArgumentError) { NeverBlock.group(fail_fast: "no") { |_group| nil } }
   end
 
   def test_a_group_whose_block_raises_cancels_its_tasks
@@ -128,6 +171,15 @@ class GroupTest < NeverBlockTest
   def test_a_group_outside_neverblock_runs_its_own_loop
     values = Thread.new { NeverBlock.group { |group| 2.times { |index| group.spawn { sleep 0.01; index } } } }.value
     assert_equal [0, 1], values
+  end
+
+  def test_a_group_made_with_new_and_a_limit
+    running = 0
+    most = 0
+    group = NeverBlock::Group.new(limit: 2)
+    6.times { |index| group.spawn { running += 1; most = [most, running].max; sleep 0.01; running -= 1; index } }
+    assert_equal (0...6).to_a, group.wait
+    assert_equal 2, most
   end
 
   def test_a_bad_limit_is_refused

@@ -55,6 +55,29 @@ class MapTest < NeverBlockTest
     assert_equal 4, cancelled
   end
 
+  # A crawler that keeps what it fetched: every item is mapped, and the
+  # failures come together at the end, each with its item and index.
+  def test_without_fail_fast_every_item_is_mapped_and_each_failure_names_its_item
+    mapped = []
+    error = assert_raises(NeverBlock::GroupError) do
+      NeverBlock.map(%w[/a /b /c /d /e], concurrency: 2, fail_fast: false) do |path|
+        sleep 0.01
+        raise IOError, "#{path}: connection reset" if %w[/b /d].include?(path)
+
+        mapped << path
+        "page #{path}"
+      end
+    end
+    assert_equal %w[/a /c /e], mapped.sort
+    assert_equal ["page /a", nil, "page /c", nil, "page /e"], error.values
+    assert_equal [["/b", 1], ["/d", 3]], error.failures.map { |failure| [failure.item, failure.index] }.sort
+    assert_match(%r{task 1 \(item "/b"\): IOError: /b: connection reset}, error.message)
+  end
+
+  def test_without_fail_fast_and_no_failure_it_is_a_plain_map
+    assert_equal [2, 4, 6], NeverBlock.map([1, 2, 3], fail_fast: false) { |x| x * 2 }
+  end
+
   def test_empty_input
     assert_equal [], NeverBlock.map([]) { |x| x }
   end
@@ -89,5 +112,12 @@ class MapOutsideLoopTest < PlainTest
     time = elapsed { assert_equal [1, 2, 3, 4], NeverBlock.map([1, 2, 3, 4]) { |x| sleep 0.5; x } }
     assert_operator time, :<, 1.5 # one at a time: 2 s
     assert_nil Fiber.scheduler
+  end
+
+  def test_fail_fast_false_outside_a_loop
+    error = assert_raises(NeverBlock::GroupError) do
+      NeverBlock.map([1, 2], fail_fast: false) { |x| x == 2 ? raise("no #{x}") : x }
+    end
+    assert_equal [1, nil], error.values
   end
 end

@@ -196,6 +196,18 @@ class TaskTest < NeverBlockTest
     assert_equal [0.03, 0.01, 0.02], NeverBlock.wait_all(tasks)
   end
 
+  def test_wait_all_refuses_what_is_not_a_task_and_waits_for_nothing
+    task = NeverBlock.spawn { sleep 0.01; :done }
+    error = assert_raises(ArgumentError) { NeverBlock.wait_all([task, 1]) }
+    assert_equal "NeverBlock.wait_all takes tasks (what NeverBlock.spawn and Group#spawn return), got 1 (Integer) " \
+                 "at index 1; to run blocks and wait for their values, use NeverBlock.group or NeverBlock.map",
+                 error.message
+    refute task.observed?, "no task was marked as collected by a wait_all that refused its list"
+    not_a_list = assert_raises(ArgumentError) { NeverBlock.wait_all(task) }
+    assert_match(/takes a list of tasks, got #<NeverBlock::Task/, not_a_list.message)
+    assert_equal [:done], NeverBlock.wait_all([task])
+  end
+
   def test_wait_all_raises_the_first_failure_after_all_finished
     finished = []
     tasks = [

@@ -125,6 +125,27 @@ class TaskTreeTest < NeverBlockTest
     assert_equal :still_here, detached.value
   end
 
+  # The first frame outside NeverBlock: the app's line, not NeverBlock.spawn
+  # or FiberPool#spawn; a task spawned otherwise records none (its block's
+  # location is in #inspect).
+  def test_a_detached_task_records_where_the_app_spawned_it
+    pool = NeverBlock::FiberPool.new(size: 1)
+    spawned = NeverBlock.spawn(detached: true) { :done }
+    pooled = pool.spawn(detached: true) { :done }
+    through_a_method = spawn_detached_here
+    child = NeverBlock.spawn { :done }
+    here = __LINE__ - 4
+    assert_equal [[__FILE__, here], [__FILE__, here + 1], [__FILE__, DETACHED_HELPER_LINE]],
+                 [spawned, pooled, through_a_method].map { |task| [task.spawned_at.path, task.spawned_at.lineno] }
+    assert_nil child.spawned_at
+    [spawned, pooled, through_a_method, child].each(&:wait)
+  ensure
+    pool&.shutdown
+  end
+
+  DETACHED_HELPER_LINE = __LINE__ + 1
+  def spawn_detached_here = NeverBlock.spawn(detached: true) { :done }
+
   def test_a_pool_task_is_a_child_too_and_a_queued_one_is_cancelled_unrun
     pool = NeverBlock::FiberPool.new(size: 1)
     ran = []

@@ -39,6 +39,7 @@ module NeverBlock
     #   on_booted { puts "all workers accept" }
     #   on_restart { puts "rolling restart" }
     #   before_refork { |index| MyStats.disconnect }   # in the mold, before it forks
+    #   refork_when { |index| Rails.cache.exist?("warm") }   # only a worker for which it is true becomes the mold
     #   solid_queue true                   # supervise bin/jobs (as SOLID_QUEUE_IN_PUMA does)
     #   control "tcp://127.0.0.1:9293"     # /metrics, /stats, /tasks, neverblock ctl; control_token "secret"
     #   supervise "bin/sidekiq -C config/sidekiq.yml"   # any command kept running; repeatable
@@ -55,7 +56,8 @@ module NeverBlock
                 after_worker_exit: "with the index and Process::Status, in the master, of each worker that exits",
                 on_booted: "in the master, once every worker accepts",
                 on_restart: "in the master, as a rolling restart (USR2) begins",
-                before_refork: "with its worker index, in the worker promoted to mold, before it forks the next generation" }.freeze
+                before_refork: "with its worker index, in the worker promoted to mold, before it forks the next generation",
+                refork_when: "with its worker index, in each worker until it returns true: the worker is warm and may become the mold" }.freeze
 
       # @param path [String]
       # @return [Hash] the options the file sets (`:bind` an Array, `:limits`

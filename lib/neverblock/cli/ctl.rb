@@ -3,6 +3,7 @@
 require "optparse"
 require "json"
 require_relative "ctl/exchange"
+require_relative "ctl/task_report"
 
 module NeverBlock
   class CLI
@@ -27,7 +28,8 @@ module NeverBlock
         answer within the timeout or could not be reached, 64 on a usage error.
         Commands: #{COMMANDS.keys.join(', ')}
           stats            the master's and every worker's state, as JSON
-          tasks            every worker's requests in flight with their backtraces
+          tasks            every worker's tasks by kind (requests in flight, children,
+                           detached) with where each comes from and its backtrace, as text
           metrics          the cluster's metrics in Prometheus's text format
           phased-restart   replace the workers one at a time (as USR2)
           restart          a hot restart: the master executes itself again (as HUP)
@@ -58,7 +60,7 @@ module NeverBlock
 
         method, path = COMMANDS.fetch(command)
         status, body = Exchange.new(@url, @timeout).request(method, path, @token)
-        (status == 200 ? @out : @err).puts(pretty(body))
+        (status == 200 ? @out : @err).puts(status == 200 && command == "tasks" ? TaskReport.render(body) : pretty(body))
         status == 200 ? 0 : 1
       rescue OptionParser::ParseError => e
         usage_error(e.message)

@@ -166,20 +166,28 @@ module NeverBlock
         end
       end
 
-      # Takes what the file sets, except what the command line gave.
+      # Takes what the file sets, except what the command line gave. A
+      # setting the file gets wrong ends the command with its error (the
+      # file and line) and where the settings are listed, not the whole
+      # --help: the command line was right.
       def apply_config_file(file)
         raise ArgumentError, "no such config file: #{file}" unless File.file?(file)
 
         require_relative "config_file"
-        config = ConfigFile.load(file)
+        begin
+          config = ConfigFile.load(file)
+          %i[fiber_stack_size max_memory].each do |key|
+            config[key] = ConfigFile.bytes(config[key], key.to_s) if config[key].is_a?(String)
+          end
+        rescue ArgumentError => e
+          message = e.message.start_with?(file) ? e.message : "#{file}: #{e.message}"
+          throw :done, config_error(message)
+        end
         binds = config.delete(:bind)&.map { |url| expand_tls_paths(url, File.dirname(file)) }
         @options[:supervise] = config.delete(:supervise) + @options[:supervise] if config.key?(:supervise)
         @options[:bind] = binds if binds && @options[:bind].empty?
         @options[:limits] = config.delete(:limits).merge(@options[:limits]) if config.key?(:limits)
         %i[pidfile log].each { |key| config[key] &&= File.expand_path(config[key], File.dirname(file)) }
-        %i[fiber_stack_size max_memory].each do |key|
-          config[key] = parse_size(config[key], key.to_s) if config[key].is_a?(String)
-        end
         config.each { |key, value| @options[key] = value unless @given.include?(key) }
       end
 
@@ -325,7 +333,7 @@ module NeverBlock
         options[:access_log_format] = opts[:access_log_format] if opts[:access_log_format]
         %i[shutdown_timeout request_timeout max_connections max_body max_requests max_requests_jitter max_memory memory_metric
            worker_boot_timeout before_fork before_worker_shutdown after_worker_exit on_booted on_restart control
-           control_token refork_after before_refork].each do |key|
+           control_token refork_after before_refork refork_when].each do |key|
           options[key] = opts[key] if opts[key]
         end
         options[:worker_timeout] = opts[:worker_timeout] if opts.key?(:worker_timeout)
@@ -343,6 +351,17 @@ module NeverBlock
 
       def usage_error(message)
         @err.puts("neverblock serve: #{message}\n\n#{parser}")
+        64
+      end
+
+      # Where a config file's settings are listed: the docs this gem ships.
+      SETTINGS_LISTED = "The settings a config file takes are listed in " \
+                        "#{File.expand_path('../../../docs/server.md', __dir__)}, \"The config file\"."
+
+      # A config file's error (it names the file and line): that, and where
+      # the settings are listed; the exit status of a usage error.
+      def config_error(message)
+        @err.puts("neverblock serve: #{message}\n#{SETTINGS_LISTED}")
         64
       end
     end

@@ -40,7 +40,7 @@ module NeverBlock
       #   followers then get 502 rather than wait on a call that never ran).
       def start
         if NeverBlock.neverblocking?
-          task = NeverBlock.spawn(detached: true) { run } # it answers the followers too
+          task = NeverBlock.spawn(detached: true, internal: true) { run } # it answers the followers too
           task.value if task.status == :failed && !@completed # no fiber for it (raises why)
         else
           Thread.new { run }.report_on_exception = false

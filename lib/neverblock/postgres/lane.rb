@@ -41,7 +41,10 @@ module NeverBlock
       NO_PARAMS = [].freeze
       # A request's outcome until its result (or error) comes.
       PENDING = Object.new.freeze
-      private_constant :QUEUED_SYNC, :BATCHED, :CONNECTION_ENDING, :NO_PARAMS, :PENDING
+      # Raised in the reader at its wait when the lane failed in another
+      # fiber (see #stop_reader); #read rescues it.
+      ReaderStopped = Class.new(StandardError)
+      private_constant :QUEUED_SYNC, :BATCHED, :CONNECTION_ENDING, :NO_PARAMS, :PENDING, :ReaderStopped
 
       # @param pool [ConnectionPool]
       # @param on_release [#call] called with the lane when it stops taking
@@ -51,6 +54,7 @@ module NeverBlock
         @on_release = on_release
         @pending = []
         @reading = false
+        @reader = nil
         @open = true
         @conn = pool.checkout(owner: self)
         begin
@@ -235,9 +239,12 @@ module NeverBlock
         release if !@open && !@reading
       end
 
-      # The reader fiber: results in order until nothing is in flight.
+      # The reader fiber: results in order until nothing is in flight. It is
+      # @reader while it runs: its Task on NeverBlock's loop, its Fiber
+      # under another scheduler (see #stop_reader).
       def read
         @reading = true
+        @reader = Fiber.scheduler.is_a?(Scheduler) ? Task.current : Fiber.current
         while true # rubocop:disable Style/InfiniteLoop
           until @pending.empty?
             request = @pending.first
@@ -258,6 +265,7 @@ module NeverBlock
       rescue Exception => e # rubocop:disable Lint/RescueException -- delivered to every waiter
         fail(e)
       ensure
+        @reader = nil
         @reading = false
         close if @pending.empty?
         release unless @open
@@ -311,7 +319,8 @@ module NeverBlock
       end
 
       # The connection is unusable: every statement in flight gets
-      # {OutcomeUnknown}, with what broke it as its cause.
+      # {OutcomeUnknown}, with what broke it as its cause, and a reader
+      # still waiting is stopped (from a sender: #stop_reader).
       def fail(error)
         @failed = true
         pending = @pending.slice!(0..)
@@ -320,6 +329,36 @@ module NeverBlock
           pending.each { |request| answer(request, unknown) }
         end
         close
+        stop_reader
+      end
+
+      # Interrupts the reader at its wait when the lane failed in another
+      # fiber (a sender's #enqueue or #flush); its #read then ends, and
+      # gives the connection back.
+      #
+      # Why it must be told: libpq closes a connection's socket as soon as
+      # any call on it reads the end of the connection, and a sender's
+      # calls read too (a write that fails makes libpq read what the server
+      # said; after an error, until its sync point, libpq writes each
+      # statement as it is queued). The reader may be waiting on that same
+      # socket in the selector meanwhile, and epoll drops a closed
+      # descriptor without waking its waiter: the reader would wait forever,
+      # the lane would keep its connection, and the loop would never end.
+      # It has nothing left to read: every statement in flight has its
+      # outcome.
+      #
+      # On NeverBlock's loop through Scheduler#interrupt (delivered at the
+      # reader's wait, only while its task still runs); under another
+      # scheduler through its `raise(fiber, exception)` if it has one
+      # (async's); without one, the reader ends when its wait does.
+      def stop_reader
+        reader = @reader or return
+        stop = ReaderStopped.new("the lane's connection was lost in another fiber")
+        if reader.is_a?(Task)
+          reader.scheduler.interrupt(reader, stop) unless reader.fiber.equal?(Fiber.current)
+        elsif !reader.equal?(Fiber.current) && (scheduler = Fiber.scheduler).respond_to?(:raise)
+          scheduler.raise(reader, stop)
+        end
       end
 
       def outcome_unknown(error)

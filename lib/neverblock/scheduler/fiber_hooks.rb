@@ -41,6 +41,7 @@ module NeverBlock
 
         claim_thread
         task = Task.new(self, block, raw: true)
+        task.root_from(Task.current, false) # a root, as Ruby specifies; no spawn site: Ruby's hook, its own cost
         @tasks[task] = true
         fiber = new_task_fiber(task)
         if Fiber.current.equal?(@loop)

@@ -33,12 +33,15 @@ module NeverBlock
       # @param listeners [Array<Listener>]
       # @param workers [Integer] the server's worker count (0 or 1: this is
       #   the listeners' only worker).
-      def initialize(admission, limits, listeners, workers)
+      # @param app_tasks [AppTasks] the scope every connection's task is
+      #   put in, and so what the app starts from its requests.
+      def initialize(admission, limits, listeners, workers, app_tasks)
         @admission = admission
         admission.on_release = self
         @limits = limits
         @listeners = listeners
         @workers = workers
+        @app_tasks = app_tasks
         @context = nil
         @connections = {}.compare_by_identity
         @pool = nil
@@ -68,13 +71,13 @@ module NeverBlock
         @scheduler = NeverBlock.current_scheduler!
         @pool = FiberPool.new(size: @limits.max_connections, queue_limit: 0) # keeps FiberPool::IDLE_LIMIT fibers after a burst
         start_idle_set
-        @tasks = @listeners.map { |listener| NeverBlock.spawn(detached: true) { accept_loop(listener) } }
+        @tasks = @listeners.map { |listener| NeverBlock.spawn(detached: true, internal: true) { accept_loop(listener) } }
         return unless handoff
 
         @handoff = handoff
         @context.handoff = handoff
         handoff.open
-        @receiver = NeverBlock.spawn(detached: true) { receive_handoffs }
+        @receiver = NeverBlock.spawn(detached: true, internal: true) { receive_handoffs }
       end
 
       # Stops the accept tasks (those waiting for room or a connection are
@@ -212,7 +215,7 @@ module NeverBlock
         if (idle_set = IdleSet.build(method(:wake_parked)))
           @context.idle_set = idle_set
           @idle_tasks = [idle_set.method(:run), idle_set.brief_waits.method(:run)].map do |job|
-            NeverBlock.spawn(detached: true, &job)
+            NeverBlock.spawn(detached: true, internal: true, &job)
           end
         elsif ENV[IdleSet::SWITCH] != "off" && (reason = IdleSet.missing_reason)
           NeverBlock.logger.debug("NeverBlock::Server") { "idle keep-alive connections each keep a fiber: #{reason}" }
@@ -388,16 +391,18 @@ module NeverBlock
 
       # Gives `connection` a pooled task that starts on the loop's next turn
       # (FiberPool#spawn(defer: true): after this returns), runs the block,
-      # and finishes the connection unless it parked. When Ruby cannot
-      # create the fiber (the task failed and was logged) or the spawn
-      # raises, the connection is finished here.
+      # and finishes the connection unless it parked. The task is a root of
+      # the server's own, in the app's scope ({AppTasks#enclose}). When Ruby
+      # cannot create the fiber (the task failed and was logged) or the
+      # spawn raises, the connection is finished here.
       # @return [Boolean] whether the task will run.
       def spawn_for(connection, &block)
-        connection.task = @pool.spawn(defer: true, detached: true) do
+        task = @pool.spawn(defer: true, detached: true, internal: true) do
           block.call
         ensure
           close_connection(connection) unless connection.parked?
         end
+        connection.task = @app_tasks.enclose(task)
         return true if connection.task.alive?
 
         close_connection(connection)

@@ -137,7 +137,7 @@ module NeverBlock
           flush
         elsif !@flushing
           @flushing = true
-          NeverBlock.spawn(detached: true) do # a request's end must not cut the flush
+          NeverBlock.spawn(detached: true, internal: true) do # a request's end must not cut the flush
             NeverBlock.sleep(FLUSH_AFTER)
           ensure
             @flushing = false

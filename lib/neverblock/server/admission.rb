@@ -76,7 +76,7 @@ module NeverBlock
       # @return [void]
       def start
         @scheduler = NeverBlock.current_scheduler!
-        @sampler = NeverBlock.spawn(detached: true) { sample_loop_lag } if @limiter
+        @sampler = NeverBlock.spawn(detached: true, internal: true) { sample_loop_lag } if @limiter
       end
 
       # Stops the sampler (the server is stopping). Slots go on being

@@ -82,6 +82,7 @@ module NeverBlock
       include Watchdog
       include Refork
       include Stopping
+      include Rollout
 
       # @param server [Server]
       # @param count [Integer] workers to keep running.
@@ -111,6 +112,8 @@ module NeverBlock
         @next_boot_at = 0.0
         @restart_queue = []
         @stopping = false
+        @rollout = nil # the rolling restart or refork under way (Rollout)
+        @counters = Counters.new # what the workers counted, kept across their restarts
         @handoff = nil
         start_reforking
       end
@@ -140,6 +143,7 @@ module NeverBlock
           @count.times { |index| spawn_worker(index) }
           @sidecars.start_due
           supervise
+          say_stopped
         ensure
           stop_all
           @control&.stop
@@ -153,32 +157,36 @@ module NeverBlock
       # thread and from a signal handler.
       # @return [void]
       def stop
-        signal("TERM")
+        signal("TERM", "by Server#stop")
       end
 
       # Asks the master for a rolling restart (as USR2 does).
       # @return [void]
       def restart
-        signal("USR2")
+        signal("USR2", "by Server#restart")
       end
 
       # @return [Hash] `{master_pid:, workers: [{index:, pid:, generation:, ready:, started_at:, requests:,
-      #   retiring:}], generation:, stopping:, restarts: {crash:, watchdog:, boot_timeout:, requests:, memory:},
-      #   hot_restarts:, reforks:, mold:, supervised:}`: `requests` as of the worker's last heartbeat; `restarts` counts
-      #   workers replaced, by cause; with `generation`, `hot_restarts` and `reforks` it carries on across hot
-      #   restarts; `mold` is the worker new ones fork from ({Refork}; nil: the master).
+      #   retiring:}], requests_total:, generation:, stopping:, restarts: {crash:, watchdog:, boot_timeout:, requests:,
+      #   memory:}, hot_restarts:, reforks:, mold:, supervised:}`: `requests` as of the worker's last heartbeat, since it
+      #   started; `requests_total` those every worker started, since the master started, across restarts ({Counters});
+      #   `restarts` counts workers replaced, by cause; with `requests_total`, `generation`, `hot_restarts` and `reforks`
+      #   it carries on across hot restarts; `mold` is the worker new ones fork from ({Refork}; nil: the master).
       def stats
         workers = @workers.values.sort_by(&:index).map(&:to_h)
-        { master_pid: Process.pid, workers: workers, generation: @generation, stopping: @stopping, restarts: restarts,
-          hot_restarts: @hot_restarts, reforks: reforks, mold: @mold&.to_h, supervised: @sidecars.stats }
+        { master_pid: Process.pid, workers: workers, requests_total: @counters.requests_started, generation: @generation,
+          stopping: @stopping, restarts: restarts, hot_restarts: @hot_restarts, reforks: reforks, mold: @mold&.to_h,
+          supervised: @sidecars.stats }
       end
 
       # @api private
       # What the control listener asks for ({Control}): `"TERM"` (stop),
       # `"USR2"` (rolling restart), `"HUP"` (hot restart), `"URG"` (refork), `"HALT"`. Safe from any thread.
+      # The log names the request, not a signal: none was sent.
+      # @param request [String] what was asked, like `"POST /phased-restart"`.
       # @return [void]
-      def command(name)
-        signal(name)
+      def command(name, request)
+        signal(name, "over the control listener (#{request})")
       end
 
       # @api private
@@ -191,6 +199,10 @@ module NeverBlock
       # @api private
       # @return [Cluster::Settings]
       attr_reader :settings
+
+      # @api private
+      # @return [Counters] what the workers counted, for /metrics and /stats.
+      attr_reader :counters
 
       # @api private
       # @return [Integer] the master's pid (a worker forked by a mold has another parent at first).
@@ -225,12 +237,13 @@ module NeverBlock
       # In a worker that has not yet installed its own handlers (just
       # forked), the master's handler still runs: a stop signal is noted for
       # the worker to act on ({Worker.run}), not sent to the master's pipe.
-      def signal(name)
+      # `origin` says who asked when it was not a signal (the log's words).
+      def signal(name, origin = nil)
         if Process.pid != @master_pid
           @stop_before_trap = name if %w[TERM INT].include?(name)
           return
         end
-        @signals << name
+        @signals << [name, origin]
         @wake_writer&.write_nonblock(".", exception: false)
       rescue IOError
         nil
@@ -257,6 +270,7 @@ module NeverBlock
           continue_restart
           continue_retiring
           continue_refork
+          notice_rollout_done
           notice_booted
         end
       end
@@ -305,10 +319,11 @@ module NeverBlock
           worker = @workers.delete(pid)
           next if mold_exited(pid, status)
 
-          @sidecars.reaped(pid, status, stopping: @stopping) unless worker
+          @sidecars.reaped(pid, status, stopping: @stopping) unless worker || predecessor_exited(pid)
           next unless worker
 
           worker.drain_status { |note| noted(worker, note) if note == :booted } # (a dead worker is not dumped or retired)
+          @counters.forget(pid) # (after its last report, just read)
           @handoff&.vacate(worker.index, worker.pid)
           worker_exited(worker, status)
           @server.call_hook(:after_worker_exit, worker.index, status)
@@ -349,11 +364,12 @@ module NeverBlock
 
       def handle_signals
         until @signals.empty?
-          name = @signals.pop
+          name, origin = @signals.pop
+          heard = origin ? "asked #{origin}" : "got #{name}"
           case name
           when "TERM", "INT" then begin_stop
           when "USR2" then begin_restart
-          when "HUP" then hot_restart
+          when "HUP" then hot_restart(heard)
           when "TTIN" then @count += 1
           when "TTOU" then @count = [@count - 1, 1].max
           when "QUIT" then @workers.each_value { |worker| worker.signal("QUIT") }
@@ -361,7 +377,7 @@ module NeverBlock
           when "HALT" then halt
           else next
           end
-          NeverBlock.logger.info { "NeverBlock::Server: master got #{name}: #{SIGNAL_ACTIONS.fetch(name)} (#{Server.workers_phrase(@count)})" }
+          NeverBlock.logger.info { "NeverBlock::Server: master #{heard}: #{SIGNAL_ACTIONS.fetch(name)} (#{Server.workers_phrase(@count)})" }
           retitle if %w[TTIN TTOU].include?(name)
         end
         retire_surplus unless @stopping
@@ -386,6 +402,7 @@ module NeverBlock
         @systemd.reloading("rolling restart of #{Server.workers_phrase(@count)}")
         @reloading = true
         @generation += 1
+        begin_rollout("rolling restart")
         @restart_queue = (0...@count).to_a
       end
 
@@ -452,6 +469,7 @@ module NeverBlock
               "exited #{@boot_failures} times in a row before their app booted; the #{old.size} running worker(s) keep serving"
           end
           @restart_queue.clear
+          abandon_rollout
           @retiring.each { |worker| worker.retiring = :abandoned } # not queued again
           @retiring.clear
           @generation = old.map(&:generation).max
@@ -494,7 +512,7 @@ module NeverBlock
         command_reader.close
         @workers[pid] = Child.new(index: index, pid: pid, generation: generation, status_reader: status_reader,
                                   commands: command_writer, max_requests: @settings.draw_max_requests,
-                                  successor_of: successor_of)
+                                  successor_of: successor_of, counters: @counters)
       end
     end
   end

@@ -42,6 +42,13 @@ module NeverBlock
       attr_accessor :restart_command
 
       # @api private
+      # @return [Boolean] {Server#stop} was called (the loop may not have
+      #   acted on it yet: see {Server#stopping?}).
+      def stop_requested?
+        @stop_requested
+      end
+
+      # @api private
       # @return [Cluster::Settings] how a master supervises its workers.
       attr_reader :supervision
 

@@ -44,6 +44,7 @@ module NeverBlock
     # request is answered 503 (see {Exchange}).
     class Connection
       include Exchange
+      include StreamedResponse
       include Parking
 
       # Bytes read from the socket at a time.
@@ -149,8 +150,11 @@ module NeverBlock
 
       # The Rack full hijack (`env["rack.hijack"].call`): from now on the
       # socket is the app's. The server no longer counts the connection,
-      # ignores the app's response, and never reads, writes or closes the
-      # socket (not even when the app raises, nor on {Server#stop}).
+      # ignores the app's response, and never reads or writes the socket;
+      # it closes it only to end the request's work serving it, as any
+      # request's work ends: at `request_timeout` unless the app opted out
+      # ({HIJACK_TIMEOUT}), when the client hangs up, at a stop after
+      # `shutdown_timeout` (see {Hijacks}). Not when the app raises.
       #
       # Only the request being answered may take the socket, while the app
       # handles it, and only if the client sent nothing after it yet: bytes
@@ -158,9 +162,9 @@ module NeverBlock
       # CONNECT request always qualifies (see {Parser}).
       #
       # The app may serve the socket in the request's own fiber (which holds
-      # a connection slot until it returns) or in a task it spawns (which
-      # keeps {Server#run} from returning until it ends: close such sockets
-      # when the server stops). Also sets `rack.hijack_io`.
+      # a connection slot until it returns) or in tasks it spawns (which the
+      # server cancels at a stop, after `shutdown_timeout`). Also sets
+      # `rack.hijack_io`.
       # @return [Socket]
       # @raise [Error] when called outside the app's `call`, or when the
       #   client already pipelined more bytes after the request.
@@ -191,11 +195,10 @@ module NeverBlock
 
       # @api private
       # Whether the client closed or reset the connection, by a peek that
-      # reads nothing ({HangupWatch}); never for a socket the app took.
+      # reads nothing ({HangupWatch}); a socket the app took is looked at
+      # too while its call runs (one the app closed is not a hang-up).
       # @return [Boolean]
       def client_gone?
-        return false if @hijacked
-
         peeked = peek
         peeked.nil? || peeked == "" # end of file (nil from Ruby 3.3 on)
       rescue Errno::ECONNRESET, Errno::EPIPE, Errno::ENOTCONN, Errno::ETIMEDOUT

@@ -77,6 +77,12 @@ module NeverBlock
       # @return [Integer] requests cancelled because their client hung up.
       attr_reader :requests_hung_up
 
+      # @return [HangupLog] logs those requests.
+      attr_reader :hangup_log
+
+      # @return [Hijacks] hijacked sockets that tasks of their request serve.
+      attr_reader :hijacks
+
       # @return [Integer] requests that outlived `request_timeout` (answered
       #   503, or cut off if their response had begun).
       attr_reader :requests_timed_out
@@ -113,6 +119,8 @@ module NeverBlock
         @requests_total = 0
         @requests_timed_out = 0
         @requests_hung_up = 0
+        @hangup_log = HangupLog.new
+        @hijacks = Hijacks.new
         @hangup_watch = HangupWatch.new if cancel_on_hangup
         @stopping = false
       end

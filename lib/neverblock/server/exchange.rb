@@ -58,6 +58,7 @@ module NeverBlock
         end
       ensure
         task.reap(mark, "ended: its request is over") if task&.reapable?(mark) && !@hijacked
+        @context.hijacks.adopt(app_io, @io, task, mark, env, deadline, @hung_up) if @hijacked && task
         @context.request_finished
         metrics.request(env["REQUEST_METHOD"], @status, Clock.now - started) if metrics && started
         if line && (status = @status)
@@ -86,11 +87,23 @@ module NeverBlock
       # ({RequestTimeout}), and the request is answered 503 (see {#timed_out}).
       # A request whose deadline passed before the app was called (it waited
       # that long for a slot, or for its body) is answered 503 without it.
+      # An expiry the app (or its body) rescued is logged and counted all
+      # the same, once, and the app's answer is what is sent
+      # (#timeout_rescued).
       def respond(request, env, deadline)
-        if deadline
-          @response.started = false # not the last request's response: nothing of this one's is sent yet
-          return timed_out(request, env, nil) if deadline <= Clock.now
-        end
+        return call_and_write(request, env, nil) unless deadline
+
+        @response.started = false # not the last request's response: nothing of this one's is sent yet
+        return timed_out(request, env, nil) if deadline <= Clock.now
+
+        expiry = (@request_expiry ||= RequestExpiry.new).clear
+        keep_alive = call_and_write(request, env, deadline)
+        timeout_rescued(request, env) if expiry.error # #timed_out clears the expiries it reports
+        keep_alive
+      end
+
+      # #respond's work: the app's call, then its response.
+      def call_and_write(request, env, deadline)
         watch = @context.hangup_watch
         begin
           @app_env = env
@@ -138,9 +151,10 @@ module NeverBlock
       end
 
       # Runs the block until `deadline`: past it, its next wait raises a
-      # {RequestTimeout} (made only then: a request in time allocates none).
+      # {RequestTimeout} (made only then, by the connection's
+      # {RequestExpiry}, which keeps it: a request in time allocates none).
       def before(deadline, &block)
-        Fiber.scheduler.timeout_after(deadline - Clock.now, RequestTimeout, @request_timeout, &block)
+        Fiber.scheduler.timeout_after(deadline - Clock.now, @request_expiry, @request_timeout, &block)
       end
 
       # @return [Exception, nil] the exception a framework rendered its own
@@ -174,10 +188,8 @@ module NeverBlock
       # sees a cut response, not a complete wrong one).
       # @return [false] the connection closes.
       def timed_out(request, env, error)
-        @context.request_timed_out
-        NeverBlock.logger.warn("NeverBlock::Server: #{env['REQUEST_METHOD']} #{env['PATH_INFO']} timed out after " \
-                               "#{(Clock.now - request.head_at).round(3)} s (request_timeout #{@request_timeout} s, " \
-                               "pid #{Process.pid})#{' before the app was called' unless error}")
+        count_timeout(request, env, error ? "" : " before the app was called")
+        @request_expiry&.clear # reported: #respond does not report it again
         return response_finished(env, nil, nil, error) && false if @hijacked
 
         unless @response.started
@@ -188,17 +200,36 @@ module NeverBlock
         false
       end
 
-      # The client hung up while the app handled its request (HangupWatch):
-      # nothing is written, the access log shows 499, and the connection
-      # closes. An app that rescued the cancel and answered anyway has its
-      # answer dropped the same way.
+      # The request's deadline raised its expiry in the app (or in its
+      # body's each) and the app rescued it and answered itself: its answer
+      # is sent (it is, by now), and the timeout is logged and counted as
+      # every other one.
+      # @return [void]
+      def timeout_rescued(request, env)
+        count_timeout(request, env, "; the app rescued the expiry and answered #{@status || 'nothing'}")
+      end
+
+      # One warning and a count in the stats (`requests_timed_out`, in
+      # /metrics `neverblock_request_timeouts_total`) for a request that
+      # outlived `request_timeout`; `note` ends the log line.
+      def count_timeout(request, env, note)
+        NeverBlock.logger.warn("NeverBlock::Server: #{env['REQUEST_METHOD']} #{env['PATH_INFO']} timed out after " \
+                               "#{(Clock.now - request.head_at).round(3)} s (request_timeout #{@request_timeout} s, " \
+                               "pid #{Process.pid})#{note}")
+        @context.request_timed_out
+      end
+
+      # The client hung up while the app handled its request (HangupWatch),
+      # or `during` its streamed response (StreamedResponse): nothing more is
+      # written, the access log shows 499, one line is logged (HangupLog),
+      # and the connection closes. An app that rescued the cancel and
+      # answered anyway has its answer dropped the same way.
       # @return [false]
-      def hung_up(env, body, error)
+      def hung_up(env, body, error, during = "while the app handled it")
         close_body(body, env) if body
         @context.request_hung_up
         @status = 499
-        NeverBlock.logger.info("NeverBlock::Server: #{env['REQUEST_METHOD']} #{env['PATH_INFO']}: the client hung up " \
-                               "while the app handled it; the request was cancelled (pid #{Process.pid})")
+        @context.hangup_log.hung_up(env, during)
         response_finished(env, nil, nil, error || HangupWatch::HungUp.new)
         false
       end
@@ -216,21 +247,21 @@ module NeverBlock
             partial_hijack(hijack, status, headers)
             keep_alive = false
           elsif deadline
-            keep_alive = before(deadline) { @response.write(request, status, headers, body, keep_alive) }
+            keep_alive = before(deadline) { write_body(request, status, headers, body, keep_alive) }
           else
-            keep_alive = @response.write(request, status, headers, body, keep_alive)
+            keep_alive = write_body(request, status, headers, body, keep_alive)
           end
         rescue Response::ClientGone => e
           error = e
           keep_alive = false
         rescue StandardError => e
-          raise if e.is_a?(Cancelled)
+          raise if e.is_a?(Cancelled) && !@hung_up # (@hung_up: the HangupWatch cancelled a streamed body)
 
           error = e
           keep_alive = false
           # Under request_timeout, the body's each or call(stream) waited past the deadline.
           expired = deadline && expiry?(e)
-          unless expired
+          unless expired || @hung_up
             app_failed(e, env)
             # Before the first byte a clean 500 is still possible; after it, only
             # closing the connection tells the client the response is incomplete.
@@ -238,8 +269,9 @@ module NeverBlock
           end
         ensure
           close_body(body, env)
-          response_finished(env, status, headers, error) unless expired
+          response_finished(env, status, headers, error) unless expired || @hung_up
         end
+        return hung_up(env, nil, error, "during its streamed response") if @hung_up
         expired ? timed_out(request, env, error) : keep_alive
       end
 

@@ -12,10 +12,12 @@ module NeverBlock
     #
     # How it sees a hang-up without a cost per request: a connection is on
     # its list only while the app handles its request (whose body has been
-    # read by then), and every INTERVAL seconds it peeks, without reading,
-    # at those that have been there since the last look: end of file or a
-    # reset is a hang-up; bytes (a pipelined next request) or nothing to
-    # read is a client still there. A request that takes less than
+    # read by then) and while a streamed response's body is written
+    # ({StreamedResponse}: a body waiting between chunks is cancelled at
+    # that wait, not at its next write), and every INTERVAL seconds it
+    # peeks, without reading, at those that have been there since the last
+    # look: end of file or a reset is a hang-up; bytes (a pipelined next
+    # request) or nothing to read is a client still there. A request that takes less than
     # INTERVAL is never looked at; one that outlives its client is
     # cancelled within about 2 × INTERVAL.
     #
@@ -29,10 +31,16 @@ module NeverBlock
     # written; one that just closes is seen as with plain TCP.
     #
     # Who calls it: Exchange#respond (#watch, #unwatch, around the app's
-    # call), the server's serving tasks (#run). Loop's thread only.
+    # call), StreamedResponse#write_body (around a streamed body's writing),
+    # the server's serving tasks (#run). Loop's thread only.
     class HangupWatch
       # Seconds between looks.
       INTERVAL = 0.5
+
+      # Connections peeked in one turn of the loop: a peek is a system call
+      # (a few microseconds), and a look at thousands of open streams must
+      # not hold the loop for all of them at once.
+      SLICE = 128
 
       # Raised in a request's fiber whose client hung up.
       class HungUp < Cancelled
@@ -46,14 +54,15 @@ module NeverBlock
         @looks = 0
       end
 
-      # The app is about to handle the connection's request.
+      # The app is about to handle the connection's request, or its
+      # streamed body is about to be written.
       # @param connection [Connection]
       # @return [void]
       def watch(connection)
         @watched[connection] = @looks
       end
 
-      # The app has returned (or raised).
+      # The app has returned (or raised), or the body is written.
       # @return [void]
       def unwatch(connection)
         @watched.delete(connection)
@@ -73,18 +82,25 @@ module NeverBlock
         end
       end
 
-      # One look: cancels the requests of connections whose client is gone.
+      # One look: cancels the requests of connections whose client is gone,
+      # SLICE connections a turn of the loop (from its task only).
       # @return [Integer] how many it cancelled.
       def look
         looks = @looks
         @looks += 1
-        gone = []
-        @watched.each { |connection, since| gone << connection if since < looks && connection.client_gone? }
-        gone.each do |connection|
-          @watched.delete(connection)
-          connection.cancel_for_hangup
+        gone = 0
+        @watched.keys.each_slice(SLICE).with_index do |slice, index|
+          Fiber.scheduler.yield if index.positive?
+          slice.each do |connection|
+            since = @watched[connection] # nil once unwatched, newer once watched again meanwhile
+            next unless since && since < looks && connection.client_gone?
+
+            @watched.delete(connection)
+            connection.cancel_for_hangup
+            gone += 1
+          end
         end
-        gone.size
+        gone
       end
     end
   end

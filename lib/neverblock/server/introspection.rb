@@ -66,9 +66,10 @@ module NeverBlock
         @metrics&.snapshot(stats, @scheduler)
       end
 
-      # What this process's tasks are doing: the one holding the loop and
-      # every request in flight with its backtrace ({TaskDump}). Safe from
-      # any thread; meant for one other than the loop's, which may be stuck.
+      # What this process's tasks are doing, by kind: requests in flight,
+      # children, detached tasks, each with where it comes from and its
+      # backtrace, and the one holding the loop ({TaskDump}). Safe from any
+      # thread; meant for one other than the loop's, which may be stuck.
       # @return [String] several lines; one saying so when not serving.
       def task_dump
         scheduler = @scheduler
@@ -76,7 +77,7 @@ module NeverBlock
           return "not serving (yet); the main thread is here:\n    #{(Thread.main.backtrace || []).first(TaskDump::FRAMES).join("\n    ")}"
         end
 
-        TaskDump.new(scheduler, @acceptor.connections.keys).to_s
+        TaskDump.new(scheduler, @acceptor.connections.keys, @serving_task).to_s
       end
 
       # @api private

@@ -48,7 +48,11 @@ module NeverBlock
         end
       end
 
+      # Made in the process that counts (a worker, after its fork): GC runs
+      # and time are counted from here, not from the process's start, which
+      # would count again those of the master or mold it was forked from.
       def initialize
+        @gc_base = GC.stat.slice(:count, :major_gc_count, :time)
         @requests = Hash.new(0) # "GET 2xx" => count
         @durations = Histogram.new
         @admission_waits = Histogram.new
@@ -95,7 +99,8 @@ module NeverBlock
           adaptive_lag: limit && limit[:lag], connections: stats[:connections], idle_connections: stats[:idle_connections],
           tasks: scheduler.tasks.size, stalls: scheduler.stalls,
           database_pools: ConnectionPool.active.map { |db| { name: db.name, **db.stats, timeouts: db.timeouts, cancels: db.cancels } },
-          gc_count: gc[:count], gc_major: gc[:major_gc_count], gc_time: gc[:time] }
+          gc_count: gc[:count] - @gc_base[:count], gc_major: gc[:major_gc_count] - @gc_base[:major_gc_count],
+          gc_time: gc[:time] && gc[:time] - @gc_base[:time].to_i }
       end
     end
   end

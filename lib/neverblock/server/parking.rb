@@ -46,7 +46,9 @@ module NeverBlock
       # the next accept reuses, and the loop would spin). A connection the
       # {IdleSweeper} parked from a wait in its fiber may still be registered
       # (a cancelled wait leaves it until the socket's next event), so it
-      # stays. The socket leaves the IdleSet's own set before it goes.
+      # stays; so does one whose parser read empty lines of the next request
+      # (a sibling would count them afresh). The socket leaves the IdleSet's
+      # own set before it goes.
       # @return [Boolean] whether a sibling took it: the server then closes
       #   this process's descriptor, and the client's connection stays open.
       def hand_off
@@ -118,7 +120,8 @@ module NeverBlock
       private
 
       # Waits (idle) for the first bytes of the next request, for at most
-      # `idle_timeout` seconds, holding no request slot. The wait has no
+      # `idle_timeout` seconds, holding no request slot; empty lines before
+      # it do not end the wait (#took_empty_lines?). The wait has no
       # timer of its own: the server's {IdleSweeper} ends it at
       # {#idle_deadline}, and parks the connection ({#park_idle}) once it
       # has waited one sweep interval: a client that sends its next request
@@ -138,6 +141,7 @@ module NeverBlock
         @idle = true
         buffer = @context.read_buffer
         data = took_turn ? :wait_readable : @socket.read_nonblock(Connection::READ_SIZE, buffer, exception: false)
+        data = :wait_readable if took_empty_lines?(data)
         unless data == :wait_readable
           @brisk = came_back_soon? if @answered
           return data
@@ -177,7 +181,7 @@ module NeverBlock
 
             next
           end
-          next if data == :wait_readable
+          next if data == :wait_readable || took_empty_lines?(data)
 
           @brisk = came_back_soon? if @answered
           return data
@@ -197,6 +201,20 @@ module NeverBlock
         end
       end
 
+      # Empty lines before a request line begin no request
+      # ({Parser::EmptyLines}): the parser takes them here, and the wait
+      # for the next request goes on, to the deadline it had. Bytes the
+      # parser would refuse, or that begin a request, are left to the
+      # connection's request loop.
+      # @param data [String, Symbol, nil] what a read returned.
+      # @return [Boolean] whether `data` was empty lines, taken.
+      def took_empty_lines?(data)
+        return false unless data.is_a?(String) && @parser.empty_lines_only?(data)
+
+        @parser << data
+        true
+      end
+
       # Whether a sibling worker could take the connection over ({Handoff}):
       # a plain socket (a TLS session cannot leave this process) that the
       # app did not take, and whose waits on the socket all ended with an
@@ -205,7 +223,7 @@ module NeverBlock
       # next event, which the connection may read before the selector looks
       # (see {#hand_off}), so such a connection never moves.
       def movable?
-        !@listener.tls && !@hijacked && !@wait_cut
+        !@listener.tls && !@hijacked && !@wait_cut && @parser.at_boundary?
       end
 
       # Whether the wait for the next request may end the connection's task

@@ -13,6 +13,8 @@ begin
 rescue LoadError
   nil # not compiled (a `path:` gem): every head goes through llhttp's callbacks (see Parser.head_parser?)
 end
+require_relative "parser/empty_lines"
+require_relative "parser/head_form"
 require_relative "parser/head_feeding"
 
 module NeverBlock
@@ -22,7 +24,10 @@ module NeverBlock
     # with Transfer-Encoding, duplicate or invalid Content-Length, bare CR/LF
     # in headers, NUL or CTL in the target) parses the heads, and the Parser
     # enforces the {Limits} llhttp has no notion of ({HeadFeeding} gives
-    # llhttp a head's bytes and checks the head's).
+    # llhttp a head's bytes, whole, once its empty line came; {HeadForm}
+    # checks them first). Up to {EmptyLines::MAX_EMPTY_LINES} empty lines
+    # before a request line are skipped ({EmptyLines}). A request gets
+    # the same verdict however its bytes are split into reads.
     #
     # The Parser, not llhttp, frames every body, so it always knows where a
     # message ends: llhttp is given the bytes of one head, up to its empty
@@ -51,6 +56,8 @@ module NeverBlock
       # The environment variable that turns the C fast path off (`off`).
       HEAD_PARSER_SWITCH = "NEVERBLOCK_HEAD_PARSER"
 
+      include EmptyLines
+      include HeadForm
       include HeadFeeding
 
       # Not a single regex match runs per ordinary request: a match, here
@@ -88,8 +95,12 @@ module NeverBlock
         @closed = false      # a request not kept alive was read: nothing after it is
         @head_ending = false # llhttp is given the CRLF that ends a head
         @head_tail = nil     # the last bytes of a head that spans reads, to find its end
-        @value_fragments = 0
-        @line_ended = false
+        @held = nil          # the bytes of a head that spans reads, until it ends (HeadFeeding)
+        @line_end = nil      # where that head's request line ends (HeadForm)
+        @line_searched = 0
+        @ends_checked = 0
+        @empty_lines = 0     # empty lines read before the next request line (EmptyLines)
+        @empty_cr = false    # the last of them has its CR, not its LF yet
         @host = nil # the last Host seen on this connection, already checked
         @server_name = nil
         @server_port = nil
@@ -118,6 +129,8 @@ module NeverBlock
                      take_chunks(data, offset)
                    elsif @body_left.positive?
                      take_body(data, offset)
+                   elsif !@in_message && empty_line?(data, offset)
+                     take_empty_lines(data, offset)
                    elsif head && !@in_message && (env = head.parse(data, offset))
                      plain_request(env, data, head.head_end)
                    else
@@ -212,6 +225,7 @@ module NeverBlock
         request.head_at = Clock.now if @timed
         request.keep_alive = true # the fast path takes only requests kept alive
         @requests << request
+        @empty_lines = 0
         length = head.content_length
         if length.zero?
           request.complete = true
@@ -315,6 +329,7 @@ module NeverBlock
           # Content-Length); RFC 9112 6.1: HTTP/1.0 framing with it is faulty.
           fail_with(400, "empty Transfer-Encoding") if coding.strip.empty?
           fail_with(400, "Transfer-Encoding in an HTTP/1.0 request") if llhttp.http_minor.zero?
+          check_transfer_coding(coding)
         end
         if content_length && content_length.to_i > @limits.max_body
           fail_with(413, "Content-Length #{content_length} over #{@limits.max_body}")
@@ -331,6 +346,27 @@ module NeverBlock
           request.expects_continue = env["HTTP_EXPECT"]&.casecmp?("100-continue") || false
         end
         request
+      end
+
+      # The Parser decodes one transfer coding, chunked, applied once
+      # (RFC 9112 6.1, 7): a list that does not end in chunked, or names it
+      # twice, leaves the body's length unknown (400); any other coding
+      # before it (`gzip, chunked`; `identity`, which no registry lists any
+      # more) is one the server does not decode, and the app would be given
+      # a body in a coding nothing tells it of (501 Not Implemented, as
+      # Puma and nginx answer). Empty list elements are ignored (RFC 9110
+      # 5.6.1). llhttp refuses the first case too, after this callback.
+      def check_transfer_coding(value)
+        codings = value.split(",").map(&:strip).reject(&:empty?)
+        unless codings.last&.casecmp?("chunked")
+          fail_with(400, "Transfer-Encoding #{value[0, 100].inspect} does not end in chunked")
+        end
+        return if codings.size == 1
+
+        if codings.count { |coding| coding.casecmp?("chunked") } > 1
+          fail_with(400, "Transfer-Encoding #{value[0, 100].inspect} applies chunked twice")
+        end
+        fail_with(501, "Transfer-Encoding #{value[0, 100].inspect}: only chunked is decoded")
       end
 
       def set_target(env, method, url)

@@ -3,7 +3,7 @@
 module NeverBlock
   class Server
     # One log line for each request the server refuses itself (400, 408,
-    # 413, 414, 431, 505), naming the limit and how to raise it: a 413 for
+    # 413, 414, 431, 501, 505), naming the limit and how to raise it: a 413 for
     # an upload over `max_body` is otherwise a mystery to whoever sent it and
     # to whoever reads the logs. At most one line a second for each status
     # (a flood of bad requests, a fuzzer, must not flood the log); the next

@@ -47,6 +47,11 @@ module NeverBlock
       class ClientGone < BaseError
       end
 
+      # The client stopped reading: a write waited `write_timeout` seconds.
+      # Its connection is still open, so this is not a hang-up.
+      class WriteTimedOut < ClientGone
+      end
+
       @date = nil
       @date_second = nil
 
@@ -241,7 +246,7 @@ module NeverBlock
         loop do
           written = socket.write_nonblock(data, exception: false)
           if written == :wait_writable
-            raise ClientGone, "write timed out" unless socket.wait_writable(@write_timeout)
+            raise WriteTimedOut, "write timed out" unless socket.wait_writable(@write_timeout)
           elsif written == data.bytesize
             return
           else
@@ -328,10 +333,16 @@ module NeverBlock
         nil
       end
 
+      # A response given up on before the body closed its stream (the
+      # request timed out, its client hung up, the server stopped) takes no
+      # more writes: the last chunk, which the app's `ensure` would write as
+      # its writer task is cancelled, would make a cut response look whole.
       def write_stream(head, body, chunked, request)
         stream = Stream.new(self, head, chunked, request.env["rack.input"])
         body.call(stream)
         stream.wait_closed
+      ensure
+        stream&.abandon
       end
     end
   end

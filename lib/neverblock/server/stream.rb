@@ -7,6 +7,13 @@ module NeverBlock
     # reads come from the request body. The response ends when the body
     # closes the stream, which it may do from another fiber after `call`
     # returned.
+    #
+    # A write that fails because the client went away raises
+    # {Response::ClientGone} in the writer, and every write after it too;
+    # the response then ends at once (the connection's fiber, waiting for
+    # the close in {#wait_closed}, raises it: see {StreamedResponse}). A task
+    # of the app's that ends with that error is not reported as an unhandled
+    # failure: the request is logged once, as a hang-up.
     class Stream
       # @api private
       def initialize(response, head, chunked, input)
@@ -15,6 +22,7 @@ module NeverBlock
         @chunked = chunked
         @input = input
         @closed = false
+        @gone = nil # the Response::ClientGone of the write that failed
         @done = Thread::Queue.new
       end
 
@@ -27,6 +35,7 @@ module NeverBlock
       # @return [Integer] bytes accepted.
       # @raise [IOError] after {#close}; [Response::ClientGone] when the client left.
       def write(data)
+        raise @gone.class, @gone.message if @gone
         raise IOError, "stream closed" if @closed
 
         data = data.to_s
@@ -39,7 +48,7 @@ module NeverBlock
         else
           out << data
         end
-        @response.write_all(out)
+        deliver(out)
         @response.sent_body(data.bytesize)
         data.bytesize
       end
@@ -78,7 +87,7 @@ module NeverBlock
         tail = @head ? @head.dup : +""
         @head = nil
         tail << "0\r\n\r\n" if @chunked
-        @response.write_all(tail) unless tail.empty?
+        deliver(tail) unless tail.empty? || @gone
       ensure
         @done.push(true) if @done.empty?
       end
@@ -89,10 +98,34 @@ module NeverBlock
       end
 
       # @api private
-      # Waits (this fiber only) until the body has closed the stream.
+      # Waits (this fiber only) until the body has closed the stream, or a
+      # write to it failed.
       # @return [void]
+      # @raise [Response::ClientGone] a write failed: the client went away.
       def wait_closed
         @done.pop
+        raise @gone.class, @gone.message if @gone
+      end
+
+      # @api private
+      # The response is over (Response#write_stream): a stream the body has
+      # not closed is closed without its last chunk, and takes no more
+      # writes ({#write} raises IOError).
+      # @return [void]
+      def abandon
+        @closed = true
+      end
+
+      private
+
+      # Writes to the client; a failure ends the response (see the class comment).
+      def deliver(bytes)
+        @response.write_all(bytes)
+      rescue Response::ClientGone => e
+        @gone ||= e
+        Task.current&.observe!
+        @done.push(true) if @done.empty?
+        raise
       end
     end
   end

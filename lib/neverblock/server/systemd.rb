@@ -183,7 +183,7 @@ module NeverBlock
         def ping_watchdog_while_serving
           interval = watchdog_interval or return
 
-          @pings = NeverBlock.spawn(detached: true) do
+          @pings = NeverBlock.spawn(detached: true, internal: true) do
             loop do
               watchdog
               NeverBlock.sleep(interval)

@@ -21,10 +21,17 @@ module NeverBlock
     #   spawns a million short ones holds only those still running.
     # - `NeverBlock.spawn(detached: true)` starts a root: a task of no
     #   parent, for work that must outlive the code that started it.
+    # - A root the app starts (detached, by `Fiber.schedule`, or a child
+    #   whose root parent returned) joins the {#scope} of the tree that
+    #   started it: what bounds its life where no parent does. A server
+    #   gives its connection tasks one, so what its requests leave running
+    #   ends with the server ({Server::AppTasks}), not with the request.
+    #   A detached one records where the app spawned it ({#spawned_at}).
     #
-    # Who calls it: Scheduler#spawn and #adopt (#adopt_child), the
-    # task itself as it ends (Task#execute), Scheduler#timeout_after and the
-    # server's request loop (#reap with a mark). Loop's thread only.
+    # Who calls it: Scheduler#spawn and #adopt (#adopt_child, #root_from,
+    # #internal!), FiberHooks#fiber (#root_from), the task itself as it
+    # ends (Task#execute), Scheduler#timeout_after and the server's request
+    # loop (#reap with a mark). Loop's thread only.
     #
     # A child's `seq` numbers it among its parent's children; a mark taken
     # from #spawned before a block and handed to #reap after it names what
@@ -37,6 +44,55 @@ module NeverBlock
 
       # @return [Task, nil] the task this one is a child of; nil for a root.
       attr_reader :parent
+
+      # @return [Thread::Backtrace::Location, nil] where the app spawned this
+      #   task, if it spawned it detached: the first frame outside NeverBlock
+      #   ({SpawnSite}). nil for the others ({#inspect} shows where their
+      #   block is).
+      attr_reader :spawned_at
+
+      # @api private
+      # @return [Object, nil] what bounds the life of this root: set by
+      #   NeverBlock on the roots it starts for the app (a server's
+      #   connection tasks get their server's {Server::AppTasks}), and
+      #   taken by every root the app starts under them (#root_from); nil
+      #   for none.
+      attr_accessor :scope
+
+      # @api private
+      # @return [Boolean] true for a task NeverBlock spawned for itself (a
+      #   server's accept loop, a log flush): no scope, no spawn site.
+      def internal?
+        @internal == true
+      end
+
+      # @api private
+      # Marks this new, pending root as NeverBlock's own (#internal?).
+      # @return [void]
+      def internal!
+        @internal = true
+      end
+
+      # @api private
+      # Makes this new, pending root one the app started from `spawner`
+      # (the task running the spawn; nil outside any): it joins the scope of
+      # spawner's tree and, with `site` (a detached spawn), records where it
+      # was spawned ({SpawnSite}).
+      # @return [void]
+      def root_from(spawner, site)
+        @spawned_at = SpawnSite.find if site
+        @scope = spawner.tree_scope if spawner
+      end
+
+      # @api private
+      # @return [Object, nil] the {#scope} of this task's tree (its root's).
+      def tree_scope
+        root = self
+        while (parent = root.parent)
+          root = parent
+        end
+        root.scope
+      end
 
       # @api private
       # @return [Integer] its number among its parent's children.
@@ -147,7 +203,8 @@ module NeverBlock
         @reaper = nil
       end
 
-      # Children that outlived the wait: logged, then roots of their own.
+      # Children that outlived the wait: logged, then roots of their own,
+      # in the scope of this tree.
       def abandon(children)
         return if children.nil? || children.empty?
 
@@ -156,9 +213,11 @@ module NeverBlock
             "#{NeverBlock.cancel_timeout} s (they rescue NeverBlock::Cancelled, or wait in a C call); " \
             "detached: #{children.map(&:inspect).join(', ')}"
         end
+        scope = tree_scope
         children.each do |child|
           @children.delete(child)
           child.parent = nil
+          child.scope = scope
         end
       end
 
@@ -180,8 +239,9 @@ module NeverBlock
         children.each_key do |child|
           if parent
             parent.take_child(child, seq)
-          else
+          else # roots in this root's scope
             child.parent = nil
+            child.scope = @scope
           end
         end
         @children = nil

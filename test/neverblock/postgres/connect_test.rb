@@ -2,6 +2,7 @@
 
 require "test_helper"
 require "socket"
+require "tmpdir"
 require "neverblock/postgres"
 
 # Opening connections: bounded retries with backoff while the server cannot
@@ -58,6 +59,31 @@ class PostgresConnectTest < NeverBlockTest
     assert_includes error.message, "#{pg_conninfo[:user]}@#{pg_conninfo[:host]}:#{pg_conninfo[:port]}"
     refute_includes error.message, "not-the-password"
     assert_kind_of PG::ConnectionBad, error.cause
+  end
+
+  # libpq takes what the pool is not given from PGHOST, PGPORT, PGUSER and
+  # PGDATABASE: the error names the server it tried, not libpq's defaults.
+  def test_the_error_names_the_server_the_pg_environment_variables_chose
+    port = closed_port
+    with_env("PGHOST" => "127.0.0.1", "PGPORT" => port.to_s, "PGUSER" => "crawler", "PGDATABASE" => "pages") do
+      db = client_from(connect_retries: 0)
+      error = assert_raises(NeverBlock::ConnectError) { db.exec("SELECT 1") }
+      assert_match(%r{\Acannot connect to postgres://crawler@127\.0\.0\.1:#{port}/pages: 1 attempt in}, error.message)
+      assert_match(/port #{port} failed/, error.message, "libpq's own error, about the same server")
+    end
+  end
+
+  # Given parameters win over the environment; a Unix socket is named in
+  # the query, as libpq's URIs name it.
+  def test_the_error_names_a_unix_socket_and_given_parameters_over_the_environment
+    Dir.mktmpdir do |dir|
+      with_env("PGHOST" => "127.0.0.1", "PGPORT" => "1") do
+        db = client_from(host: dir, port: 6543, user: "app", dbname: "app", connect_retries: 0)
+        error = assert_raises(NeverBlock::ConnectError) { db.exec("SELECT 1") }
+        assert_match(%r{\Acannot connect to postgres://app@/app\?host=#{Regexp.escape(dir)}&port=6543: }, error.message)
+        assert_includes error.message, "#{dir}/.s.PGSQL.6543"
+      end
+    end
   end
 
   def test_an_unknown_database_raises_connect_error_at_once_without_retrying
@@ -126,6 +152,16 @@ class PostgresConnectTest < NeverBlockTest
             "so it would stay down: not restarting it; run this test with bin/test"
     end
     pg_restart!(postmaster)
+  end
+
+  # Runs the block with these environment variables set (nil: unset), and
+  # puts them back.
+  def with_env(variables)
+    saved = variables.keys.to_h { |name| [name, ENV.fetch(name, nil)] }
+    variables.each { |name, value| ENV[name] = value }
+    yield
+  ensure
+    saved.each { |name, value| ENV[name] = value }
   end
 
   # A port on 127.0.0.1 that nothing listens on.

@@ -3,6 +3,7 @@
 require "test_helper"
 require "securerandom"
 require "neverblock/postgres"
+require_relative "../../support/tcp_relay"
 
 # NeverBlock::Postgres.pool(pipeline: true): statements from many fibers
 # share each connection (libpq pipeline mode), each fiber gets its own
@@ -200,6 +201,44 @@ class PostgresPipelineTest < NeverBlockTest
     assert_equal "1", db.exec("SELECT 1").getvalue(0, 0)
   end
 
+  # The state the fault-injection run hung in, made on purpose: a sender's
+  # libpq call finds the connection gone while the lane's reader waits on
+  # its socket. After an error the pipeline is aborted until its sync
+  # point, and libpq then writes each statement as it is queued; a write
+  # that fails makes libpq read, and when it reads the end of the
+  # connection it closes the socket. epoll forgets a closed descriptor
+  # without a word, so the reader, waiting for that sync point, was never
+  # woken: the lane kept its connection (here the pool's only one) for good.
+  def test_a_connection_lost_under_a_sender_while_the_reader_waits_goes_back_to_the_pool
+    relay = TcpRelay.new(pg_conninfo[:host], pg_conninfo[:port])
+    db = client(size: 1, timeout: 1, host: "127.0.0.1", port: relay.port)
+    open_connections(db, 1)
+    relay.hold
+    failing = NeverBlock.spawn do
+      db.exec("SELECT 1/0")
+    rescue PG::Error => e
+      e
+    end
+    relay.release_through("E") # the error; its sync point is held back
+    # Lets a loop turn look at the socket (the error is in it already): the
+    # reader takes the error and waits for the sync point.
+    sleep 0.01
+    # Within this turn, before the loop looks at the socket again: the
+    # connection is reset (a blocking fiber, so that closing the relay's
+    # sockets does not yield to the loop), and a statement is sent on it.
+    Fiber.new(blocking: true) { relay.reset }.resume
+    error = assert_raises(PG::Error) { db.exec("SELECT 2") }
+    assert_match(/server closed the connection|connection/i, error.message)
+    assert_kind_of NeverBlock::Postgres::OutcomeUnknown, failing.value
+    deadline = now + 5
+    sleep 0.01 until db.stats[:in_use].zero? || now > deadline
+    assert_equal 0, db.stats[:in_use], "the lane kept its connection: its reader still waits on the closed socket"
+    assert_equal "1", db.exec("SELECT 1").getvalue(0, 0), "a new connection through the relay"
+  ensure
+    db&.close
+    relay&.close
+  end
+
   private
 
   def client(**options)
@@ -278,5 +317,61 @@ class PostgresPipelineForeignSchedulerTest < PlainTest
     assert_equal (0...10).reject { |i| i == 3 }.map(&:to_s), outcomes
   ensure
     db&.close
+  end
+
+  # PostgresPipelineTest's lost connection under async: the reader, left
+  # waiting on a socket libpq closed in a sender, is stopped through the
+  # scheduler's `raise`. (Without that, the reactor would wait for it
+  # forever: the loop runs on a thread of its own, given 30 s.) On epoll,
+  # as NeverBlock's loop by default: async's default, io_uring, keeps a
+  # closed socket's file open while it polls it, so there the reset still
+  # wakes the reader.
+  def test_a_connection_lost_under_a_sender_while_the_reader_waits_goes_back_to_the_pool
+    relay = TcpRelay.new(pg_conninfo[:host], pg_conninfo[:port])
+    db = NeverBlock::Postgres.pool(size: 1, timeout: 1, pipeline: true, **pg_conninfo,
+                                   host: "127.0.0.1", port: relay.port)
+    loop_thread = Thread.new do
+      async_on_epoll do |task|
+        db.with { nil } # opens the connection
+        relay.hold
+        failing = task.async do
+          db.exec("SELECT 1/0")
+        rescue PG::Error => e
+          e
+        end
+        relay.release_through("E") # the error; its sync point is held back
+        sleep 0.01 # the reader takes the error and waits for the sync point
+        Fiber.new(blocking: true) { relay.reset }.resume
+        sent = begin
+          db.exec("SELECT 2")
+        rescue PG::Error => e
+          e
+        end
+        deadline = NeverBlock::Clock.now + 5
+        sleep 0.01 until db.stats[:in_use].zero? || NeverBlock::Clock.now > deadline
+        [sent, failing.wait, db.stats[:in_use]]
+      end
+    end
+    assert loop_thread.join(30), "the reactor did not end: a reader still waits (#{db.stats})"
+    sent, failed, in_use = loop_thread.value
+    assert_kind_of PG::Error, sent
+    assert_kind_of NeverBlock::Postgres::OutcomeUnknown, failed
+    assert_equal 0, in_use, "the lane kept its connection"
+    assert_equal "1", db.exec("SELECT 1").getvalue(0, 0), "a new connection through the relay"
+  ensure
+    loop_thread&.kill
+    db&.close
+    relay&.close
+  end
+
+  private
+
+  # Async's reactor on io-event's epoll selector, running the block as its
+  # first task. @return the block's value
+  def async_on_epoll(&block)
+    reactor = Async::Reactor.new(selector: IO::Event::Selector::EPoll.new(Fiber.current)) # the thread's scheduler now
+    reactor.run(&block).wait
+  ensure
+    Fiber.set_scheduler(nil)
   end
 end

@@ -109,6 +109,22 @@ class ServerCancellationDatabasesTest < PlainTest
     hang_up_during("/") { postgres_running }
   end
 
+  # A streaming body whose chunks each wait on a query a task of theirs
+  # runs: the client's hang-up cancels the query, not just the next write.
+  def test_a_hang_up_during_a_streamed_body_cancels_the_query_its_chunk_waits_on
+    @pool = NeverBlock::Postgres.pool(size: 1, **pg_conninfo)
+    pool = @pool
+    marker = @marker
+    body = Object.new
+    body.define_singleton_method(:each) do |&write|
+      write.call("first\n")
+      3.times { write.call(NeverBlock.spawn { pool.exec("SELECT pg_sleep(10) /* #{marker} */") }.value.first.to_s) }
+    end
+    start_server(->(_env) { [200, { "content-type" => "text/plain" }, body] })
+    hang_up_during("/") { postgres_running }
+    eventually(timeout: 5) { pool.stats[:in_use].zero? }
+  end
+
   def test_a_hang_up_cancels_the_query_of_neverblock_postgresql
     info = pg_conninfo
     PostgresRecord.establish_connection(adapter: "neverblock_postgresql", host: info[:host], port: info[:port],

@@ -6,6 +6,7 @@ require "tmpdir"
 require "open3"
 require "neverblock/server"
 require "neverblock/cli"
+require "neverblock/server/cluster/prometheus"
 
 # The master's control listener (`--control`) and `neverblock ctl`, on real
 # processes: /metrics for the whole cluster, checked by Debian's promtool and
@@ -37,6 +38,68 @@ class ServerControlTest < PlainTest
     assert_match(/^neverblock_worker_restarts_total\{cause="watchdog"\} 0$/, text)
     output, status = Open3.capture2e("promtool", "check", "metrics", stdin_data: text)
     assert status.success?, "promtool check metrics:\n#{output}"
+  end
+
+  # docs/server.md names every series /metrics has: in full, or as a
+  # `_suffix` after a series of the same family named in full
+  # (`neverblock_db_pool_size`, `_in_use`).
+  def test_the_server_docs_list_every_metric
+    docs = File.read(File.expand_path("../../../docs/server.md", __dir__))
+    named = docs.scan(/`(neverblock_[a-z_]+)`/).flatten.uniq
+    missing = NeverBlock::Server::Cluster::Prometheus::FAMILIES.keys.reject do |name|
+      named.include?(name) || named.any? do |full|
+        [*full.enum_for(:scan, "_").map { Regexp.last_match.begin(0) }, full.size].any? do |cut|
+          name.start_with?(full[0...cut]) && docs.include?("`#{name.delete_prefix(full[0...cut])}`")
+        end
+      end
+    end
+    assert_empty missing, "series /metrics has that docs/server.md does not list"
+  end
+
+  # Prometheus's counter semantics across the two restarts: a worker
+  # index's count restarts with its process, the master's does not.
+  def test_counters_never_go_down_across_a_rolling_restart_and_a_hot_restart_and_count_every_request
+    port = free_port # (the same after the hot restart)
+    server = serve("pids.ru", "-w", "2", "--control", "tcp://127.0.0.1:#{port}", "--control-token", TOKEN)
+    old_workers = eventually { (w = worker_pids(server[:pid])).size == 2 && w }
+    scrapes = []
+    scraping = true
+    scraper = Thread.new do
+      while scraping
+        body = control_get(port, "/metrics").body rescue nil # rubocop:disable Style/RescueModifier -- the listener is down during the exec
+        scrapes << counter_series(body) if body
+        sleep 0.05 # (pacing, not a wait: every scrape is checked)
+      end
+    end
+    served = 0
+    serve_some = lambda do |count|
+      count.times { assert_equal "200", get(server).code }
+      served += count
+      @context = -> { "\n#{served} served, the last scrape counted #{scrapes.last && requests_total_of(scrapes.last)}; output:\n#{output_lines(server).join}" }
+      eventually(timeout: 30) { scrapes.last && requests_total_of(scrapes.last) == served }
+    end
+
+    serve_some.call(10)
+    Process.kill("USR2", server[:pid])
+    wait_for_line(server, /rolling restart done/, timeout: 60)
+    assert old_workers.none? { |pid| alive?(pid) }
+    serve_some.call(5)
+    Process.kill("HUP", server[:pid])
+    wait_for_line(server, /hot restart done; the old workers/, timeout: 60)
+    serve_some.call(5)
+    scraping = false
+    scraper.join
+
+    assert_equal 20, requests_total_of(scrapes.last)
+    scrapes.each_cons(2) do |before, after|
+      before.each do |series, value|
+        assert_operator after.fetch(series, value), :>=, value, "#{series} went down"
+      end
+    end
+    stats = JSON.parse(control_get(port, "/stats").body)
+    assert_equal 20, stats["requests_total"]
+    assert_equal 20, stats.dig("totals", "requests").values.sum
+    assert_equal 1, stats["hot_restarts"]
   end
 
   def test_a_real_prometheus_scrapes_the_cluster
@@ -90,7 +153,7 @@ class ServerControlTest < PlainTest
         app = release.accept # the request is in flight until this connection gets a byte
         out, status = ctl(socket, "tasks")
         assert status.success?, out
-        assert_match(/GET \/held\?\d+ from 127\.0\.0\.1, in .* waits:/, JSON.parse(out)["workers"].map { |w| w["tasks"] }.join)
+        assert_match(/GET \/held\?\d+ from 127\.0\.0\.1, in .* waits:/, out)
         app.write(".")
         app.close
         assert_equal "200", held.value.code
@@ -108,6 +171,33 @@ class ServerControlTest < PlainTest
       assert status.success?, out
       assert wait_exit(server).success?
       refute File.exist?(socket), "the socket file is removed"
+    end
+  end
+
+  # Plain text, not the JSON /tasks answers with: each worker's tasks by
+  # kind, each with where it comes from and its backtrace.
+  def test_ctl_tasks_prints_each_workers_tasks_by_kind_as_text
+    in_tmpdir_socket do |socket|
+      server = serve("poller.ru", "-w", "1", "--control", "unix://#{socket}")
+      worker = worker_pids(server[:pid]).first
+      TCPServer.open("127.0.0.1", 0) do |release|
+        held = Thread.new { get(server, "/held?#{release.addr[1]}") }
+        assert release.wait_readable(30), "the request for /held reached its worker"
+        app = release.accept # the request is in flight until this connection gets a byte
+        out, status = ctl(socket, "tasks")
+        assert status.success?, out
+        fixture = Regexp.escape(File.join(FIXTURES, "poller.ru"))
+        lines = File.readlines(File.join(FIXTURES, "poller.ru"))
+        poller = lines.index { |line| line.include?("# POLLER_LINE") } + 1
+        child = lines.index { |line| line.include?("# CHILD_LINE") } + 1
+        assert_match(/\Aworker 0 \(pid #{worker}\):\n\d+ tasks: 1 requests in flight, 1 children, 1 detached, \d+ the server's own; /, out)
+        assert_match(/^requests in flight \(1\):\n  GET \/held\?\d+ from 127\.0\.0\.1, in #<NeverBlock::Task:0x\h+ running [^>]*>, waits:\n    \S/, out)
+        assert_match(/^children \(1\):\n  #<NeverBlock::Task:0x\h+ running \(#{fixture}:#{child}\)>, child of the request GET \/held, waits:\n    \S/, out)
+        assert_match(/^detached \(1\):\n  #<NeverBlock::Task:0x\h+ running \(#{fixture}:#{poller}\)>, spawned detached at #{fixture}:#{poller}, waits:\n    \S/, out)
+        app.write(".")
+        app.close
+        assert_equal "200", held.value.code
+      end
     end
   end
 
@@ -262,6 +352,10 @@ class ServerControlTest < PlainTest
     queued
   end
 
+  def failure_context
+    @context ? @context.call : ""
+  end
+
   def pg_env
     { "NB_TEST_PG" => JSON.generate(pg_conninfo) }
   end
@@ -275,6 +369,16 @@ class ServerControlTest < PlainTest
     Net::HTTP.start("127.0.0.1", port, open_timeout: 5, read_timeout: 10) do |http|
       http.get(path, token ? { "authorization" => "Bearer #{token}" } : {})
     end
+  end
+
+  # @return [Hash{String => Float}] every counter's and histogram's series
+  #   (the line without its value) and its value.
+  def counter_series(text)
+    text.scan(/^(neverblock_\w+(?:_total|_bucket|_sum|_count)(?:\{[^}]*\})?) (\S+)$/).to_h { |series, value| [series, Float(value)] }
+  end
+
+  def requests_total_of(series)
+    series.sum { |name, value| name.start_with?("neverblock_requests_total{") ? value : 0 }.to_i
   end
 
   def requests_total(text)

@@ -83,3 +83,8 @@ class ServerDifferentialTest < PlainTest
     assert verdicts.values.any? { |verdict| verdict.label == "ok" }, "nothing was served #{path}: #{verdicts.transform_values(&:label)}"
   end
 end
+
+# The same, every head through llhttp (as without the C extension).
+class ServerDifferentialLlhttpHeadsTest < ServerDifferentialTest
+  include LlhttpHeads
+end

@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require_relative "server_helper"
+require_relative "smuggling_corpus"
 
 # Message framing: where each request and its body end. A front proxy and
 # the server must agree on it byte for byte, or the bytes after a body
@@ -21,7 +22,11 @@ class ServerFramingTest < PlainTest
   # Parses `pieces` in order with a fresh parser.
   # @return [Array] the refusal's status (nil when none) and [path, body] per request read.
   def parse(pieces, head_parser:)
-    parser = Parser.new(LIMITS, {}, "localhost", "80", head_parser)
+    parse_with(LIMITS, pieces, head_parser: head_parser)
+  end
+
+  def parse_with(limits, pieces, head_parser:)
+    parser = Parser.new(limits, {}, "localhost", "80", head_parser)
     status = nil
     pieces.each do |piece|
       parser << piece.b
@@ -134,17 +139,158 @@ class ServerFramingTest < PlainTest
 
   def test_empty_lines_before_a_request_are_skipped
     assert_parses [nil, [["/next", ""], ["/next", ""]]], "\r\n\r\n#{NEXT}\r\n#{NEXT}"
+    assert_parses [nil, [["/next", ""], ["/next", ""]]], "#{"\r\n" * 4}#{NEXT}#{"\r\n" * 4}#{NEXT}"
   end
 
-  def test_content_length_bodies_and_pipelining_however_read
-    post = "POST /form HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello"
-    repeated = "POST /form HTTP/1.1\r\nHost: a\r\nX-A: 1\r\nX-A: 2\r\nContent-Length: 3\r\n\r\nabc" # llhttp's head
-    assert_parses [nil, [["/form", "hello"], ["/form", "abc"], ["/next", ""]]], post + repeated + NEXT
+  # RFC 9112 2.2 asks a server to ignore at least one; a client that keeps
+  # sending them is not making a request.
+  def test_more_than_four_empty_lines_before_a_request_are_refused
+    assert_parses [400, []], "#{"\r\n" * 5}#{NEXT}"
+    assert_parses [400, [["/next", ""]]], "#{NEXT}#{"\r\n" * 5}#{NEXT}"
   end
 
-  def test_nothing_is_read_after_a_request_not_kept_alive
-    closing = "POST /last HTTP/1.1\r\nHost: a\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n0\r\n\r\n"
-    assert_parses [nil, [["/last", "a"]]], closing + SMUGGLED
+  # Lines end in CRLF there too: a bare CR or LF is no empty line.
+  def test_a_bare_cr_or_lf_before_a_request_is_refused
+    ["\n", "\r\r\n", "\r\n\n", "\rGET"].each do |before|
+      assert_parses [400, []], "#{before}#{NEXT}"
+    end
+  end
+
+  def test_empty_lines_only_tells_whether_the_bytes_are_empty_lines_the_parser_takes
+    parser = Parser.new(LIMITS, {}, "localhost", "80", false)
+    assert parser.at_boundary?
+    assert parser.empty_lines_only?("\r\n\r".b)
+    parser << "\r\n\r".b
+    refute parser.at_boundary?, "it read an empty line and the CR of another"
+    assert parser.empty_lines_only?("\n\r\n\r\n".b)
+    refute parser.empty_lines_only?("\n\r\n\r\n\r\n".b), "the fifth line is refused by #<<"
+    refute parser.empty_lines_only?("\nG".b), "a request begins"
+    refute parser.empty_lines_only?("\r".b), "a bare CR"
+    parser << "\n#{NEXT}".b
+    assert parser.at_boundary?
+    assert_equal ["/next"], parser.requests.map { |request| request.env["PATH_INFO"] }
+  end
+
+  # --- request lines ---------------------------------------------------------
+
+  # RFC 9112 3: `method SP request-target SP HTTP-version CRLF`; llhttp 8.1
+  # takes HTAB and FF in a target (and the fast path declines them).
+  def test_control_bytes_in_the_request_target_are_refused
+    ["GET /a\tHTTP/1.1 HTTP/1.1", "GET /a\fb HTTP/1.1", "GET /a\vb HTTP/1.1", "GET /a\x7Fb HTTP/1.1",
+     "GET /a\x01b HTTP/1.1", "GET\t/a HTTP/1.1", "GET /a HTTP/1.1\t"].each do |line|
+      assert_parses [400, []], "#{line}\r\nHost: a\r\n\r\n#{SMUGGLED}"
+    end
+    assert_parses [nil, [["/caf\xC3\xA9".b, ""]]], "GET /caf\xC3\xA9 HTTP/1.1\r\nHost: a\r\n\r\n" # obs-text stays
+  end
+
+  # These were checked only when the whole line came in one read.
+  def test_a_malformed_request_line_is_refused_however_it_is_read
+    ["GET  /a HTTP/1.1", "GET /a  HTTP/1.1", "GET /a HTTP/1.1 ", " GET /a HTTP/1.1", "GET /a HTTP/1.1\rX"].each do |line|
+      assert_parses [400, []], "#{line}\r\nHost: a\r\n\r\n#{SMUGGLED}"
+    end
+    assert_parses [400, []], "GET /a HTTP/1.1\nHost: a\r\n\r\n#{SMUGGLED}"
+  end
+
+  def test_a_request_line_over_the_target_limit_is_414_however_it_is_read
+    limits = NeverBlock::Server::Limits.build(max_request_target: 64)
+    line_max = 64 + Parser::HeadForm::LINE_SLACK
+    [["GET /#{'a' * 63} HTTP/1.1", nil], ["GET /#{'a' * 64} HTTP/1.1", 414], ["GET /#{'a' * line_max}", 414]].each do |line, status|
+      bytes = "#{line}\r\nHost: a\r\n\r\n".b
+      verdicts = readings(bytes).map { |pieces| parse_with(limits, pieces, head_parser: false).first }.uniq
+      assert_equal [status], verdicts, line
+    end
+  end
+
+  def test_a_header_block_over_the_limit_is_431_however_it_is_read
+    limits = NeverBlock::Server::Limits.build(max_header_bytes: 40)
+    verdicts = (10..35).map do |pad|
+      bytes = "GET / HTTP/1.1\r\nHost: a\r\nX-Pad: #{'p' * pad}\r\n\r\n".b
+      statuses = readings(bytes).map { |pieces| parse_with(limits, pieces, head_parser: false).first }.uniq
+      assert_equal 1, statuses.size, "one verdict for a #{pad}-byte value: #{statuses}"
+      statuses.first
+    end
+    assert_equal [nil, 431], verdicts.uniq, "the limit lies within"
+  end
+
+  # A head is held until it ends; one that cannot be valid is refused at
+  # once, not at header_timeout (it may never end).
+  def test_a_head_with_a_bare_cr_or_lf_is_refused_before_it_ends
+    ["GET / HTTP/1.1\r\nHost: a\nX-A: b", "GET / HTTP/1.1\r\nHost: a\r\n\rX", "GET /a\rb", "GET /a\nb",
+     "GET / HTTP/1.1\r\nHost: a\rX-A: b"].each do |bytes|
+      assert_parses [400, []], bytes
+    end
+  end
+
+  # --- header values ------------------------------------------------------------
+
+  # OWS is SP or HTAB (RFC 9110 5.6.3); llhttp 8.1 refused `5\t`.
+  def test_blanks_after_a_content_length_may_be_tabs
+    assert_parses [nil, [["/form", "hello"], ["/next", ""]]], "POST /form HTTP/1.1\r\nHost: a\r\nContent-Length: 5\t\r\n\r\nhello#{NEXT}"
+    assert_parses [nil, [["/form", "hello"]]], "POST /form HTTP/1.1\r\nHost: a\r\nContent-Length:\t5 \t \r\n\r\nhello"
+    assert_parses [400, []], "POST /form HTTP/1.1\r\nHost: a\r\nContent-Length: 5\t5\r\n\r\nhello"
+  end
+
+  # RFC 9112 5.2: a server rejects obs-fold (or replaces it); llhttp took it
+  # after an empty value as the value.
+  def test_a_header_line_continued_on_the_next_is_refused
+    ["X:\r\n b", "X: \r\n\tb", "X: a\r\n b", "X:\t\r\n \r\nY: c"].each do |header|
+      assert_parses [400, []], "GET /a HTTP/1.1\r\nHost: a\r\n#{header}\r\n\r\n#{SMUGGLED}"
+    end
+    assert_parses [400, []], "GET /a HTTP/1.1\r\n Host: a\r\n\r\n#{SMUGGLED}"
+  end
+
+  def test_tabs_inside_a_value_are_kept
+    parser = Parser.new(LIMITS, {}, "localhost", "80", false)
+    parser << "GET / HTTP/1.1\r\nHost: a\r\nX-A: \ta\tb \t\r\n\r\n".b
+    assert_equal "a\tb", parser.requests.first.env["HTTP_X_A"]
+  end
+
+  # --- transfer codings ---------------------------------------------------------
+
+  # The server decodes chunked only; the app is never given a body in a
+  # coding nothing tells it of.
+  def test_transfer_codings_other_than_chunked_are_501
+    ["identity, chunked", "gzip, chunked", "x-custom,chunked", "deflate , gzip, chunked"].each do |coding|
+      assert_parses [501, []], "POST /a HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: #{coding}\r\n\r\n5\r\nhello\r\n0\r\n\r\n#{NEXT}"
+    end
+    assert_parses [501, []], "POST /a HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+  end
+
+  def test_transfer_codings_that_leave_the_length_unknown_are_400
+    ["chunked, chunked", "chunked, gzip", "identity", "gzip", "\"chunked\"", ","].each do |coding|
+      assert_parses [400, []], "POST /a HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: #{coding}\r\n\r\n0\r\n\r\n#{NEXT}"
+    end
+  end
+
+  def test_chunked_in_any_case_with_blanks_and_empty_list_elements_is_chunked
+    ["chunked", "CHUNKED", "chunked\t", " ,chunked", ", chunked"].each do |coding|
+      assert_parses [nil, [["/a", "hello"], ["/next", ""]]],
+                    "POST /a HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: #{coding}\r\n\r\n5\r\nhello\r\n0\r\n\r\n#{NEXT}"
+    end
+  end
+
+  # --- the smuggling corpus -----------------------------------------------------
+
+  # One verdict per request: every case of the corpus parses the same
+  # whole as in two reads split anywhere in its head (its first 300
+  # bytes), at every 13th byte of the next 1,200 and in its last 8 (chunked
+  # bodies are split everywhere above), with and without the C head parser.
+  def test_every_corpus_case_parses_the_same_however_it_is_split
+    limits = NeverBlock::Server::Limits.build({})
+    SmugglingCorpus::CASES.each do |kase|
+      bytes = kase.bytes
+      size = bytes.bytesize
+      head = [bytes.index("\r\n\r\n", 8) || size, 300].min + 4
+      splits = (1...size).select { |at| at <= head || ((at % 13).zero? && at < 1500) || at > size - 8 }
+      [false, Parser.head_parser?].uniq.each do |head_parser|
+        whole = parse_with(limits, [bytes], head_parser: head_parser)
+        splits.each do |at|
+          pieces = [bytes.byteslice(0, at), bytes.byteslice(at, size - at)]
+          assert_equal whole, parse_with(limits, pieces, head_parser: head_parser),
+                       -> { "#{kase.name} split at #{at} (head_parser: #{head_parser}): #{pieces.inspect[0, 300]}" }
+        end
+      end
+    end
   end
 
   # --- end to end ------------------------------------------------------------

@@ -138,6 +138,45 @@ class ServerReforkTest < PlainTest
     assert_operator log.scan(/served \d+ requests \(refork_after 10\)/).size, :>=, 2, log
   end
 
+  # refork_after counted requests, and promoted a worker that had not
+  # built the app's cache: refork_when says what warm means.
+  def test_refork_when_holds_a_promotion_until_a_worker_reports_it_is_warm
+    Dir.mktmpdir do |dir|
+      config = File.join(dir, "config.rb")
+      File.write(config, "refork_after 3, false\nrefork_when { |index| CACHE.any? }\n")
+      server = serve("refork.ru", "-w", "2", "-C", config, env: { "NB_REFORK_WARM_PATH" => "/warm" })
+      eventually(timeout: 30) do
+        get(server)
+        output_lines(server).join.match?(/served \d+ requests \(refork_after 3\) but is not warm yet \(refork_when\)/)
+      end
+      refute_match(/is the mold/, output_lines(server).join, "no worker was promoted cold")
+      warmed = get(server, "/warm").body.split.map { |number| Integer(number) }.first
+      mold = eventually(timeout: 60) do # (it may still have to reach the count)
+        get(server)
+        output_lines(server).join[/\(pid (\d+)\) served \d+ requests \(refork_after 3\) and is warm \(refork_when\)/, 1]&.to_i
+      end
+      assert_equal warmed, mold, "the worker that built its cache became the mold"
+      wait_for_line(server, /refork done/, timeout: 60)
+      workers(server).each { |pid| assert_equal mold, answer_from(server, pid), "worker #{pid} has the mold's cache" }
+    end
+  end
+
+  def test_a_refork_when_that_raises_is_logged_once_and_counts_as_not_warm
+    Dir.mktmpdir do |dir|
+      config = File.join(dir, "config.rb")
+      File.write(config, "refork_after 2, false\nrefork_when { |index| raise 'cache not reachable' }\n")
+      server = serve("refork.ru", "-w", "1", "--worker-timeout", "0.4", "-C", config) # (a check every 0.1 s)
+      eventually(timeout: 30) do
+        get(server)
+        output_lines(server).join.match?(/served \d+ requests \(refork_after 2\) but is not warm yet/)
+      end
+      5.times { get(server) }
+      log = output_lines(server).join
+      assert_equal 1, log.scan(/refork_when raised RuntimeError: cache not reachable; it counts as not warm/).size, log
+      refute_match(/is the mold/, log)
+    end
+  end
+
   def test_refork_after_needs_request_counts
     error = assert_raises(ArgumentError) { NeverBlock::Server.new(->(_env) {}, workers: 2, refork_after: [10, 0]) }
     assert_match(/refork_after must be request counts above 0/, error.message)
@@ -152,10 +191,11 @@ class ServerReforkTest < PlainTest
 
   def test_a_config_file_sets_refork_after_and_before_refork
     Dir.mktmpdir do |dir|
-      File.write(File.join(dir, "config.rb"), "refork_after 50, 500\nbefore_refork { |index| index }\n")
+      File.write(File.join(dir, "config.rb"), "refork_after 50, 500\nbefore_refork { |index| index }\nrefork_when { |index| index.zero? }\n")
       options = NeverBlock::CLI::ConfigFile.load(File.join(dir, "config.rb"))
       assert_equal [50, 500], options[:refork_after]
       assert_respond_to options[:before_refork], :call
+      assert_equal [true, false], [options[:refork_when].call(0), options[:refork_when].call(1)]
     end
   end
 

@@ -87,7 +87,62 @@ class ServerRequestTimeoutTest < PlainTest
     status, _headers, body = read_response(socket)
     assert_equal 504, status
     assert_equal "gave up: request_timeout of 0.3 s expired\n", body
-    assert_equal 0, @server.stats[:requests_timed_out], "the app answered: not counted as a timeout"
+  end
+
+  # The app's own answer does not hide the timeout from the operator: one
+  # warning, one count (not two: the answer is written without a deadline).
+  def test_an_expiry_the_app_rescued_is_logged_and_counted_once
+    app = lambda do |_env|
+      sleep 10
+      [200, {}, ["never"]]
+    rescue NeverBlock::Server::RequestTimeout
+      [504, { "content-type" => "text/plain" }, ["gave up\n"]]
+    end
+    start_server(app, request_timeout: 0.3)
+    socket = connect
+    socket.write(get("/report"))
+    assert_equal 504, read_response(socket).first
+    eventually { @server.stats[:requests_timed_out] == 1 }
+    lines = @log.string.lines.grep(/timed out/)
+    assert_equal 1, lines.size, @log.string
+    assert_match(%r{WARN .*GET /report timed out after 0\.\d+ s \(request_timeout 0\.3 s, pid #{Process.pid}\); }, lines.first)
+    assert_match(/\); the app rescued the expiry and answered 504$/, lines.first)
+    socket.write(get("/report"))
+    assert_equal 504, read_response(socket).first, "the connection stays open for the next request"
+    eventually { @server.stats[:requests_timed_out] == 2 }
+  end
+
+  # The same for a body whose each waited past the deadline and rescued it.
+  def test_an_expiry_a_streaming_body_rescued_is_logged_and_counted
+    body = Object.new
+    def body.each
+      yield "first\n"
+      sleep 10
+    rescue NeverBlock::Server::RequestTimeout
+      yield "stopped early\n"
+    end
+    start_server(->(_env) { [200, { "content-type" => "text/plain" }, body] }, request_timeout: 0.3)
+    socket = connect
+    socket.write(get)
+    status, _headers, text = read_response(socket)
+    assert_equal [200, "first\nstopped early\n"], [status, text]
+    eventually { @server.stats[:requests_timed_out] == 1 }
+    assert_match(%r{GET / timed out after .*; the app rescued the expiry and answered 200}, @log.string)
+  end
+
+  # An app that answers past its deadline without waiting was never
+  # interrupted: that is not a timeout (nothing to log or count).
+  def test_an_answer_computed_past_the_deadline_without_a_wait_is_not_a_timeout
+    app = lambda do |_env|
+      computed_until = NeverBlock::Clock.now + 0.4
+      nil while NeverBlock::Clock.now < computed_until
+      [200, { "content-type" => "text/plain" }, ["late\n"]]
+    end
+    start_server(app, request_timeout: 0.2)
+    socket = connect
+    socket.write(get)
+    assert_equal [200, "late\n"], read_response(socket).values_at(0, 2)
+    assert_equal 0, @server.stats[:requests_timed_out]
     refute_match(/timed out/, @log.string)
   end
 

@@ -66,6 +66,8 @@ module SmugglingCorpus
     "twice" => "Transfer-Encoding: chunked\r\nTransfer-Encoding: x",
     "chunked-twice" => "Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked",
     "identity-chunked" => "Transfer-Encoding: identity, chunked",
+    "gzip-chunked" => "Transfer-Encoding: gzip, chunked",
+    "tab-after" => "Transfer-Encoding: chunked\t",
     "chunked-identity" => "Transfer-Encoding: chunked, identity",
     "upper-value" => "Transfer-Encoding: CHUNKED",
     "upper-name" => "TRANSFER-ENCODING: chunked",
@@ -184,6 +186,8 @@ module SmugglingCorpus
     ["cl-overflow", "Content-Length", "POST /cl-overflow HTTP/1.1\r\nHost: a\r\nContent-Length: 18446744073709551616\r\n\r\n{smuggled}"], # 2**64
     ["cl-leading-zeros", "Content-Length", "POST /cl-leading-zeros HTTP/1.1\r\nHost: a\r\nContent-Length: 000128\r\n\r\n{smuggled}"],
     ["cl-tabs", "Content-Length", "POST /cl-tabs HTTP/1.1\r\nHost: a\r\nContent-Length:\t128\t\r\n\r\n{smuggled}"],
+    ["cl-trailing-tab", "Content-Length", "POST /cl-trailing-tab HTTP/1.1\r\nHost: a\r\nContent-Length: 128\t\r\n\r\n{smuggled}"],
+    ["cl-trailing-blanks", "Content-Length", "POST /cl-trailing-blanks HTTP/1.1\r\nHost: a\r\nContent-Length: 128 \t \r\n\r\n{smuggled}"],
     ["cl-vertical-tab", "Content-Length", "POST /cl-vertical-tab HTTP/1.1\r\nHost: a\r\nContent-Length:\v128\r\n\r\n{smuggled}"],
     ["cl-space-before-colon", "Content-Length", "POST /cl-space-before-colon HTTP/1.1\r\nHost: a\r\nContent-Length : 128\r\n\r\n{smuggled}"],
     ["cl-obs-fold", "Content-Length", "POST /cl-obs-fold HTTP/1.1\r\nHost: a\r\nContent-Length:\r\n 128\r\n\r\n{smuggled}"],
@@ -199,11 +203,25 @@ module SmugglingCorpus
     ["tab-before-colon", "headers", "GET /tab-before-colon HTTP/1.1\r\nHost: a\r\nX-Header\t: v\r\n\r\n{smuggled}"],
     ["space-before-first-header", "headers", "GET /space-before-first-header HTTP/1.1\r\n Host: a\r\n\r\n{smuggled}"],
     ["obs-fold", "headers", "GET /obs-fold HTTP/1.1\r\nHost: a\r\nX-Header: v\r\n folded\r\n\r\n{smuggled}"],
+    ["obs-fold-empty-value", "headers", "GET /obs-fold-empty-value HTTP/1.1\r\nHost: a\r\nX-Header:\r\n folded\r\n\r\n{smuggled}"],
     ["nul-in-value", "headers", "GET /nul-in-value HTTP/1.1\r\nHost: a\r\nX-Header: a\x00b\r\n\r\n{smuggled}"],
     ["double-space", "request line", "GET  /double-space HTTP/1.1\r\nHost: a\r\n\r\n{smuggled}"],
     ["tab-separators", "request line", "GET\t/tab-separators\tHTTP/1.1\r\nHost: a\r\n\r\n{smuggled}"],
     ["space-after-version", "request line", "GET /space-after-version HTTP/1.1 \r\nHost: a\r\n\r\n{smuggled}"],
     ["lowercase-version", "request line", "GET /lowercase-version http/1.1\r\nHost: a\r\n\r\n{smuggled}"],
+    # HTAB and FF are no part of a request-target (RFC 9112 3.2); llhttp 8.1
+    # took both in one, so a reader that splits the line at the HTAB saw
+    # another target and version.
+    ["tab-in-target", "request line", "GET /tab-in-target\tHTTP/1.1 HTTP/1.1\r\nHost: a\r\n\r\n{smuggled}"],
+    ["ff-in-target", "request line", "GET /ff-in-target\fb HTTP/1.1\r\nHost: a\r\n\r\n{smuggled}"],
+    ["vertical-tab-in-target", "request line", "GET /vertical-tab-in-target\vb HTTP/1.1\r\nHost: a\r\n\r\n{smuggled}"],
+
+    # --- empty lines before the request line (RFC 9112 2.2) -----------------------------
+    # The smuggled request is the body: served by no server, whatever it makes of the lines.
+    ["empty-lines-few", "empty lines", "\r\n\r\nPOST /empty-lines-few HTTP/1.1\r\nHost: a\r\nContent-Length: 128\r\n\r\n{smuggled}"],
+    ["empty-lines-many", "empty lines", "#{"\r\n" * 8}POST /empty-lines-many HTTP/1.1\r\nHost: a\r\nContent-Length: 128\r\n\r\n{smuggled}"],
+    ["empty-line-bare-lf", "empty lines", "\nPOST /empty-line-bare-lf HTTP/1.1\r\nHost: a\r\nContent-Length: 128\r\n\r\n{smuggled}"],
+    ["empty-line-bare-cr", "empty lines", "\r\r\nPOST /empty-line-bare-cr HTTP/1.1\r\nHost: a\r\nContent-Length: 128\r\n\r\n{smuggled}"],
 
     # --- overlong lines: whoever refuses them must refuse the whole message ------------
     ["long-request-line", "overlong", "POST /long-request-line?#{'a' * 9000} HTTP/1.1\r\nHost: a\r\nContent-Length: 128\r\n\r\n{smuggled}"],
@@ -233,6 +251,9 @@ module SmugglingCorpus
      "POST /control-content-length HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello" \
      "GET /next?control-content-length HTTP/1.1\r\nHost: a\r\n\r\n",
      [["POST", "/control-content-length", 5], ["GET", "/next?control-content-length", 0]]],
+    ["control-empty-lines", "control",
+     "\r\nGET /control-empty-lines HTTP/1.1\r\nHost: a\r\n\r\n\r\n\r\nGET /next?control-empty-lines HTTP/1.1\r\nHost: a\r\n\r\n",
+     [["GET", "/control-empty-lines", 0], ["GET", "/next?control-empty-lines", 0]]],
     ["control-get", "control",
      "GET /control-get HTTP/1.1\r\nHost: a\r\n\r\nGET /next?control-get HTTP/1.1\r\nHost: a\r\n\r\n",
      [["GET", "/control-get", 0], ["GET", "/next?control-get", 0]]]

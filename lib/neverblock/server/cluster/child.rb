@@ -16,8 +16,10 @@ module NeverBlock
       # The worker writes one line per note ({Worker.report}): "booted" once
       # its app is loaded, "ready" once it accepts, "beat REQUESTS" while its
       # loop turns ("metrics JSON" with each beat when the master has a
-      # control listener), "dumped" when it logged its tasks, "tasks JSON"
-      # when the control listener asked, "boot-failed WHY" before it exits
+      # control listener; both once more when it stopped serving, added up
+      # by {Counters}), "dumped" when it logged its tasks, "tasks JSON"
+      # when the control listener asked, "warm" once `refork_when` returned
+      # true in it, "boot-failed WHY" before it exits
       # with its app not loaded. EOF means it exited.
       class Child
         # A status line is shorter (one write each, atomic on a pipe).
@@ -68,6 +70,8 @@ module NeverBlock
         attr_accessor :promoting
         # @return [String, nil] why it refused to become the mold.
         attr_reader :refusal
+        # @return [Boolean] `refork_when` returned true in it ({Refork}).
+        attr_reader :warm
 
         # @param index [Integer]
         # @param pid [Integer]
@@ -76,7 +80,9 @@ module NeverBlock
         # @param commands [IO]
         # @param max_requests [Integer, nil]
         # @param successor_of [Integer, nil]
-        def initialize(index:, pid:, generation:, status_reader:, commands:, max_requests: nil, successor_of: nil)
+        # @param counters [Counters, nil] where its heartbeats' counts are added up.
+        def initialize(index:, pid:, generation:, status_reader:, commands:, max_requests: nil, successor_of: nil,
+                       counters: nil)
           @index = index
           @pid = pid
           @generation = generation
@@ -84,10 +90,11 @@ module NeverBlock
           @commands = commands
           @max_requests = max_requests
           @successor_of = successor_of
+          @counters = counters
           @started_at = Time.now
           @spawned = Clock.now
           @requests = 0
-          @booted = @ready = @stopping = @killed = @promoting = false
+          @booted = @ready = @stopping = @killed = @promoting = @warm = false
           @partial = nil # the start of a status line not yet read whole
         end
 
@@ -241,7 +248,8 @@ module NeverBlock
           when /\Abeat (\d+)\z/
             @beat_at = Clock.now
             @requests = Integer(Regexp.last_match(1))
-            yield :max_requests if @max_requests && @requests >= @max_requests
+            @counters&.beat(@index, @pid, @requests)
+            yield :max_requests if @max_requests && @requests >= @max_requests && !@promoting
           when /\Aboot-failed (.*)\z/ then @failure = Regexp.last_match(1)
           when "booted"
             unless @booted
@@ -252,11 +260,14 @@ module NeverBlock
             @ready = true
             @beat_at = Clock.now
           when "dumped" then yield :dumped if @hung_at
+          when "warm" then @warm = true
           when "molded" then yield :molded if @promoting
           when /\Amold-refused (.*)\z/
             @refusal = Regexp.last_match(1)
             yield :mold_refused if @promoting
-          when /\Ametrics (.*)\z/ then @metrics = JSON.parse(Regexp.last_match(1))
+          when /\Ametrics (.*)\z/
+            @metrics = JSON.parse(Regexp.last_match(1))
+            @counters&.metrics(@index, @pid, @metrics)
           when /\Atasks (.*)\z/
             @tasks = JSON.parse(Regexp.last_match(1))
             @tasks_at = Clock.now

@@ -17,7 +17,8 @@ module NeverBlock
       #   every worker's series labelled `worker` ({Prometheus}), from what
       #   each sent with its last heartbeat ({Metrics}): never one worker's
       #   view, whichever took the connection;
-      # - `GET /stats` :: {Cluster#stats} with each worker's metrics, as JSON;
+      # - `GET /stats` :: {Cluster#stats} with each worker's metrics and the
+      #   cluster's counters since the master started (`totals`), as JSON;
       # - `GET /tasks` :: every worker's {Server#task_dump}, asked for now;
       # - `POST /phased-restart` (USR2: workers one at a time), `/restart`
       #   (HUP: a hot restart, {HotRestart}), `/stop` (TERM), `/halt` (every
@@ -125,15 +126,15 @@ module NeverBlock
         def serve
           loop do
             client = accept or next
-            command = nil
+            command = request = nil
             begin
-              command = answer(client)
+              command, request = answer(client)
             rescue StandardError => e
               NeverBlock.logger.warn { "NeverBlock::Server: control request failed: #{e.class}: #{e.message}" }
             ensure
               close(client)
             end
-            @cluster.command(command) if command
+            @cluster.command(command, request) if command
           end
         rescue IOError, SystemCallError
           nil # closed by #stop
@@ -159,8 +160,9 @@ module NeverBlock
         end
 
         # Answers one request.
-        # @return [String, nil] the command for the master to carry out
-        #   now that the answer is written ({COMMANDS}' values).
+        # @return [Array(String, String), nil] the command for the master to
+        #   carry out now that the answer is written ({COMMANDS}' values), and
+        #   the request that asked for it ("POST /phased-restart").
         def answer(client)
           head = read_head(client) or return
           method, target = head.lines.first.to_s.split(" ", 3)
@@ -172,7 +174,7 @@ module NeverBlock
 
           status, type, body, command = route(method, uri.path)
           respond(client, status, body, type)
-          command
+          [command, "#{method} #{uri.path}"] if command
         rescue URI::InvalidURIError
           respond(client, 400, "bad request\n")
           nil
@@ -195,10 +197,14 @@ module NeverBlock
           end
         end
 
+        # {Cluster#stats}, each worker with its last metrics (its own, since
+        # it started), and `totals`: the counters of every worker since the
+        # master started, across restarts ({Counters#totals}).
         def stats
           metrics = @cluster.children.to_h { |worker| [worker.pid, worker.metrics] }
           stats = @cluster.stats
           stats[:workers].each { |worker| worker[:metrics] = metrics[worker[:pid]] }
+          stats[:totals] = @cluster.counters.totals
           stats
         end
 

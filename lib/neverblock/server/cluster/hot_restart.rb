@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require "json"
+require "tempfile"
 
 module NeverBlock
   class Server
@@ -27,7 +28,9 @@ module NeverBlock
       # with it: try the new code first, or use USR2.
       module HotRestart
         WORKERS = "NEVERBLOCK_OLD_WORKERS"
-        # A pipe holding the old image's {Cluster#carried} state (JSON).
+        # An unlinked file holding the old image's {Cluster#carried} state
+        # (JSON; with the counters of many workers it may outgrow a pipe's
+        # buffer, and nothing reads a pipe until the new image runs).
         STATE_FD = "NEVERBLOCK_MASTER_STATE_FD"
         ALIVE_FD = "NEVERBLOCK_OLD_WORKERS_ALIVE_FD"
         LISTEN_FDS = "NEVERBLOCK_LISTEN_FDS"
@@ -49,7 +52,8 @@ module NeverBlock
         end
 
         # What the old image carried over ({Cluster#carried}): the control
-        # token, the restart counts. Taken out of ENV; empty on a first start.
+        # token, the restart counts, the workers' counters. Taken out of ENV;
+        # empty on a first start.
         # @return [Hash{String => Object}]
         def self.take_state
           fd = ENV.delete(STATE_FD) or return {}
@@ -67,13 +71,10 @@ module NeverBlock
         # @param listeners [Array<Listener>]
         # @param workers [Array<Integer>] the old workers' pids.
         # @param alive [IO] the master's end of their alive pipe.
-        # @param state [Hash] JSON-able, for {.take_state} in the new image
-        #   (a pipe's buffer holds it: it is a few hundred bytes).
+        # @param state [Hash] JSON-able, for {.take_state} in the new image.
         # @return [void]
         def self.exec(command, dir, listeners, workers, alive, state = {})
-          state_reader, state_writer = IO.pipe
-          state_writer.write(JSON.generate(state))
-          state_writer.close
+          state_reader = state_file(JSON.generate(state))
           kept = listeners.map(&:io) + [alive, state_reader]
           kept.each { |io| io.close_on_exec = false }
           env = { LISTEN_FDS => listeners.map { |listener| listener.io.fileno }.join(","),
@@ -88,6 +89,16 @@ module NeverBlock
           NeverBlock.logger.error { "NeverBlock::Server: hot restart failed: could not execute #{command.join(' ')}: #{e.message}" }
         end
 
+        # @return [File] an unlinked temporary file holding `text`, read from its start.
+        def self.state_file(text)
+          file = Tempfile.create("neverblock-state")
+          File.unlink(file.path)
+          file.write(text)
+          file.rewind
+          file
+        end
+        private_class_method :state_file
+
         # The master's side of a hot restart, included in {Cluster}: HUP,
         # and what happens to the old image's workers once this image's
         # workers accept or cannot boot.
@@ -96,11 +107,13 @@ module NeverBlock
 
           # What a hot restart hands the next image ({HotRestart.take_state}):
           # the control token (one made at start too, so that Prometheus and
-          # `neverblock ctl` keep theirs) and the counts /stats and /metrics show.
+          # `neverblock ctl` keep theirs) and the counts /stats and /metrics
+          # show, the workers' counters among them ({Counters}).
           # @return [Hash]
           def carried
             { "control_token" => @control&.token || @control_token, "generation" => @generation,
-              "restarts" => @restarts, "hot_restarts" => @hot_restarts + 1, "reforks" => reforks }
+              "restarts" => @restarts, "hot_restarts" => @hot_restarts + 1, "reforks" => reforks,
+              "counters" => @counters.carried }
           end
 
           def carry_over(state)
@@ -108,6 +121,7 @@ module NeverBlock
             @generation = state["generation"] if state["generation"].is_a?(Integer)
             @hot_restarts = state["hot_restarts"] if state["hot_restarts"].is_a?(Integer)
             @reforks = state["reforks"] if state["reforks"].is_a?(Integer)
+            @counters = Counters.new(state["counters"]) if state["counters"]
             (state["restarts"].is_a?(Hash) ? state["restarts"] : {}).each do |cause, count|
               @restarts[cause.to_sym] = count if count.is_a?(Integer) && restarts.key?(cause.to_sym)
             end
@@ -115,7 +129,8 @@ module NeverBlock
 
           # HUP: the master executes its command again (see {HotRestart}), once
           # its sidecars stopped. Returns only when that could not be done.
-          def hot_restart
+          # `heard`: how the master was asked, for the log ("got HUP").
+          def hot_restart(heard)
             return if @stopping
 
             command, dir = @server.restart_command
@@ -123,7 +138,7 @@ module NeverBlock
               NeverBlock.logger.warn("NeverBlock::Server: HUP (hot restart) needs the command line of `neverblock serve`; ignored")
               return
             end
-            NeverBlock.logger.info { "NeverBlock::Server: master got HUP: #{SIGNAL_ACTIONS.fetch('HUP')} (#{command.join(' ')})" }
+            NeverBlock.logger.info { "NeverBlock::Server: master #{heard}: #{SIGNAL_ACTIONS.fetch('HUP')} (#{command.join(' ')})" }
             @server.call_hook(:on_restart)
             @systemd.reloading("hot restart")
             @sidecars.stop
@@ -142,13 +157,35 @@ module NeverBlock
           end
 
           # After a hot restart, once this image's workers accept: the old
-          # image's workers stop (their alive pipe closes, and TERM).
+          # image's workers stop (TERM). Their alive pipe stays open until
+          # they have all exited ({#predecessor_exited}): to a worker, EOF on
+          # it before it was told to stop means its master is gone.
           def retire_predecessors
             old = @predecessors or return
             @predecessors = nil
-            old.alive.close
-            old.pids.each { |pid| Cluster.signal(pid, "TERM") }
+            stopping = old.pids.select { |pid| Cluster.signal(pid, "TERM") } # (one reaped already is not waited for)
+            @departing = Predecessors.new(stopping, old.alive)
+            release_departed
             NeverBlock.logger.info { "NeverBlock::Server: hot restart done; the old workers (#{old.pids.join(', ')}) stop" }
+          end
+
+          # A process the master waited for that was not one of its workers:
+          # one of the old image's, retired, closes their alive pipe when it
+          # is the last.
+          # @return [Boolean] whether it was one of them.
+          def predecessor_exited(pid)
+            return false unless @departing&.pids&.delete(pid)
+
+            release_departed
+            true
+          end
+
+          # Closes the old workers' alive pipe once none of them is left.
+          def release_departed
+            return unless @departing&.pids&.empty?
+
+            @departing.alive.close
+            @departing = nil
           end
 
           # A hot restart into an app that does not boot: the old image's workers

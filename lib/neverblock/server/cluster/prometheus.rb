@@ -4,11 +4,14 @@ module NeverBlock
   class Server
     class Cluster
       # The cluster's metrics in Prometheus's text exposition format
-      # (version 0.0.4), for {Control}'s `GET /metrics`: each worker's last
-      # {Metrics#snapshot} as series labelled `worker` (its index), its RSS
-      # read by the master from /proc, and the master's own counts (workers,
-      # restarts by cause, supervised commands). Counters end in `_total`;
-      # histograms have cumulative `_bucket{le=...}`, `_sum` and `_count`.
+      # (version 0.0.4), for {Control}'s `GET /metrics`: series labelled
+      # `worker` (its index), gauges from each worker's last
+      # {Metrics#snapshot}, counters and histograms from {Counters} (what
+      # every worker that held the index counted: they only grow, across
+      # restarts), its RSS read by the master from /proc, and the master's
+      # own counts (workers, restarts by cause, supervised commands).
+      # Counters end in `_total`; histograms have cumulative
+      # `_bucket{le=...}`, `_sum` and `_count`.
       module Prometheus
         # name => [type, help]: every family, in the order written.
         FAMILIES = {
@@ -19,7 +22,7 @@ module NeverBlock
           "neverblock_reforks_total" => ["counter", "Generations of workers forked from a warmed-up worker (refork)."],
           "neverblock_resident_memory_bytes" => ["gauge", "A worker's resident memory (RSS)."],
           "neverblock_requests_total" => ["counter", "Requests answered, by method and status class."],
-          "neverblock_request_timeouts_total" => ["counter", "Requests answered 503 for outliving request_timeout."],
+          "neverblock_request_timeouts_total" => ["counter", "Requests that outlived request_timeout (answered 503, or by the app)."],
           "neverblock_client_hangups_total" => ["counter", "Requests cancelled because their client hung up (logged 499)."],
           "neverblock_request_duration_seconds" => ["histogram", "From a request's complete head to its response's end."],
           "neverblock_admission_wait_seconds" => ["histogram", "Time a request waited for a request slot."],
@@ -62,13 +65,21 @@ module NeverBlock
             series["neverblock_supervised_restarts_total"] << [{ command: sidecar[:command] }, sidecar[:restarts]]
           end
           stale = cluster.settings.heartbeat_interval * 3
-          workers.each do |worker|
-            labels = { worker: worker.index }
-            up = worker.ready && worker.beat_at && Clock.now - worker.beat_at <= stale
-            series["neverblock_worker_up"] << [labels, up ? 1 : 0]
-            rss = Memory.of(worker.pid, :rss)
-            series["neverblock_resident_memory_bytes"] << [labels, rss] if rss
-            add_worker(series, labels, worker.metrics) if worker.metrics
+          counters = cluster.counters
+          counted = counters.indexes
+          (workers.map(&:index) | counted).sort.each do |index|
+            labels = { worker: index }
+            # (during a restart the new worker and the old share the index: the one that accepts speaks)
+            sharing = workers.select { |each| each.index == index }
+            worker = sharing.find(&:ready) || sharing.first
+            if worker
+              up = worker.ready && worker.beat_at && Clock.now - worker.beat_at <= stale
+              series["neverblock_worker_up"] << [labels, up ? 1 : 0]
+              rss = Memory.of(worker.pid, :rss)
+              series["neverblock_resident_memory_bytes"] << [labels, rss] if rss
+              add_gauges(series, labels, worker.metrics) if worker.metrics
+            end
+            add_counters(series, labels, counters.totals(index)) if counted.include?(index)
           end
           FAMILIES.filter_map do |name, (type, help)|
             next if series[name].empty?
@@ -77,29 +88,41 @@ module NeverBlock
           end.flatten.join("\n") << "\n"
         end
 
-        def add_worker(series, labels, metrics)
-          metrics["requests"].each do |key, count|
-            method, status = key.split(" ", 2)
-            series["neverblock_requests_total"] << [labels.merge(method: method, status: status), count]
-          end
-          { "neverblock_request_duration_seconds" => "request_duration", "neverblock_admission_wait_seconds" => "admission_wait",
-            "neverblock_loop_lag_seconds" => "loop_lag" }.each { |name, key| series[name] << [labels, metrics[key]] }
+        # The gauges of one worker's last {Metrics#snapshot}.
+        def add_gauges(series, labels, metrics)
           { "neverblock_requests_in_flight" => "requests_in_flight", "neverblock_requests_waiting" => "requests_waiting",
             "neverblock_request_slots" => "slots", "neverblock_request_slots_busy" => "slots_busy",
             "neverblock_adaptive_limit" => "slots_limit", "neverblock_adaptive_limit_lag_seconds" => "adaptive_lag",
             "neverblock_connections" => "connections", "neverblock_idle_connections" => "idle_connections",
-            "neverblock_tasks" => "tasks", "neverblock_stalls_total" => "stalls", "neverblock_gc_runs_total" => "gc_count",
-            "neverblock_gc_major_runs_total" => "gc_major", "neverblock_request_timeouts_total" => "requests_timed_out",
-            "neverblock_client_hangups_total" => "requests_hung_up" }.each do |name, key|
+            "neverblock_tasks" => "tasks" }.each do |name, key|
             series[name] << [labels, metrics[key]] unless metrics[key].nil?
           end
-          series["neverblock_gc_seconds_total"] << [labels, metrics["gc_time"] / 1000.0] if metrics["gc_time"]
           metrics["database_pools"].each_with_index do |pool, position|
-            pool_labels = labels.merge(pool: pool["name"] || "pool#{position}")
+            pool_labels = labels.merge(pool: Counters.pool_name(pool, position))
             { "neverblock_db_pool_size" => "size", "neverblock_db_pool_in_use" => "in_use", "neverblock_db_pool_idle" => "idle",
-              "neverblock_db_pool_waiting" => "waiting", "neverblock_db_pool_checkout_timeouts_total" => "timeouts",
-              "neverblock_db_pool_query_cancels_total" => "cancels" }.each do |name, key|
+              "neverblock_db_pool_waiting" => "waiting" }.each do |name, key|
               series[name] << [pool_labels, pool[key]]
+            end
+          end
+        end
+
+        # The counters and histograms of one worker index ({Counters#totals}).
+        def add_counters(series, labels, totals)
+          totals["requests"].each do |key, count|
+            method, status = key.split(" ", 2)
+            series["neverblock_requests_total"] << [labels.merge(method: method, status: status), count]
+          end
+          { "neverblock_request_duration_seconds" => "request_duration", "neverblock_admission_wait_seconds" => "admission_wait",
+            "neverblock_loop_lag_seconds" => "loop_lag" }.each { |name, key| series[name] << [labels, totals[key]] if totals[key] }
+          { "neverblock_stalls_total" => "stalls", "neverblock_gc_runs_total" => "gc_count",
+            "neverblock_gc_major_runs_total" => "gc_major", "neverblock_request_timeouts_total" => "requests_timed_out",
+            "neverblock_client_hangups_total" => "requests_hung_up" }.each do |name, key|
+            series[name] << [labels, totals[key]] if totals[key]
+          end
+          series["neverblock_gc_seconds_total"] << [labels, totals["gc_time"] / 1000.0] if totals["gc_time"]
+          totals["database_pools"].each do |pool, counts|
+            { "neverblock_db_pool_checkout_timeouts_total" => "timeouts", "neverblock_db_pool_query_cancels_total" => "cancels" }.each do |name, key|
+              series[name] << [labels.merge(pool: pool), counts[key]] if counts[key]
             end
           end
         end

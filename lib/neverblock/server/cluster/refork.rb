@@ -14,9 +14,9 @@ module NeverBlock
       #
       # 1. A worker of the current generation is promoted: when it has served
       #    the next count of `refork_after` (the last repeats, unless it
-      #    is `false`), or on demand (`URG`, `neverblock
-      #    ctl refork`: the one that served most). The master writes `mold`
-      #    to it.
+      #    is `false`) and, with `refork_when`, reported that it is warm; or
+      #    on demand (`URG`, `neverblock ctl refork`: the one that served
+      #    most, a warm one first). The master writes `mold` to it.
       # 2. It stops accepting, finishes its requests (its siblings serve on),
       #    checks that no other thread of its own may hold a lock across a
       #    fork, closes what children must not share and reports "molded"
@@ -114,6 +114,7 @@ module NeverBlock
           @reforks = 0
           @refork_counts = @settings.refork_after.dup
           @refork_wanted = false
+          @cold_said = nil # the generation whose cold workers the log named (refork_when)
           @mold = @candidate = nil
           @molds = [] # every mold process not yet waited for (the current one and those stopping)
         end
@@ -145,10 +146,31 @@ module NeverBlock
           return if serving.size < @count
 
           if @refork_wanted
-            promote(serving.max_by(&:requests), "was chosen (refork asked for)")
-          elsif (due = serving.find { |worker| worker.requests >= @refork_counts.first })
-            promote(due, "served #{due.requests} requests (refork_after #{@refork_counts.first})")
+            promote(serving.max_by { |worker| [warm?(worker) ? 1 : 0, worker.requests] }, "was chosen (refork asked for)")
+          else
+            promote_due(serving, @refork_counts.first)
           end
+        end
+
+        # Promotes a worker that served `count` requests and is warm
+        # (`refork_when`); says once per generation that one served them
+        # but is not warm yet.
+        def promote_due(serving, count)
+          reached = serving.select { |worker| worker.requests >= count }
+          if (due = reached.find { |worker| warm?(worker) })
+            promote(due, "served #{due.requests} requests (refork_after #{count})#{' and is warm (refork_when)' if @settings.refork_when}")
+          elsif reached.any? && @cold_said != @generation
+            @cold_said = @generation
+            NeverBlock.logger.info do
+              "NeverBlock::Server: #{reached.first} served #{reached.first.requests} requests (refork_after #{count}) but is not " \
+                "warm yet (refork_when); the first worker that is becomes the mold"
+            end
+          end
+        end
+
+        # @return [Boolean] `refork_when` returned true in it (always, without `refork_when`).
+        def warm?(worker)
+          @settings.refork_when.nil? || worker.warm
         end
 
         def promote(worker, why)
@@ -188,6 +210,7 @@ module NeverBlock
           @reforks += 1
           @generation += 1
           @restart_queue = [worker.index] + ((0...@count).to_a - [worker.index])
+          begin_rollout("refork", "forked from the mold (pid #{worker.pid})")
           NeverBlock.logger.info { "NeverBlock::Server: #{worker} is the mold; forking generation #{@generation} from it" }
         end
 
@@ -204,6 +227,7 @@ module NeverBlock
           mold = @molds.find { |process| process.pid == pid } or return false
 
           @molds.delete(mold)
+          @counters.forget(pid)
           mold.close
           return true unless @mold.equal?(mold)
 
@@ -241,7 +265,7 @@ module NeverBlock
           end
 
           Child.new(index: index, pid: pid, generation: generation, status_reader: status_reader, commands: commands,
-                    max_requests: @settings.draw_max_requests, successor_of: successor_of)
+                    max_requests: @settings.draw_max_requests, successor_of: successor_of, counters: @counters)
         ensure
           [status_writer, worker_commands].each { |io| io&.close }
         end

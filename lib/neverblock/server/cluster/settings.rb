@@ -39,15 +39,21 @@ module NeverBlock
       #   every later generation, unless it is `false` (`[50, false]`: one
       #   refork), as in Pitchfork (default empty: none; `neverblock ctl
       #   refork` and `URG` promote one at any time).
+      # - `refork_when` :: a callable that says whether a worker is warm
+      #   (`->(index) { Rails.cache.warm? }`): each worker calls it with its
+      #   index, in its loop, every {#heartbeat_interval} until it returns
+      #   true, and tells the master; a worker is then promoted only once it
+      #   reached its `refork_after` count and is warm, and `URG` picks a
+      #   warm one if there is one (default nil: every worker counts as warm).
       Settings = Struct.new(:worker_timeout, :worker_boot_timeout, :max_requests, :max_requests_jitter,
                             :max_memory, :memory_metric, :supervise, :control, :control_token, :refork_after,
-                            keyword_init: true) do
+                            :refork_when, keyword_init: true) do
         # @param options [Hash] any of the members.
         # @return [Settings] frozen, with defaults filled in.
         # @raise [ArgumentError] for an invalid value.
         def self.build(worker_timeout: 60, worker_boot_timeout: nil, max_requests: nil, max_requests_jitter: nil,
                        max_memory: nil, memory_metric: :rss, supervise: [], control: nil, control_token: nil,
-                       refork_after: nil)
+                       refork_after: nil, refork_when: nil)
           worker_timeout = nil if worker_timeout == false
           positive!(worker_timeout, :worker_timeout) if worker_timeout
           worker_boot_timeout ||= worker_timeout
@@ -60,13 +66,15 @@ module NeverBlock
             raise ArgumentError, "memory_metric must be :rss or :pss, got #{memory_metric.inspect}"
           end
 
+          raise ArgumentError, "refork_when must respond to call, got #{refork_when.inspect}" unless refork_when.nil? || refork_when.respond_to?(:call)
+
           supervise = Array(supervise).map { |command| command.is_a?(Array) ? command.map(&:to_s).freeze : command.to_s }
           Sidecars.new(supervise) # raises for an empty command
 
           new(worker_timeout: worker_timeout, worker_boot_timeout: worker_boot_timeout, max_requests: max_requests,
               max_requests_jitter: max_requests_jitter, max_memory: max_memory, memory_metric: memory_metric,
               supervise: supervise.freeze, control: control && control_url!(control),
-              control_token: control_token&.to_s, refork_after: refork_after!(refork_after)).freeze
+              control_token: control_token&.to_s, refork_after: refork_after!(refork_after), refork_when: refork_when).freeze
         end
 
         # @return [Array<Integer, false>] `counts` (nil, false or [] for none),

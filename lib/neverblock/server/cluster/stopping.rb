@@ -6,14 +6,27 @@ module NeverBlock
       # How the master stops (included in {Cluster}): TERM and INT
       # ({#begin_stop}), `neverblock ctl halt` ({#halt}), and the wait for
       # every worker, mold and sidecar to exit, killing those still there
-      # `KILL_GRACE` seconds after `shutdown_timeout` ({#stop_all}).
+      # `KILL_GRACE` seconds after `shutdown_timeout` ({#stop_all}); then
+      # the master's last line ({#say_stopped}).
       module Stopping
         private
+
+        # The master's last line, once every worker, mold and sidecar has
+        # exited: an operator (or a script tailing the log) knows the stop
+        # is over, and whether it had to kill.
+        def say_stopped
+          killed = @killed_at_stop.to_i
+          NeverBlock.logger.info do
+            "NeverBlock::Server: master stopped #{(Clock.now - @stop_began).round(1)} s after it was asked to: " \
+              "#{killed.zero? ? 'every worker exited' : "#{killed} process(es) killed for not exiting in time"}"
+          end
+        end
 
         def begin_stop
           return if @stopping
 
           @stopping = true
+          @stop_began = Clock.now
           @stop_deadline = Clock.now + @server.limits.shutdown_timeout + KILL_GRACE
           @systemd.stopping("stopping #{Server.workers_phrase(@count)}")
           @workers.each_value { |worker| worker.terminate(last: true) }
@@ -48,6 +61,7 @@ module NeverBlock
         end
 
         def kill_stragglers
+          @killed_at_stop = @killed_at_stop.to_i + @workers.size + @molds.size
           (@workers.values + @molds).each(&:kill)
           (@workers.keys + @molds.map(&:pid)).each { |pid| wait_quietly(pid) }
           @workers.clear

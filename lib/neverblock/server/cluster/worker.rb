@@ -13,7 +13,9 @@ module NeverBlock
       # then, while serving, "beat REQUESTS" from a task of its loop every
       # {Settings#heartbeat_interval} (a loop held by one fiber sends none:
       # the master's watchdog), and "dumped" once it logged its tasks on
-      # QUIT (the watchdog's last question before it kills).
+      # QUIT (the watchdog's last question before it kills). Once its loop
+      # has ended, it reports its counts a last time, so that the master's
+      # {Counters} miss none of its last requests.
       class Worker
         # @api private
         # Serves until told to stop (TERM/INT, or the master's pipe closing),
@@ -45,12 +47,16 @@ module NeverBlock
             server.hooks[:on_worker_boot]&.call(index)
             booted = true
             report(status_writer, "booted")
-            watch_master(server, alive_reader)
+            watch_master(server, alive_reader, index, cluster.master_pid)
             server.on_ready = -> { report(status_writer, "ready") }
             server.metrics = Metrics.new if server.supervision.control
             server.while_serving { heartbeat(server, status_writer, server.supervision.heartbeat_interval) }
             server.while_serving { read_commands(server, status_writer, commands) } if commands
+            if (warm = server.supervision.refork_when)
+              server.while_serving { watch_warmth(status_writer, index, warm, server.supervision.heartbeat_interval) }
+            end
             server.serve_here
+            report(status_writer, counts(server)) # what it counted since its last heartbeat (Counters)
             Mold.new(server, index, status_writer, commands, alive_reader, cluster).run if server.molding
             server.call_hook(:before_worker_shutdown, index)
             status = 0
@@ -99,12 +105,40 @@ module NeverBlock
         # full pipe makes this task wait, not the loop.
         def self.heartbeat(server, status_writer, seconds)
           loop do
-            snapshot = server.metrics_snapshot
-            status_writer.write("beat #{server.requests_total}\n#{"metrics #{JSON.generate(snapshot)}\n" if snapshot}")
+            status_writer.write("#{counts(server)}\n")
             NeverBlock.sleep(seconds)
           end
         rescue Errno::EPIPE, IOError
           nil # the master is gone: .watch_master stops the server
+        end
+
+        # @return [String] "beat REQUESTS", and "metrics JSON" on a line of
+        #   its own when the master serves them (no newline at the end).
+        def self.counts(server)
+          snapshot = server.metrics_snapshot
+          "beat #{server.requests_total}#{"\nmetrics #{JSON.generate(snapshot)}" if snapshot}"
+        end
+
+        # The `refork_when` task: asks the app's callable whether this worker
+        # is warm every `seconds` until it says so, then reports "warm" once
+        # ({Refork} promotes only a warm worker). One that raises counts as
+        # not warm, and is logged once.
+        def self.watch_warmth(status_writer, index, warm, seconds)
+          complained = false
+          loop do
+            begin
+              return report(status_writer, "warm") if warm.call(index)
+            rescue StandardError => e
+              unless complained
+                complained = true
+                NeverBlock.logger.error do
+                  "NeverBlock::Server: worker #{index} (pid #{Process.pid}): refork_when raised #{e.class}: #{e.message}; " \
+                    "it counts as not warm"
+                end
+              end
+            end
+            NeverBlock.sleep(seconds)
+          end
         end
 
         # The command reader's task: each line from the master's command
@@ -129,10 +163,19 @@ module NeverBlock
         end
 
         # A thread that stops the server when the master's end of the pipe
-        # closes (the master died, even by SIGKILL).
-        def self.watch_master(server, alive_reader)
+        # closes (the master died, even by SIGKILL), and says so: a worker
+        # that stops with no one having asked would otherwise exit without a
+        # word. A master closes it on purpose only once this worker was told
+        # to stop (TERM, {HotRestart::Master#retire_predecessors}), and then
+        # nothing is said.
+        def self.watch_master(server, alive_reader, index, master_pid)
           Thread.new do
-            alive_reader.read(1)
+            if alive_reader.read(1).nil? && !server.stop_requested?
+              NeverBlock.logger.warn do
+                "NeverBlock::Server: worker #{index} (pid #{Process.pid}) stops: its master (pid #{master_pid}) is gone " \
+                  "(killed?); it finishes its requests first (up to shutdown_timeout)"
+              end
+            end
           rescue IOError
             nil
           ensure

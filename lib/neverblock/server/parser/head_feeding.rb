@@ -4,10 +4,12 @@ module NeverBlock
   class Server
     class Parser < LLHttp::Delegate
       # How a {Parser} gives llhttp the bytes of a head its C fast path
-      # declined, and checks what llhttp reports as it goes: the head ends
-      # only at CRLF CRLF (#take_head, #head_end), the request line is
-      # `METHOD SP target SP version CRLF` (#check_request_line), no obs-fold,
-      # no whitespace in a header name, and the head {Limits}
+      # declined, and checks what llhttp reports as it goes. A head is held
+      # until its empty line came, however many reads it spans (#take_head,
+      # #head_end: it ends only at CRLF CRLF), checked by {HeadForm} as it
+      # grows, and given to llhttp whole once complete: llhttp's verdict
+      # then never depends on how the head was read. From the callbacks:
+      # no obs-fold, no whitespace in a header name, and the head {Limits}
       # (`max_request_target`, `max_header_bytes`, `max_headers`), which
       # llhttp has no notion of. The headers go straight into the request's
       # env (#store_header).
@@ -24,14 +26,16 @@ module NeverBlock
         # The end of a head (strict llhttp takes no bare LF as a line end).
         HEAD_END = "\r\n\r\n"
 
+        # The empty line that ends a head.
+        CRLF = "\r\n"
+
         HTTP_KEYS = {} # rubocop:disable Style/MutableConstant -- a bounded cache
-        private_constant :HTTP_KEYS, :HEAD_END
+        private_constant :HTTP_KEYS, :HEAD_END, :CRLF
 
         # --- llhttp callbacks -------------------------------------------------
 
+        # (At a head given whole: the head's clock started at its first byte, #begin_head.)
         def on_message_begin
-          @started_at = Clock.now
-          @in_message = true
           @url = nil
           @field = nil
           @value = nil
@@ -50,18 +54,14 @@ module NeverBlock
           count_header_bytes(fragment)
         end
 
-        # A value arrives in one fragment per read it spans. A second fragment
-        # from the same read, or one after a read that ended at a line end,
-        # is an obs-fold continuation line (`X: a\r\n b`), which llhttp
-        # joins to the value: refused, as proxies may read it otherwise.
+        # A head is given to llhttp whole (but its final CRLF), so a value
+        # arrives in one fragment. A second one is an obs-fold continuation
+        # line (`X: a\r\n b`), which llhttp joins to the value: refused, as
+        # proxies may read it otherwise.
         def on_header_value(fragment)
-          if @value
-            fail_with(400, "obs-fold (a header line continued on the next line)") if @value_fragments.positive? || @line_ended
-            @value << fragment
-          else
-            @value = fragment
-          end
-          @value_fragments += 1
+          fail_with(400, "obs-fold (a header line continued on the next line)") if @value
+
+          @value = fragment
           count_header_bytes(fragment)
         end
 
@@ -72,42 +72,53 @@ module NeverBlock
 
         private
 
-        # Gives llhttp the bytes of the current head from `offset`, up to its
-        # end if it ends in `data`; once it does, readies the body's framing.
+        # Takes the bytes of the current head from `offset`: held while its
+        # end is still to come, else given to llhttp with what was held, and
+        # the body's framing readied.
         # @return [Integer] the offset after what it took.
         def take_head(data, offset)
-          unless @in_message
-            # Empty lines before a request line are skipped, as llhttp would (RFC 9112 2.2).
-            offset += 1 while (byte = data.getbyte(offset)) == 13 || byte == 10
-            return offset if byte.nil?
-
-            check_request_line(data, offset)
-          end
+          begin_head unless @in_message
           stop = head_end(data, offset)
           unless stop
-            feed_head(offset.zero? ? data : data.byteslice(offset, data.bytesize - offset), data, nil)
+            part = data.byteslice(offset, data.bytesize - offset) # (a copy: `data` is a reused buffer)
+            @held ? @held << part : @held = part
+            check_head_form(@held)
             remember_tail(data, offset)
             return data.bytesize
           end
 
-          # llhttp 8.1 also ends a head at `\r\n\n` and at `\r\n\r` and any
-          # byte; NeverBlock only at `\r\n\r\n`. So the empty line's CRLF
-          # (its LF alone, when its CR came in the last read) is fed on its
-          # own, and the head must end there (Parser#on_headers_complete).
-          split = stop - 2 < offset ? offset : stop - 2
-          feed_head(data.byteslice(offset, split - offset), data, nil) if split > offset
-          @head_ending = true
-          feed_head(data.byteslice(split, stop - split), data, stop)
-          @head_ending = false
+          head = data.byteslice(offset, stop - offset)
+          head = @held << head if @held
+          @held = nil
           @head_tail = nil
+          check_head_form(head)
+          check_folds(head)
+          blank_trailing_tabs(head) if head.include?("\t")
+          # llhttp 8.1 also ends a head at `\r\n\n` and at `\r\n\r` and any
+          # byte; NeverBlock only at `\r\n\r\n`. So the empty line's CRLF is
+          # fed on its own, and the head must end there (Parser#on_headers_complete).
+          feed_head(head.byteslice(0, head.bytesize - 2), data, nil)
+          @head_ending = true
+          feed_head(CRLF, data, stop)
+          @head_ending = false
           start_body(@current) if @current # (nil when llhttp completed a request without a body)
           stop
+        end
+
+        # The first byte of a request line came: the head's clock starts
+        # (`header_timeout`), and the connection is in a message.
+        def begin_head
+          @started_at = Clock.now
+          @in_message = true
+          @empty_lines = 0
+          @line_end = nil
+          @line_searched = 0
+          @ends_checked = 0
         end
 
         # Gives llhttp `part` of `data`; `stop` is where the head ends in `data`
         # when `part` ends it.
         def feed_head(part, data, stop)
-          @value_fragments = 0
           @llhttp << part
         rescue LLHttp::Error => e
           raise @error if @error
@@ -115,19 +126,6 @@ module NeverBlock
           name = e.message[/HPE_\w+/]
           upgrade(data, stop) if name == "HPE_PAUSED_UPGRADE" # (only ever at a head's end)
           raise HTTPError.new(STATUSES.fetch(name, 400), e.message)
-        ensure
-          @line_ended = part.end_with?("\n", "\r")
-        end
-
-        # llhttp 8.1 takes a request line ended by a bare LF, and more than one
-        # space between its parts; a proxy may read either otherwise. Checked
-        # when the line is whole in this read (a line split over reads is
-        # left to llhttp).
-        def check_request_line(data, offset)
-          newline = data.index("\n", offset) or return
-          return if data.getbyte(newline - 1) == 13 && data.byteslice(offset, newline - offset).count(" ") == 2
-
-          fail_with(400, "request line not `METHOD SP target SP version CRLF`")
         end
 
         # @return [Integer, nil] the offset just after the current head's empty

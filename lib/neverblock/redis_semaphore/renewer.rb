@@ -1,0 +1,104 @@
+# frozen_string_literal: true
+
+module NeverBlock
+  class RedisSemaphore
+    # The thread that keeps a process's leases alive: every `interval`
+    # seconds (a third of the lease) it renews each lease this process holds,
+    # on a Redis connection of its own (a busy pool never delays it). It runs
+    # only while the process holds a lease, and starts again in a forked
+    # child that takes one.
+    #
+    # Who calls it: RedisSemaphore#hold adds a lease as its block starts and
+    # deletes it as the block ends; RedisSemaphore#renew does the renewing.
+    # A lease Redis no longer has (Redis was down longer than the lease) is
+    # logged: the block goes on, and the fleet may run one more holder than
+    # the limit until it ends.
+    class Renewer
+      # @param semaphore [RedisSemaphore]
+      # @param interval [Float] seconds between renewals.
+      # @param config [RedisClient::Config]
+      def initialize(semaphore, interval, config)
+        @semaphore = semaphore
+        @interval = interval
+        @config = config
+        after_fork
+      end
+
+      # @param token [String] a lease just granted.
+      # @return [void]
+      def add(token)
+        @mutex.synchronize do
+          @tokens[token] = true
+          start unless @thread&.alive?
+        end
+      end
+
+      # @param token [String]
+      # @return [void]
+      def delete(token)
+        @mutex.synchronize { @tokens.delete(token) }
+      end
+
+      # Stops the thread (the leases still held end with their lease).
+      # @return [void]
+      def stop
+        thread = @mutex.synchronize do
+          @stopped = true
+          @wake.signal
+          @thread
+        end
+        thread&.join
+      end
+
+      # In a forked child: the parent's leases are the parent's to renew.
+      # @return [void]
+      def after_fork
+        @mutex = Thread::Mutex.new
+        @wake = Thread::ConditionVariable.new
+        @tokens = {}
+        @thread = nil
+        @stopped = false
+      end
+
+      private
+
+      # Holding @mutex.
+      def start
+        @thread = Thread.new { run }
+        @thread.name = "neverblock-semaphore-renewer"
+        @thread.report_on_exception = false
+      end
+
+      def run
+        redis = @config.new_client
+        failing = false
+        loop do
+          tokens = @mutex.synchronize do
+            @wake.wait(@mutex, @interval) unless @stopped
+            return if @stopped || @tokens.empty? # a new lease starts another thread
+
+            @tokens.keys
+          end
+          begin
+            lost = @semaphore.renew(tokens, redis)
+            failing = false
+          rescue SemaphoreUnavailable => e
+            NeverBlock.logger.warn("NeverBlock::RedisSemaphore: #{e.message}: leases not renewed") unless failing
+            failing = true
+            next
+          end
+          # A lease given back while it was being renewed is not lost: its
+          # holder deletes it here before it gives it back.
+          lost.each do |token|
+            next unless @mutex.synchronize { @tokens.delete(token) }
+
+            NeverBlock.logger.warn("NeverBlock::RedisSemaphore #{@semaphore.name}: a lease held here ended before its " \
+                                   "block did (Redis was unreachable for longer than the lease); another may hold it now")
+          end
+        end
+      ensure
+        redis&.close
+      end
+    end
+  end
+end
