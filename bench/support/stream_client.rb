@@ -62,10 +62,11 @@ module NeverBlockBench
     # @param streams [Array<Stream>]
     # @return [Integer] the most streams open at once, each from its first event to its last
     def self.peak_open(streams)
-      edges = streams.select(&:first).flat_map { |stream| [[stream.first, 1], [stream.last, -1]] }
-      edges.sort! # an end at the same instant as a start comes first
+      # [time, 0 for a start or 1 for an end, change]: at the same instant a start sorts first,
+      # so that a stream whose events all came in one read counts as open.
+      edges = streams.select(&:first).flat_map { |stream| [[stream.first, 0, 1], [stream.last, 1, -1]] }.sort
       open = 0
-      edges.map { |_, step| open += step }.max || 0
+      edges.map { |*, change| open += change }.max || 0
     end
 
     # Kills the children still running.
