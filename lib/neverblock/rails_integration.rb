@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require_relative "rails_integration/interlock"
+require_relative "rails_integration/live"
 
 module NeverBlock
   # @api private
@@ -133,14 +134,29 @@ module NeverBlock
     # the one process with `workers: 0`), once its listeners are open and
     # before its loop starts: an app built before the server (rackup's)
     # gets the ActiveRecord adapters ({after_load}); Active Support's state
-    # becomes per fiber; and databases that would serve poorly (a blocking
-    # adapter, a small pool) get a warning with the fix.
+    # becomes per fiber; ActionController::Live actions run on the loop
+    # ({Live}); and databases that would serve poorly (a blocking adapter, a
+    # small pool) get a warning with the fix.
     # @return [void]
     def before_serving
       after_load
       isolate_active_support_per_fiber
       use_a_fiber_interlock
+      run_live_actions_on_the_loop
       warn_about_blocking_adapters
+    end
+
+    # ActionController::Live actions become tasks of their requests ({Live})
+    # once Action Controller loads (now, if it has): only in a process that
+    # NeverBlock::Server serves, since only the server calls this. A prepend
+    # to the module reaches the controllers that already include it.
+    # @return [void]
+    def run_live_actions_on_the_loop
+      return unless defined?(::ActiveSupport.on_load)
+
+      ::ActiveSupport.on_load(:action_controller) do
+        ::ActionController::Live.prepend(::NeverBlock::RailsIntegration::Live)
+      end
     end
 
     # An app that reloads code (Rails' development mode) gets an {Interlock}

@@ -12,7 +12,9 @@ module NeverBlock
   #   fiber has its own ActiveRecord connection and transaction;
   # - once ActiveRecord loads, `neverblock/active_record` is required, which
   #   registers the `neverblock_postgresql`, `neverblock_mysql2` and
-  #   `neverblock_trilogy` adapters: one word in database.yml is enough.
+  #   `neverblock_trilogy` adapters: one word in database.yml is enough;
+  # - once Solid Queue loads, `neverblock/solid_queue` is required: workers
+  #   configured with `fibers:` run their jobs on NeverBlock's loop.
   class Railtie < ::Rails::Railtie
     config.active_support.isolation_level = :fiber
 
@@ -22,6 +24,11 @@ module NeverBlock
       require "neverblock/active_record" if defined?(::ActiveRecord::ConnectionAdapters)
     end
     ActiveSupport.on_load(:active_record) { require "neverblock/active_record" }
+
+    # Solid Queue's fiber workers (`fibers: N`) run their jobs as NeverBlock
+    # tasks, without the `async` gem (NeverBlock::SolidQueue). Only when
+    # the app loads Solid Queue.
+    ActiveSupport.on_load(:solid_queue) { require "neverblock/solid_queue" }
 
     # DATABASE_URL (or a `url:` key) wins over database.yml's `adapter:` in
     # Rails: with `postgres://...` the stock adapter is used after all. Say

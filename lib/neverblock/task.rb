@@ -44,11 +44,16 @@ module NeverBlock
       # The spawner's OpenTelemetry context, for an app that loads it (Telemetry).
       @telemetry = ::OpenTelemetry::Context.current if defined?(::OpenTelemetry::Context)
       # Set when needed (nil until then): @result, @fiber, @waiters,
-      # @cancel_requested, @location, @owner, @storage, and the tree's
+      # @cancel_requested, @location, @owner, @storage, @label, and the tree's
       # @parent, @seq, @children, @spawned, @reaper, @ending, and a root's
       # @scope, @spawned_at, @internal. Spawning is a hot path, and each
       # assignment here is paid by every task.
     end
+
+    # @return [String, nil] what the task runs, shown by {#inspect} (in log
+    #   lines and the stall detector's warnings), e.g. "Solid Queue job 42
+    #   (ReportJob)"; nil unless whoever runs the work names it.
+    attr_accessor :label
 
     # @return [Fiber, nil] the fiber running the task, nil when it is not
     #   running. Pooled tasks share reusable fibers, so this changes over time.
@@ -134,7 +139,8 @@ module NeverBlock
     # @return [String]
     def inspect
       location = @location || @block&.source_location
-      "#<#{self.class.name}:0x#{object_id.to_s(16)} #{@status}#{" (#{location.join(':')})" if location}>"
+      "#<#{self.class.name}:0x#{object_id.to_s(16)} #{@status}#{" #{@label}" if @label}" \
+        "#{" (#{location.join(':')})" if location}>"
     end
     alias to_s inspect
 

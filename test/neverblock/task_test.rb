@@ -191,6 +191,13 @@ class TaskTest < NeverBlockTest
     task.wait
   end
 
+  def test_inspect_shows_the_label_of_the_work_the_task_runs
+    task = NeverBlock.spawn { sleep 0.01 }
+    task.label = "Solid Queue job 42 (ReportJob)"
+    assert_match(/Task.*running Solid Queue job 42 \(ReportJob\) \(.*task_test\.rb:\d+\)/, task.inspect)
+    task.wait
+  end
+
   def test_wait_all_returns_values_in_order
     tasks = [0.03, 0.01, 0.02].map { |delay| NeverBlock.spawn { sleep delay; delay } }
     assert_equal [0.03, 0.01, 0.02], NeverBlock.wait_all(tasks)
