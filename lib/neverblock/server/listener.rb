@@ -10,8 +10,14 @@ module NeverBlock
     # for IPv6; port 0 picks a free port), `unix://PATH`, or
     # `ssl://HOST:PORT?cert=PATH&key=PATH` (TLS; see {TLS}).
     class Listener
-      # Connections the kernel queues for us while the server is busy.
-      BACKLOG = 1024
+      # Connections the kernel queues for us while the server is busy or
+      # not accepting (its request slots all taken, see {Acceptor}). Past
+      # it the kernel drops a new connection's SYN, and the client sends it
+      # again only after 1 s, then 3 s and 7 s: at 1024, 2,000 event streams
+      # opened at once on one process had 345 SYNs dropped and their first
+      # events a second or more late (`bench/run streams`). Linux caps it at
+      # net.core.somaxconn (4096 since Linux 5.4), other systems at theirs.
+      BACKLOG = 4096
 
       # @return [String] the spec it was made from.
       attr_reader :spec
