@@ -104,13 +104,10 @@ module NeverBlock
 
       # #respond's work: the app's call, then its response.
       def call_and_write(request, env, deadline)
-        watch = @context.hangup_watch
+        watch = nil
         begin
           @app_env = env
-          if watch
-            @app_task = Task.current
-            watch.watch(self)
-          end
+          watch = start_hangup_watch
           status, headers, body = deadline ? before(deadline) { @context.app.call(env) } : @context.app.call(env)
         rescue StandardError => e
           return hung_up(env, nil, e) if @hung_up
@@ -126,10 +123,7 @@ module NeverBlock
           return response_finished(env, 500, {}, e) && keep_alive
         ensure
           @app_env = nil
-          if watch
-            watch.unwatch(self)
-            @app_task = nil
-          end
+          end_hangup_watch(watch)
         end
         return hung_up(env, body, framework_error(env)) if @hung_up
         if deadline && expiry?(framework_error(env))

@@ -42,22 +42,35 @@ module NeverBlock
       def write_body(request, status, headers, body, keep_alive)
         return @response.write(request, status, headers, body, keep_alive) if body.respond_to?(:to_ary)
 
-        watch = @context.hangup_watch
+        watch = start_hangup_watch
         begin
-          if watch
-            @app_task = Task.current
-            watch.watch(self)
-          end
           @response.write(request, status, headers, body, keep_alive)
         rescue Response::ClientGone => e
           @hung_up = true unless e.is_a?(Response::WriteTimedOut)
           raise
         ensure
-          if watch
-            watch.unwatch(self)
-            @app_task = nil
-          end
+          end_hangup_watch(watch)
         end
+      end
+
+      # Puts the connection on the server's {HangupWatch} (when it has one)
+      # for the current task: the app's call (Exchange#call_and_write) or
+      # the writing of a streamed body.
+      # @return [HangupWatch, nil] what {#end_hangup_watch} takes.
+      def start_hangup_watch
+        watch = @context.hangup_watch or return
+
+        @app_task = Task.current
+        watch.watch(self)
+        watch
+      end
+
+      # Takes the connection off the watch {#start_hangup_watch} put it on.
+      def end_hangup_watch(watch)
+        return unless watch
+
+        watch.unwatch(self)
+        @app_task = nil
       end
     end
   end
