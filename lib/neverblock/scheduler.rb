@@ -140,6 +140,7 @@ module NeverBlock
       # these was displaced by user code (Fiber#raise) and is rescheduled.
       @waits = {}.compare_by_identity
       @unblockable = {}.compare_by_identity # fibers in #block or #kernel_sleep (BlockingHooks)
+      @sleeping_forever = 0 # fibers in a Kernel#sleep without a duration (BlockingHooks)
       # #wake_next's fiber, the token of its wait and its value, until the
       # caller suspends; switches past the loop left this turn.
       @runs_next = @runs_next_token = @runs_next_value = nil
@@ -608,7 +609,10 @@ module NeverBlock
       # wake-up's watcher reads its pipe through the io_read hook, which marks
       # it running, and parks in the selector without going through #suspend).
       @running = nil
-      if interval.nil? && @io_waiting.zero?
+      # Parked, the loop is a deadlock to Ruby when no other thread can wake
+      # it. A fiber in a plain `sleep` makes it none: as a thread's `sleep`,
+      # it waits for a signal (the selector waits, as for IO).
+      if interval.nil? && @io_waiting.zero? && @sleeping_forever.zero?
         @wakeup.park(@stall_detector)
       else
         @selector.select(interval)

@@ -37,16 +37,29 @@ module NeverBlock
     # - Loop's thread only, except #unblock; no locks.
     #
     # State it shares with the core (set up in Scheduler#initialize):
-    # @timers, @waits, @wakeup, @wake_callback, @expire_callback, and
-    # @unblockable (the fibers in #block or #kernel_sleep).
+    # @timers, @waits, @wakeup, @wake_callback, @expire_callback,
+    # @unblockable (the fibers in #block or #kernel_sleep) and
+    # @sleeping_forever (how many are in a Kernel#sleep without a duration).
     module BlockingHooks
       # Fiber::Scheduler hook: `sleep`. Without a duration, sleeps until woken.
       # ConditionVariable#wait sleeps here, and its signal may come from
       # another thread (#unblock).
-      def kernel_sleep(duration = nil)
+      #
+      # Ruby tells the two waits without a duration apart by their arguments:
+      # Kernel#sleep passes none, Mutex#sleep (ConditionVariable#wait) passes
+      # nil. Outside a scheduler the first is no deadlock to Ruby (a signal
+      # may end it) and the second is; so while a fiber is in the first, the
+      # loop does not park where Ruby's deadlock detector would see it.
+      def kernel_sleep(duration = (no_argument = true; nil))
         raise ArgumentError, "time interval must not be negative" if duration&.negative?
+        return wait_unblockable(duration, @wake_callback) unless no_argument
 
-        wait_unblockable(duration, @wake_callback)
+        @sleeping_forever += 1
+        begin
+          wait_unblockable(nil, @wake_callback)
+        ensure
+          @sleeping_forever -= 1
+        end
       end
 
       # Fiber::Scheduler hook: a Mutex, Queue, ConditionVariable or

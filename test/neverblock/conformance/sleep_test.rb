@@ -97,4 +97,30 @@ class ConformanceSleepTest < ConformanceTest
     assert_equal 4, woke.size
     assert_operator duration, :<, 1
   end
+
+  # A thread in `sleep` (no duration) is no deadlock to Ruby: a signal may
+  # end it. Fibers of a loop in that sleep, with a stall detector thread
+  # waiting too, must not be taken for one ("No live threads left.
+  # Deadlock?" killed such a process, a worker waiting for its TERM).
+  def test_fibers_sleeping_without_a_duration_wait_for_a_signal_not_a_deadlock_error
+    lib = File.expand_path("../../../lib", __dir__)
+    code = <<~RUBY
+      require "neverblock"
+      NeverBlock.run(stall_threshold: 0.1) do
+        2.times { NeverBlock.spawn { sleep } }
+        sleep 0.2 # the stall detector's thread is idle by now
+        puts "sleeping"
+        $stdout.flush
+        sleep
+      end
+    RUBY
+    Open3.popen3(RbConfig.ruby, "-I#{lib}", "-e", code) do |stdin, stdout, stderr, waiter|
+      stdin.close
+      assert_equal "sleeping\n", stdout.gets
+      refute waiter.join(1), -> { "the sleeping process ended: #{stderr.read}" }
+      Process.kill(:TERM, waiter.pid)
+      assert_equal Signal.list["TERM"], waiter.value.termsig
+      refute_match(/Deadlock/, stderr.read)
+    end
+  end
 end
