@@ -8,6 +8,7 @@ require "socket"
 require_relative "fixtures/child_ruby"
 require_relative "support/watchdog"
 require_relative "support/child_rendezvous"
+require_relative "support/cpu_report"
 
 # Shared helpers for NeverBlock's own suite. Every test class that includes
 # NeverBlock::Minitest runs each test inside NeverBlock.run with a timeout
@@ -50,7 +51,10 @@ module TestSupport
   def eventually(timeout: 30)
     deadline = now + timeout
     until (value = yield)
-      flunk "condition not met within #{timeout} s#{failure_context}" if now > deadline
+      if now > deadline
+        where = caller_locations(1, 1).first
+        flunk "condition not met within #{timeout} s (#{File.basename(where.path)}:#{where.lineno})#{failure_context}"
+      end
       sleep 0.02
     end
     value

@@ -77,6 +77,16 @@ module ServeProcesses
     server[:lines].concat(pending.lines)
   end
 
+  # What a failed #eventually adds: the last lines each server printed.
+  def failure_context
+    return super unless @servers&.any?
+
+    @servers.map do |server|
+      lines = server[:out].closed? ? server[:lines] : output_lines(server)
+      "\n--- the server (pid #{server[:pid]}), last lines:\n#{lines.last(40).join}"
+    end.join
+  end
+
   def get(server, path = "/")
     Net::HTTP.start("127.0.0.1", server[:port], open_timeout: 5, read_timeout: 30) { |http| http.get(path) }
   end
