@@ -85,14 +85,16 @@ class ServerReforkTest < PlainTest
 
   def test_reforked_workers_keep_their_pools_their_watchdog_and_rolling_restarts
     env = { "NB_TEST_PG" => JSON.generate(pg_conninfo) }
-    server = serve("refork.ru", "-w", "2", "--refork-after", "10,false", "--worker-timeout", "2", env: env)
+    # --worker-timeout 5, not less: three test passes at once on two cores can hold a
+    # healthy worker's heartbeat back for a few seconds, and a worker killed then starts over.
+    server = serve("refork.ru", "-w", "2", "--refork-after", "10,false", "--worker-timeout", "5", env: env)
     first_generation = eventually { (w = workers(server)).size == 2 && w }
     before = []
     mold = eventually(timeout: 60) do
       before << get(server, "/backend").body.split.map { |number| Integer(number) }
       output_lines(server).join[/\(pid (\d+)\) is the mold/, 1]&.to_i
     end
-    eventually(timeout: 30) { workers(server).size == 2 && workers(server).all? { |pid| answer_from(server, pid) == mold } }
+    eventually(timeout: 60) { workers(server).size == 2 && workers(server).all? { |pid| answer_from(server, pid) == mold } }
     after = Array.new(12) { get(server, "/backend").body.split.map { |number| Integer(number) } }
     molds_connections = before.select { |pid, _backend| pid == mold }.map(&:last)
     refute_empty molds_connections
@@ -157,7 +159,7 @@ class ServerReforkTest < PlainTest
       end
       assert_equal warmed, mold, "the worker that built its cache became the mold"
       wait_for_line(server, /refork done/, timeout: 60)
-      workers(server).each { |pid| assert_equal mold, answer_from(server, pid), "worker #{pid} has the mold's cache" }
+      workers(server).each { |pid| assert_equal mold, answer_from(server, pid, timeout: 30), "worker #{pid} has the mold's cache" }
     end
   end
 
@@ -230,10 +232,13 @@ class ServerReforkTest < PlainTest
     worker_pids(server[:pid]).select { |pid| process_title(pid).include?("neverblock worker") }
   end
 
-  # WARMED_IN of an answer from worker `pid` (tries for up to 30 s: any
-  # worker may answer, and on a loaded machine one may take most of them).
-  def answer_from(server, pid)
-    deadline = NeverBlock::Clock.now + 30
+  # WARMED_IN of an answer from worker `pid`, nil when none came within
+  # `timeout` seconds: any worker may answer, and on a loaded machine one may
+  # take most of them. Inside an #eventually, keep it well under the
+  # eventually's time: a worker of the old generation, listed and then
+  # stopped, never answers, and the eventually must get to look again.
+  def answer_from(server, pid, timeout: 8)
+    deadline = NeverBlock::Clock.now + timeout
     while NeverBlock::Clock.now < deadline
       answered, warmed = get(server).body.split.map { |number| Integer(number) }
       return warmed if answered == pid
