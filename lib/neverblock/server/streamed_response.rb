@@ -22,6 +22,10 @@ module NeverBlock
     # - the server stops: the connection's task is cancelled after
     #   `shutdown_timeout`, its children with it.
     #
+    # A `text/event-stream` body gives its request slot back when it starts
+    # (Connection#mark_as_io_bound): it only waits for its next event, and an
+    # app that streams thousands of them must not need to say so.
+    #
     # A write that times out (`write_timeout`: a client still connected but
     # not reading) is not a hang-up: the connection closes and the app's
     # status is logged.
@@ -30,6 +34,9 @@ module NeverBlock
     # It uses the connection's `@context`, `@response`, `@app_task` and sets
     # `@hung_up`, which Exchange reads.
     module StreamedResponse
+      # The media type of server-sent events.
+      EVENT_STREAM = "text/event-stream"
+
       private
 
       # Writes the app's response (Response#write); a streamed body under
@@ -42,6 +49,10 @@ module NeverBlock
       def write_body(request, status, headers, body, keep_alive)
         return @response.write(request, status, headers, body, keep_alive) if body.respond_to?(:to_ary)
 
+        # Server-sent events only wait for their next event from here on, as a
+        # Live stream does once committed: thousands of open streams must not
+        # hold the request slots that new requests need.
+        mark_as_io_bound if event_stream?(headers)
         watch = start_hangup_watch
         begin
           @response.write(request, status, headers, body, keep_alive)
@@ -51,6 +62,11 @@ module NeverBlock
         ensure
           end_hangup_watch(watch)
         end
+      end
+
+      def event_stream?(headers)
+        type = headers["content-type"]
+        type.is_a?(String) && type.start_with?(EVENT_STREAM)
       end
 
       # Puts the connection on the server's {HangupWatch} (when it has one)
