@@ -46,10 +46,12 @@ module NeverBlock
       # another thread (#unblock).
       #
       # Ruby tells the two waits without a duration apart by their arguments:
-      # Kernel#sleep passes none, Mutex#sleep (ConditionVariable#wait) passes
-      # nil. Outside a scheduler the first is no deadlock to Ruby (a signal
-      # may end it) and the second is; so while a fiber is in the first, the
-      # loop does not park where Ruby's deadlock detector would see it.
+      # a bare `sleep` passes none, Mutex#sleep (ConditionVariable#wait,
+      # Monitor's waits) passes nil. Outside a scheduler the first is no
+      # deadlock to Ruby (a signal may end it) and the second is; so while a
+      # fiber is in the first, the loop does not park where Ruby's deadlock
+      # detector would see it. (`sleep(nil)`, forever since Ruby 3.3, arrives
+      # as nil too and is taken for the second.)
       def kernel_sleep(duration = (no_argument = true; nil))
         raise ArgumentError, "time interval must not be negative" if duration&.negative?
         return wait_unblockable(duration, @wake_callback) unless no_argument

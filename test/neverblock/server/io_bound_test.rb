@@ -69,27 +69,28 @@ class ServerIOBoundTest < PlainTest
   # back then, unmarked. Any other streamed body keeps its slot while it is
   # written (it may compute each chunk).
   def test_an_event_stream_gives_its_slot_back_when_its_body_starts_and_other_streams_keep_theirs
-    chunks = Queue.new
+    chunks = { "/plain" => Queue.new, "/events" => Queue.new } # each body's own
     start_server(lambda do |env|
       type = env["PATH_INFO"] == "/events" ? "text/event-stream; charset=utf-8" : "text/plain"
-      body = Enumerator.new { |out| while (chunk = chunks.pop) do out << chunk end }
+      queue = chunks.fetch(env["PATH_INFO"])
+      body = Enumerator.new { |out| while (chunk = queue.pop) do out << chunk end }
       [200, { "content-type" => type }, body]
     end, fiber_pool: 2, adaptive_limit: false)
 
     plain = connect
     plain.write(get("/plain"))
-    chunks << "one\n"
+    chunks["/plain"] << "one\n"
     read_until(plain, "one\n")
     assert_equal({ busy: 1, io_bound: 0 }, @server.stats[:fiber_pool].slice(:busy, :io_bound))
 
     events = connect
     events.write(get("/events"))
-    chunks << "data: one\n\n"
+    chunks["/events"] << "data: one\n\n"
     read_until(events, "data: one")
     assert_equal({ busy: 1, io_bound: 1 }, @server.stats[:fiber_pool].slice(:busy, :io_bound),
                  "the event stream holds no slot; the plain stream still holds its own")
 
-    2.times { chunks << nil }
+    chunks.each_value { |queue| queue << nil }
     [plain, events].each { |socket| read_until(socket, "0\r\n\r\n") }
     eventually { @server.stats[:requests_in_flight].zero? }
     assert_equal 0, @server.stats[:fiber_pool][:busy], "each slot was given back once"

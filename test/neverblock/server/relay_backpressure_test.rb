@@ -13,14 +13,19 @@ class ServerRelayBackpressureTest < PlainTest
   include ServerHelper
 
   CHUNK = "x" * 65_536
-  OFFERED = 256 * 1024 * 1024 # what the upstream would send, were it read
   # The sockets' buffers on the way hold less than this: the upstream's send
   # and the client's receive buffers are set small here, and the relay's
-  # (its receive from the upstream, its send to the client) grow to
-  # net.ipv4.tcp_rmem's and tcp_wmem's largest, 32 and 4 MiB by default
-  # (about 8 MiB were held in practice). A relay that read ahead of its
-  # client would take the whole OFFERED in a second or two.
-  BOUND = 64 * 1024 * 1024
+  # (its receive from the upstream, its send to the client) grow at most to
+  # net.ipv4.tcp_rmem's and tcp_wmem's largest (32 and 4 MiB by default;
+  # 4-8 MiB were held in practice), plus a margin for the chunks in Ruby.
+  BOUND = [64 << 20, %w[tcp_rmem tcp_wmem].sum do |name|
+    Integer(File.read("/proc/sys/net/ipv4/#{name}").split.last, exception: false) || (32 << 20)
+  rescue SystemCallError
+    32 << 20
+  end + (16 << 20)].max
+  # What the upstream would send, were it read: a relay that read ahead of
+  # its client would take all of it in a second or two.
+  OFFERED = 4 * BOUND
   SMALL_BUFFER = 65_536
 
   def setup
@@ -83,7 +88,7 @@ class ServerRelayBackpressureTest < PlainTest
   # counts what left. It reports the connection's close.
   def serve_upstream(socket)
     socket.setsockopt(Socket::SOL_SOCKET, Socket::SO_SNDBUF, SMALL_BUFFER)
-    nil until socket.gets == "\r\n"
+    until (line = socket.gets).nil? || line == "\r\n"; end
     socket.write("HTTP/1.1 200 OK\r\ncontent-type: application/octet-stream\r\ntransfer-encoding: chunked\r\n\r\n")
     while @sent < OFFERED
       socket.write("#{CHUNK.bytesize.to_s(16)}\r\n#{CHUNK}\r\n")
