@@ -60,6 +60,19 @@ module TestSupport
     value
   end
 
+  # What `socket` sent until `text` arrived (flunks after 30 s, or at EOF).
+  def read_until(socket, text, timeout: 30)
+    received = +""
+    deadline = now + timeout
+    until received.include?(text)
+      socket.wait_readable([deadline - now, 0].max) or flunk "no #{text.inspect} within #{timeout} s: #{received.inspect}"
+      received << socket.readpartial(65_536)
+    end
+    received
+  rescue EOFError
+    flunk "the stream ended before #{text.inspect}: #{received.inspect}"
+  end
+
   # What a failed #eventually adds to its message; "" unless a class says.
   def failure_context = ""
 

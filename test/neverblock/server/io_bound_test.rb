@@ -80,35 +80,23 @@ class ServerIOBoundTest < PlainTest
     plain = connect
     plain.write(get("/plain"))
     chunks["/plain"] << "one\n"
-    read_until(plain, "one\n")
+    read_until(plain, "one\n", timeout: 10)
     assert_equal({ busy: 1, io_bound: 0 }, @server.stats[:fiber_pool].slice(:busy, :io_bound))
 
     events = connect
     events.write(get("/events"))
     chunks["/events"] << "data: one\n\n"
-    read_until(events, "data: one")
+    read_until(events, "data: one", timeout: 10)
     assert_equal({ busy: 1, io_bound: 1 }, @server.stats[:fiber_pool].slice(:busy, :io_bound),
                  "the event stream holds no slot; the plain stream still holds its own")
 
     chunks.each_value { |queue| queue << nil }
-    [plain, events].each { |socket| read_until(socket, "0\r\n\r\n") }
+    [plain, events].each { |socket| read_until(socket, "0\r\n\r\n", timeout: 10) }
     eventually { @server.stats[:requests_in_flight].zero? }
     assert_equal 0, @server.stats[:fiber_pool][:busy], "each slot was given back once"
   end
 
   def test_outside_neverblock_server_marking_does_nothing
     refute NeverBlock::Server.mark_as_io_bound({})
-  end
-
-  private
-
-  # Reads from `socket` until what it read includes `text` (10 s at most).
-  def read_until(socket, text)
-    read = +""
-    until read.include?(text)
-      socket.wait_readable(10) or flunk "no #{text.inspect} within 10 s; read #{read.inspect}"
-      read << socket.readpartial(4096)
-    end
-    read
   end
 end

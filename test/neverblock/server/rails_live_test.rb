@@ -106,19 +106,6 @@ class ServerRailsLiveTest < PlainTest
     socket
   end
 
-  # What `socket` sent until `text` arrived (flunks after 30 s, or at EOF).
-  def read_until(socket, text, timeout: 30)
-    received = +""
-    deadline = now + timeout
-    until received.include?(text)
-      socket.wait_readable([deadline - now, 0].max) or flunk "no #{text.inspect} within #{timeout} s: #{received.inspect}"
-      received << socket.readpartial(65_536)
-    end
-    received
-  rescue EOFError
-    flunk "the stream ended before #{text.inspect}: #{received.inspect}"
-  end
-
   # The JSON of the first server-sent event of `path`.
   def first_event(server, path)
     socket = open_stream(server, path)
