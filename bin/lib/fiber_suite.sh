@@ -106,6 +106,40 @@ _fiber_suite_prepare() {
   sed -i '1a require "neverblock"\nclass Scheduler < NeverBlock::Scheduler; end' "$file"
 }
 
+# _fiber_suite_stacks SUITE: each thread's C stack (gdb) in the Ruby process still running
+# SUITE (a chroot's process is read through /proc/PID/root).
+_fiber_suite_stacks() {
+  command -v gdb >/dev/null || { echo "(gdb is not installed: no stacks)"; return 0; }
+  local watcher pid
+  # (Ruby's runner sets $0 to each test's name: the Ruby is found as timeout(1)'s child.)
+  for watcher in $(pgrep -f -- "^timeout .*runner.rb -v .*$1" || true); do
+  for pid in $(pgrep -P "$watcher" || true); do
+    echo "--- process $pid: $(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | cut -c1-160)"
+    timeout 60 gdb -batch -nx -iex "set sysroot /proc/$pid/root" -ex "attach $pid" \
+      -ex "thread apply all bt 25" "$(readlink "/proc/$pid/exe")" 2>&1 | grep -E '^(Thread |#[0-9])' | head -n 250 || true
+  done
+  done
+}
+
+# _fiber_suite_attempt RUBY LIMIT SUITE LOG COMMAND...: one run of the suite into LOG; shortly
+# before LIMIT (15 s, or a third of it), the stacks of what still runs go to LOG.stacks. Returns the command's status.
+_fiber_suite_attempt() {
+  local ruby="$1" limit="$2" suite="$3" log="$4" status; shift 4
+  rm -f "$log.stacks"
+  ( sleep "$(( limit - (limit > 45 ? 15 : limit / 3) ))" && _fiber_suite_stacks "$suite" >"$log.stacks" 2>&1 ) &
+  local watcher=$!
+  set +e
+  case "$ruby" in
+    3.1) ( cd "$NB_REPO" && nb_host_bundle_env && "$@" ) >"$log" 2>&1 ;;
+    *)   chroot_ruby_use "$ruby"; chroot_ruby_exec "$@" >"$log" 2>&1 ;;
+  esac
+  status=$?
+  set -e
+  kill "$watcher" 2>/dev/null || true
+  wait "$watcher" 2>/dev/null || true
+  return "$status"
+}
+
 fiber_suite_run() {
   local ruby="$1" min="$2"; shift 2
   local src suite log status=0
@@ -122,19 +156,26 @@ fiber_suite_run() {
   local root="$NB_REPO"
   [[ "$ruby" == 3.1 ]] || root=/src
   local rel_src="${src#"$NB_REPO"/}" rel_suite="${suite#"$NB_REPO"/}"
-  # A hung suite fails after NEVERBLOCK_FIBER_SUITE_TIMEOUT seconds (default 240; it takes
+  # A hung suite fails after NEVERBLOCK_FIBER_SUITE_TIMEOUT seconds (default 150; it takes
   # 10-30). -v logs each test as it starts, so the log's tail names the one that hung.
-  local command=(timeout --kill-after=10 "${NEVERBLOCK_FIBER_SUITE_TIMEOUT:-240}"
+  local limit="${NEVERBLOCK_FIBER_SUITE_TIMEOUT:-150}"
+  local command=(timeout --kill-after=10 "$limit"
                  bundle exec ruby -I "$root/lib" -I "$root/$rel_src/tool/lib"
                  "$root/$rel_src/tool/test/runner.rb" -v "$@" "$root/$rel_suite")
   nb_log "Ruby's own test/fiber suite ($(basename "$(dirname "$src")")) on Ruby $ruby with NeverBlock::Scheduler"
-  set +e
-  case "$ruby" in
-    3.1) ( cd "$NB_REPO" && nb_host_bundle_env && "${command[@]}" ) >"$log" 2>&1 ;;
-    *)   chroot_ruby_use "$ruby"; chroot_ruby_exec "${command[@]}" >"$log" 2>&1 ;;
-  esac
-  status=$?
-  set -e
+  local attempt
+  for attempt in 1 2; do
+    _fiber_suite_attempt "$ruby" "$limit" "$rel_suite" "$log" "${command[@]}" && status=0 || status=$?
+    # Only a hang is run again: seen twice in CI (Ruby 3.4, select selector, three passes
+    # at once, in the GC-stress test) and never here in 50 runs under load. Its stacks are
+    # printed first, and a second hang fails the pass.
+    (( status == 124 || status == 137 )) || break
+    nb_warn "fiber suite on Ruby $ruby hung (exit $status); the test it was in, then each thread's C stack:"
+    tail -n 3 "$log" | cut -c1-200 >&2
+    cat "$log.stacks" >&2 2>/dev/null || true
+    (( attempt == 1 )) || break
+    nb_warn "running the fiber suite on Ruby $ruby once more"
+  done
 
   # Ruby's runner ends with "N tests, A assertions, F failures, E errors, S skips".
   local summary total failures errors skips passed
