@@ -143,15 +143,18 @@ module NeverBlock
       heap = @heap
       size = heap.size
       deadline = timer.deadline
-      loop do
-        child = (index << 1) + 1
-        break if child >= size
-
+      # (while, not Kernel#loop: a block call per level made sifting a
+      # quarter of the loop's time with 2,000 fibers in `sleep`)
+      while (child = (index << 1) + 1) < size
+        child_timer = heap[child]
         right = child + 1
-        child = right if right < size && heap[right].deadline < heap[child].deadline
-        break if deadline <= heap[child].deadline
+        if right < size && (right_timer = heap[right]).deadline < child_timer.deadline
+          child = right
+          child_timer = right_timer
+        end
+        break if deadline <= child_timer.deadline
 
-        heap[index] = heap[child]
+        heap[index] = child_timer
         index = child
       end
       heap[index] = timer

@@ -43,6 +43,20 @@ module NeverBlock
       LAST_CHUNK = "0\r\n\r\n"
       private_constant :LAST_CHUNK
 
+      # Each chunk's size line (hex, CRLF) for the small chunks events and
+      # tokens come in: a streamed event allocates nothing for it.
+      SIZE_LINES = Array.new(1024) { |size| "#{size.to_s(16)}\r\n".freeze }.freeze
+      private_constant :SIZE_LINES
+
+      # @api private
+      # `data` as one chunk of a chunked body, appended to `out` (or to a
+      # new String sized for it).
+      # @return [String] `out`
+      def self.chunk(data, out = String.new("", capacity: data.bytesize + 8))
+        size = data.bytesize
+        out << (SIZE_LINES[size] || "#{size.to_s(16)}\r\n") << data << "\r\n"
+      end
+
       # The client went away (or stopped reading) during a write.
       class ClientGone < BaseError
       end
@@ -243,12 +257,9 @@ module NeverBlock
       def write_all(data)
         @started = true
         socket = @socket
-        loop do
-          written = socket.write_nonblock(data, exception: false)
+        until (written = socket.write_nonblock(data, exception: false)) == data.bytesize
           if written == :wait_writable
             raise WriteTimedOut, "write timed out" unless socket.wait_writable(@write_timeout)
-          elsif written == data.bytesize
-            return
           else
             data = data.byteslice(written, data.bytesize - written)
           end
@@ -312,13 +323,11 @@ module NeverBlock
           end
           sent += chunk.bytesize
           @body_bytes += chunk.bytesize
-          pending ||= +""
           if chunked
-            pending << chunk.bytesize.to_s(16) << "\r\n" << chunk << "\r\n"
+            write_all(pending ? Response.chunk(chunk, pending) : Response.chunk(chunk))
           else
-            pending << chunk
+            write_all(pending ? pending << chunk : chunk)
           end
-          write_all(pending)
           pending = nil
         end
         pending = pending ? pending << LAST_CHUNK : LAST_CHUNK if chunked

@@ -41,13 +41,12 @@ module NeverBlock
         data = data.to_s
         return 0 if data.empty?
 
-        out = @head ? (+"") << @head : +""
-        @head = nil
         if @chunked
-          out << data.bytesize.to_s(16) << "\r\n" << data << "\r\n"
+          out = @head ? Response.chunk(data, +@head) : Response.chunk(data)
         else
-          out << data
+          out = @head ? @head + data : data
         end
+        @head = nil
         deliver(out)
         @response.sent_body(data.bytesize)
         data.bytesize
