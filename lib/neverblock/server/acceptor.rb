@@ -233,11 +233,11 @@ module NeverBlock
       # Accepts while there is room: fewer than `max_connections` open (and
       # a free fiber for one) and a free request slot. A connection's fiber
       # starts on the loop's next turn (FiberPool#spawn(defer: true)), so the
-      # acceptor takes in up to BATCH of the backlog a turn (#pace) instead
+      # acceptor starts up to BATCH of the backlog a turn (#pace) instead
       # of one connection a turn (15 a second when each turn runs 64
       # one-millisecond requests, while the rest waited in the backlog for
-      # seconds). The only worker of
-      # the listener takes in all it has room for; beside other workers, its
+      # seconds). The only worker of the listener takes in all it has room
+      # for (#start_held); beside other workers, its
       # free slots or its share of the backlog, once the first has run
       # (#take_in_after_first). When the slots are all taken it waits for a
       # turn among the requests waiting for one (#wait_turn) and then takes
@@ -245,8 +245,8 @@ module NeverBlock
       # by then: their requests queue behind those already waiting. With no
       # room for a connection it waits until one ends. None is
       # dropped. Only its waits (for room, for a connection) may be
-      # interrupted by {#stop_accepting}: it never waits while it holds an
-      # accepted socket.
+      # interrupted by {#stop_accepting}: the turns it lets pass while it
+      # holds accepted sockets (#start_held) are not.
       def accept_loop(listener)
         taken = 0 # connections taken in since the loop's last turn
         until @context.stopping?
@@ -264,11 +264,11 @@ module NeverBlock
           next unless socket
 
           open_connection(socket, listener)
-          taken = pace(taken + 1)
+          taken = pace(taken + 1, listener)
           if alone?
             while turn && !@context.stopping? && room_for_connection? && (socket = accept_now(listener))
               open_connection(socket, listener)
-              taken = pace(taken + 1)
+              taken = pace(taken + 1, listener)
             end
           elsif !turn # after a turn its slots are all taken and the one it took waits for a slot already
             take_in_after_first(listener)
@@ -279,12 +279,37 @@ module NeverBlock
 
       # Counts a connection taken in; after BATCH of them, lets the loop
       # take a turn (their fibers start, timers fire, IO is read) before
-      # more. @return [Integer] the count since the last turn.
-      def pace(taken)
+      # more start: as the listener's only worker, it takes the rest of the
+      # backlog in meanwhile (#start_held). @return [Integer] the count
+      # since the last turn.
+      def pace(taken, listener)
         return taken if taken < BATCH
 
-        @scheduler.yield
+        alone? ? start_held(listener) : @scheduler.yield
         0
+      end
+
+      # The listener's only worker, having started BATCH connections on this
+      # turn: takes in the rest of the backlog at once, as far as there is
+      # room (left in a full accept queue, a herd of 10,000 had 30,000 SYNs
+      # dropped, each client waiting a second or more to send it again), and
+      # starts what it holds BATCH a turn, taking in what arrived meanwhile
+      # each time. At a stop it starts all it holds (each is answered with
+      # `connection: close`); if it is cancelled, it closes them.
+      def start_held(listener)
+        held = []
+        loop do
+          while !@context.stopping? && room_for_connection?(held.size) && (socket = accept_now(listener))
+            held << socket
+          end
+          return if held.empty?
+
+          @scheduler.yield
+          held.shift(@context.stopping? ? held.size : BATCH).each { |socket| open_connection(socket, listener) }
+        end
+      rescue Exception # rubocop:disable Lint/RescueException -- a cancel: the sockets held are closed, not leaked
+        held.each(&:close)
+        raise
       end
 
       # Beside other workers, having just taken in one connection: lets that
@@ -309,7 +334,7 @@ module NeverBlock
               (socket = accept_now(listener))
           open_connection(socket, listener)
           share -= 1
-          taken = pace(taken + 1)
+          taken = pace(taken + 1, listener)
         end
       end
 
@@ -367,8 +392,9 @@ module NeverBlock
         @workers <= 1
       end
 
-      def room_for_connection?
-        @connections.size < @limits.max_connections && !@pool.full?
+      # @param held [Integer] connections accepted but not counted yet (#start_held).
+      def room_for_connection?(held = 0)
+        @connections.size + held < @limits.max_connections && !@pool.full?
       end
 
       # The request slots are all taken, but there is room for a connection:
