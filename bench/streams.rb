@@ -7,7 +7,8 @@
 # one server process at once, as fast as it can, and reads them to the end.
 # direct: the app makes the events (the fake LLM is in the app); relay: the
 # app reads them from a fake LLM upstream (another process, NeverBlock) with
-# Net::HTTP's streaming read_body and relays each chunk. Servers: NeverBlock
+# Net::HTTP's streaming read_body and relays each chunk; live: a Rails app's
+# ActionController::Live action writes them (support/streams_live.ru). Servers: NeverBlock
 # (`neverblock serve -w 0`, defaults: fiber_pool 1000, adaptive limit), the
 # same with each stream marked IO-bound (env["neverblock.mark_as_io_bound"]),
 # Falcon (--count 1), Puma single mode with 5 and 50 threads (a stream holds
@@ -31,11 +32,12 @@ require "neverblock/version"
 module NeverBlockBench
   class StreamsBench < Bench
     DEFAULTS = { streams: [500, 2000, 10_000], events: 40, interval_ms: 50, deadline: 60, clients: 2,
-                 parts: %w[direct relay], neverblock_args: "" }.freeze
+                 parts: %w[direct relay live], neverblock_args: "" }.freeze
     QUICK = { streams: [200], events: 10, deadline: 20 }.freeze
     ONLY = %w[neverblock neverblock-marked falcon puma-5 puma-50].freeze # the servers
-    PARTS = %w[direct relay].freeze
+    PARTS = %w[direct relay live].freeze
     APP = File.expand_path("support/streams_app.ru", __dir__)
+    LIVE_APP = File.expand_path("support/streams_live.ru", __dir__) # the live part's Rails app
     WARM_UP = 20 # streams of 3 events 10 ms apart on each fresh server before the batch
     # Puma also corks the socket while it writes a response (TCP_CORK): a stream's events leave in ~200 ms batches.
     CHARTED = ["first p99 ms", "gap p99 ms", "RSS KB/open stream", "CPU us/event"].freeze # the chart's columns
@@ -52,10 +54,16 @@ module NeverBlockBench
       Peers.use_epoll
       puts header(parts)
       rows = parts.product(@options[:streams], @options[:only]).map do |part, count, server|
-        next measure(part, count, server) unless server.start_with?("puma") && count > PUMA_MOST
+        if server.start_with?("puma") && count > PUMA_MOST
+          next { "part" => part, "streams" => count, "server" => server, **CHARTED.to_h { |column| [column, "not run"] },
+                 "note" => "not run past #{PUMA_MOST} streams: a stream holds a thread" }
+        end
+        if part == "live" && server == "neverblock-marked"
+          next { "part" => part, "streams" => count, "server" => server, **CHARTED.to_h { |column| [column, "not run"] },
+                 "note" => "not run: a Live stream is an event stream, which gives its slot back anyway" }
+        end
 
-        { "part" => part, "streams" => count, "server" => server, **CHARTED.to_h { |column| [column, "not run"] },
-          "note" => "not run past #{PUMA_MOST} streams: a stream holds a thread" }
+        measure(part, count, server)
       end
       report(rows, parts)
       rows.none? { |row| row["note"].to_s.start_with?("failed") }
@@ -74,7 +82,8 @@ module NeverBlockBench
         "(async #{v['async']}, --count 1); Puma #{v['puma']} (single mode, --threads 5:5 and 50:50)",
         <<~TEXT.chomp
           A stream: GET, text/event-stream, #{@options[:events]} events #{@options[:interval_ms]} ms apart (a Rack body's each);
-          relay: the same read from a fake LLM upstream (NeverBlock -w 0, its own process, not counted) with Net::HTTP read_body.
+          relay: the same read from a fake LLM upstream (NeverBlock -w 0, its own process, not counted) with Net::HTTP read_body;
+          live: the same written by a Rails app's ActionController::Live action (response.stream.write, then close).
           Client: #{@options[:clients]} forked Ruby processes (NeverBlock loops, a task per stream) open all streams at once; a
           stream is complete with all its events and the server's close within #{@options[:deadline]} s of the start.
           first: the first event's arrival after the start; gap: a stream's worst gap between reads that brought events;
@@ -85,12 +94,13 @@ module NeverBlockBench
       )
     end
 
-    def start(server, name: server)
+    def start(server, part, name: server)
+      app = part == "live" ? LIVE_APP : APP
       case server
       when "neverblock", "neverblock-marked"
-        PeerServers.neverblock(APP, args: ["-w", "0", *@options[:neverblock_args].split], name: name)
-      when "falcon" then PeerServers.falcon(APP)
-      else PeerServers.puma(APP, threads: server.sub("puma-", "").then { |n| "#{n}:#{n}" }, name: server)
+        PeerServers.neverblock(app, args: ["-w", "0", *@options[:neverblock_args].split], name: name)
+      when "falcon" then PeerServers.falcon(app)
+      else PeerServers.puma(app, threads: server.sub("puma-", "").then { |n| "#{n}:#{n}" }, name: server)
       end
     end
 
@@ -105,7 +115,7 @@ module NeverBlockBench
     def measure(part, count, server)
       warn "#{part}, #{count} streams: #{server}"
       upstream = start_upstream if part == "relay"
-      start(server).serve do |process|
+      start(server, part).serve do |process|
         PeerServers.check_ruby(process)
         warm_up(process.port, server, upstream&.port)
         sample = ServerSample.new(process.pid)
