@@ -1,5 +1,6 @@
 # frozen_string_literal: true
 
+require "json"
 require "openssl"
 require "resolv"
 require "socket"
@@ -35,6 +36,34 @@ module CompatServers
                    "Connection: close\r\n\r\n#{answer}")
     end
     "#{tls ? 'https' : 'http'}://127.0.0.1:#{port}"
+  end
+
+  # An OpenAI-compatible chat completions endpoint that streams its answer:
+  # any POST gets `text/event-stream` chunks of `tokens` tokens spread over
+  # DELAY seconds (each a `chat.completion.chunk` whose delta is the next
+  # token, the last with finish_reason "stop"), then `data: [DONE]`, and
+  # the connection closes. What a client gem under test receives is an
+  # LLM's answer arriving token by token.
+  # @return [String] its base URL, "http://127.0.0.1:PORT/v1".
+  def llm_stream_server(delay: CompatMatrix::DELAY, tokens: 5)
+    listener = TCPServer.new("127.0.0.1", 0)
+    serve(listener) do |client|
+      head = client.gets("\r\n\r\n") or next
+      length = head[/^content-length:\s*(\d+)/i, 1].to_i
+      client.read(length) if length.positive?
+      client.write("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n" \
+                   "Connection: close\r\n\r\n")
+      tokens.times do |index|
+        sleep delay / tokens
+        last = index == tokens - 1
+        chunk = { id: "chatcmpl-compat", object: "chat.completion.chunk", created: 0, model: "compat-model",
+                  choices: [{ index: 0, delta: { role: ("assistant" if index.zero?), content: "t#{index} " }.compact,
+                              finish_reason: (last ? "stop" : nil) }] }
+        client.write("data: #{JSON.generate(chunk)}\n\n")
+      end
+      client.write("data: [DONE]\n\n")
+    end
+    "http://127.0.0.1:#{listener.local_address.ip_port}/v1"
   end
 
   # An SMTP server that takes any message and says "250" DELAY seconds after
