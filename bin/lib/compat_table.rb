@@ -12,6 +12,7 @@ require "json"
 class CompatTable
   GROUPS = {
     "CompatHTTPClientsTest" => "HTTP clients",
+    "CompatLLMClientsTest" => "LLM clients (a streamed answer)",
     "CompatDatabasesTest" => "Databases and caches",
     "CompatMessagingTest" => "Messaging",
     "CompatStdlibTest" => "Standard library"

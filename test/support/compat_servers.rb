@@ -38,12 +38,14 @@ module CompatServers
     "#{tls ? 'https' : 'http'}://127.0.0.1:#{port}"
   end
 
-  # An OpenAI-compatible chat completions endpoint that streams its answer:
-  # any POST gets `text/event-stream` chunks of `tokens` tokens spread over
-  # DELAY seconds (each a `chat.completion.chunk` whose delta is the next
-  # token, the last with finish_reason "stop"), then `data: [DONE]`, and
-  # the connection closes. What a client gem under test receives is an
-  # LLM's answer arriving token by token.
+  # An OpenAI-compatible endpoint that streams its answer: any POST gets
+  # `text/event-stream` events of `tokens` tokens spread over DELAY seconds,
+  # and the connection closes. To .../responses (the Responses API, which
+  # RubyLLM uses) the answer comes as `response.output_text.delta` events
+  # between `response.created` and `response.completed`; to anything else
+  # (.../chat/completions) as `chat.completion.chunk`s whose deltas are the
+  # tokens, the last with finish_reason "stop", then `data: [DONE]`. What a
+  # client gem under test receives is an LLM's answer arriving token by token.
   # @return [String] its base URL, "http://127.0.0.1:PORT/v1".
   def llm_stream_server(delay: CompatMatrix::DELAY, tokens: 5)
     listener = TCPServer.new("127.0.0.1", 0)
@@ -53,17 +55,39 @@ module CompatServers
       client.read(length) if length.positive?
       client.write("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n" \
                    "Connection: close\r\n\r\n")
-      tokens.times do |index|
-        sleep delay / tokens
-        last = index == tokens - 1
-        chunk = { id: "chatcmpl-compat", object: "chat.completion.chunk", created: 0, model: "compat-model",
-                  choices: [{ index: 0, delta: { role: ("assistant" if index.zero?), content: "t#{index} " }.compact,
-                              finish_reason: (last ? "stop" : nil) }] }
-        client.write("data: #{JSON.generate(chunk)}\n\n")
+      words = Array.new(tokens) { |index| "t#{index} " }
+      events = head.start_with?("POST /v1/responses") ? responses_events(words) : chat_completion_events(words)
+      events.each_with_index do |event, index|
+        sleep delay / tokens if index.between?(1, tokens)
+        client.write(event)
       end
-      client.write("data: [DONE]\n\n")
     end
     "http://127.0.0.1:#{listener.local_address.ip_port}/v1"
+  end
+
+  # The Responses API's stream of `words`: created, a delta each, completed.
+  def responses_events(words)
+    event = ->(type, fields) { "event: #{type}\ndata: #{JSON.generate({ type: type }.merge(fields))}\n\n" }
+    response = { id: "resp_compat", object: "response", model: "compat-model" }
+    message = { type: "message", id: "msg_compat", role: "assistant", status: "completed",
+                content: [{ type: "output_text", text: words.join, annotations: [] }] }
+    [event.call("response.created", response: response.merge(status: "in_progress", output: [])),
+     *words.map do |word|
+       event.call("response.output_text.delta", item_id: "msg_compat", output_index: 0, content_index: 0, delta: word)
+     end,
+     event.call("response.completed", response: response.merge(status: "completed", output: [message],
+                                                              usage: { input_tokens: 1, output_tokens: words.size,
+                                                                       total_tokens: words.size + 1 }))]
+  end
+
+  # The chat completions stream of `words`: a chunk each, then [DONE].
+  def chat_completion_events(words)
+    [*words.each_with_index.map do |word, index|
+      chunk = { id: "chatcmpl-compat", object: "chat.completion.chunk", created: 0, model: "compat-model",
+                choices: [{ index: 0, delta: { role: ("assistant" if index.zero?), content: word }.compact,
+                            finish_reason: (index == words.size - 1 ? "stop" : nil) }] }
+      "data: #{JSON.generate(chunk)}\n\n"
+    end, "data: [DONE]\n\n"]
   end
 
   # An SMTP server that takes any message and says "250" DELAY seconds after
