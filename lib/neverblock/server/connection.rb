@@ -91,6 +91,7 @@ module NeverBlock
       def initialize(context, socket, listener)
         @context = context
         @admission = context.admission # on every request's path: one read, not two
+        @hangup_watch = context.hangup_watch # the same (set for the server's life)
         @socket = socket
         @io = socket # the accepted socket (@socket becomes a TLS one)
         @listener = listener
@@ -106,7 +107,7 @@ module NeverBlock
         @slot_at = nil # when it took its request slot (monotonic seconds; see TURN)
         @turn = false # parked waiting its turn, not idle (see #park)
         @wait_cut = false # a wait on the socket was cut short (see #movable?)
-        @app_task = nil # the task calling the app, while HangupWatch watches it
+        @app_task = nil # the task answering its request, while it does (see #cancel_for_hangup)
         @hung_up = false # its client hung up while the app ran (see #cancel_for_hangup)
         @stop_grace_taken = false # it waited for a request on its way at a stop (see #request_on_its_way?)
       end

@@ -43,6 +43,7 @@ module NeverBlock
         @answered = true
         task = Task.current
         mark = task.spawned if task
+        @app_task = task # the one HangupWatch cancels, while it watches the connection
         env = request.complete_env
         @context.request_started
         access_log = @context.access_log
@@ -53,10 +54,13 @@ module NeverBlock
         deadline = (request.head_at + @request_timeout if @request_timeout)
         if (tracer = @context.request_tracer)
           traced(tracer, request, env, deadline)
-        else
+        elsif deadline
           respond(request, env, deadline)
+        else
+          call_and_write(request, env, nil) # #respond's first line, one call fewer per request
         end
       ensure
+        @app_task = nil
         task.reap(mark, "ended: its request is over") if task&.reapable?(mark) && !@hijacked
         @context.hijacks.adopt(app_io, @io, task, mark, env, deadline, @hung_up) if @hijacked && task
         @context.request_finished
@@ -107,7 +111,7 @@ module NeverBlock
         watch = nil
         begin
           @app_env = env
-          watch = start_hangup_watch
+          (watch = @hangup_watch)&.watch(self)
           status, headers, body = deadline ? before(deadline) { @context.app.call(env) } : @context.app.call(env)
         rescue StandardError => e
           return hung_up(env, nil, e) if @hung_up
@@ -123,7 +127,7 @@ module NeverBlock
           return response_finished(env, 500, {}, e) && keep_alive
         ensure
           @app_env = nil
-          end_hangup_watch(watch)
+          watch&.unwatch(self)
         end
         return hung_up(env, body, framework_error(env)) if @hung_up
         if deadline && expiry?(framework_error(env))
@@ -242,6 +246,8 @@ module NeverBlock
             keep_alive = false
           elsif deadline
             keep_alive = before(deadline) { write_body(request, status, headers, body, keep_alive) }
+          elsif body.respond_to?(:to_ary)
+            keep_alive = @response.write(request, status, headers, body, keep_alive) # #write_body's first case, inline
           else
             keep_alive = write_body(request, status, headers, body, keep_alive)
           end

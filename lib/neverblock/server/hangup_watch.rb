@@ -30,7 +30,7 @@ module NeverBlock
     # the end of the stream, and is only noticed when its response is
     # written; one that just closes is seen as with plain TCP.
     #
-    # Who calls it: Exchange#respond (#watch, #unwatch, around the app's
+    # Who calls it: Exchange#call_and_write (#watch, #unwatch, around the app's
     # call), StreamedResponse#write_body (around a streamed body's writing),
     # the server's serving tasks (#run). Loop's thread only.
     class HangupWatch

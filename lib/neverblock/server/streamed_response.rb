@@ -31,8 +31,8 @@ module NeverBlock
     # status is logged.
     #
     # Included in {Connection}; called only from Exchange#write_response.
-    # It uses the connection's `@context`, `@response`, `@app_task` and sets
-    # `@hung_up`, which Exchange reads.
+    # It uses the connection's `@context`, `@response`, `@hangup_watch` and
+    # sets `@hung_up`, which Exchange reads.
     module StreamedResponse
       # The media type of server-sent events.
       EVENT_STREAM = "text/event-stream"
@@ -53,40 +53,21 @@ module NeverBlock
         # Live stream does once committed: thousands of open streams must not
         # hold the request slots that new requests need.
         mark_as_io_bound if event_stream?(headers)
-        watch = start_hangup_watch
+        watch = @hangup_watch
         begin
+          watch&.watch(self)
           @response.write(request, status, headers, body, keep_alive)
         rescue Response::ClientGone => e
           @hung_up = true unless e.is_a?(Response::WriteTimedOut)
           raise
         ensure
-          end_hangup_watch(watch)
+          watch&.unwatch(self)
         end
       end
 
       def event_stream?(headers)
         type = headers["content-type"]
         type.is_a?(String) && type.start_with?(EVENT_STREAM)
-      end
-
-      # Puts the connection on the server's {HangupWatch} (when it has one)
-      # for the current task: the app's call (Exchange#call_and_write) or
-      # the writing of a streamed body.
-      # @return [HangupWatch, nil] what {#end_hangup_watch} takes.
-      def start_hangup_watch
-        watch = @context.hangup_watch or return
-
-        @app_task = Task.current
-        watch.watch(self)
-        watch
-      end
-
-      # Takes the connection off the watch {#start_hangup_watch} put it on.
-      def end_hangup_watch(watch)
-        return unless watch
-
-        watch.unwatch(self)
-        @app_task = nil
       end
     end
   end
