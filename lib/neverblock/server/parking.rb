@@ -121,7 +121,7 @@ module NeverBlock
 
       # Waits (idle) for the first bytes of the next request, for at most
       # `idle_timeout` seconds, holding no request slot; empty lines before
-      # it do not end the wait (#took_empty_lines?). The wait has no
+      # it do not end the wait (Parser#took_empty_lines?). The wait has no
       # timer of its own: the server's {IdleSweeper} ends it at
       # {#idle_deadline}, and parks the connection ({#park_idle}) once it
       # has waited one sweep interval: a client that sends its next request
@@ -141,7 +141,7 @@ module NeverBlock
         @idle = true
         buffer = @context.read_buffer
         data = took_turn ? :wait_readable : @socket.read_nonblock(Connection::READ_SIZE, buffer, exception: false)
-        data = :wait_readable if took_empty_lines?(data)
+        data = :wait_readable if @parser.took_empty_lines?(data)
         unless data == :wait_readable
           @brisk = came_back_soon? if @answered
           return data
@@ -181,7 +181,7 @@ module NeverBlock
 
             next
           end
-          next if data == :wait_readable || took_empty_lines?(data)
+          next if data == :wait_readable || @parser.took_empty_lines?(data)
 
           @brisk = came_back_soon? if @answered
           return data
@@ -199,20 +199,6 @@ module NeverBlock
           @idle_deadline = nil
           @idle_grace = false
         end
-      end
-
-      # Empty lines before a request line begin no request
-      # ({Parser::EmptyLines}): the parser takes them here, and the wait
-      # for the next request goes on, to the deadline it had. Bytes the
-      # parser would refuse, or that begin a request, are left to the
-      # connection's request loop.
-      # @param data [String, Symbol, nil] what a read returned.
-      # @return [Boolean] whether `data` was empty lines, taken.
-      def took_empty_lines?(data)
-        return false unless data.is_a?(String) && @parser.empty_lines_only?(data)
-
-        @parser << data
-        true
       end
 
       # Whether a sibling worker could take the connection over ({Handoff}):

@@ -129,10 +129,15 @@ module NeverBlock
                      take_chunks(data, offset)
                    elsif @body_left.positive?
                      take_body(data, offset)
-                   elsif !@in_message && empty_line?(data, offset)
-                     take_empty_lines(data, offset)
-                   elsif head && !@in_message && (env = head.parse(data, offset))
+                   elsif @in_message
+                     take_head(data, offset)
+                   elsif head && !@empty_cr && (env = head.parse(data, offset))
+                     # (HTTPHead declines bytes that begin with a CR or LF:
+                     # an empty line goes on to #take_empty_lines, and the
+                     # common head costs no #empty_line? first)
                      plain_request(env, data, head.head_end)
+                   elsif empty_line?(data, offset)
+                     take_empty_lines(data, offset)
                    else
                      take_head(data, offset)
                    end

@@ -11,7 +11,7 @@ module NeverBlock
       #
       # Empty lines begin no request: the connection still waits for its
       # next request, on the idle deadline it had (Connection's
-      # #read_next_request asks {#empty_lines_only?}), so a client that
+      # #read_next_request asks {#took_empty_lines?}), so a client that
       # sends `\r\n` now and then is closed at `idle_timeout` like one that
       # sends nothing.
       #
@@ -55,6 +55,22 @@ module NeverBlock
             end
             offset += 1
           end
+          true
+        end
+
+        # Takes `data` if it holds nothing but empty lines (see
+        # {#empty_lines_only?}): the connection's wait for its next request
+        # goes on, to the deadline it had (Connection's #read_next_request
+        # asks after each read). Bytes it would refuse, or that begin a
+        # request, are left to {#<<}.
+        # @param data [String, Symbol, nil] what a read returned.
+        # @return [Boolean] whether `data` was empty lines, taken.
+        def took_empty_lines?(data)
+          # The first byte's check before the call: asked of every keep-alive
+          # connection's next request, whose first byte begins a request line.
+          return false unless data.is_a?(String) && (@empty_cr || data.getbyte(0) == CR) && empty_lines_only?(data)
+
+          self << data
           true
         end
 
