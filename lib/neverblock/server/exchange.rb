@@ -41,7 +41,7 @@ module NeverBlock
       # @return [Boolean] whether the connection stays open.
       def answer(request)
         @answered = true
-        task = Task.current
+        task = Thread.current[Task::Tree::CURRENT] # Task.current, without its call
         mark = task.spawned if task
         @app_task = task # the one HangupWatch cancels, while it watches the connection
         env = request.complete_env
