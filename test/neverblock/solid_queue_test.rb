@@ -121,6 +121,28 @@ class SolidQueueFiberPoolTest < PlainTest
     assert_equal 0, count("solid_queue_jobs WHERE finished_at IS NOT NULL")
   end
 
+  # NeverBlock::SolidQueue.stats, what a bin/jobs without a NeverBlock
+  # server has: read by a job in the worker process, after jobs that
+  # succeeded and one that failed.
+  def test_stats_count_the_worker_processs_jobs_by_outcome_with_their_durations
+    enqueue("SleepJob", 3, 0.5)
+    enqueue("FailJob", 1)
+    start_jobs
+    eventually(timeout: 60) { events("ended").size == 3 && count("solid_queue_failed_executions") == 1 }
+    eventually { count("solid_queue_claimed_executions").zero? } # the failed job's end is counted too
+    enqueue("StatsJob", 1)
+    stats = eventually(timeout: 30) { events("stats").first }
+
+    assert_equal({ "running" => 1, "succeeded" => 3, "failed" => 1, "cancelled" => 0 },
+                 stats.slice("running", "succeeded", "failed", "cancelled"), "the StatsJob itself is running")
+    duration = stats.fetch("duration")
+    assert_equal 4, duration["count"]
+    assert_equal 4, duration["counts"].sum
+    assert_equal duration["buckets"].size + 1, duration["counts"].size
+    assert_operator duration["sum"], :>=, 1.5, "three jobs slept 0.5 s each"
+    assert_operator duration["sum"], :<, 30
+  end
+
   private
 
   def solid_queue_in_bundle?

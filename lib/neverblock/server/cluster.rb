@@ -136,6 +136,7 @@ module NeverBlock
         Refork.subreaper! if @settings.refork_after.any?
         Cluster.trapping(SIGNALS.to_h { |name| [name, proc { signal(name) }] }) do
           @control = start_control if @settings.control
+          @job_metrics = start_job_metrics if @control && !@sidecars.empty?
           @server.cluster = self
           @server.hooks[:before_fork]&.call
           @predecessors = HotRestart.take # the old image's workers, after a hot restart
@@ -147,6 +148,7 @@ module NeverBlock
         ensure
           stop_all
           @control&.stop
+          @job_metrics&.close
         end
       ensure
         [@wake_reader, @wake_writer, @alive_reader, @alive_writer].each { |io| io.close if io && !io.closed? }
@@ -188,6 +190,11 @@ module NeverBlock
       def command(name, request)
         signal(name, "over the control listener (#{request})")
       end
+
+      # @api private
+      # @return [JobMetrics, nil] the jobs of the supervised commands' Solid
+      #   Queue fiber workers, with a control listener (else nil).
+      attr_reader :job_metrics
 
       # @api private
       # @return [Array<Child>] the workers now (one C call: safe to read
@@ -392,6 +399,13 @@ module NeverBlock
         require_relative "cluster/control"
         require_relative "cluster/prometheus"
         Control.new(self, @settings.control, @control_token).start
+      end
+
+      # The supervised commands get the directory their Solid Queue fiber
+      # workers write their job counts to, for /metrics.
+      def start_job_metrics
+        require_relative "cluster/job_metrics"
+        JobMetrics.new.tap { |metrics| @sidecars.env = metrics.env }
       end
 
       def begin_restart

@@ -22,6 +22,10 @@ module NeverBlock
     #   running then are released for another worker and cancelled, down to
     #   the query they wait on, before Solid Queue's supervisor stops the
     #   process at the end of that timeout.
+    # - It counts its jobs ({JobCounts}: running, ended by outcome, their
+    #   durations), read through {SolidQueue.stats}, and, in a `bin/jobs`
+    #   that a NeverBlock server supervises, written for its `/metrics`
+    #   ({Report}).
     #
     # Who calls it: the worker's polling thread ({#post}, `available_capacity`,
     # `idle?`) and its shutdown ({#shutdown}, {#wait_for_termination}); the
@@ -33,6 +37,26 @@ module NeverBlock
       # timeout): the time they have to unwind before Solid Queue's
       # supervisor ends the process.
       CANCEL_GRACE = 1.0
+
+      @all = []
+      @all_lock = Mutex.new
+
+      class << self
+        # @return [Array<FiberPool>] the pools made in this process (and in
+        #   the process it was forked from: Solid Queue builds a worker's
+        #   pool in its supervisor), for {SolidQueue.stats}.
+        def all
+          @all_lock.synchronize { @all.dup }
+        end
+
+        # @api private
+        def register(pool)
+          @all_lock.synchronize { @all << pool }
+        end
+      end
+
+      # @return [JobCounts] what this pool counted of its jobs.
+      attr_reader :counts
 
       # @param size [Integer] the most jobs that run at once (`fibers:`).
       # @param on_idle [#call, nil] called when a job ends and frees a slot.
@@ -48,6 +72,9 @@ module NeverBlock
         @scheduler = nil
         @jobs = {}.compare_by_identity # Task => SolidQueue::ClaimedExecution
         @cancelling = false
+        @report = nil # Report, made as the loop starts (in the worker process)
+        @counts = JobCounts.new
+        self.class.register(self)
       end
 
       # Runs `execution` as a task on the loop, starting the loop first if
@@ -119,10 +146,12 @@ module NeverBlock
       # @raise [Exception] what kept the loop from starting.
       def start_loop
         booted = Thread::Queue.new
+        @report = Report.build(@counts, object_id)
         thread = create_thread do
           NeverBlock.run do
             @scheduler = Fiber.scheduler
             booted << :ready
+            NeverBlock.spawn { @report.run { drained? } } if @report
             run_jobs
           end
         rescue Exception => e # rubocop:disable Lint/RescueException -- any end of the loop is fatal to the pool
@@ -144,17 +173,28 @@ module NeverBlock
         end
       end
 
+      # Whether every posted job has ended and none will be posted:
+      # {Report} then writes its last counts and ends. Loop thread only.
+      def drained?
+        @pending.closed? && @pending.empty? && @counts.running.zero?
+      end
+
       # Runs in the job's task. What the job spawned and left running is
       # cancelled before its slot is given back.
       def perform_execution(execution)
+        started_at = Clock.now
+        outcome = :failed # unless it returns, or is released at shutdown
+        @counts.started
         job = NeverBlock.current_task
         @jobs[job] = execution
         wrap_in_app_executor do
           job.label = "Solid Queue job #{execution.job_id} (#{execution.job.class_name})"
           execution.perform
         end
+        outcome = :succeeded
       rescue Cancelled => e
         if @cancelling && job.cancel_requested?
+          outcome = :cancelled
           NeverBlock.logger.warn("NeverBlock") do
             "Solid Queue job #{execution.job_id} was still running at the end of the shutdown timeout: " \
               "released for another worker and cancelled"
@@ -167,6 +207,10 @@ module NeverBlock
       ensure
         @jobs.delete(job)
         job.reap(0, "ended: its job is over") if job&.reapable?(0)
+        @counts.ended(outcome, Clock.now - started_at)
+        # Solid Queue's supervisor may kill the process a moment after a
+        # cancel: the server hears of it now, not at the report's next turn.
+        @report&.write if outcome == :cancelled
         restore_capacity
       end
 

@@ -148,6 +148,7 @@ module NeverBlock
               reap
             end
             @sidecars.kill
+            @job_metrics&.close # the next image makes its own (the exec skips #run's ensure)
             @molds.each(&:terminate) # the next image forks its workers from its own master
             if @boot_paused # this image never served: the previous image's workers are handed on again
               HotRestart.exec(command, dir, @listeners, @predecessors.pids, @predecessors.alive, carried)

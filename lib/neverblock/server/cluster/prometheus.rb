@@ -9,7 +9,9 @@ module NeverBlock
       # {Metrics#snapshot}, counters and histograms from {Counters} (what
       # every worker that held the index counted: they only grow, across
       # restarts), its RSS read by the master from /proc, and the master's
-      # own counts (workers, restarts by cause, supervised commands).
+      # own counts (workers, restarts by cause, supervised commands), and the
+      # jobs of the supervised commands' Solid Queue fiber workers
+      # ({JobMetrics}: no `worker` label, they are not the server's workers).
       # Counters end in `_total`; histograms have cumulative
       # `_bucket{le=...}`, `_sum` and `_count`.
       module Prometheus
@@ -46,7 +48,10 @@ module NeverBlock
           "neverblock_gc_runs_total" => ["counter", "GC runs."],
           "neverblock_gc_major_runs_total" => ["counter", "Major GC runs."],
           "neverblock_gc_seconds_total" => ["counter", "Time spent in GC."],
-          "neverblock_supervised_restarts_total" => ["counter", "Restarts of a supervised command."]
+          "neverblock_supervised_restarts_total" => ["counter", "Restarts of a supervised command."],
+          "neverblock_jobs_running" => ["gauge", "Solid Queue jobs in perform now, in the fiber workers of supervised commands."],
+          "neverblock_jobs_total" => ["counter", "Solid Queue jobs ended in those workers, by outcome (cancelled: released at shutdown)."],
+          "neverblock_job_duration_seconds" => ["histogram", "A Solid Queue job's time in perform, in those workers."]
         }.freeze
 
         module_function
@@ -64,6 +69,7 @@ module NeverBlock
           stats[:supervised].each do |sidecar|
             series["neverblock_supervised_restarts_total"] << [{ command: sidecar[:command] }, sidecar[:restarts]]
           end
+          add_jobs(series, cluster.job_metrics&.read)
           stale = cluster.settings.heartbeat_interval * 3
           counters = cluster.counters
           counted = counters.indexes
@@ -127,13 +133,23 @@ module NeverBlock
           end
         end
 
+        # The jobs of the supervised commands ({JobMetrics#read}; nil: none yet).
+        def add_jobs(series, jobs)
+          return unless jobs
+
+          series["neverblock_jobs_running"] << [{}, jobs["running"]]
+          JobMetrics::OUTCOMES.each { |outcome| series["neverblock_jobs_total"] << [{ outcome: outcome }, jobs[outcome]] }
+          series["neverblock_job_duration_seconds"] << [{}, jobs["duration"]]
+        end
+
         def lines(name, type, labels, value)
           return ["#{name}#{label_text(labels)} #{number(value)}"] unless type == "histogram"
 
+          bounds = value["buckets"] || Metrics::BUCKETS # a job histogram's own, else the server's
           cumulative = 0
           buckets = value["counts"].each_with_index.map do |count, index|
             cumulative += count
-            le = index < Metrics::BUCKETS.size ? number(Metrics::BUCKETS[index]) : "+Inf"
+            le = index < bounds.size ? number(bounds[index]) : "+Inf"
             "#{name}_bucket#{label_text(labels.merge(le: le))} #{cumulative}"
           end
           buckets + ["#{name}_sum#{label_text(labels)} #{number(value['sum'])}",

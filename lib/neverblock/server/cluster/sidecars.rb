@@ -39,6 +39,7 @@ module NeverBlock
         # @raise [ArgumentError] for an empty command.
         def initialize(commands, chdir: Dir.pwd)
           @chdir = chdir
+          @env = {}
           @sidecars = commands.map do |command|
             argv = command.is_a?(Array) ? command.map(&:to_s) : Shellwords.split(command.to_s)
             raise ArgumentError, "supervise needs a command, got #{command.inspect}" if argv.empty?
@@ -46,6 +47,10 @@ module NeverBlock
             Sidecar.new(command: argv, restarts: 0, delay: 0.0, due_at: 0.0)
           end
         end
+
+        # @param env [Hash{String => String}] variables the commands started
+        #   from now on get, besides the master's own ({JobMetrics#env}).
+        attr_writer :env
 
         # @return [Boolean] whether there is nothing to supervise.
         def empty?
@@ -116,7 +121,7 @@ module NeverBlock
         private
 
         def spawn(sidecar)
-          sidecar.pid = Process.spawn(*sidecar.command, chdir: @chdir, pgroup: true)
+          sidecar.pid = Process.spawn(@env, *sidecar.command, chdir: @chdir, pgroup: true)
           sidecar.started_at = Clock.now
           NeverBlock.logger.info { "NeverBlock::Server: supervising `#{sidecar.command.join(' ')}` (pid #{sidecar.pid})" }
         rescue SystemCallError => e
