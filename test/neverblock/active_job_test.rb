@@ -1,0 +1,155 @@
+# frozen_string_literal: true
+
+require_relative "../test_helper"
+require "net/http"
+require "socket"
+
+begin
+  require "active_job"
+rescue LoadError
+  nil # the Ruby 3.1 bundle has no activejob (it comes with solid_queue, Ruby 3.2+): the tests skip
+end
+
+# The recipe docs/rails.md gives for a job on a backend other than Solid
+# Queue's fiber workers (Sidekiq's threads, ActiveJob's :async and :inline
+# adapters): `perform` makes its calls at once with NeverBlock.map, which
+# runs a loop of its own on the job's thread, or joins the NeverBlock loop
+# the job is performed on. Real ActiveJob, real Net::HTTP calls to a local
+# HTTP server that answers each after 1 s: twenty of them end in about a
+# second, not twenty.
+class ActiveJobRecipeTest < PlainTest
+  CALLS = 20
+
+  # An HTTP/1.1 server on 127.0.0.1 that answers every request after
+  # `hold` seconds, a thread per connection, and counts the most requests
+  # it held at once.
+  class SlowUpstream
+    attr_reader :port
+
+    def initialize(hold:)
+      @hold = hold
+      @server = TCPServer.new("127.0.0.1", 0)
+      @port = @server.addr[1]
+      @lock = Mutex.new
+      @now = 0
+      @most = 0
+      @acceptor = Thread.new { loop { answer(@server.accept) } }
+      @acceptor.report_on_exception = false
+    end
+
+    # @return [Integer] the most requests held at once.
+    def most
+      @lock.synchronize { @most }
+    end
+
+    def urls(count)
+      Array.new(count) { |n| "http://127.0.0.1:#{@port}/call/#{n}" }
+    end
+
+    def close
+      @acceptor.kill.join
+      @server.close
+    end
+
+    private
+
+    def answer(client)
+      Thread.new do
+        path = client.gets.to_s.split[1]
+        nil until ["\r\n", "\n", nil].include?(client.gets)
+        @lock.synchronize { @most = [@most, @now += 1].max }
+        begin
+          sleep @hold
+        ensure
+          @lock.synchronize { @now -= 1 }
+        end
+        body = "answer to #{path}"
+        client.write("HTTP/1.1 200 OK\r\ncontent-length: #{body.bytesize}\r\nconnection: close\r\n\r\n#{body}")
+      rescue SystemCallError, IOError
+        nil
+      ensure
+        client.close
+      end
+    end
+  end
+
+  if defined?(ActiveJob::Base)
+    # The job as docs/rails.md shows it: its calls at once, at most 20.
+    class FetchAllJob < ActiveJob::Base
+      # What each perform saw, for the test to read.
+      RESULTS = Thread::Queue.new
+
+      def perform(urls)
+        started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+        bodies = NeverBlock.map(urls, concurrency: 20) { |url| Net::HTTP.get(URI(url)) }
+        RESULTS << { bodies: bodies, seconds: Process.clock_gettime(Process::CLOCK_MONOTONIC) - started,
+                     thread: Thread.current, scheduler_after: Fiber.scheduler }
+      end
+    end
+  end
+
+  def setup
+    super
+    skip "activejob is in the Ruby 3.3 and 3.4 bundles only (it comes with solid_queue)" unless defined?(ActiveJob::Base)
+    ActiveJob::Base.logger = Logger.new(nil)
+    FetchAllJob::RESULTS.clear
+    @upstream = SlowUpstream.new(hold: 1)
+  end
+
+  def teardown
+    @upstream&.close
+    super
+  end
+
+  # Sidekiq's processor threads, a console, a test: no loop on the thread.
+  def test_perform_now_on_a_plain_thread_runs_its_calls_at_once
+    FetchAllJob.perform_now(@upstream.urls(CALLS))
+    result = FetchAllJob::RESULTS.pop(timeout: 30)
+
+    assert_equal @upstream.urls(CALLS).map { |url| "answer to #{URI(url).path}" }, result[:bodies]
+    assert_operator result[:seconds], :<, CALLS / 4.0, "twenty 1 s calls, at once (one after another: 20 s)"
+    assert_equal CALLS, @upstream.most
+    assert_nil result[:scheduler_after], "the loop NeverBlock.map ran is gone once perform returns"
+  end
+
+  # ActiveJob's :async adapter: perform_later runs the job on a thread of its pool.
+  def test_the_async_adapter_runs_it_on_its_pool_thread_with_its_calls_at_once
+    adapter = ActiveJob::QueueAdapters::AsyncAdapter.new
+    FetchAllJob.queue_adapter = adapter
+    FetchAllJob.perform_later(@upstream.urls(CALLS))
+    result = FetchAllJob::RESULTS.pop(timeout: 30)
+
+    refute_nil result, "performed within 30 s"
+    refute_equal Thread.current, result[:thread]
+    assert_equal CALLS, result[:bodies].size
+    assert_operator result[:seconds], :<, CALLS / 4.0
+    assert_equal CALLS, @upstream.most
+  ensure
+    adapter&.shutdown(wait: true)
+  end
+
+  # :inline (or perform_now) inside a NeverBlock loop, as in a request
+  # under `neverblock serve`: the calls are tasks of that loop, and the
+  # loop's other tasks run while the job waits.
+  def test_performed_inside_a_neverblock_loop_it_joins_that_loop
+    ticks = 0
+    NeverBlock.run do
+      ticker = NeverBlock.spawn do
+        loop do
+          sleep 0.05
+          ticks += 1
+        end
+      end
+      FetchAllJob.queue_adapter = :inline
+      FetchAllJob.perform_later(@upstream.urls(CALLS))
+      ticker.cancel
+    end
+    result = FetchAllJob::RESULTS.pop(timeout: 0)
+
+    assert_equal CALLS, result[:bodies].size
+    assert_operator result[:seconds], :<, CALLS / 4.0
+    assert_equal CALLS, @upstream.most
+    assert_operator ticks, :>=, 5, "the loop's other tasks ran while the job waited"
+    assert_instance_of NeverBlock::Scheduler, result[:scheduler_after]
+  end
+end
