@@ -221,14 +221,18 @@ class RedisSemaphoreTest < NeverBlockTest
 
   # Redis restarted without persistence forgets every lease: it grants no
   # permit until the holders it forgot registered again, so a holder that
-  # runs on through the restart still counts.
+  # runs on through the restart still counts. Leases of 3 s (renewed every
+  # second): with 1 s, a holder whose renewal a loaded machine delayed past
+  # the 1 s fence had not registered again when the newcomer asked, as it
+  # would have lost its permit anyway. The newcomer waits 5 s, past the
+  # fence, so that it is the holder's renewal that keeps it out.
   def test_after_redis_restarts_without_its_data_a_running_holder_still_counts
     skip "needs redis-server on PATH" unless system("command -v redis-server >/dev/null")
     dir = Dir.mktmpdir("neverblock-redis-restart")
     socket = File.join(dir, "redis.sock")
     url = "unix://#{socket}"
     pid = start_redis(dir, socket)
-    holder = semaphore(url: url)
+    holder = semaphore(url: url, lease: 3)
     release = Queue.new
     held = nil
     log = capture_log do
@@ -238,13 +242,13 @@ class RedisSemaphoreTest < NeverBlockTest
       Process.kill(:KILL, pid)
       Process.wait(pid)
       pid = nil
-      assert_raises(NeverBlock::SemaphoreUnavailable) { semaphore(url: url).acquire { flunk "ran while Redis was down" } }
+      assert_raises(NeverBlock::SemaphoreUnavailable) { semaphore(url: url, lease: 3).acquire { flunk "ran while Redis was down" } }
       pid = start_redis(dir, socket)
-      assert_raises(NeverBlock::SemaphoreTimeout) { semaphore(url: url).acquire(timeout: 3) { flunk "two holders" } }
+      assert_raises(NeverBlock::SemaphoreTimeout) { semaphore(url: url, lease: 3).acquire(timeout: 5) { flunk "two holders" } }
     end
     assert_match(/no permit for \d+ ms, while its holders register again/, log)
 
-    waiter = semaphore(url: url)
+    waiter = semaphore(url: url, lease: 3)
     task = NeverBlock.spawn { waiter.acquire { :acquired } }
     eventually { waiter.waiting == 1 }
     release << true

@@ -37,7 +37,9 @@ class IdleSweeperWheelTest < NeverBlockTest
   end
 
   def test_a_wait_in_a_fiber_is_parked_after_an_interval_and_expired_at_its_deadline
-    deadline = NeverBlock::Clock.now + IDLE
+    # 0.8 s ahead: on a loaded machine the sweeper's first look came after a
+    # deadline IDLE ahead, and it expired the wait without parking it first.
+    deadline = NeverBlock::Clock.now + (20 * IDLE)
     waiter = IdleWaiter.new(deadline)
     @sweeper.watch(waiter)
     wait_for { waiter.parks == 1 }
