@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require_relative "../test_helper"
+require_relative "../support/counting_upstream"
 require "net/http"
 require "socket"
 
@@ -19,59 +20,6 @@ end
 # second, not twenty.
 class ActiveJobRecipeTest < PlainTest
   CALLS = 20
-
-  # An HTTP/1.1 server on 127.0.0.1 that answers every request after
-  # `hold` seconds, a thread per connection, and counts the most requests
-  # it held at once.
-  class SlowUpstream
-    attr_reader :port
-
-    def initialize(hold:)
-      @hold = hold
-      @server = TCPServer.new("127.0.0.1", 0)
-      @port = @server.addr[1]
-      @lock = Mutex.new
-      @now = 0
-      @most = 0
-      @acceptor = Thread.new { loop { answer(@server.accept) } }
-      @acceptor.report_on_exception = false
-    end
-
-    # @return [Integer] the most requests held at once.
-    def most
-      @lock.synchronize { @most }
-    end
-
-    def urls(count)
-      Array.new(count) { |n| "http://127.0.0.1:#{@port}/call/#{n}" }
-    end
-
-    def close
-      @acceptor.kill.join
-      @server.close
-    end
-
-    private
-
-    def answer(client)
-      Thread.new do
-        path = client.gets.to_s.split[1]
-        nil until ["\r\n", "\n", nil].include?(client.gets)
-        @lock.synchronize { @most = [@most, @now += 1].max }
-        begin
-          sleep @hold
-        ensure
-          @lock.synchronize { @now -= 1 }
-        end
-        body = "answer to #{path}"
-        client.write("HTTP/1.1 200 OK\r\ncontent-length: #{body.bytesize}\r\nconnection: close\r\n\r\n#{body}")
-      rescue SystemCallError, IOError
-        nil
-      ensure
-        client.close
-      end
-    end
-  end
 
   if defined?(ActiveJob::Base)
     # The job as docs/rails.md shows it: its calls at once, at most 20.
@@ -93,7 +41,7 @@ class ActiveJobRecipeTest < PlainTest
     skip "activejob is in the Ruby 3.3 and 3.4 bundles only (it comes with solid_queue)" unless defined?(ActiveJob::Base)
     ActiveJob::Base.logger = Logger.new(nil)
     FetchAllJob::RESULTS.clear
-    @upstream = SlowUpstream.new(hold: 1)
+    @upstream = CountingUpstream.new(hold: 1, http: true)
   end
 
   def teardown
@@ -103,10 +51,10 @@ class ActiveJobRecipeTest < PlainTest
 
   # Sidekiq's processor threads, a console, a test: no loop on the thread.
   def test_perform_now_on_a_plain_thread_runs_its_calls_at_once
-    FetchAllJob.perform_now(@upstream.urls(CALLS))
+    FetchAllJob.perform_now(urls)
     result = FetchAllJob::RESULTS.pop(timeout: 30)
 
-    assert_equal @upstream.urls(CALLS).map { |url| "answer to #{URI(url).path}" }, result[:bodies]
+    assert_equal urls.map { |url| "answer to #{URI(url).path}" }, result[:bodies]
     assert_operator result[:seconds], :<, CALLS / 4.0, "twenty 1 s calls, at once (one after another: 20 s)"
     assert_equal CALLS, @upstream.most
     assert_nil result[:scheduler_after], "the loop NeverBlock.map ran is gone once perform returns"
@@ -116,7 +64,7 @@ class ActiveJobRecipeTest < PlainTest
   def test_the_async_adapter_runs_it_on_its_pool_thread_with_its_calls_at_once
     adapter = ActiveJob::QueueAdapters::AsyncAdapter.new
     FetchAllJob.queue_adapter = adapter
-    FetchAllJob.perform_later(@upstream.urls(CALLS))
+    FetchAllJob.perform_later(urls)
     result = FetchAllJob::RESULTS.pop(timeout: 30)
 
     refute_nil result, "performed within 30 s"
@@ -141,7 +89,7 @@ class ActiveJobRecipeTest < PlainTest
         end
       end
       FetchAllJob.queue_adapter = :inline
-      FetchAllJob.perform_later(@upstream.urls(CALLS))
+      FetchAllJob.perform_later(urls)
       ticker.cancel
     end
     result = FetchAllJob::RESULTS.pop(timeout: 0)
@@ -151,5 +99,12 @@ class ActiveJobRecipeTest < PlainTest
     assert_equal CALLS, @upstream.most
     assert_operator ticks, :>=, 5, "the loop's other tasks ran while the job waited"
     assert_instance_of NeverBlock::Scheduler, result[:scheduler_after]
+  end
+
+  private
+
+  # The upstream's URLs of CALLS calls, a path each.
+  def urls
+    Array.new(CALLS) { |n| "http://127.0.0.1:#{@upstream.port}/call/#{n}" }
   end
 end

@@ -4,15 +4,18 @@ require "socket"
 
 # An upstream that counts: a TCP service on 127.0.0.1 that answers each
 # line ("ok") after `hold` seconds and records how many calls it served at
-# once. Tests of limits assert on what the upstream saw, not on what the
+# once; with `http: true`, each HTTP/1.1 request (its answer: "answer to
+# PATH", then the connection closes). Tests of limits assert on what the upstream saw, not on what the
 # callers believe. Runs on threads of the test process.
 class CountingUpstream
   # @return [Integer] the port it listens on.
   attr_reader :port
 
   # @param hold [Numeric] seconds each call takes.
-  def initialize(hold:)
+  # @param http [Boolean] calls are HTTP requests, not lines.
+  def initialize(hold:, http: false)
     @hold = hold
+    @http = http
     @server = TCPServer.new("127.0.0.1", 0)
     @port = @server.addr[1]
     @lock = Mutex.new
@@ -58,7 +61,7 @@ class CountingUpstream
 
   def serve(client)
     handler = Thread.new do
-      client.gets
+      path = @http ? read_http_request(client) : client.gets
       @lock.synchronize do
         @calls += 1
         @most = [@most, @now += 1].max
@@ -68,7 +71,7 @@ class CountingUpstream
       ensure
         @lock.synchronize { @now -= 1 }
       end
-      client.puts("ok")
+      @http ? answer_http(client, "answer to #{path}") : client.puts("ok")
     rescue SystemCallError, IOError
       nil
     ensure
@@ -78,5 +81,16 @@ class CountingUpstream
       @handlers.select!(&:alive?) # (nil when none ended)
       @handlers << handler
     end
+  end
+
+  # @return [String] the request's path, its head read.
+  def read_http_request(client)
+    path = client.gets.to_s.split[1]
+    nil until ["\r\n", "\n", nil].include?(client.gets)
+    path
+  end
+
+  def answer_http(client, body)
+    client.write("HTTP/1.1 200 OK\r\ncontent-length: #{body.bytesize}\r\nconnection: close\r\n\r\n#{body}")
   end
 end
