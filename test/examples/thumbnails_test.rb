@@ -171,30 +171,20 @@ class ThumbnailsExampleTest < NeverBlockTest
   # decode and scale (it is decoded whole before scaling). A task on the
   # same loop that ticks every 10 ms goes on ticking meanwhile: the resize
   # runs on the thread pool. (Done in the request's fiber, it stops the
-  # ticks for the whole resize, and this test fails.)
+  # ticks for the whole resize, and this test fails.) A machine busy with
+  # other work can stop the whole process for a while too, so the request
+  # is tried up to three times: a held loop fails every one.
   def test_resizes_run_off_the_event_loop
     @objects["big.png"] = NeverBlock.defer { self.class.big_png }
-    ticks = []
-    ticker = NeverBlock.spawn do
-      loop do
-        ticks << now
-        sleep 0.01
-      end
-    end
-    started = now
-    response = get("/thumb/300x300/big.png")
-    finished = now
-    ticker.cancel
-    ticker.wait
+    tries = Array.new(3) do |index|
+      took, longest = resize_beside_a_ticker("/thumb/#{300 + index}x#{300 + index}/big.png", 300 + index)
+      # 0.1 s is ten ticks: enough to see a held loop (0.19 s under YJIT here).
+      assert_operator took, :>, 0.1, "the resize must take long enough to tell (#{took.round(3)} s)"
+      break [] if longest < took / 3
 
-    assert_equal "200", response.code, response.body
-    assert_equal [300, 300, 3], ThumbnailImages.info(response.body)
-    took = finished - started
-    # 0.1 s is ten ticks: enough to see a held loop (0.19 s under YJIT here).
-    assert_operator took, :>, 0.1, "the resize must take long enough to tell (#{took.round(3)} s)"
-    gaps = [started, *ticks.select { |tick| tick > started && tick < finished }, finished].each_cons(2).map { |a, b| b - a }
-    assert_operator gaps.max, :<, took / 3,
-                    "the ticker stopped for #{gaps.max.round(3)} s of a #{took.round(3)} s request: the loop was held"
+      "the ticker stopped for #{longest.round(3)} s of a #{took.round(3)} s request"
+    end
+    assert_empty tries.compact, "the loop was held"
   end
 
   def test_the_cache_keeps_the_most_recently_used_within_its_bytes
@@ -216,6 +206,27 @@ class ThumbnailsExampleTest < NeverBlockTest
   end
 
   private
+
+  # Fetches a resize of `big.png` while a task on the same loop ticks every
+  # 10 ms: the request's seconds and the longest gap between ticks.
+  def resize_beside_a_ticker(path, side)
+    ticks = []
+    ticker = NeverBlock.spawn do
+      loop do
+        ticks << now
+        sleep 0.01
+      end
+    end
+    started = now
+    response = get(path)
+    finished = now
+    ticker.cancel
+    ticker.wait
+    assert_equal "200", response.code, response.body
+    assert_equal [side, side, 3], ThumbnailImages.info(response.body)
+    gaps = [started, *ticks.select { |tick| tick > started && tick < finished }, finished].each_cons(2).map { |a, b| b - a }
+    [finished - started, gaps.max]
+  end
 
   def get(path, headers = {})
     request(Net::HTTP::Get.new(path, headers))
