@@ -68,6 +68,7 @@ module NeverBlockBench
         sleep 0.05 until session_gone? || NeverBlockBench.now > deadline + 5
       end
       Process.wait(@pid) unless exited?
+      keep_log
       @pid = nil
       self.class.forget(self)
       FileUtils.rm_rf(@tmpdir)
@@ -85,6 +86,14 @@ module NeverBlockBench
     end
 
     private
+
+    # NEVERBLOCK_BENCH_LOGS=DIR keeps each server's log there (DIR/NAME-PID.log) when it stops.
+    def keep_log
+      return unless (dir = ENV.fetch("NEVERBLOCK_BENCH_LOGS", nil)) && File.exist?(@log)
+
+      FileUtils.mkdir_p(dir)
+      FileUtils.cp(@log, File.join(dir, "#{@name.gsub(/\W+/, '-')}-#{@pid}.log"))
+    end
 
     def signal(name) = (Process.kill(name, -@pid) rescue nil) # ESRCH: all gone
 

@@ -133,6 +133,19 @@ module NeverBlock
         @epoll.delete(fd)
       end
 
+      # Hands a parked connection on to `on_readable` now, as if its socket
+      # had reported, and takes it out of the set (the {IdleSweeper} found
+      # its request waiting at its idle deadline, before the set reported
+      # it). Does nothing for one not parked.
+      # @param fd [Integer] its socket's descriptor, still open.
+      # @return [void]
+      def wake(fd)
+        connection = @parked.delete(fd) or return
+
+        @epoll.delete(fd)
+        @on_readable.call(connection)
+      end
+
       # Hands each parked connection whose socket turns readable to
       # `on_readable`, until its task is cancelled. The only fiber that
       # waits for the parked ones.
