@@ -66,6 +66,15 @@ module NeverBlock
       class WriteTimedOut < ClientGone
       end
 
+      # The byte sizes of the response headers the server reads (date,
+      # connection, content-length, transfer-encoding): a key of another
+      # size is never one of them, in any case.
+      FRAMING_SIZES = [4, 10, 14, 17].each_with_object([]) { |size, sizes| sizes[size] = true }.freeze
+      private_constant :FRAMING_SIZES
+
+      UPPERCASE = /[A-Z]/
+      private_constant :UPPERCASE
+
       @date = nil
       @date_second = nil
 
@@ -176,19 +185,24 @@ module NeverBlock
         head << STATUS_LINES[status]
         length = nil
         framed_by_app = false
+        dated = false
         headers.each do |key, value|
           next if key.start_with?("rack.") # for the server (rack.hijack, rack.protocol), not the client
 
-          case key
+          name = key
+          # A Rack 2 app may name them in any case ("Content-Length"): Rack 3's are lowercase.
+          name = key.downcase if FRAMING_SIZES[key.bytesize] && key.match?(UPPERCASE)
+          case name
           when "content-length" then length = value
           when "transfer-encoding" then framed_by_app = true
+          when "date" then dated = true
           when "connection"
             keep_alive = false if value.to_s.downcase.include?("close")
             next
           end
           add_header(head, key, value)
         end
-        head << self.class.date_line unless headers.key?("date")
+        head << self.class.date_line unless dated
 
         if no_body
           head << connection_header(keep_alive, request)
@@ -240,7 +254,7 @@ module NeverBlock
         head = +""
         head << STATUS_LINES[status.to_i]
         headers.each { |key, value| add_header(head, key, value) unless key.start_with?("rack.") }
-        head << self.class.date_line unless headers.key?("date")
+        head << self.class.date_line unless headers.each_key.any? { |key| key.casecmp?("date") }
         write_all(head << "\r\n")
       end
 

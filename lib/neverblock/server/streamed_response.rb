@@ -66,7 +66,7 @@ module NeverBlock
       end
 
       def event_stream?(headers)
-        type = headers["content-type"]
+        type = headers["content-type"] || headers["Content-Type"] # (Rack 2 names headers in any case)
         type.is_a?(String) && type.start_with?(EVENT_STREAM)
       end
     end
