@@ -3,6 +3,7 @@
 require "fileutils"
 require "json"
 require "tmpdir"
+require_relative "../../solid_queue/job_counts"
 
 module NeverBlock
   class Server
@@ -31,6 +32,10 @@ module NeverBlock
         # The outcomes of a job counted (`NeverBlock::SolidQueue::JobCounts`).
         OUTCOMES = %w[succeeded failed cancelled].freeze
 
+        # The counts a pool's file must hold (besides its `duration`) to be added up.
+        COUNTED = %i[running succeeded failed cancelled].freeze
+        private_constant :COUNTED
+
         # @return [String] the directory the counts are written to.
         attr_reader :directory
 
@@ -45,10 +50,9 @@ module NeverBlock
           { VARIABLE => @directory }
         end
 
-        # @return [Hash, nil] `{"running" =>, "succeeded" =>, "failed" =>,
-        #   "cancelled" =>, "duration" => {"buckets" =>, "counts" =>, "sum" =>,
-        #   "count" =>}}` over every pool that wrote its counts since the
-        #   master started; nil when none has yet.
+        # @return [Hash, nil] `NeverBlock::SolidQueue::JobCounts#to_h`
+        #   summed over every pool that wrote its counts since the master
+        #   started; nil when none has yet.
         def read
           @lock.synchronize do
             live = []
@@ -57,11 +61,11 @@ module NeverBlock
               if alive?(Integer(File.basename(path)[/\A\d+/]))
                 live << counts
               else
-                @ended = add(@ended, counts.merge("running" => 0))
+                @ended = SolidQueue::JobCounts.sum([@ended, counts.merge(running: 0)].compact)
                 File.delete(path)
               end
             end
-            live.reduce(@ended && deep_dup(@ended)) { |total, counts| add(total, counts) }
+            SolidQueue::JobCounts.sum([@ended, *live].compact) if @ended || !live.empty?
           end
         end
 
@@ -74,8 +78,9 @@ module NeverBlock
         private
 
         def parse(path)
-          counts = JSON.parse(File.read(path))
-          counts if counts.is_a?(Hash) && counts["duration"].is_a?(Hash)
+          counts = JSON.parse(File.read(path), symbolize_names: true)
+          counts if counts.is_a?(Hash) && COUNTED.all? { |key| counts[key].is_a?(Integer) } &&
+                    counts[:duration].is_a?(Hash) && counts[:duration][:counts].is_a?(Array)
         rescue JSON::ParserError, SystemCallError
           nil # gone meanwhile (its process ended and another read removed it), or not ours
         end
@@ -87,21 +92,6 @@ module NeverBlock
           false
         rescue Errno::EPERM
           true
-        end
-
-        def add(total, counts)
-          return deep_dup(counts) unless total
-
-          (["running"] + OUTCOMES).each { |key| total[key] += counts[key].to_i }
-          duration = total["duration"]
-          counts["duration"]["counts"].each_with_index { |count, index| duration["counts"][index] += count }
-          duration["sum"] += counts["duration"]["sum"]
-          duration["count"] += counts["duration"]["count"]
-          total
-        end
-
-        def deep_dup(counts)
-          counts.merge("duration" => counts["duration"].merge("counts" => counts["duration"]["counts"].dup))
         end
       end
     end

@@ -137,9 +137,9 @@ module NeverBlock
         def add_jobs(series, jobs)
           return unless jobs
 
-          series["neverblock_jobs_running"] << [{}, jobs["running"]]
-          JobMetrics::OUTCOMES.each { |outcome| series["neverblock_jobs_total"] << [{ outcome: outcome }, jobs[outcome]] }
-          series["neverblock_job_duration_seconds"] << [{}, jobs["duration"]]
+          series["neverblock_jobs_running"] << [{}, jobs[:running]]
+          JobMetrics::OUTCOMES.each { |outcome| series["neverblock_jobs_total"] << [{ outcome: outcome }, jobs[outcome.to_sym]] }
+          series["neverblock_job_duration_seconds"] << [{}, jobs[:duration].transform_keys(&:to_s)]
         end
 
         def lines(name, type, labels, value)
