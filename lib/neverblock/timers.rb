@@ -51,10 +51,17 @@ module NeverBlock
 
     # Schedules `callable.call(argument)` after `seconds`, or the block.
     # An infinite delay never fires: no timer is made.
-    # @param seconds [Numeric]
+    #
+    # The hooks pass on what was given to `sleep`, `Timeout.timeout`,
+    # `ConditionVariable#wait` or `IO#wait_readable`, which Ruby takes as
+    # any number of seconds, ActiveSupport::Duration (`sleep 1.second`)
+    # included: it is made a Float here, so every deadline in the heap is
+    # one (the selector takes nothing else as its wait).
+    # @param seconds [Numeric, ActiveSupport::Duration]
     # @return [Timer, nil]
     # @raise [ArgumentError] for NaN or -Infinity.
     def after(seconds, callable = nil, argument = nil, &block)
+      seconds = seconds.to_f unless Float === seconds || Integer === seconds # not is_a?: a Duration says it is a Float
       unless seconds.finite?
         return nil if seconds.infinite? == 1
 
