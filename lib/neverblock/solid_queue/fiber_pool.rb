@@ -188,7 +188,7 @@ module NeverBlock
         job = NeverBlock.current_task
         @jobs[job] = execution
         wrap_in_app_executor do
-          job.label = "Solid Queue job #{execution.job_id} (#{execution.job.class_name})"
+          job.label = label(execution)
           execution.perform
         end
         outcome = :succeeded
@@ -196,8 +196,8 @@ module NeverBlock
         if @cancelling && job.cancel_requested?
           outcome = :cancelled
           NeverBlock.logger.warn("NeverBlock") do
-            "Solid Queue job #{execution.job_id} was still running at the end of the shutdown timeout: " \
-              "released for another worker and cancelled"
+            "#{job.label} was still running at the end of the shutdown timeout: " \
+              "#{claimed?(execution) ? "released for another worker and " : ""}cancelled"
           end
         else
           raise_or_report(e)
@@ -212,6 +212,23 @@ module NeverBlock
         # cancel: the server hears of it now, not at the report's next turn.
         @report&.write if outcome == :cancelled
         restore_capacity
+      end
+
+      # Whether `execution` is a job a worker claimed. Solid Queue's pool
+      # contract asks only that what is posted responds to #perform (its
+      # own tests post plain objects): those have no job to name or to
+      # release. (Solid Queue's models load with a Rails app: without one
+      # there is no claimed execution.)
+      def claimed?(execution)
+        defined?(::SolidQueue::ClaimedExecution) && execution.is_a?(::SolidQueue::ClaimedExecution)
+      end
+
+      # The job's task label: the stall detector's and the task dump's name
+      # for it.
+      def label(execution)
+        return "Solid Queue execution (#{execution.class})" unless claimed?(execution)
+
+        "Solid Queue job #{execution.job_id} (#{execution.job.class_name})"
       end
 
       def raise_or_report(error)
@@ -240,6 +257,8 @@ module NeverBlock
       # the job before the cancel. A job whose claim is already gone is
       # finishing on its own and is left to finish.
       def release_and_cancel(job, execution)
+        return job.cancel unless claimed?(execution)
+
         wrap_in_app_executor do
           ::SolidQueue::ClaimedExecution.transaction do
             claim = ::SolidQueue::ClaimedExecution.lock.find_by(id: execution.id)
