@@ -34,6 +34,8 @@ module NeverBlock
       # raises IO::TimeoutError instead (#in_selector starts either timer).
       # @return [Integer, false] the ready events, false on timeout.
       def io_wait(io, events, timeout = nil)
+        return events if File === io && always_ready?(io)
+
         fiber = Fiber.current
         in_selector(fiber, io, "ready", timeout) { @selector.io_wait(fiber, io, events) }
       end
@@ -136,6 +138,26 @@ module NeverBlock
       end
 
       private
+
+      # Linux's memory devices (major 1: /dev/null, /dev/zero, /dev/full,
+      # /dev/random, /dev/urandom): never waited on.
+      MEMORY_DEVICES = RUBY_PLATFORM.include?("linux") ? 1 : nil
+      private_constant :MEMORY_DEVICES
+
+      # Whether `io` (a File) is always ready: a regular file, or one of
+      # Linux's memory devices. Ruby waits on them too (compiling a file
+      # waits for it to be readable), and the selector could only say so
+      # after a turn of the loop: epoll refuses them (EPERM), and select,
+      # which reports them ready, was seen under GC.stress to time out again
+      # and again with /dev/null among its descriptors (Ruby 3.4), holding
+      # the fiber for a minute. A FIFO, a terminal or any other device
+      # waits in the selector.
+      def always_ready?(io)
+        stat = io.stat
+        stat.file? || (stat.chardev? && stat.rdev_major == MEMORY_DEVICES)
+      rescue IOError, SystemCallError
+        false
+      end
 
       # The hot path of every IO wait: keep it lean.
       #
