@@ -24,8 +24,9 @@ module NeverBlock
       # backlog of a thousand (a herd of event streams reconnecting at once)
       # is taken in BATCH a turn, so that each turn also runs the streams
       # already open (their next events) instead of leaving them waiting
-      # while a thousand fibers start (0.3 s on one core, measured).
-      BATCH = 64
+      # while a thousand fibers start (0.3 s on one core, measured); fewer
+      # while turns are long ({StartPace}).
+      BATCH = StartPace::BATCH
       private_constant :BATCH
 
       # @return [Hash{Connection => true}] the open connections (not those
@@ -78,6 +79,7 @@ module NeverBlock
       def start(handoff = nil)
         @scheduler = NeverBlock.current_scheduler!
         @pool = FiberPool.new(size: @limits.max_connections, queue_limit: 0) # keeps FiberPool::IDLE_LIMIT fibers after a burst
+        @start_pace = StartPace.new
         start_idle_set
         @tasks = @listeners.map { |listener| NeverBlock.spawn(detached: true, internal: true) { accept_loop(listener) } }
         return unless handoff
@@ -293,8 +295,8 @@ module NeverBlock
       # turn: takes in the rest of the backlog at once, as far as there is
       # room (left in a full accept queue, a herd of 10,000 had 30,000 SYNs
       # dropped, each client waiting a second or more to send it again), and
-      # starts what it holds BATCH a turn, taking in what arrived meanwhile
-      # each time. At a stop it starts all it holds (each is answered with
+      # starts what it holds BATCH a turn, or fewer after a long turn
+      # ({StartPace}), taking in what arrived meanwhile each time. At a stop it starts all it holds (each is answered with
       # `connection: close`); if it is cancelled, it closes them.
       def start_held(listener)
         held = []
@@ -304,8 +306,10 @@ module NeverBlock
           end
           return if held.empty?
 
+          turn_began = Clock.now
           @scheduler.yield
-          held.shift(@context.stopping? ? held.size : BATCH).each { |socket| open_connection(socket, listener) }
+          count = @context.stopping? ? held.size : @start_pace.after(Clock.now - turn_began)
+          held.shift(count).each { |socket| open_connection(socket, listener) }
         end
       rescue Exception # rubocop:disable Lint/RescueException -- a cancel: the sockets held are closed, not leaked
         held.each(&:close)
