@@ -37,7 +37,10 @@ class ServerReforkTest < PlainTest
         (first_generation - [mold]).none? { |pid| alive?(pid) }
     end
     settled = seen.size
-    sleep 0.5 # a little more load on the new generation
+    eventually(timeout: 30) do # a little more load on the new generation
+      seen << answers.pop until answers.empty?
+      seen.size - settled >= 20
+    end
     @hammering = false
     clients.each(&:join)
     assert_empty errors.size.times.map { errors.pop }, "requests lost during the refork"
