@@ -60,8 +60,13 @@ module NeverBlock
     # @param seconds [Numeric, ActiveSupport::Duration]
     # @return [Timer, nil]
     # @raise [ArgumentError] for NaN or -Infinity.
+    # @raise [TypeError] for a delay that is not a number.
     def after(seconds, callable = nil, argument = nil, &block)
-      seconds = seconds.to_f unless Float === seconds || Integer === seconds # not is_a?: a Duration says it is a Float
+      unless Float === seconds || Integer === seconds # not is_a?: a Duration says it is a Float
+        raise TypeError, "timer delay must be a number of seconds, got #{seconds.inspect}" unless seconds.is_a?(Numeric)
+
+        seconds = seconds.to_f
+      end
       unless seconds.finite?
         return nil if seconds.infinite? == 1
 

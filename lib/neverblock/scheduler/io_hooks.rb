@@ -34,7 +34,7 @@ module NeverBlock
       # raises IO::TimeoutError instead (#in_selector starts either timer).
       # @return [Integer, false] the ready events, false on timeout.
       def io_wait(io, events, timeout = nil)
-        return events if File === io && always_ready?(io)
+        return events if File === io && (events & IO::PRIORITY).zero? && always_ready?(io)
 
         fiber = Fiber.current
         in_selector(fiber, io, "ready", timeout) { @selector.io_wait(fiber, io, events) }
@@ -139,22 +139,25 @@ module NeverBlock
 
       private
 
-      # Linux's memory devices (major 1: /dev/null, /dev/zero, /dev/full,
-      # /dev/random, /dev/urandom): never waited on.
-      MEMORY_DEVICES = RUBY_PLATFORM.include?("linux") ? 1 : nil
+      # Linux's memory devices that never block (major 1; minor 3 /dev/null,
+      # 5 /dev/zero, 7 /dev/full, 9 /dev/urandom): never waited on. Not
+      # /dev/random (it could block before Linux 5.6) nor /dev/kmsg (EAGAIN
+      # until the next message).
+      MEMORY_DEVICES = RUBY_PLATFORM.include?("linux") ? [3, 5, 7, 9].freeze : [].freeze
       private_constant :MEMORY_DEVICES
 
-      # Whether `io` (a File) is always ready: a regular file, or one of
-      # Linux's memory devices. Ruby waits on them too (compiling a file
-      # waits for it to be readable), and the selector could only say so
-      # after a turn of the loop: epoll refuses them (EPERM), and select,
+      # Whether `io` (a File) is always readable and writable: a regular
+      # file, or one of {MEMORY_DEVICES}. Ruby waits on them too (compiling
+      # a file waits for it to be readable), and the selector could only say
+      # so after a turn of the loop: epoll refuses them (EPERM), and select,
       # which reports them ready, was seen under GC.stress to time out again
       # and again with /dev/null among its descriptors (Ruby 3.4), holding
       # the fiber for a minute. A FIFO, a terminal or any other device
-      # waits in the selector.
+      # waits in the selector, and so does a wait for IO::PRIORITY (a
+      # regular file under /proc or /sys reports a change that way).
       def always_ready?(io)
         stat = io.stat
-        stat.file? || (stat.chardev? && stat.rdev_major == MEMORY_DEVICES)
+        stat.file? || (stat.chardev? && stat.rdev_major == 1 && MEMORY_DEVICES.include?(stat.rdev_minor))
       rescue IOError, SystemCallError
         false
       end

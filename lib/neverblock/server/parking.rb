@@ -102,17 +102,20 @@ module NeverBlock
       # queue); one waiting in its fiber gets another sweep interval, as
       # often as the bytes are still there when it comes (the fiber's wait
       # reads them: bytes that make no request, such as part of a TLS
-      # record, are then gone, and its deadline stays).
+      # record, are then gone, and its deadline stays). Both for at most
+      # another `idle_timeout` in all, until a request comes: a client
+      # that trickles bytes that make no request (a TLS record never
+      # finished) cannot keep a connection open by them.
       # @param now [Float] monotonic seconds.
       # @return [void]
       def expire_idle(now)
         deadline = @idle_deadline
         return unless deadline && deadline <= now
 
-        if bytes_waiting?
+        if bytes_waiting? && now < (@idle_grace_until ||= deadline + @limits.idle_timeout)
           return @context.idle_set.wake(@io.fileno) if @parked
 
-          @idle_deadline = now + @context.idle_sweeper.interval
+          @idle_deadline = [now + @context.idle_sweeper.interval, @idle_grace_until].min
           return @context.idle_sweeper.watch(self)
         end
 
@@ -203,6 +206,7 @@ module NeverBlock
         unless @parked
           @idle = false
           @idle_deadline = nil
+          @idle_grace_until = nil
         end
       end
 

@@ -66,14 +66,12 @@ module NeverBlock
       class WriteTimedOut < ClientGone
       end
 
-      # The byte sizes of the response headers the server reads (date,
-      # connection, content-length, transfer-encoding): a key of another
-      # size is never one of them, in any case.
-      FRAMING_SIZES = [4, 10, 14, 17].each_with_object([]) { |size, sizes| sizes[size] = true }.freeze
-      private_constant :FRAMING_SIZES
-
-      UPPERCASE = /[A-Z]/
-      private_constant :UPPERCASE
+      # The response headers the server reads, by their byte size (each
+      # size has one): a key of another size is never one of them, in any
+      # case.
+      FRAMING_NAMES = %w[date connection content-length transfer-encoding]
+                      .each_with_object([]) { |name, names| names[name.bytesize] = name }.freeze
+      private_constant :FRAMING_NAMES
 
       @date = nil
       @date_second = nil
@@ -191,7 +189,9 @@ module NeverBlock
 
           name = key
           # A Rack 2 app may name them in any case ("Content-Length"): Rack 3's are lowercase.
-          name = key.downcase if FRAMING_SIZES[key.bytesize] && key.match?(UPPERCASE)
+          if (framing = FRAMING_NAMES[key.bytesize]) && !key.equal?(framing) && key.casecmp?(framing)
+            name = framing
+          end
           case name
           when "content-length" then length = value
           when "transfer-encoding" then framed_by_app = true

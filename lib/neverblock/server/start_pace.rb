@@ -4,7 +4,7 @@ module NeverBlock
   class Server
     # How many connections of a backlog the {Acceptor} starts on the loop's
     # next turn: {BATCH} while turns are short, fewer as they grow longer
-    # than {TURN}, in proportion, and at least one. A turn is everything
+    # than {TURN}, in proportion, and at least {LEAST}. A turn is everything
     # the loop ran between two of the acceptor's looks: the connections it
     # started last time, and the streams and requests already open. Streams
     # opened together would otherwise all be let in while the loop has no
@@ -25,22 +25,29 @@ module NeverBlock
       # due within a few of its 50 ms intervals).
       TURN = 0.025
 
+      # Connections started a turn however long turns are: a turn made long
+      # by something else (a major GC, a request that computes) slows a
+      # herd's start, but does not stall it.
+      LEAST = 8
+
       # @param batch [Integer] see {BATCH}.
       # @param turn [Float] see {TURN}.
-      def initialize(batch: BATCH, turn: TURN)
+      # @param least [Integer] see {LEAST}.
+      def initialize(batch: BATCH, turn: TURN, least: LEAST)
         @batch = batch
         @turn = turn
+        @least = least
       end
 
       # @return [Integer] the most connections started on one turn.
       attr_reader :batch
 
       # @param took [Float] seconds the loop's last turn took.
-      # @return [Integer] how many to start now: 1 to {#batch}.
+      # @return [Integer] how many to start now: {LEAST} to {#batch}.
       def after(took)
         return @batch if took <= @turn
 
-        (@batch * @turn / took).floor.clamp(1, @batch)
+        (@batch * @turn / took).floor.clamp(@least, @batch)
       end
     end
   end

@@ -196,7 +196,7 @@ module NeverBlock
         if @cancelling && job.cancel_requested?
           outcome = :cancelled
           NeverBlock.logger.warn("NeverBlock") do
-            "#{job.label} was still running at the end of the shutdown timeout: " \
+            "#{label(execution)} was still running at the end of the shutdown timeout: " \
               "#{claimed?(execution) ? "released for another worker and " : ""}cancelled"
           end
         else

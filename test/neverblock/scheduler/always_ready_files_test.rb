@@ -31,6 +31,22 @@ class SchedulerAlwaysReadyFilesTest < NeverBlockTest
     null&.close
   end
 
+  # /proc and /sys report a change as IO::PRIORITY on a regular file (a
+  # mount, a cgroup event, a GPIO pin): such a wait is not ready at once.
+  def test_a_wait_for_priority_on_a_regular_file_waits
+    path = "/proc/self/mountinfo"
+    skip "no #{path} here" unless File.exist?(path)
+
+    File.open(path) do |io|
+      ticks = 0
+      ticker = NeverBlock.spawn { loop { ticks += 1; NeverBlock.sleep(0.01) } }
+      refute io.wait_priority(0.2), "a mount table that did not change was reported changed"
+      assert_operator ticks, :>=, 3, "the loop was held while it waited"
+    ensure
+      ticker&.cancel
+    end
+  end
+
   def test_a_pipe_still_waits_in_the_selector
     reader, writer = IO.pipe
     waiting = NeverBlock.spawn { reader.wait_readable(5) }

@@ -63,5 +63,8 @@ class TimersTest < PlainTest
     assert_nil @timers.wait_interval
     assert_nil @timers.after(Float::INFINITY, @record, :never)
     assert_raises(ArgumentError) { @timers.after(Float::NAN, @record, :nan) }
+    assert_raises(TypeError) { @timers.after(nil, @record, :nil) } # not "now"
+    assert_raises(TypeError) { @timers.after("5", @record, :string) }
+    assert_in_delta NeverBlock::Clock.now + 0.5, @timers.after(Rational(1, 2), @record, :half).deadline, 0.1
   end
 end

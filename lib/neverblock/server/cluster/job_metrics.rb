@@ -79,10 +79,17 @@ module NeverBlock
 
         def parse(path)
           counts = JSON.parse(File.read(path), symbolize_names: true)
-          counts if counts.is_a?(Hash) && COUNTED.all? { |key| counts[key].is_a?(Integer) } &&
-                    counts[:duration].is_a?(Hash) && counts[:duration][:counts].is_a?(Array)
+          counts if counts.is_a?(Hash) && COUNTED.all? { |key| counts[key].is_a?(Integer) } && histogram?(counts[:duration])
         rescue JSON::ParserError, SystemCallError
           nil # gone meanwhile (its process ended and another read removed it), or not ours
+        end
+
+        # A duration histogram shaped as this version's (a pool of another
+        # version, during an upgrade, may have other buckets).
+        def histogram?(duration)
+          duration.is_a?(Hash) && duration[:sum].is_a?(Numeric) && duration[:count].is_a?(Integer) &&
+            (counts = duration[:counts]).is_a?(Array) && counts.size == SolidQueue::JobCounts::BUCKETS.size + 1 &&
+            counts.all?(Integer)
         end
 
         def alive?(pid)
