@@ -296,8 +296,9 @@ module NeverBlock
       # room (left in a full accept queue, a herd of 10,000 had 30,000 SYNs
       # dropped, each client waiting a second or more to send it again), and
       # starts what it holds BATCH a turn, or fewer after a long turn
-      # ({StartPace}), taking in what arrived meanwhile each time. At a stop it starts all it holds (each is answered with
-      # `connection: close`); if it is cancelled, it closes them.
+      # ({StartPace}), taking in what arrived meanwhile each time. At a stop
+      # it starts all it holds (each is answered with `connection: close`);
+      # if it is cancelled, it closes them.
       def start_held(listener)
         held = []
         loop do

@@ -39,11 +39,8 @@ module NeverBlock
         @least = least
       end
 
-      # @return [Integer] the most connections started on one turn.
-      attr_reader :batch
-
       # @param took [Float] seconds the loop's last turn took.
-      # @return [Integer] how many to start now: {LEAST} to {#batch}.
+      # @return [Integer] how many to start now: {LEAST} to {BATCH}.
       def after(took)
         return @batch if took <= @turn
 

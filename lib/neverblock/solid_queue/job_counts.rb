@@ -23,6 +23,9 @@ module NeverBlock
       # job that waits on an LLM or a mail server takes seconds to minutes.
       BUCKETS = [0.01, 0.05, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0].freeze
 
+      # The counts of {#to_h} besides its `duration`.
+      COUNTS = %i[running succeeded failed cancelled].freeze
+
       # @return [Integer] jobs started and not ended.
       attr_reader :running
 
@@ -72,12 +75,25 @@ module NeverBlock
       # @return [Hash] their sum, shaped as {#to_h}.
       def self.sum(hashes)
         hashes.each_with_object(new.to_h) do |counts, total|
-          %i[running succeeded failed cancelled].each { |key| total[key] += counts[key] }
+          COUNTS.each { |key| total[key] += counts[key] }
           duration = total[:duration]
           counts[:duration][:counts].each_with_index { |count, index| duration[:counts][index] += count }
           duration[:sum] += counts[:duration][:sum]
           duration[:count] += counts[:duration][:count]
         end
+      end
+
+      # Whether `hash` has {#to_h}'s shape, with this version's buckets (a
+      # pool of another version, during an upgrade, may have others), so
+      # that {.sum} can add it.
+      # @param hash [Object] e.g. a counts file's JSON, with symbol names.
+      # @return [Boolean]
+      def self.shaped?(hash)
+        return false unless hash.is_a?(Hash) && COUNTS.all? { |key| hash[key].is_a?(Integer) }
+
+        duration = hash[:duration]
+        duration.is_a?(Hash) && duration[:sum].is_a?(Numeric) && duration[:count].is_a?(Integer) &&
+          (counts = duration[:counts]).is_a?(Array) && counts.size == BUCKETS.size + 1 && counts.all?(Integer)
       end
     end
   end

@@ -30,11 +30,7 @@ module NeverBlock
         VARIABLE = "NEVERBLOCK_JOB_METRICS"
 
         # The outcomes of a job counted (`NeverBlock::SolidQueue::JobCounts`).
-        OUTCOMES = %w[succeeded failed cancelled].freeze
-
-        # The counts a pool's file must hold (besides its `duration`) to be added up.
-        COUNTED = %i[running succeeded failed cancelled].freeze
-        private_constant :COUNTED
+        OUTCOMES = (SolidQueue::JobCounts::COUNTS - [:running]).map(&:to_s).freeze
 
         # @return [String] the directory the counts are written to.
         attr_reader :directory
@@ -79,17 +75,9 @@ module NeverBlock
 
         def parse(path)
           counts = JSON.parse(File.read(path), symbolize_names: true)
-          counts if counts.is_a?(Hash) && COUNTED.all? { |key| counts[key].is_a?(Integer) } && histogram?(counts[:duration])
+          counts if SolidQueue::JobCounts.shaped?(counts)
         rescue JSON::ParserError, SystemCallError
           nil # gone meanwhile (its process ended and another read removed it), or not ours
-        end
-
-        # A duration histogram shaped as this version's (a pool of another
-        # version, during an upgrade, may have other buckets).
-        def histogram?(duration)
-          duration.is_a?(Hash) && duration[:sum].is_a?(Numeric) && duration[:count].is_a?(Integer) &&
-            (counts = duration[:counts]).is_a?(Array) && counts.size == SolidQueue::JobCounts::BUCKETS.size + 1 &&
-            counts.all?(Integer)
         end
 
         def alive?(pid)
