@@ -7,6 +7,7 @@ require "timeout"
 require "net/http"
 require "open3"
 require "digest"
+require "json"
 
 # `neverblock debounce` as real processes in front of a real upstream: a herd
 # of identical requests costs one upstream request, in one proxy process and
@@ -71,13 +72,23 @@ class DebounceProxyTest < PlainTest
   def start_proxy(*args)
     reader, writer = IO.pipe
     pid = Process.spawn(RbConfig.ruby, EXE, "debounce", "--upstream", @upstream_url, "--listen", "tcp://127.0.0.1:0",
-                        "-w", "0", *args, out: writer, err: writer)
+                        "-w", "0", "--status", STATUS, *args, out: writer, err: writer)
     writer.close
     proxy = { pid: pid, out: reader }
     @proxies << proxy
     line = Timeout.timeout(30) { reader.gets } or flunk("the proxy exited")
     proxy[:port] = Integer(line[%r{on tcp://127\.0\.0\.1:(\d+)}, 1] || flunk("unexpected first line: #{line}"))
     proxy
+  end
+
+  STATUS = "/_status"
+
+  # Requests in the proxies' apps, the status requests that ask not counted.
+  def in_flight(ports)
+    ports.sum do |port|
+      stats = JSON.parse(Net::HTTP.get(URI("http://127.0.0.1:#{port}#{STATUS}")))
+      stats.fetch("requests_in_flight") - 1
+    end
   end
 
   # Sends HERD identical GETs at once, spread over the ports; returns the
@@ -94,10 +105,16 @@ class DebounceProxyTest < PlainTest
           socket&.close
         end
       end
-      # Release the upstream once every client is waiting on a proxy.
+      # Release the upstream once every client is waiting on a proxy: on a
+      # loaded machine a proxy may take seconds to read the whole herd, and
+      # a request it read after the answer would lead a second call.
       NeverBlock.spawn do
-        NeverBlock.sleep(0.05) until @calls.size >= 1
-        NeverBlock.sleep(1.5)
+        deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 60
+        until @calls.size >= 1 && in_flight(ports) >= HERD
+          break if Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+
+          NeverBlock.sleep(0.05)
+        end
         @release << true
       end
       responses = NeverBlock.wait_all(tasks)
