@@ -23,12 +23,17 @@
 #
 # (Loaded by test_helper after the NeverBlockTest class is defined.)
 module NeverBlockTest::DatabaseRecoveryContract
+  # Seconds a query that would run 30 s runs before a test's timeout stops
+  # it: long enough for the watcher to see it running on a loaded machine
+  # (it polls every 10 ms; a 0.5 s window could pass in one pause).
+  QUERY_TIMEOUT = 2
+
   def test_a_neverblock_timeout_stops_the_query_on_the_server
     db = client
     id = session_id(db)
     marker = unique_name("sleep")
     watcher = watch_for(marker)
-    assert_raises(NeverBlock::TimeoutError) { NeverBlock.timeout(0.5) { execute(db, long_sql(marker)) } }
+    assert_raises(NeverBlock::TimeoutError) { NeverBlock.timeout(QUERY_TIMEOUT) { execute(db, long_sql(marker)) } }
     assert_equal id, watcher.value, "the query did run on the server, in the pooled session"
     assert_stops_on_the_server(marker)
     assert_equal 1, db.pool.cancels, "counted for the metrics (neverblock_db_pool_query_cancels_total)"
@@ -40,7 +45,7 @@ module NeverBlockTest::DatabaseRecoveryContract
     id = session_id(db)
     marker = unique_name("sleep")
     watcher = watch_for(marker)
-    assert_raises(Timeout::Error) { Timeout.timeout(0.5) { execute(db, long_sql(marker)) } }
+    assert_raises(Timeout::Error) { Timeout.timeout(QUERY_TIMEOUT) { execute(db, long_sql(marker)) } }
     watcher.value
     assert_stops_on_the_server(marker)
     assert_connection_after_interrupt(db, id)
@@ -66,7 +71,7 @@ module NeverBlockTest::DatabaseRecoveryContract
     marker = unique_name("sleep")
     watcher = watch_for(marker)
     assert_raises(NeverBlock::TimeoutError) do
-      NeverBlock.timeout(0.5) do
+      NeverBlock.timeout(QUERY_TIMEOUT) do
         db.transaction do |conn|
           execute(conn, "INSERT INTO #{table} VALUES (1)")
           execute(conn, long_sql(marker))
@@ -124,7 +129,7 @@ module NeverBlockTest::DatabaseRecoveryContract
     marker = unique_name("sleep")
     watcher = watch_for(marker)
     thread = Thread.new do
-      Timeout.timeout(0.5) { execute(db, long_sql(marker)) }
+      Timeout.timeout(QUERY_TIMEOUT) { execute(db, long_sql(marker)) }
     rescue Timeout::Error => e
       e
     end
@@ -142,18 +147,30 @@ module NeverBlockTest::DatabaseRecoveryContract
   end
 
   # A task that finishes, with the session's id, once the server runs the
-  # query marked `marker`.
+  # query marked `marker`. Returns once its admin session is connected: on a
+  # loaded machine connecting can take longer than the query lives before
+  # its timeout, and a watcher that connects late never sees it.
   def watch_for(marker)
-    NeverBlock.spawn { with_admin { |admin| wait_until("#{marker} to start") { running_session(admin, marker) } } }
+    connected = Thread::Queue.new
+    watcher = NeverBlock.spawn do
+      with_admin do |admin|
+        connected << true
+        wait_until("#{marker} to start") { running_session(admin, marker) }
+      end
+    ensure
+      connected << false
+    end
+    connected.pop
+    watcher
   end
 
   def assert_stops_on_the_server(marker)
-    with_admin { |admin| wait_until("#{marker} to stop on the server", seconds: 2) { running_session(admin, marker).nil? } }
+    with_admin { |admin| wait_until("#{marker} to stop on the server", seconds: 10) { running_session(admin, marker).nil? } }
   end
 
   # Polls the server (it tells no one when a session starts or ends).
   # @return the block's first truthy value
-  def wait_until(what, seconds: 5)
+  def wait_until(what, seconds: 30)
     deadline = now + seconds
     loop do
       value = yield

@@ -200,7 +200,7 @@ class DebouncerRedisStoreTest < NeverBlockTest
       pid = nil
       NeverBlock.sleep(0.5) # the listener notices
       pid = start_redis(dir, socket)
-      wait_until(10) { pubsub_patterns(url) == 1 }
+      wait_until(30) { pubsub_patterns(url) == 1 }
     end
 
     slow = Upstream.new(delay: 2.0)
@@ -260,7 +260,7 @@ class DebouncerRedisStoreTest < NeverBlockTest
   def start_redis(dir, socket)
     pid = Process.spawn("redis-server", "--port", "0", "--unixsocket", socket, "--save", "", "--appendonly", "no",
                         "--dir", dir, out: File::NULL, err: File::NULL)
-    wait_until(10) { pubsub_patterns("unix://#{socket}") }
+    wait_until(30) { pubsub_patterns("unix://#{socket}") }
     pid
   end
 

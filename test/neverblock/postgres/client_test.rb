@@ -158,7 +158,7 @@ class PostgresClientTest < NeverBlockTest
     with_admin { |admin| wait_until("LISTEN #{channel}") { listening_pids(admin, channel).any? } }
   end
 
-  def wait_until(what, seconds: 5)
+  def wait_until(what, seconds: 30)
     deadline = now + seconds
     until yield
       flunk "waited #{seconds} s for #{what}" if now > deadline
