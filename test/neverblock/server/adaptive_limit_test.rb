@@ -10,9 +10,14 @@ class ServerAdaptiveLimitTest < Minitest::Test
   include ServerHelper
 
   # An app that counts the requests inside it at once (the most ever seen)
-  # and spends `cpu` seconds computing after a `wait` seconds' sleep.
+  # and spends `cpu` seconds computing after a `wait` seconds' sleep. `wait`
+  # may instead be a condition (called with the app) each request waits for,
+  # polling, at most WAIT_LIMIT seconds: what the test waits for, not a time
+  # a loaded machine may take to get there.
   class Counting
-    attr_reader :peak
+    WAIT_LIMIT = 30
+
+    attr_reader :peak, :inside
 
     def initialize(wait:, cpu:)
       @wait = wait
@@ -24,7 +29,7 @@ class ServerAdaptiveLimitTest < Minitest::Test
     def call(_env)
       @inside += 1
       @peak = @inside if @inside > @peak
-      sleep(@wait) # the scheduler's: other requests run meanwhile
+      wait # the scheduler's sleep: other requests run meanwhile
       spin(@cpu)
       [200, { "content-type" => "text/plain", "content-length" => "3" }, ["ok\n"]]
     ensure
@@ -32,6 +37,13 @@ class ServerAdaptiveLimitTest < Minitest::Test
     end
 
     private
+
+    def wait
+      return sleep(@wait) unless @wait.respond_to?(:call)
+
+      deadline = NeverBlock::Clock.now + WAIT_LIMIT
+      sleep 0.01 until @wait.call(self) || NeverBlock::Clock.now > deadline
+    end
 
     def spin(seconds)
       deadline = Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) + seconds
@@ -105,7 +117,8 @@ class ServerAdaptiveLimitTest < Minitest::Test
   # turn among the requests waiting for one (Acceptor#wait_turn) and takes
   # nothing in meanwhile.
   def test_at_its_limit_it_leaves_new_connections_in_the_accept_queue
-    app = Counting.new(wait: 2.5, cpu: 0) # the next three stay queued while the first two wait
+    released = false
+    app = Counting.new(wait: ->(_) { released }, cpu: 0) # the next three stay queued while the first two wait
     server = @server = NeverBlock::Server.new(Rack::Lint.new(app), bind: ["tcp://127.0.0.1:0"], workers: 2,
                                               fiber_pool: 2, adaptive_limit: { min: 2, initial: 2 })
     @port = Integer(server.bound_addresses.first[/\d+\z/])
@@ -115,16 +128,17 @@ class ServerAdaptiveLimitTest < Minitest::Test
     # the first accept would be taken in up to the worker's share of it
     # (Acceptor#take_in_after_first), however full its slots.
     sockets = Array.new(2) { connect.tap { |socket| socket.write(get) } }
-    deadline = NeverBlock::Clock.now + 10
+    deadline = NeverBlock::Clock.now + 30
     sleep 0.01 until app.peak == 2 || NeverBlock::Clock.now > deadline
     assert_equal 2, app.peak, "the first two requests are in the app"
     sockets += Array.new(3) { connect.tap { |socket| socket.write(get) } }
     queued = nil
-    deadline = NeverBlock::Clock.now + 1
+    deadline = NeverBlock::Clock.now + 30
     sleep 0.01 until (queued = listener.pending_connections) >= 3 || NeverBlock::Clock.now > deadline
     assert_operator queued, :>=, 3
     assert_operator server.stats[:connections], :<=, 2, "accepted only as many as the limit admits"
-    assert_equal [200] * 5, sockets.map { |socket| read_response(socket).first }
+    released = true
+    assert_equal [200] * 5, sockets.map { |socket| read_response(socket, timeout: 30).first }
     assert_equal 2, app.peak
   end
 
@@ -139,7 +153,11 @@ class ServerAdaptiveLimitTest < Minitest::Test
   end
 
   def test_disabled_it_admits_up_to_fiber_pool
-    app = Counting.new(wait: 0.5, cpu: 0)
+    # Each request waits until all 40 are in the app (at most WAIT_LIMIT):
+    # however slowly a loaded machine connects the 40 clients, the peak is
+    # 40 if the server admits them all at once, and less if it holds some
+    # back (they then wait out the limit).
+    app = Counting.new(wait: ->(counting) { counting.inside >= 40 }, cpu: 0)
     server = start_server(app, fiber_pool: 40, adaptive_limit: false)
 
     codes = load(clients: 40, each: 1)
