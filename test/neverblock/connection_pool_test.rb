@@ -946,9 +946,9 @@ class ConnectionPoolThreadsTest < PlainTest
 
   private
 
-  # Waits (polling, up to 5 s) until the block is true.
+  # Waits (polling, up to 30 s) until the block is true.
   def wait_for(what)
-    deadline = now + 5
+    deadline = now + 30
     until yield
       flunk "timed out waiting for #{what}" if now > deadline
       sleep 0.001

@@ -103,7 +103,7 @@ class PostgresPipelineFaultsTest < NeverBlockTest
   # Every statement has ended, so every lane must hand its connection back
   # within a turn or two of the loop (a reader left waiting would keep it).
   def assert_connections_given_back(db, run)
-    deadline = now + 5
+    deadline = now + 30
     sleep 0.01 until db.stats[:in_use].zero? || now > deadline
     assert_equal 0, db.stats[:in_use], "run #{run}: lanes kept their connections after every statement ended " \
                                        "(#{db.stats}); a reader still waiting on its socket?"
