@@ -70,9 +70,16 @@ class ServerClusterTest < PlainTest
         end
       end
     end
-    sleep 4
-    stop = true
-    killers.each(&:join)
+    # Until five workers died and were replaced (a loaded machine may take
+    # seconds to boot each), not a fixed time.
+    begin
+      eventually(timeout: 60) do
+        output_lines(server).count { |line| line.include?("died (signal KILL)") } >= 5 || !alive?(server[:pid])
+      end
+    ensure
+      stop = true
+      killers.each(&:join)
+    end
     lines = output_lines(server)
     assert alive?(server[:pid]), "the master exited:\n#{lines.join}"
     respawned = lines.count { |line| line.include?("died (signal KILL)") }
@@ -268,7 +275,7 @@ class ServerClusterTest < PlainTest
   def test_term_lets_in_flight_requests_finish_then_exits
     server = serve("pids.ru", "-w", "2", "--shutdown-timeout", "10")
     slow = Thread.new { get(server, "/slow?1.5") }
-    sleep 0.5 # the request is in a worker's app now
+    wait_for_line(server, /slow request in/) # the request is in a worker's app now
     Process.kill("TERM", server[:pid])
     response = slow.value
     assert_equal "200", response.code
@@ -284,10 +291,10 @@ class ServerClusterTest < PlainTest
     rescue StandardError => e
       e
     end
-    sleep 0.5
+    wait_for_line(server, /slow request in/)
     Process.kill("INT", server[:pid])
-    took = elapsed { assert wait_exit(server, timeout: 20).success? }
-    assert_operator took, :<, 10, "the 60 s request was not cut off by --shutdown-timeout 1"
+    took = elapsed { assert wait_exit(server, timeout: 50).success? }
+    assert_operator took, :<, 30, "the 60 s request was not cut off by --shutdown-timeout 1"
     slow.join(5)
   end
 
@@ -308,12 +315,17 @@ class ServerClusterTest < PlainTest
         end
       end
     end
-    sleep 0.3
-    Process.kill("USR2", server[:pid])
-    after = eventually(timeout: 30) { (w = worker_pids(server[:pid])).size == 2 && (w & before).empty? && w }
-    sleep 0.3
-    stop = true
-    clients.each(&:join)
+    begin
+      # The old workers answer first, and the new ones once they are up:
+      # waited for, not given a time a loaded machine may not be enough.
+      eventually { (answered_by.keys & before).any? }
+      Process.kill("USR2", server[:pid])
+      after = eventually { (w = worker_pids(server[:pid])).size == 2 && (w & before).empty? && w }
+      eventually { (answered_by.keys & after).any? || failures.any? }
+    ensure
+      stop = true
+      clients.each(&:join)
+    end
     assert_empty failures, "requests failed during the rolling restart: #{failures.first(3).map(&:inspect)}"
     assert (answered_by.keys & after).any?, "the new workers answered: #{answered_by.inspect} #{after.inspect}"
     assert (answered_by.keys & before).any?, "the old workers answered before: #{answered_by.inspect} #{before.inspect}"
@@ -328,9 +340,10 @@ class ServerClusterTest < PlainTest
     server = serve("pids.ru", "-w", "2")
     before = eventually { (w = worker_pids(server[:pid])).size == 2 && w }
     stop = false
-    results = Array.new(8) do
+    counts = Array.new(8) { { ok: 0, failed: [] } }
+    answered = -> { counts.sum { |c| c[:ok] } }
+    results = counts.map do |mine|
       Thread.new do
-        counts = { ok: 0, failed: [] }
         socket = nil
         until stop
           begin
@@ -338,30 +351,34 @@ class ServerClusterTest < PlainTest
             socket.write("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
             head = socket.readline("\r\n\r\n")
             socket.read(Integer(head[/content-length: (\d+)/i, 1]))
-            counts[:ok] += 1
+            mine[:ok] += 1
             if head.match?(/^connection: close/i)
               socket.close
               socket = nil
             end
           rescue StandardError => e
-            counts[:failed] << e
+            mine[:failed] << e
             socket&.close
             socket = nil
           end
         end
         socket&.close
-        counts
       end
     end
-    sleep 0.3
-    2.times do |round|
-      Process.kill("USR2", server[:pid])
-      before = eventually(timeout: 30) { (w = worker_pids(server[:pid])).size == 2 && (w & before).empty? && w }
-      sleep 0.3 if round.zero?
+    begin
+      # Requests flow before, between and after the restarts (counted, not
+      # given a time that a loaded machine may spend elsewhere).
+      2.times do
+        so_far = answered.call
+        eventually { answered.call > so_far + 20 }
+        Process.kill("USR2", server[:pid])
+        before = eventually { (w = worker_pids(server[:pid])).size == 2 && (w & before).empty? && w }
+      end
+      eventually { answered.call > 100 }
+    ensure
+      stop = true
+      results.each(&:join)
     end
-    sleep 0.3
-    stop = true
-    counts = results.map(&:value)
     failed = counts.flat_map { |c| c[:failed] }
     assert_operator counts.sum { |c| c[:ok] }, :>, 100
     assert_empty failed, "#{failed.size} requests failed during the rolling restarts: #{failed.first(3).map(&:inspect)}"

@@ -14,20 +14,23 @@ class ServerStopListenersTest < PlainTest
 
   REQUEST = "GET / HTTP/1.1\r\nhost: test\r\n\r\n"
 
+  # The request in flight lasts 8 s, so that refusing only once it ended is
+  # far from refusing at once (milliseconds), past any pause of a loaded
+  # machine.
   def test_term_refuses_new_connections_at_once_while_requests_in_flight_finish
-    server = serve("pids.ru", "-w", "2", "--shutdown-timeout", "10")
+    server = serve("pids.ru", "-w", "2", "--shutdown-timeout", "30")
     eventually { worker_pids(server[:pid]).size == 2 }
     # Connected before TERM (so in the kernel's queue at least; a thread's
     # Net::HTTP on a loaded machine could connect only after the listeners
-    # closed), and in a worker's app a moment later.
+    # closed), and in a worker's app before TERM.
     slow = TCPSocket.new("127.0.0.1", server[:port])
-    slow.write("GET /slow?3 HTTP/1.1\r\nhost: test\r\n\r\n")
-    sleep 0.5
+    slow.write("GET /slow?8 HTTP/1.1\r\nhost: test\r\n\r\n")
+    wait_for_line(server, /slow request in/)
     Process.kill("TERM", server[:pid])
     termed = now
     outcomes = []
     refused_after = nil
-    until refused_after || now - termed > 3
+    until refused_after || now - termed > 6
       begin
         socket = TCPSocket.new("127.0.0.1", server[:port])
         socket.write(REQUEST)
@@ -39,25 +42,27 @@ class ServerStopListenersTest < PlainTest
       end
       sleep 0.05
     end
-    refute_nil refused_after, "still taking connections 3 s after TERM (#{outcomes.inspect}), while a request drains"
-    assert_operator refused_after, :<, 2, "refused only #{refused_after.round(2)} s after TERM"
+    refute_nil refused_after, "still taking connections 6 s after TERM (#{outcomes.inspect}), while a request drains"
+    assert_operator refused_after, :<, 5, "refused only #{refused_after.round(2)} s after TERM"
     outcomes.each { |outcome| assert_match(%r{\AHTTP/1\.1 (200|503)}, outcome, "a connection taken during the stop") }
-    assert_match(%r{\AHTTP/1\.1 200 }, answer(slow, 10), "the request in flight finished")
+    assert_match(%r{\AHTTP/1\.1 200 }, answer(slow, 30), "the request in flight finished")
     assert wait_exit(server).success?
   ensure
     slow&.close
   end
 
   def test_connections_queued_when_term_arrives_are_answered_not_reset
-    server = serve("pids.ru", "-w", "1", "--max-connections", "1", "--shutdown-timeout", "10")
-    slow = Thread.new { get(server, "/slow?2") }
-    sleep 0.5 # the worker's one connection is taken: the next ones wait in the kernel's queue
+    # The slow request holds the one connection until past TERM, with room
+    # for a loaded machine's pauses: were it over first, the worker would
+    # take the queued ones in and serve them.
+    server = serve("pids.ru", "-w", "1", "--max-connections", "1", "--shutdown-timeout", "30")
+    slow = Thread.new { get(server, "/slow?6") }
+    wait_for_line(server, /slow request in/) # the worker's one connection is taken: the next ones wait in the kernel's queue
     queued = Array.new(3) do
       TCPSocket.new("127.0.0.1", server[:port]).tap { |socket| socket.write(REQUEST) }
     end
-    sleep 0.3
     Process.kill("TERM", server[:pid])
-    answers = queued.map { |socket| answer(socket) }
+    answers = queued.map { |socket| answer(socket, 30) }
     answers.each { |outcome| assert_match(%r{\AHTTP/1\.1 503 .*retry-after: 1}m, outcome) }
     assert_equal "200", slow.value.code
     assert wait_exit(server).success?
@@ -78,7 +83,7 @@ class ServerStopListenersTest < PlainTest
     Process.kill("TERM", server[:pid])
     sleep 0.3 # the master has closed its listener and signalled the worker
     Process.kill("CONT", worker)
-    answers = queued.map { |socket| answer(socket) }
+    answers = queued.map { |socket| answer(socket, 30) }
     # 200, usually with `connection: close`; without it when the worker,
     # let go, served a queued request before it handled the TERM that
     # waited while it was stopped (the idle connection then closes, as a
