@@ -38,7 +38,7 @@ class ServerRequestTimeoutTest < PlainTest
   end
 
   # Queue#pop(timeout:) is Ruby 3.2's: on 3.1 the Hash reads as non_block.
-  def pop(queue, timeout: 5)
+  def pop(queue, timeout: 30)
     Timeout.timeout(timeout) { queue.pop }
   end
 
@@ -328,16 +328,17 @@ class ServerRequestTimeoutSettingsTest < PlainTest
     FileUtils.rm_rf(@dir) if @dir
   end
 
-  # The server on `port` answers /slow?10 with a 503 well before 10 s, and logs it.
+  # The server on `port` answers /slow?60 with a 503 well before 60 s (its
+  # request_timeout is 0.5 s), and logs it.
   def assert_times_out(port)
     wait_for_answer(port)
     response = nil
     took = elapsed do
-      response = Net::HTTP.start("127.0.0.1", port, read_timeout: 20) { |http| http.get("/slow?10") }
+      response = Net::HTTP.start("127.0.0.1", port, read_timeout: 90) { |http| http.get("/slow?60") }
     end
     assert_equal "503", response.code
     assert_equal "1", response["retry-after"]
-    assert_operator took, :<, 5
+    assert_operator took, :<, 20
     eventually { output.include?("GET /slow timed out after") }
   end
 
