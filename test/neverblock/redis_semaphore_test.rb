@@ -276,7 +276,7 @@ class RedisSemaphoreTest < NeverBlockTest
   def start_redis(dir, socket)
     pid = Process.spawn("redis-server", "--port", "0", "--unixsocket", socket, "--save", "", "--appendonly", "no",
                         "--dir", dir, out: File::NULL, err: File::NULL)
-    eventually(timeout: 10) { redis_answers?("unix://#{socket}") }
+    eventually { redis_answers?("unix://#{socket}") }
     pid
   end
 

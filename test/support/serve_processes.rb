@@ -33,7 +33,7 @@ module ServeProcesses
   # Starts `neverblock serve APP ARGS` in its own process group and returns
   # once it printed where it listens. APP: a fixture's name, an absolute
   # path, or with chdir: a path in that directory (config.ru of an app).
-  def serve(app, *args, env: {}, chdir: nil, timeout: 20)
+  def serve(app, *args, env: {}, chdir: nil, timeout: 60)
     server = spawn_serve(app, *args, env: env, chdir: chdir)
     line = wait_for_line(server, /serving .* on (tcp:\S+)/, timeout: timeout)
     server[:port] = Integer(line[/tcp:\/\/127\.0\.0\.1:(\d+)/, 1])
@@ -53,7 +53,7 @@ module ServeProcesses
     server
   end
 
-  def wait_for_line(server, pattern, timeout: 20)
+  def wait_for_line(server, pattern, timeout: 60)
     Timeout.timeout(timeout) do
       loop do
         found = server[:lines].find { |l| l.match?(pattern) }

@@ -19,7 +19,7 @@ module SocketQueues
   # @param timeout [Numeric] seconds
   # @return [void]
   # @raise [RuntimeError] when some bytes are still unread after `timeout`
-  def wait_until_read(server_port, clients, timeout: 10)
+  def wait_until_read(server_port, clients, timeout: 30)
     ports = clients.map { |client| client.local_address.ip_port }
     deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + timeout
     loop do

@@ -127,7 +127,7 @@ module ConformanceSupport
     super
   end
 
-  def wait_for(what, limit: 5)
+  def wait_for(what, limit: 30)
     deadline = now + limit
     until yield
       flunk "gave up waiting for #{what} after #{limit} s" if now > deadline

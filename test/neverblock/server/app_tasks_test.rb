@@ -71,7 +71,7 @@ class ServerAppTasksTest < PlainTest
     assert_equal 200, read_response(socket)[0]
 
     @server.stop
-    warning = eventually(timeout: 20) { @log.string[/stopping: 1 task the app left running did not end when cancelled.*/m] }
+    warning = eventually { @log.string[/stopping: 1 task the app left running did not end when cancelled.*/m] }
     assert_match(/\n  #<NeverBlock::Task:0x\h+ running \(#{Regexp.escape(__FILE__)}:#{line}\)>, spawned detached at #{Regexp.escape(__FILE__)}:#{line}:\n    \S+/,
                  warning, "named, with its backtrace")
     refute @server_thread.join(0.1), "the stop waits for it"
@@ -153,7 +153,7 @@ class ServerAppTasksTest < PlainTest
     # `reached << true` wakes this thread while the request's fiber still
     # runs on to `release.pop`: until it parks there, the dump rightly says
     # it holds the loop.
-    dump = eventually(timeout: 10) { (text = @server.task_dump).include?(", waits:\n") && !text.include?("holds the loop:") && text }
+    dump = eventually { (text = @server.task_dump).include?(", waits:\n") && !text.include?("holds the loop:") && text }
     file = Regexp.escape(__FILE__)
     assert_match(/\A\d+ tasks: 1 requests in flight, 1 children, 1 detached, \d+ the server's own; 1 connections; /, dump)
     assert_match(/^requests in flight \(1\):\n  GET \/held\?x=1 from 127\.0\.0\.1, in #<NeverBlock::Task:0x\h+ running [^>]*>, waits:\n    \S/,

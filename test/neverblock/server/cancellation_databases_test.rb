@@ -75,11 +75,11 @@ class ServerCancellationDatabasesTest < PlainTest
   def hang_up_during(path, &running)
     socket = connect
     socket.write(get(path))
-    eventually(timeout: 10) { yield == 1 }
+    eventually { yield == 1 }
     socket.close
     seconds = seconds_until_gone(&running)
     assert_operator seconds, :<, 3, "the query still ran #{seconds.round(2)} s after its client hung up"
-    eventually(timeout: 5) { @server.stats[:requests_hung_up] == 1 }
+    eventually { @server.stats[:requests_hung_up] == 1 }
   end
 
   def test_request_timeout_leaves_no_spawned_query_running
@@ -98,7 +98,7 @@ class ServerCancellationDatabasesTest < PlainTest
     assert_equal 503, status
     seconds = seconds_until_gone { postgres_running }
     assert_operator seconds, :<, 1, "pg_sleep still ran #{seconds.round(2)} s after the 503"
-    eventually(timeout: 5) { pool.stats[:in_use].zero? } # every connection back in the pool
+    eventually { pool.stats[:in_use].zero? } # every connection back in the pool
   end
 
   def test_a_hang_up_cancels_the_query_of_a_neverblock_pool
@@ -122,7 +122,7 @@ class ServerCancellationDatabasesTest < PlainTest
     end
     start_server(->(_env) { [200, { "content-type" => "text/plain" }, body] })
     hang_up_during("/") { postgres_running }
-    eventually(timeout: 5) { pool.stats[:in_use].zero? }
+    eventually { pool.stats[:in_use].zero? }
   end
 
   def test_a_hang_up_cancels_the_query_of_neverblock_postgresql

@@ -24,7 +24,7 @@ class ServerControlTest < PlainTest
     40.times { assert_equal "200", get(server, "/").code }
     assert_equal "401", control_get(port, "/metrics", token: nil).code
     assert_equal "401", control_get(port, "/metrics", token: "wrong").code
-    text = eventually(timeout: 10) do
+    text = eventually do
       body = control_get(port, "/metrics").body
       body if requests_total(body) == 40 # every worker's last heartbeat counted them
     end

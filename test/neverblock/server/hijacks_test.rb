@@ -23,7 +23,7 @@ class ServerHijacksTest < PlainTest
     NeverBlock.logger = @logger
   end
 
-  def pop(timeout: 10)
+  def pop(timeout: 30)
     Timeout.timeout(timeout) { @events.pop }
   end
 
@@ -131,7 +131,7 @@ class ServerHijacksTest < PlainTest
     socket = switched(connect.tap { |client| client.write(upgrade) })
     socket.close
     assert_equal :call_cancelled, pop
-    eventually(timeout: 5) { access.string.include?('"GET /chat HTTP/1.1" 499') }
+    eventually { access.string.include?('"GET /chat HTTP/1.1" 499') }
     assert_equal 1, @server.stats[:requests_hung_up]
   end
 

@@ -26,14 +26,14 @@ module IdleConnectionBehaviour
 
   # Once this is true the server made its loop, its pool and its IdleSet.
   def wait_serving
-    eventually(timeout: 10) { @server.stats[:connection_fibers] && @server.instance_variable_get(:@scheduler) }
+    eventually { @server.stats[:connection_fibers] && @server.instance_variable_get(:@scheduler) }
   end
 
   # Waits until `count` connections are idle, and (with the IdleSet) parked:
   # the IdleSweeper parks a connection that waited one sweep interval.
   def wait_idle(count)
-    eventually(timeout: 10) { @server.stats[:idle_connections] == count }
-    eventually(timeout: 10) { @server.stats[:connection_fibers][:busy].zero? } if parks?
+    eventually { @server.stats[:idle_connections] == count }
+    eventually { @server.stats[:connection_fibers][:busy].zero? } if parks?
   end
 
   # `count` new connections, each answered once and then idle (#wait_idle).
@@ -60,7 +60,7 @@ module IdleConnectionBehaviour
     sockets = Array.new(10) { connect }
     sockets.each { |socket| assert_equal 200, request(socket)[0] }
     sockets.each { |socket| assert_equal "", read_all(socket, timeout: 5) }
-    eventually(timeout: 5) { @server.stats[:connections].zero? }
+    eventually { @server.stats[:connections].zero? }
   end
 
   def test_stop_closes_idle_connections_and_lets_requests_in_flight_finish
@@ -73,7 +73,7 @@ module IdleConnectionBehaviour
     idle = idle_connections(20)
     busy = connect
     busy.write(get("/slow"))
-    eventually(timeout: 10) { @server.stats[:requests_in_flight] == 1 }
+    eventually { @server.stats[:requests_in_flight] == 1 }
     stopper = Thread.new { @server.stop }
     idle.each { |socket| assert_equal "", read_all(socket, timeout: 10) }
     release << true
@@ -90,8 +90,8 @@ module IdleConnectionBehaviour
     sockets = idle_connections(50)
     sockets.each(&:close)
     @sockets.clear
-    eventually(timeout: 10) { @server.stats[:connections].zero? }
-    eventually(timeout: 10) { fd_count <= before } # theirs and the server's ends of them
+    eventually { @server.stats[:connections].zero? }
+    eventually { fd_count <= before } # theirs and the server's ends of them
   end
 
   def test_requests_pipelined_behind_a_response_are_served
@@ -169,8 +169,8 @@ class ServerIdleSetTest < PlainTest
     sockets = Array.new(count) { connect }
     sockets.each { |socket| socket.write(get) }
     sockets.each { |socket| assert_equal 200, read_response(socket)[0] }
-    eventually(timeout: 10) { @server.stats[:idle_connections] == count }
-    eventually(timeout: 10) { @server.stats[:connection_fibers][:busy] <= NeverBlock::Server::IdleSet::WAITING_FIBERS }
+    eventually { @server.stats[:idle_connections] == count }
+    eventually { @server.stats[:connection_fibers][:busy] <= NeverBlock::Server::IdleSet::WAITING_FIBERS }
   end
 
   # The same for busy clients (each sent its second request as soon as its
@@ -186,8 +186,8 @@ class ServerIdleSetTest < PlainTest
     idle_set.instance_variable_set(:@waiting_fibers, 20)
     sockets = Array.new(50) { connect }
     sockets.each { |socket| 2.times { assert_equal 200, request(socket)[0] } }
-    eventually(timeout: 10) { idle_set.size == 30 && idle_set.fiber_waits == 20 }
-    eventually(timeout: 10) { idle_set.size == 50 && idle_set.fiber_waits.zero? }
+    eventually { idle_set.size == 30 && idle_set.fiber_waits == 20 }
+    eventually { idle_set.size == 50 && idle_set.fiber_waits.zero? }
   end
 end
 

@@ -151,13 +151,13 @@ class ServerIdleSweeperParkedTest < PlainTest
     sockets.each { |socket| socket.write(get) }
     sockets.each { |socket| assert_equal 200, read_response(socket)[0] }
     completed = nil
-    eventually(timeout: 15) do # (5 s was not always enough beside three other suites)
+    eventually do
       stats = server.stats
       completed = stats[:connection_fibers][:completed]
       stats[:idle_connections] == 20 && stats[:connection_fibers][:busy].zero?
     end
     sockets.each { |socket| assert_equal "", read_all(socket, timeout: 10 * IDLE) }
-    eventually(timeout: 15) { server.stats[:connections].zero? }
+    eventually { server.stats[:connections].zero? }
     assert_equal completed, server.stats[:connection_fibers][:completed], "a task ran to close a parked connection"
   end
 
@@ -184,7 +184,7 @@ class ServerIdleSweeperParkedTest < PlainTest
     server = start_server(idle_timeout: idle_timeout)
     idle = connect
     idle_set = nil # made in the server's loop once it runs
-    eventually(timeout: 10) { (idle_set = server.instance_variable_get(:@context).idle_set)&.size == 1 }
+    eventually { (idle_set = server.instance_variable_get(:@context).idle_set)&.size == 1 }
     epoll = idle_set.instance_variable_get(:@epoll)
     idle_set.instance_variable_set(:@epoll, LateReports.new(epoll, NeverBlock::Clock.now + (idle_timeout * 3)))
     idle.write(get("/", "Connection: close\r\n"))

@@ -18,7 +18,7 @@ class IdleSweeperWheelTest < NeverBlockTest
     @task&.cancel
   end
 
-  def wait_for(timeout: 5)
+  def wait_for(timeout: 30)
     deadline = NeverBlock::Clock.now + timeout
     sleep 0.002 until yield || NeverBlock::Clock.now > deadline
     assert yield, "not within #{timeout} s"

@@ -57,7 +57,7 @@ class ServerLiveStreamTest < PlainTest
     seen = +""
     Timeout.timeout(10) { seen << socket.readpartial(4096) until seen.include?("data: first") }
     socket.close
-    eventually(timeout: 10) { access.string.include?('"GET /events HTTP/1.1" 499') }
+    eventually { access.string.include?('"GET /events HTTP/1.1" 499') }
     assert_equal 1, @server.stats[:requests_hung_up]
     @gate << :go
     assert_equal :client_disconnected, Timeout.timeout(10) { @events.pop }

@@ -23,7 +23,7 @@ class ServerLoggingTest < PlainTest
     wait_for_answer(port, "/first")
     # Still running: the line is in the pipe now, not at exit (a SIGKILL or
     # an OOM kill would lose a buffered one).
-    eventually(timeout: 5) { output.include?("served /first\n") }
+    eventually { output.include?("served /first\n") }
     assert_match(/^NeverBlock #{Regexp.escape(NeverBlock::VERSION)} listening on tcp:\/\/127\.0\.0\.1:#{port} \(one process, pid #{@pid}\)$/, output)
     stop_and_wait
   end
@@ -58,7 +58,7 @@ class ServerLoggingTest < PlainTest
     end
     @pid = nil
     refute status.success?
-    eventually(timeout: 5) { output.include?("NeverBlock: WEB_CONCURRENCY=two is not a number of worker processes") }
+    eventually { output.include?("NeverBlock: WEB_CONCURRENCY=two is not a number of worker processes") }
   end
 
   def test_neverblock_serve_log_level_and_log_level_in_a_config_file

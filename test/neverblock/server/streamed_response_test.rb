@@ -25,7 +25,7 @@ class ServerStreamedResponseTest < PlainTest
     NeverBlock.logger = @logger
   end
 
-  def pop(timeout: 10)
+  def pop(timeout: 30)
     Timeout.timeout(timeout) { @events.pop }
   end
 
@@ -97,7 +97,7 @@ class ServerStreamedResponseTest < PlainTest
 
   def assert_cancelled_as_a_hang_up(path = "/stream")
     assert_equal %i[body_unwound query_cancelled], [pop, pop].sort
-    eventually(timeout: 5) { @access.string.include?("\"GET #{path} HTTP/1.1\" 499") }
+    eventually { @access.string.include?("\"GET #{path} HTTP/1.1\" 499") }
     assert_equal 1, @server.stats[:requests_hung_up]
     lines = @log.string.lines.grep(/hung up/)
     assert_equal 1, lines.size, @log.string
@@ -142,9 +142,9 @@ class ServerStreamedResponseTest < PlainTest
     serve(writing_forever(@events), cancel_on_hangup: false)
     hang_up_after("tick", "/ticks")
     assert_equal :body_unwound, pop
-    eventually(timeout: 5) { @access.string.include?('"GET /ticks HTTP/1.1" 499') }
+    eventually { @access.string.include?('"GET /ticks HTTP/1.1" 499') }
     assert_equal 1, @server.stats[:requests_hung_up]
-    eventually(timeout: 5) { @server.stats[:requests_in_flight].zero? }
+    eventually { @server.stats[:requests_in_flight].zero? }
     sleep 1.5 # Failures logs an unhandled task failure within a second; there must be none
     refute_match(/unhandled/, @log.string, "the writer's ClientGone is the hang-up, logged once")
     assert_equal 1, @log.string.lines.grep(/hung up/).size, @log.string
@@ -164,7 +164,7 @@ class ServerStreamedResponseTest < PlainTest
     serve(body, cancel_on_hangup: false)
     hang_up_after("tick", "/ticks")
     assert_equal :body_unwound, pop
-    eventually(timeout: 5) { @access.string.include?('"GET /ticks HTTP/1.1" 499') }
+    eventually { @access.string.include?('"GET /ticks HTTP/1.1" 499') }
     assert_equal 1, @server.stats[:requests_hung_up]
   end
 

@@ -76,12 +76,12 @@ class ServerSuperviseTest < PlainTest
       first = started(events, 1).first
       child = Integer(eventually { File.read(events)[/^child (\d+)/, 1] })
       Process.kill("KILL", first)
-      eventually(timeout: 10) { !running?(child) }
+      eventually { !running?(child) }
       second = started(events, 2).last
       second_child = Integer(eventually { File.read(events).scan(/^child (\d+)/).flatten[1] })
       Process.kill("TERM", server[:pid])
       assert wait_exit(server).success?
-      eventually(timeout: 10) { !running?(second) && !running?(second_child) }
+      eventually { !running?(second) && !running?(second_child) }
     end
   end
 

@@ -59,7 +59,7 @@ class ServerThrusterTest < PlainTest
     socket.write("GET /hang HTTP/1.1\r\nHost: localhost\r\n\r\n")
     sleep 0.5 # in pg_sleep now
     socket.close
-    line = wait_for_line(@thruster, %r{"GET /hang HTTP/1\.1" 499 }, timeout: 5)
+    line = wait_for_line(@thruster, %r{"GET /hang HTTP/1\.1" 499 }, timeout: 30)
     assert_match(/ 499 /, line, "the access log shows the hang-up")
   end
 
