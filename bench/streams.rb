@@ -175,7 +175,9 @@ module NeverBlockBench
 
     # What the cell's server cannot do, and the commonest reason streams were cut short.
     def note(server, streams)
-      errors = streams.filter_map(&:error).tally
+      errors = streams.map do |stream|
+        stream.error || ("the server ended it after #{stream.events} events" if stream.events < @options[:events])
+      end.compact.tally
       error = errors.max_by { |_, n| n }&.then { |text, n| "#{n} streams: #{text}" }
       [NOTES[server], error].compact.join("; ").then { |text| text unless text.empty? }
     end

@@ -108,6 +108,7 @@ module NeverBlockBench
         # Every connect and request first, in one go (a task's spawn costs a turn of the
         # loop, on which the streams already open are read); then a task per stream reads it.
         opened = Array.new(share) { open_stream }
+        send_when_connected(opened, NeverBlockBench.now + CONNECT_PASSES)
         opened.map { |socket, outcome| NeverBlock.spawn { finish_stream(socket, outcome, started) } }.map(&:value)
       end
       times = Process.times
@@ -132,6 +133,33 @@ module NeverBlockBench
     rescue StandardError => e
       socket&.close
       [nil, failed(outcome, e)]
+    end
+
+    # Seconds {#send_when_connected} looks for connects that finished.
+    CONNECT_PASSES = 0.2
+
+    # A non-blocking connect nearly always finishes after connect(2) returns,
+    # even on loopback. Looks again at those still connecting, every few
+    # milliseconds until `deadline`, and sends the request on each that
+    # connected: left to their tasks (#finish_stream), the last of a thousand
+    # spawned would send its request after a thousand turns of the loop, on
+    # a loaded machine seconds later, past a server's idle timeout for a new
+    # connection (NeverBlock's is 5 s).
+    def send_when_connected(opened, deadline)
+      connecting = opened.select { |socket, outcome| socket && outcome.events.negative? }
+      until connecting.empty? || NeverBlockBench.now > deadline
+        connecting.reject! do |socket, outcome|
+          next false if socket.connect_nonblock(@address, exception: false) == :wait_writable
+
+          raise "the request did not fit a new socket's send buffer" unless socket.write_nonblock(@request) == @request.bytesize
+
+          outcome.events = 0
+          true
+        rescue SystemCallError
+          true # refused or reset: its task's connect reports it
+        end
+        NeverBlock.sleep(0.005) unless connecting.empty?
+      end
     end
 
     # The rest of one stream, in its own task: the connect and request if
