@@ -8,7 +8,9 @@
 # direct: the app makes the events (the fake LLM is in the app); relay: the
 # app reads them from a fake LLM upstream (another process, NeverBlock) with
 # Net::HTTP's streaming read_body and relays each chunk; live: a Rails app's
-# ActionController::Live action writes them (support/streams_live.ru). Servers: NeverBlock
+# ActionController::Live action writes them (support/streams_live.ru); rails-body: the
+# same Rails app's action returns them as a Rack body (`self.response_body =`), the
+# baseline of what Live itself costs. Servers: NeverBlock
 # (`neverblock serve -w 0`, defaults: fiber_pool 1000, adaptive limit), the
 # same with each stream marked IO-bound (env["neverblock.mark_as_io_bound"]),
 # Falcon (--count 1), Puma single mode with 5 and 50 threads (a stream holds
@@ -32,10 +34,11 @@ require "neverblock/version"
 module NeverBlockBench
   class StreamsBench < Bench
     DEFAULTS = { streams: [500, 2000, 10_000], events: 40, interval_ms: 50, deadline: 60, clients: 2,
-                 parts: %w[direct relay live], neverblock_args: "" }.freeze
+                 parts: %w[direct relay live rails-body], neverblock_args: "" }.freeze
     QUICK = { streams: [200], events: 10, deadline: 20 }.freeze
     ONLY = %w[neverblock neverblock-marked falcon puma-5 puma-50].freeze # the servers
-    PARTS = %w[direct relay live].freeze
+    PARTS = %w[direct relay live rails-body].freeze
+    RAILS_PARTS = %w[live rails-body].freeze # served by LIVE_APP
     APP = File.expand_path("support/streams_app.ru", __dir__)
     LIVE_APP = File.expand_path("support/streams_live.ru", __dir__) # the live part's Rails app
     WARM_UP = 20 # streams of 3 events 10 ms apart on each fresh server before the batch
@@ -58,7 +61,7 @@ module NeverBlockBench
           next { "part" => part, "streams" => count, "server" => server, **CHARTED.to_h { |column| [column, "not run"] },
                  "note" => "not run past #{PUMA_MOST} streams: a stream holds a thread" }
         end
-        if part == "live" && server == "neverblock-marked"
+        if RAILS_PARTS.include?(part) && server == "neverblock-marked"
           next { "part" => part, "streams" => count, "server" => server, **CHARTED.to_h { |column| [column, "not run"] },
                  "note" => "not run: a Live stream is an event stream, which gives its slot back anyway" }
         end
@@ -83,7 +86,8 @@ module NeverBlockBench
         <<~TEXT.chomp
           A stream: GET, text/event-stream, #{@options[:events]} events #{@options[:interval_ms]} ms apart (a Rack body's each);
           relay: the same read from a fake LLM upstream (NeverBlock -w 0, its own process, not counted) with Net::HTTP read_body;
-          live: the same written by a Rails app's ActionController::Live action (response.stream.write, then close).
+          live: the same written by a Rails app's ActionController::Live action (response.stream.write, then close);
+          rails-body: the same Rails app's action returning them as a Rack body (self.response_body = an each).
           Client: #{@options[:clients]} forked Ruby processes (NeverBlock loops, a task per stream) open all streams at once; a
           stream is complete with all its events and the server's close within #{@options[:deadline]} s of the start.
           first: the first event's arrival after the start; gap: a stream's worst gap between reads that brought events;
@@ -95,7 +99,7 @@ module NeverBlockBench
     end
 
     def start(server, part, name: server)
-      app = part == "live" ? LIVE_APP : APP
+      app = RAILS_PARTS.include?(part) ? LIVE_APP : APP
       case server
       when "neverblock", "neverblock-marked"
         PeerServers.neverblock(app, args: ["-w", "0", *@options[:neverblock_args].split], name: name)
@@ -104,10 +108,13 @@ module NeverBlockBench
       end
     end
 
-    # GET path of a stream of `events` under `server`, relayed from `upstream` (a port) if given.
-    def path(server, events:, interval_ms:, upstream: nil)
+    # GET path of a stream of `events` under `server`, relayed from `upstream` (a port) if given;
+    # the Rails app's Rack body for the rails-body part.
+    def path(server, events:, interval_ms:, upstream: nil, part: nil)
       query = "events=#{events}&interval_ms=#{interval_ms}"
       query += "&marked=1" if server == "neverblock-marked"
+      return "/body?#{query}" if part == "rails-body"
+
       upstream ? "/relay?#{query}&upstream=#{upstream}" : "/stream?#{query}"
     end
 
@@ -117,10 +124,10 @@ module NeverBlockBench
       upstream = start_upstream if part == "relay"
       start(server, part).serve do |process|
         PeerServers.check_ruby(process)
-        warm_up(process.port, server, upstream&.port)
+        warm_up(process.port, server, upstream&.port, part)
         sample = ServerSample.new(process.pid)
         client = StreamClient.new(process.port, path(server, events: @options[:events], interval_ms: @options[:interval_ms],
-                                                           upstream: upstream&.port),
+                                                           upstream: upstream&.port, part: part),
                                   count, processes: @options[:clients], deadline: @options[:deadline])
         result = client.run { sample.take }
         row(part, count, server, result, sample.finish)
@@ -140,10 +147,13 @@ module NeverBlockBench
     end
 
     # A few short streams on the fresh server, so that the batch does not pay for its first requests.
-    def warm_up(port, server, upstream)
-      client = StreamClient.new(port, path(server, events: 3, interval_ms: 10, upstream: upstream), WARM_UP, processes: 1, deadline: 30)
-      done = client.run.streams.count { |stream| stream.events == 3 && stream.error.nil? }
-      raise "#{WARM_UP - done} of #{WARM_UP} warm-up streams did not complete" unless done == WARM_UP
+    def warm_up(port, server, upstream, part)
+      client = StreamClient.new(port, path(server, events: 3, interval_ms: 10, upstream: upstream, part: part), WARM_UP,
+                                processes: 1, deadline: 30)
+      streams = client.run.streams
+      done = streams.count { |stream| stream.events == 3 && stream.error.nil? }
+      why = streams.filter_map(&:error).first&.then { |error| " (#{error})" }
+      raise "#{WARM_UP - done} of #{WARM_UP} warm-up streams did not complete#{why}" unless done == WARM_UP
     ensure
       client&.kill
     end
