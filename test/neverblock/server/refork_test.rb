@@ -178,18 +178,34 @@ class ServerReforkTest < PlainTest
     end
   end
 
+  # The callable raises at each check (every heartbeat interval, 1 s at
+  # --worker-timeout 5): a worker that was asked three times said so once.
+  # The test counts the calls each worker made (a file they append their pid
+  # to), not the time; a worker replaced meanwhile would say it once more,
+  # under its own pid.
   def test_a_refork_when_that_raises_is_logged_once_and_counts_as_not_warm
     Dir.mktmpdir do |dir|
       config = File.join(dir, "config.rb")
-      File.write(config, "refork_after 2, false\nrefork_when { |index| raise 'cache not reachable' }\n")
-      server = serve("refork.ru", "-w", "1", "--worker-timeout", "0.4", "-C", config) # (a check every 0.1 s)
+      calls = File.join(dir, "calls")
+      File.write(config, <<~RUBY)
+        refork_after 2, false
+        refork_when do |index|
+          File.write(#{calls.inspect}, "\#{Process.pid}\\n", mode: "a") # a line per call
+          raise "cache not reachable"
+        end
+      RUBY
+      # --worker-timeout 5, not less: three test passes at once on two cores can hold a
+      # healthy worker's heartbeat back for a few seconds.
+      server = serve("refork.ru", "-w", "1", "--worker-timeout", "5", "-C", config)
       eventually(timeout: 30) do
         get(server)
         output_lines(server).join.match?(/served \d+ requests \(refork_after 2\) but is not warm yet/)
       end
+      worker = eventually { File.exist?(calls) && File.readlines(calls, chomp: true).tally.find { |_pid, count| count >= 3 }&.first }
       5.times { get(server) }
       log = output_lines(server).join
-      assert_equal 1, log.scan(/refork_when raised RuntimeError: cache not reachable; it counts as not warm/).size, log
+      complaint = /\(pid #{worker}\): refork_when raised RuntimeError: cache not reachable; it counts as not warm/
+      assert_equal 1, log.scan(complaint).size, log
       refute_match(/is the mold/, log)
     end
   end
