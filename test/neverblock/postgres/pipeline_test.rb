@@ -4,12 +4,31 @@ require "test_helper"
 require "securerandom"
 require "neverblock/postgres"
 require_relative "../../support/tcp_relay"
+require "io/wait"
+
+# For the tests that build a lost connection under a waiting reader: waits
+# until the reader of the connection through a TcpRelay has taken every
+# byte the relay let through (its socket has nothing unread), and so waits
+# on the socket for what the relay still holds back. Each `sleep` is a
+# turn of the loop the reader runs on.
+module RelayedReaderWait
+  def wait_until_the_reader_took_it_all(relay, timeout: 30)
+    connection = ObjectSpace.each_object(PG::Connection).find { |conn| !conn.finished? && conn.port == relay.port }
+    refute_nil connection, "no open connection through the relay"
+    deadline = NeverBlock::Clock.now + timeout
+    until connection.socket_io.nread.zero?
+      flunk "the reader left #{connection.socket_io.nread} bytes unread for #{timeout} s" if NeverBlock::Clock.now > deadline
+      sleep 0.001
+    end
+  end
+end
 
 # NeverBlock::Postgres.pool(pipeline: true): statements from many fibers
 # share each connection (libpq pipeline mode), each fiber gets its own
 # result or error, and transactions still get a connection to themselves.
 class PostgresPipelineTest < NeverBlockTest
   include NeverBlockTest::PostgresHelpers
+  include RelayedReaderWait
 
   def test_two_hundred_concurrent_statements_share_two_connections_and_each_gets_its_own_result
     db = client(size: 2)
@@ -227,9 +246,9 @@ class PostgresPipelineTest < NeverBlockTest
       e
     end
     relay.release_through("E") # the error; its sync point is held back
-    # Lets a loop turn look at the socket (the error is in it already): the
-    # reader takes the error and waits for the sync point.
-    sleep 0.01
+    # The reader takes the error (in the socket already) and waits for the
+    # sync point.
+    wait_until_the_reader_took_it_all(relay)
     # Within this turn, before the loop looks at the socket again: the
     # connection is reset (a blocking fiber, so that closing the relay's
     # sockets does not yield to the loop), and a statement is sent on it.
@@ -299,6 +318,7 @@ end
 # its own outcome on a queue rather than in NeverBlock's loop.
 class PostgresPipelineForeignSchedulerTest < PlainTest
   include NeverBlockTest::Databases
+  include RelayedReaderWait
 
   def setup
     require "async"
@@ -352,7 +372,7 @@ class PostgresPipelineForeignSchedulerTest < PlainTest
           e
         end
         relay.release_through("E") # the error; its sync point is held back
-        sleep 0.01 # the reader takes the error and waits for the sync point
+        wait_until_the_reader_took_it_all(relay) # the reader takes the error and waits for the sync point
         Fiber.new(blocking: true) { relay.reset }.resume
         sent = begin
           db.exec("SELECT 2")
