@@ -338,7 +338,7 @@ module NeverBlock
           sent += chunk.bytesize
           @body_bytes += chunk.bytesize
           if chunked
-            write_all(pending ? Response.chunk(chunk, pending) : Response.chunk(chunk))
+            write_all(Response.chunk(chunk, pending || chunk_buffer))
           else
             write_all(pending ? pending << chunk : chunk)
           end
@@ -346,6 +346,16 @@ module NeverBlock
         end
         pending = pending ? pending << LAST_CHUNK : LAST_CHUNK if chunked
         write_all(pending) if pending
+      end
+
+      # One String, emptied, for each chunk of a body written with `each`: an
+      # event stream's chunk is small and frequent, and a String made for
+      # each (with the Hash of its capacity: keyword) was two of the five or
+      # so objects an event cost, which at thousands of streams drove the
+      # minor GCs that scan every stream's fiber stack. Emptied, it holds no
+      # memory between chunks; #write_all keeps no reference to it.
+      def chunk_buffer
+        (@chunk_buffer ||= +"").clear
       end
 
       # @return [Integer, nil] the app's Content-Length, nil when it has none
