@@ -294,14 +294,19 @@ module NeverBlock
 
         timeout = @parser.started_at + @limits.header_timeout - Clock.now
         buffer = @context.read_buffer
+        last_look = false
         loop do
           data = @socket.read_nonblock(READ_SIZE, buffer, exception: false)
           return data unless data == :wait_readable
-          next if timeout.positive? && @socket.wait_readable(timeout)
+          break if last_look
 
-          refuse(HTTPError.new(408, "headers not complete within #{@limits.header_timeout} s"))
-          return nil
+          # A wait that ran out gets one more read: bytes that came as it did
+          # (its timer and the socket ready on one turn, after a pause of the
+          # process) arrived in time.
+          last_look = !(timeout.positive? && @socket.wait_readable(timeout))
         end
+        refuse(HTTPError.new(408, "headers not complete within #{@limits.header_timeout} s"))
+        nil
       end
 
       # #read_more for a request whose head is complete and whose body is
@@ -311,19 +316,20 @@ module NeverBlock
         pace = (@body_pace ||= BodyPace.new(@limits))
         pace.start(@parser.body_request, Clock.now)
         buffer = @context.read_buffer
+        last_look = false
         loop do
           data = @socket.read_nonblock(READ_SIZE, buffer, exception: false)
           unless data == :wait_readable
             pace.read(data.bytesize, Clock.now) if data
             return data
           end
-          now = Clock.now
-          wait = pace.wait(now)
-          next if wait.positive? && @socket.wait_readable(wait)
+          break if last_look
 
-          refuse(HTTPError.new(408, pace.expired(Clock.now)))
-          return nil
+          wait = pace.wait(Clock.now)
+          last_look = !(wait.positive? && @socket.wait_readable(wait)) # one more read, as in #read_more
         end
+        refuse(HTTPError.new(408, pace.expired(Clock.now)))
+        nil
       end
 
       # A request is complete: acquires a request slot, waiting (FIFO,
