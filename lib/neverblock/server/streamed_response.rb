@@ -34,8 +34,8 @@ module NeverBlock
     # It uses the connection's `@context`, `@response`, `@hangup_watch` and
     # sets `@hung_up`, which Exchange reads.
     module StreamedResponse
-      # The media type of server-sent events.
-      EVENT_STREAM = "text/event-stream"
+      # The media type of server-sent events (in any case, with parameters or none).
+      EVENT_STREAM = %r{\A[ \t]*text/event-stream[ \t]*(?:;|\z)}i
 
       private
 
@@ -66,8 +66,14 @@ module NeverBlock
       end
 
       def event_stream?(headers)
-        type = headers["content-type"] || headers["Content-Type"] # (Rack 2 names headers in any case)
-        type.is_a?(String) && type.start_with?(EVENT_STREAM)
+        # Rack 2 names headers in any case, and a media type is case-insensitive too.
+        type = headers["content-type"] || headers["Content-Type"] || content_type_in_any_case(headers)
+        type.is_a?(String) && type.match?(EVENT_STREAM)
+      end
+
+      def content_type_in_any_case(headers)
+        headers.each { |name, value| return value if name.is_a?(String) && name.casecmp?("content-type") }
+        nil
       end
     end
   end

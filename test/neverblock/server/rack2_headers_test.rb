@@ -17,6 +17,8 @@ class ServerRack2HeadersTest < PlainTest
   APP = lambda do |env|
     case env["PATH_INFO"]
     when "/events" then [200, { "Content-Type" => "text/event-stream" }, Enumerator.new { |out| while (chunk = EVENTS.pop) do out << chunk end }]
+    when "/odd-events" # a name and a media type in cases of their own (both are case-insensitive)
+      [200, { "CONTENT-type" => "Text/Event-Stream; charset=utf-8" }, Enumerator.new { |out| while (chunk = EVENTS.pop) do out << chunk end }]
     when "/array" then [200, { "Content-Type" => "text/plain", "Content-Length" => "5" }, ["hello"]]
     when "/stream" then [200, { "Content-Type" => "text/plain", "Content-Length" => "5" }, Enumerator.new { |out| out << "hel" << "lo" }]
     when "/chunked" then [200, { "Transfer-Encoding" => "chunked" }, ["5\r\nhello\r\n0\r\n\r\n"]]
@@ -62,8 +64,16 @@ class ServerRack2HeadersTest < PlainTest
   end
 
   def test_an_event_stream_named_in_any_case_gives_its_slot_back
+    assert_stream_gives_its_slot_back("/events")
+  end
+
+  def test_an_event_stream_whose_media_type_is_in_any_case_gives_its_slot_back
+    assert_stream_gives_its_slot_back("/odd-events")
+  end
+
+  def assert_stream_gives_its_slot_back(path)
     events = connect
-    events.write(get("/events"))
+    events.write(get(path))
     EVENTS << "data: one\n\n"
     read_until(events, "data: one", timeout: 10)
     assert_equal({ busy: 0, io_bound: 1 }, @server.stats[:fiber_pool].slice(:busy, :io_bound), "the stream holds no slot")
