@@ -381,6 +381,12 @@ module NeverBlock
     end
 
     # @api private
+    # @return [Float] the most seconds a timer fired late since the last call.
+    def timers_late!
+      @timers.late!
+    end
+
+    # @api private
     # Schedules `callable.call(argument)` on this loop in `seconds`; call it
     # on the loop's thread only (from one of its fibers or callbacks).
     # @return [Timers::Timer, nil] nil for an infinite delay (it never fires).

@@ -47,6 +47,15 @@ module NeverBlock
     def initialize
       @heap = []
       @cancelled = 0
+      @late = 0.0
+    end
+
+    # @api private
+    # @return [Float] the most seconds a timer fired late since the last call.
+    def late!
+      late = @late
+      @late = 0.0
+      late
     end
 
     # Schedules `callable.call(argument)` after `seconds`, or the block.
@@ -103,14 +112,17 @@ module NeverBlock
       return if @heap.empty?
 
       now ||= Clock.now
+      late = nil
       while (top = @heap.first) && top.deadline <= now
         pop
         if top.cancelled?
           @cancelled -= 1
         else
+          late ||= now - top.deadline # the first fired is the latest
           top.fire
         end
       end
+      @late = late if late && late > @late
     end
 
     # @return [Integer] timers waiting to fire (cancelled ones excluded).

@@ -295,8 +295,9 @@ module NeverBlock
       # turn: takes in the rest of the backlog at once, as far as there is
       # room (left in a full accept queue, a herd of 10,000 had 30,000 SYNs
       # dropped, each client waiting a second or more to send it again), and
-      # starts what it holds BATCH a turn, or fewer after a long turn
-      # ({StartPace}), taking in what arrived meanwhile each time. At a stop
+      # starts what it holds BATCH a turn, or fewer after a long turn, or one
+      # while the loop is saturated and its timers late ({StartPace}), taking
+      # in what arrived meanwhile each time. At a stop
       # it starts all it holds (each is answered with `connection: close`);
       # if it is cancelled, it closes them.
       def start_held(listener)
@@ -307,14 +308,23 @@ module NeverBlock
           end
           return if held.empty?
 
-          turn_began = Clock.now
-          @scheduler.yield
-          count = @context.stopping? ? held.size : @start_pace.after(Clock.now - turn_began)
+          count = @context.stopping? ? held.size : paced_turn
           held.shift(count).each { |socket| open_connection(socket, listener) }
         end
       rescue Exception # rubocop:disable Lint/RescueException -- a cancel: the sockets held are closed, not leaked
         held.each(&:close)
         raise
+      end
+
+      # Lets the loop take a turn. @return [Integer] how many connections to
+      # start after it ({StartPace}).
+      def paced_turn
+        began = Clock.now
+        cpu = Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID)
+        @scheduler.timers_late! # from now on
+        @scheduler.yield
+        @start_pace.after(Clock.now - began, Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) - cpu,
+                          @scheduler.timers_late!)
       end
 
       # Beside other workers, having just taken in one connection: lets that

@@ -3,19 +3,28 @@
 module NeverBlock
   class Server
     # How many connections of a backlog the {Acceptor} starts on the loop's
-    # next turn: {BATCH} while turns are short, fewer as they grow longer
-    # than {TURN}, in proportion, and at least {LEAST}. A turn is everything
-    # the loop ran between two of the acceptor's looks: the connections it
-    # started last time, and the streams and requests already open. Streams
-    # opened together would otherwise all be let in while the loop has no
-    # CPU for their events: 2,000 streams of 20 events a second ask 40,000
-    # writes a second, more than one core makes, and every open stream's
-    # events then wait for turns that grow with each batch started (worst gap
-    # p99 491 ms). Letting the backlog wait while turns are long keeps the
-    # streams already open on time, and those waiting start as others end;
-    # the loop stays busy meanwhile, so no throughput is lost. A backlog of
-    # short requests has short turns and is let in {BATCH} a turn, as
-    # before.
+    # next turn. A turn is everything the loop ran between two of the
+    # acceptor's looks: the connections it started last time, and the
+    # streams and requests already open.
+    #
+    # - {BATCH} while turns are short, fewer as they grow longer than
+    #   {TURN}, in proportion, and at least {LEAST}.
+    # - One a turn while the loop is saturated and late: its thread was on
+    #   the CPU for {BUSY} of the last turns' time or more, and the timers
+    #   it fired on each of the last two turns were {LATE} late or more.
+    #
+    # Streams opened together would otherwise all be let in while the loop
+    # has no CPU for their events: 2,000 streams of 20 events a second ask
+    # 40,000 writes a second, more than one core makes on Ruby 3.1, and every
+    # open stream's events then wait for turns that grow with each batch
+    # started (worst gap p99 491 ms with all let in, 204-266 ms under the
+    # turn-length rule alone, whose turns stay short while the loop has no
+    # time left). Letting the backlog wait keeps the streams already open on
+    # time, and those waiting start as others end; the loop stays busy
+    # meanwhile, so no throughput is lost. Lateness is what tells streams
+    # from a herd of short requests, which keeps a loop as busy but whose
+    # timers are on time (no event is due): such a herd is let in {BATCH} a
+    # turn, for every client to be served in turn.
     class StartPace
       # Connections started a turn while turns take at most {TURN}.
       BATCH = 64
@@ -25,23 +34,50 @@ module NeverBlock
       # due within a few of its 50 ms intervals).
       TURN = 0.025
 
-      # Connections started a turn however long turns are: a turn made long
-      # by something else (a major GC, a request that computes) slows a
-      # herd's start, but does not stall it.
+      # Connections started a turn however long turns are (see {#after}):
+      # a turn made long by something else (a major GC, a request that
+      # computes) slows a herd's start, but does not stall it.
       LEAST = 8
+
+      # The share of the loop's time on the CPU (its thread's CPU time over
+      # the wall time, averaged over the last turns) from which a loop whose
+      # timers are late starts one connection a turn. Under it the loop
+      # waits for IO or timers a fifth of its time, which absorbs the next
+      # connections' start.
+      BUSY = 0.8
+
+      # Seconds the timers fired on each of the last two turns were late, at
+      # the least, for the loop to count as late (a single late turn is a GC
+      # or the idle sweeper's pass).
+      LATE = 0.002
 
       # @param batch [Integer] see {BATCH}.
       # @param turn [Float] see {TURN}.
       # @param least [Integer] see {LEAST}.
-      def initialize(batch: BATCH, turn: TURN, least: LEAST)
+      # @param busy [Float] see {BUSY}.
+      # @param late [Float] see {LATE}.
+      def initialize(batch: BATCH, turn: TURN, least: LEAST, busy: BUSY, late: LATE)
         @batch = batch
         @turn = turn
         @least = least
+        @busy_at = busy
+        @late_at = late
+        @busy = nil # the average share of time on the CPU, over the turns so far
+        @late = 0.0 # the last turn's lateness
       end
 
       # @param took [Float] seconds the loop's last turn took.
-      # @return [Integer] how many to start now: {LEAST} to {BATCH}.
-      def after(took)
+      # @param cpu [Float, nil] CPU seconds the loop's thread spent in it.
+      # @param late [Float] the most seconds a timer fired late in it.
+      # @return [Integer] how many to start now: 1 to {BATCH}.
+      def after(took, cpu = nil, late = 0.0)
+        lately = [late, @late].min
+        @late = late
+        if cpu && took.positive?
+          busy = (cpu / took).clamp(0.0, 1.0)
+          @busy = @busy ? (@busy + busy) / 2 : busy
+          return 1 if @busy >= @busy_at && lately >= @late_at
+        end
         return @batch if took <= @turn
 
         (@batch * @turn / took).floor.clamp(@least, @batch)

@@ -67,4 +67,19 @@ class TimersTest < PlainTest
     assert_raises(TypeError) { @timers.after("5", @record, :string) }
     assert_in_delta NeverBlock::Clock.now + 0.5, @timers.after(Rational(1, 2), @record, :half).deadline, 0.1
   end
+
+  # The acceptor's StartPace reads how late the loop's timers fire.
+  def test_late_reports_the_latest_timer_fired_since_it_was_last_read
+    early = @timers.after(1.0, @record, :early)
+    @timers.after(2.0, @record, :later)
+    @timers.after(60.0, @record, :not_due)
+    assert_equal 0.0, @timers.late!
+    @timers.fire(early.deadline + 3.0) # the first is 3 s late, the second 2
+    assert_equal %i[early later], @fired
+    assert_in_delta 3.0, @timers.late!, 1e-9
+    assert_equal 0.0, @timers.late!, "read, it starts again from nothing"
+    @timers.fire(early.deadline + 4.0) # nothing due
+    assert_equal 0.0, @timers.late!
+  end
 end
+

@@ -18,4 +18,39 @@ class ServerStartPaceTest < PlainTest
     assert_equal 8, pace.after(2.0)
     assert_equal 8, pace.after(60.0)
   end
+
+  # Streams opened together: the loop on the CPU all the time, its timers
+  # (the open streams' next events) later and later.
+  def test_one_a_turn_while_the_loop_is_saturated_and_late_on_two_turns
+    pace = NeverBlock::Server::StartPace.new
+    assert_equal 64, pace.after(0.01, 0.01, 0.0)
+    assert_equal 64, pace.after(0.01, 0.01, 0.005), "one late turn is a GC or the idle sweeper's pass"
+    assert_equal 1, pace.after(0.01, 0.01, 0.005)
+    assert_equal 1, pace.after(0.2, 0.2, 0.05), "fewer than LEAST: the open streams come first"
+    assert_equal 64, pace.after(0.01, 0.002, 0.005), "with CPU to spare again, a whole batch"
+  end
+
+  # A herd of short requests keeps the loop as busy, but no event of theirs
+  # is due: their timers are on time, and they are let in a batch a turn.
+  def test_a_busy_loop_whose_timers_are_on_time_takes_whole_batches
+    pace = NeverBlock::Server::StartPace.new
+    10.times { assert_equal 64, pace.after(0.02, 0.02, 0.0) }
+    assert_equal 64, pace.after(0.02, 0.02, 0.05) # the idle sweeper's timer, once
+    assert_equal 64, pace.after(0.02, 0.02, 0.0)
+  end
+
+  def test_late_timers_with_cpu_to_spare_follow_the_turn_length
+    pace = NeverBlock::Server::StartPace.new
+    3.times { assert_equal 64, pace.after(0.02, 0.005, 0.05) }
+    assert_equal 32, pace.after(0.05, 0.01, 0.05)
+  end
+
+  def test_the_cpu_share_is_averaged_over_turns
+    pace = NeverBlock::Server::StartPace.new(busy: 0.8, late: 0.002)
+    assert_equal 64, pace.after(0.01, 0.001, 0.01) # 10 % on the CPU
+    assert_equal 64, pace.after(0.01, 0.01, 0.01)  # 100 %: 55 % on average
+    assert_equal 64, pace.after(0.01, 0.01, 0.01)  # 78 %
+    assert_equal 1, pace.after(0.01, 0.01, 0.01)   # 89 %
+  end
 end
+
