@@ -381,9 +381,10 @@ module NeverBlock
     end
 
     # @api private
-    # @return [Float] the most seconds a timer fired late since the last call.
-    def timers_late!
-      @timers.late!
+    # @return [Float] how late the loop's last turn fired its timers
+    #   ({Timers#late}).
+    def timers_late
+      @timers.late
     end
 
     # @api private

@@ -50,13 +50,6 @@ module NeverBlock
       @late = 0.0
     end
 
-    # @api private
-    # @return [Float] the most seconds a timer fired late since the last call.
-    def late!
-      late = @late
-      @late = 0.0
-      late
-    end
 
     # Schedules `callable.call(argument)` after `seconds`, or the block.
     # An infinite delay never fires: no timer is made.
@@ -106,23 +99,36 @@ module NeverBlock
       top && top.deadline - (now || Clock.now)
     end
 
+    # Timers a call of {#fire} fires, at the least, for its lateness to
+    # count ({#late}): a loop's own samplers and an app's zero-second waits
+    # fire one or two at the end of every turn, late by the turn.
+    MANY = 4
+
+    # @return [Float] seconds the first timer the last {#fire} fired was
+    #   late, when it fired {MANY} or more (0.0 otherwise): how far behind
+    #   the loop's scheduled work is.
+    attr_reader :late
+
     # Fires every timer whose deadline has passed.
     # @return [void]
     def fire(now = nil)
+      @late = 0.0
       return if @heap.empty?
 
       now ||= Clock.now
-      late = nil
+      first = nil
+      fired = 0
       while (top = @heap.first) && top.deadline <= now
         pop
         if top.cancelled?
           @cancelled -= 1
         else
-          late ||= now - top.deadline # the first fired is the latest
+          first ||= top.deadline # the first fired is the latest
+          fired += 1
           top.fire
         end
       end
-      @late = late if late && late > @late
+      @late = now - first if fired >= MANY
     end
 
     # @return [Integer] timers waiting to fire (cancelled ones excluded).

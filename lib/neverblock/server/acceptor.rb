@@ -79,7 +79,6 @@ module NeverBlock
       def start(handoff = nil)
         @scheduler = NeverBlock.current_scheduler!
         @pool = FiberPool.new(size: @limits.max_connections, queue_limit: 0) # keeps FiberPool::IDLE_LIMIT fibers after a burst
-        @start_pace = StartPace.new
         start_idle_set
         @tasks = @listeners.map { |listener| NeverBlock.spawn(detached: true, internal: true) { accept_loop(listener) } }
         return unless handoff
@@ -302,13 +301,18 @@ module NeverBlock
       # if it is cancelled, it closes them.
       def start_held(listener)
         held = []
+        since = [] # when each was taken in
+        pace = StartPace.new # this backlog's
         loop do
+          now = Clock.now
           while !@context.stopping? && room_for_connection?(held.size) && (socket = accept_now(listener))
             held << socket
+            since << now
           end
           return if held.empty?
 
-          count = @context.stopping? ? held.size : paced_turn
+          count = @context.stopping? ? held.size : [paced_turn(pace), waited_long(since)].max
+          since.shift(count)
           held.shift(count).each { |socket| open_connection(socket, listener) }
         end
       rescue Exception # rubocop:disable Lint/RescueException -- a cancel: the sockets held are closed, not leaked
@@ -317,14 +321,28 @@ module NeverBlock
       end
 
       # Lets the loop take a turn. @return [Integer] how many connections to
-      # start after it ({StartPace}).
-      def paced_turn
+      # start after it (the listener's {StartPace}).
+      def paced_turn(pace)
         began = Clock.now
-        cpu = Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID)
-        @scheduler.timers_late! # from now on
+        cpu = thread_cpu
         @scheduler.yield
-        @start_pace.after(Clock.now - began, Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) - cpu,
-                          @scheduler.timers_late!)
+        spent = thread_cpu
+        pace.after(Clock.now - began, (spent - cpu if cpu && spent && spent >= cpu), @scheduler.timers_late)
+      end
+
+      # @return [Integer] how many of those held (in the order taken in)
+      # waited {StartPace::WAIT} or longer: they start, whatever the pace.
+      def waited_long(since)
+        cutoff = Clock.now - StartPace::WAIT
+        since.index { |at| at > cutoff } || since.size
+      end
+
+      # @return [Float, nil] CPU seconds of the loop's thread (nil where the
+      #   clock cannot be read).
+      def thread_cpu
+        Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID)
+      rescue SystemCallError
+        nil
       end
 
       # Beside other workers, having just taken in one connection: lets that

@@ -338,7 +338,7 @@ module NeverBlock
           sent += chunk.bytesize
           @body_bytes += chunk.bytesize
           if chunked
-            write_all(Response.chunk(chunk, pending || chunk_buffer))
+            pending ? write_all(Response.chunk(chunk, pending)) : write_chunk(chunk)
           else
             write_all(pending ? pending << chunk : chunk)
           end
@@ -348,14 +348,26 @@ module NeverBlock
         write_all(pending) if pending
       end
 
-      # One String, emptied, for each chunk of a body written with `each`: an
-      # event stream's chunk is small and frequent, and a String made for
-      # each (with the Hash of its capacity: keyword) was two of the five or
-      # so objects an event cost, which at thousands of streams drove the
-      # minor GCs that scan every stream's fiber stack. Emptied, it holds no
-      # memory between chunks; #write_all keeps no reference to it.
-      def chunk_buffer
-        (@chunk_buffer ||= +"").clear
+      # Chunks up to this many bytes are framed in the response's one buffer.
+      CHUNK_BUFFER_MAX = 16 * 1024
+
+      # Writes one chunk of a body written with `each`, framed in one String
+      # the response keeps and empties after each write: an event stream's
+      # chunk is small and frequent, and a String made for each (and the Hash
+      # of its capacity: keyword) were two of the five or so objects an event
+      # cost, which at thousands of streams drove the minor GCs that scan
+      # every stream's fiber stack. #write_all keeps no reference to it. A
+      # large chunk, or one written while another fiber's write is using the
+      # buffer (an app that yields from two fibers), gets a String of its own.
+      def write_chunk(chunk)
+        buffer = (@chunk_buffer ||= +"")
+        return write_all(Response.chunk(chunk)) unless buffer.empty? && chunk.bytesize <= CHUNK_BUFFER_MAX
+
+        begin
+          write_all(Response.chunk(chunk, buffer))
+        ensure
+          buffer.clear
+        end
       end
 
       # @return [Integer, nil] the app's Content-Length, nil when it has none

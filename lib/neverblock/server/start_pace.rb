@@ -7,11 +7,16 @@ module NeverBlock
     # acceptor's looks: the connections it started last time, and the
     # streams and requests already open.
     #
-    # - {BATCH} while turns are short, fewer as they grow longer than
-    #   {TURN}, in proportion, and at least {LEAST}.
+    # - Up to {BATCH}: after a turn longer than {TURN}, the last count
+    #   scaled down in proportion (at least {LEAST}); after a shorter one,
+    #   twice the last count. A turn that started 64 Rails requests took
+    #   150 ms; the next then started 10, and the one after that 64 again,
+    #   every open stream's events waiting out each long turn.
     # - One a turn while the loop is saturated and late: its thread was on
     #   the CPU for {BUSY} of the last turns' time or more, and the timers
-    #   it fired on each of the last two turns were {LATE} late or more.
+    #   it fired on each of the last two turns (several each: the loop's
+    #   scheduled work, see Timers#late) were {LATE} late or more.
+    # - Whatever the pace, a connection held {WAIT} or longer.
     #
     # Streams opened together would otherwise all be let in while the loop
     # has no CPU for their events: 2,000 streams of 20 events a second ask
@@ -24,7 +29,9 @@ module NeverBlock
     # meanwhile, so no throughput is lost. Lateness is what tells streams
     # from a herd of short requests, which keeps a loop as busy but whose
     # timers are on time (no event is due): such a herd is let in {BATCH} a
-    # turn, for every client to be served in turn.
+    # turn, for every client to be served in turn. One whose requests wait
+    # on timers of their own (short sleeps, polls) may be taken for streams:
+    # {WAIT} bounds what that costs it.
     class StartPace
       # Connections started a turn while turns take at most {TURN}.
       BATCH = 64
@@ -34,22 +41,28 @@ module NeverBlock
       # due within a few of its 50 ms intervals).
       TURN = 0.025
 
-      # Connections started a turn however long turns are (see {#after}):
-      # a turn made long by something else (a major GC, a request that
-      # computes) slows a herd's start, but does not stall it.
+      # Connections started a turn however long turns are, unless the loop
+      # is saturated and late: a turn made long by something else (a major
+      # GC, a request that computes) slows a herd's start, but does not
+      # stall it.
       LEAST = 8
 
       # The share of the loop's time on the CPU (its thread's CPU time over
-      # the wall time, averaged over the last turns) from which a loop whose
-      # timers are late starts one connection a turn. Under it the loop
+      # a turn's wall time, each turn's share averaged with the average
+      # before it) from which a loop whose timers are late starts one
+      # connection a turn. Under it the loop
       # waits for IO or timers a fifth of its time, which absorbs the next
       # connections' start.
       BUSY = 0.8
 
       # Seconds the timers fired on each of the last two turns were late, at
       # the least, for the loop to count as late (a single late turn is a GC
-      # or the idle sweeper's pass).
+      # or the idle sweeper's pass; see Timers#late).
       LATE = 0.002
+
+      # Seconds a held connection waits at most: past them it starts
+      # whatever the pace (its client has waited that long for an answer).
+      WAIT = 5.0
 
       # @param batch [Integer] see {BATCH}.
       # @param turn [Float] see {TURN}.
@@ -64,6 +77,7 @@ module NeverBlock
         @late_at = late
         @busy = nil # the average share of time on the CPU, over the turns so far
         @late = 0.0 # the last turn's lateness
+        @count = batch # what the last call answered
       end
 
       # @param took [Float] seconds the loop's last turn took.
@@ -76,11 +90,14 @@ module NeverBlock
         if cpu && took.positive?
           busy = (cpu / took).clamp(0.0, 1.0)
           @busy = @busy ? (@busy + busy) / 2 : busy
-          return 1 if @busy >= @busy_at && lately >= @late_at
+          if @busy >= @busy_at && lately >= @late_at
+            @count = @least # when the loop has time again, a whole batch after a few turns
+            return 1
+          end
         end
-        return @batch if took <= @turn
-
-        (@batch * @turn / took).floor.clamp(@least, @batch)
+        @count = if took <= @turn then (@count * 2).clamp(@least, @batch)
+                 else (@count * @turn / took).floor.clamp(@least, @batch)
+                 end
       end
     end
   end

@@ -68,11 +68,11 @@ module NeverBlock
       def event_stream?(headers)
         # Rack 2 names headers in any case, and a media type is case-insensitive too.
         type = headers["content-type"] || headers["Content-Type"] || content_type_in_any_case(headers)
-        type.is_a?(String) && type.match?(EVENT_STREAM)
+        type.is_a?(String) && type.b.match?(EVENT_STREAM) # (bytes: a value need not be valid UTF-8)
       end
 
       def content_type_in_any_case(headers)
-        headers.each { |name, value| return value if name.is_a?(String) && name.casecmp?("content-type") }
+        headers.each { |name, value| return value if name.is_a?(String) && name.casecmp("content-type")&.zero? }
         nil
       end
     end

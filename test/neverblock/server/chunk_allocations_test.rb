@@ -32,6 +32,7 @@ class ChunkAllocationsTest < PlainTest
     assert text.end_with?("0\r\n\r\n"), "each response ends with its last chunk"
     second = text.split("HTTP/1.1 200 OK").last
     assert_includes second, "#{chunks[7].bytesize.to_s(16)}\r\n#{chunks[7]}\r\n"
+    assert_equal 0, response.instance_variable_get(:@chunk_buffer).bytesize, "the last chunk is not kept"
   ensure
     reader&.close
     writer&.close unless writer&.closed?

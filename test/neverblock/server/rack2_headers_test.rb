@@ -19,6 +19,8 @@ class ServerRack2HeadersTest < PlainTest
     when "/events" then [200, { "Content-Type" => "text/event-stream" }, Enumerator.new { |out| while (chunk = EVENTS.pop) do out << chunk end }]
     when "/odd-events" # a name and a media type in cases of their own (both are case-insensitive)
       [200, { "CONTENT-type" => "Text/Event-Stream; charset=utf-8" }, Enumerator.new { |out| while (chunk = EVENTS.pop) do out << chunk end }]
+    when "/bad-bytes-events" # a parameter that is not UTF-8
+      [200, { "Content-Type" => +"text/event-stream; x=\xff" }, Enumerator.new { |out| while (chunk = EVENTS.pop) do out << chunk end }]
     when "/array" then [200, { "Content-Type" => "text/plain", "Content-Length" => "5" }, ["hello"]]
     when "/stream" then [200, { "Content-Type" => "text/plain", "Content-Length" => "5" }, Enumerator.new { |out| out << "hel" << "lo" }]
     when "/chunked" then [200, { "Transfer-Encoding" => "chunked" }, ["5\r\nhello\r\n0\r\n\r\n"]]
@@ -69,6 +71,10 @@ class ServerRack2HeadersTest < PlainTest
 
   def test_an_event_stream_whose_media_type_is_in_any_case_gives_its_slot_back
     assert_stream_gives_its_slot_back("/odd-events")
+  end
+
+  def test_an_event_stream_whose_content_type_is_not_utf8_is_still_one
+    assert_stream_gives_its_slot_back("/bad-bytes-events")
   end
 
   def assert_stream_gives_its_slot_back(path)

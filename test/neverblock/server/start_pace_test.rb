@@ -13,10 +13,21 @@ class ServerStartPaceTest < PlainTest
   def test_fewer_in_proportion_as_turns_grow_and_never_fewer_than_the_least
     pace = NeverBlock::Server::StartPace.new(batch: 64, turn: 0.025, least: 8)
     assert_equal 32, pace.after(0.05)
-    assert_equal 16, pace.after(0.1)
-    assert_equal 8, pace.after(0.2)
+    assert_equal 16, pace.after(0.05), "the last count scaled: a turn as long again halves it again"
+    assert_equal 8, pace.after(0.1)
     assert_equal 8, pace.after(2.0)
     assert_equal 8, pace.after(60.0)
+  end
+
+  # A batch of Rails requests made a 150 ms turn: the count stays down
+  # while turns stay short, and grows back a doubling a turn.
+  def test_after_short_turns_the_count_grows_back_twice_a_turn
+    pace = NeverBlock::Server::StartPace.new(batch: 64, turn: 0.025, least: 8)
+    assert_equal 10, pace.after(0.15)
+    assert_equal 20, pace.after(0.02)
+    assert_equal 40, pace.after(0.02)
+    assert_equal 64, pace.after(0.02)
+    assert_equal 64, pace.after(0.0)
   end
 
   # Streams opened together: the loop on the CPU all the time, its timers
@@ -27,7 +38,8 @@ class ServerStartPaceTest < PlainTest
     assert_equal 64, pace.after(0.01, 0.01, 0.005), "one late turn is a GC or the idle sweeper's pass"
     assert_equal 1, pace.after(0.01, 0.01, 0.005)
     assert_equal 1, pace.after(0.2, 0.2, 0.05), "fewer than LEAST: the open streams come first"
-    assert_equal 64, pace.after(0.01, 0.002, 0.005), "with CPU to spare again, a whole batch"
+    assert_equal 16, pace.after(0.01, 0.002, 0.005), "with CPU to spare again, twice LEAST, then more"
+    assert_equal 32, pace.after(0.01, 0.0, 0.0)
   end
 
   # A herd of short requests keeps the loop as busy, but no event of theirs
@@ -53,4 +65,3 @@ class ServerStartPaceTest < PlainTest
     assert_equal 1, pace.after(0.01, 0.01, 0.01)   # 89 %
   end
 end
-
