@@ -17,7 +17,8 @@
 # a thread). Per cell, a fresh server: streams complete (all events, then the
 # end) by --deadline s; p50/p99 of each stream's first event, counted from
 # the moment the batch started; p99 and max of each stream's worst gap
-# between two reads that brought events; the most streams open at once; the
+# between two reads that brought events, and p99 of the same gap as the app
+# wrote the events (support/stream_gaps.rb); the most streams open at once; the
 # server's peak RSS less its RSS before, per stream open at that peak; its
 # CPU (user + sys, its whole session) per event received; its most threads;
 # the machine's listen drops; the client's CPU.
@@ -30,6 +31,7 @@
 require_relative "support/harness"
 require_relative "support/stream_client"
 require "neverblock/version"
+require "net/http"
 
 module NeverBlockBench
   class StreamsBench < Bench
@@ -46,7 +48,7 @@ module NeverBlockBench
     CHARTED = ["first p99 ms", "gap p99 ms", "RSS KB/open stream", "CPU us/event"].freeze # the chart's columns
     PUMA_MOST = 2000 # streams: past this Puma's cells only wait out --deadline
     NOTES = { "puma-5" => "5 threads: 5 streams at a time, corked", "puma-50" => "50 threads: 50 streams at a time, corked" }.freeze
-    COLUMNS = ["part", "streams", "server", "complete", "first p50 ms", "first p99 ms", "gap p99 ms", "gap max ms",
+    COLUMNS = ["part", "streams", "server", "complete", "first p50 ms", "first p99 ms", "gap p99 ms", "gap max ms", "app gap p99 ms",
                "peak open", "RSS KB/open stream", "CPU us/event", "threads", "listen drops", "RSS before MB", "seconds", "client CPU s", "note"].freeze
 
     # @return [Boolean] true when every cell ran (whether its streams completed or not)
@@ -91,6 +93,7 @@ module NeverBlockBench
           Client: #{@options[:clients]} forked Ruby processes (NeverBlock loops, a task per stream) open all streams at once; a
           stream is complete with all its events and the server's close within #{@options[:deadline]} s of the start.
           first: the first event's arrival after the start; gap: a stream's worst gap between reads that brought events;
+          app gap: the same gap as the app wrote the events (relayed: read them), in the server's process, without the client's turns;
           peak open: the most streams open at once (each from its first event to its last); RSS: the server session's peak
           (VmHWM) less its RSS before, per stream open at the peak; CPU: the session's user+sys per event received;
           listen drops: connections the machine's listening sockets dropped meanwhile (a full accept queue; TcpExt ListenDrops).
@@ -125,12 +128,13 @@ module NeverBlockBench
       start(server, part).serve do |process|
         PeerServers.check_ruby(process)
         warm_up(process.port, server, upstream&.port, part)
+        app_gaps(process.port) # the warm-up's, forgotten
         sample = ServerSample.new(process.pid)
         client = StreamClient.new(process.port, path(server, events: @options[:events], interval_ms: @options[:interval_ms],
                                                            upstream: upstream&.port, part: part),
                                   count, processes: @options[:clients], deadline: @options[:deadline])
         result = client.run { sample.take }
-        row(part, count, server, result, sample.finish)
+        row(part, count, server, result, sample.finish).merge("app gap p99 ms" => app_gaps(process.port)&.first)
       ensure
         client&.kill
       end
@@ -144,6 +148,16 @@ module NeverBlockBench
     # The fake LLM upstream of the relay part: NeverBlock, one process, its streams marked IO-bound (see the app).
     def start_upstream
       PeerServers.neverblock(APP, name: "upstream").tap(&:wait_until_ready)
+    end
+
+    # @return [Array(Integer, Integer), nil] p99 and max ms of the streams' worst gaps as the app wrote
+    #   them since the last call (support/stream_gaps.rb), nil if the server could not say
+    def app_gaps(port)
+      text = Net::HTTP.start("127.0.0.1", port, open_timeout: 10, read_timeout: 30) { |http| http.get("/stream-gaps").body }
+      p99, max, = text.split.map { |value| Integer(value, exception: false) }
+      [p99, max] if p99
+    rescue StandardError
+      nil
     end
 
     # A few short streams on the fresh server, so that the batch does not pay for its first requests.

@@ -13,9 +13,11 @@
 #   &marked=1   the app first calls env["neverblock.mark_as_io_bound"] (only
 #               NeverBlock has it): the stream holds no request slot
 #   GET /ruby   the serving Ruby (PeerServers.check_ruby)
+#   GET /stream-gaps  the streams' worst gaps as the app wrote them (StreamGaps)
 #   anything else answers "ok" at once
 require "net/http"
 require_relative "ruby_description"
+require_relative "stream_gaps"
 
 # A stream of `count` events `interval` seconds apart.
 class TokenEvents
@@ -27,14 +29,17 @@ class TokenEvents
   end
 
   def each
-    due = now
-    @count.times do |index|
-      # A timer may fire a little early: sleep again until the event is due.
-      while (left = due - now).positive?
-        sleep(left)
+    StreamGaps.record do |tick|
+      due = now
+      @count.times do |index|
+        # A timer may fire a little early: sleep again until the event is due.
+        while (left = due - now).positive?
+          sleep(left)
+        end
+        tick.call
+        yield format(EVENT, index)
+        due += @interval
       end
-      yield format(EVENT, index)
-      due += @interval
     end
   end
 
@@ -55,7 +60,12 @@ class RelayedEvents
       http.request_get("/stream?#{@query}&marked=1") do |response|
         raise "the upstream answered #{response.code}" unless response.code == "200"
 
-        response.read_body(&block)
+        StreamGaps.record do |tick|
+          response.read_body do |chunk|
+            tick.call
+            block.call(chunk)
+          end
+        end
       end
     end
   end
@@ -78,6 +88,7 @@ run(lambda do |env|
            end
     [200, STREAM_HEADERS.dup, body]
   when "/ruby" then [200, { "content-type" => "text/plain" }, [NeverBlockBench.ruby_description]]
+  when "/stream-gaps" then [200, { "content-type" => "text/plain" }, [StreamGaps.report]]
   else [200, { "content-type" => "text/plain", "content-length" => "3" }, ["ok\n"]]
   end
 end)

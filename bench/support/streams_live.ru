@@ -11,6 +11,7 @@
 #       an object whose `each` yields them): the Rails baseline for Live;
 #       501 before Rails 8.1, which buffers such a body whole
 #   GET /ruby   the serving Ruby (PeerServers.check_ruby)
+#   GET /stream-gaps  the streams' worst gaps as the app wrote them (StreamGaps)
 # Under `neverblock serve` the action runs on the loop (NeverBlock's
 # Railtie); under Falcon and Puma, in a thread of Rails' Live pool.
 
@@ -21,6 +22,7 @@ require "logger"
 require "rails"
 require "action_controller/railtie"
 require_relative "ruby_description"
+require_relative "stream_gaps"
 
 module NeverBlockBenchLive
   # API stack only, production's settings written out (no config/ directory).
@@ -49,14 +51,17 @@ class StreamsController < ActionController::API
     interval = Integer(params.fetch(:interval_ms, 50)) / 1000.0
     response.headers["content-type"] = "text/event-stream"
     response.headers["cache-control"] = "no-cache"
-    due = now
-    count.times do |index|
-      # A timer may fire a little early: sleep again until the event is due.
-      while (left = due - now).positive?
-        sleep(left)
+    StreamGaps.record do |tick|
+      due = now
+      count.times do |index|
+        # A timer may fire a little early: sleep again until the event is due.
+        while (left = due - now).positive?
+          sleep(left)
+        end
+        tick.call
+        response.stream.write(format(EVENT, index))
+        due += interval
       end
-      response.stream.write(format(EVENT, index))
-      due += interval
     end
   ensure
     response.stream.close
@@ -98,14 +103,17 @@ class BodiesController < ActionController::API
     def each
       return enum_for(:each) unless block_given?
 
-      due = now
-      @count.times do |index|
-        # A timer may fire a little early: sleep again until the event is due.
-        while (left = due - now).positive?
-          sleep(left)
+      StreamGaps.record do |tick|
+        due = now
+        @count.times do |index|
+          # A timer may fire a little early: sleep again until the event is due.
+          while (left = due - now).positive?
+            sleep(left)
+          end
+          tick.call
+          yield format(StreamsController::EVENT, index)
+          due += @interval
         end
-        yield format(StreamsController::EVENT, index)
-        due += @interval
       end
     end
 
@@ -122,6 +130,7 @@ Rails.application.routes.draw do
   get "/stream", to: "streams#stream"
   get "/body", to: "bodies#body"
   get "/ruby", to: "streams#ruby"
+  get "/stream-gaps", to: ->(_env) { [200, { "content-type" => "text/plain" }, [StreamGaps.report]] }
 end
 
 run Rails.application
