@@ -292,7 +292,7 @@ module NeverBlock
         release_slot # the rest of a pipelined head, or a body, arrives holding none
         return read_body if @parser.in_body?
 
-        timeout = @parser.started_at + @limits.header_timeout - Clock.now
+        deadline = @parser.started_at + @limits.header_timeout
         buffer = @context.read_buffer
         last_look = false
         loop do
@@ -302,7 +302,9 @@ module NeverBlock
 
           # A wait that ran out gets one more read: bytes that came as it did
           # (its timer and the socket ready on one turn, after a pause of the
-          # process) arrived in time.
+          # process) arrived in time. A wait that ended with no whole read (a
+          # TLS record still arriving) waits again only for what is left.
+          timeout = deadline - Clock.now
           last_look = !(timeout.positive? && @socket.wait_readable(timeout))
         end
         refuse(HTTPError.new(408, "headers not complete within #{@limits.header_timeout} s"))

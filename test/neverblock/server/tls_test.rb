@@ -144,4 +144,32 @@ class ServerTLSTest < PlainTest
     File.write(path, OpenSSL::PKey::RSA.new(2048).private_to_pem)
     path
   end
+
+  # A head's wait for its TLS record: each byte of a record that never
+  # completes wakes the wait, which then waits again only for what is left
+  # of header_timeout (it waited the whole timeout again, so a client
+  # trickling a record kept its head open for as long as it trickled).
+  def test_a_tls_record_trickled_into_a_head_is_cut_at_header_timeout
+    start_tls(header_timeout: 2)
+    ssl = tls_connect
+    ssl.write("GET / HTTP/1.1\r\n") # a head begun, in a record of its own
+    raw = ssl.to_io
+    raw.write([23, 3, 3, 16_000].pack("CCCn")) # an application-data record of 16,000 bytes: its header
+    started = NeverBlock::Clock.now
+    closed = nil
+    until closed || NeverBlock::Clock.now - started > 20
+      sleep 0.3
+      begin
+        raw.write("x") # a byte of the record, never all of it
+      rescue IOError, SystemCallError
+        closed = NeverBlock::Clock.now - started
+      end
+      closed ||= (NeverBlock::Clock.now - started if raw.wait_readable(0) && raw.read_nonblock(1, exception: false).nil?)
+    end
+    assert closed, "the connection was still open after 20 s of trickling"
+    assert_operator closed, :<, 10, "cut at header_timeout (2 s), not by the trickle's end"
+  ensure
+    raw&.close
+  end
 end
+
