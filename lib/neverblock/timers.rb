@@ -50,7 +50,6 @@ module NeverBlock
       @late = 0.0
     end
 
-
     # Schedules `callable.call(argument)` after `seconds`, or the block.
     # An infinite delay never fires: no timer is made.
     #

@@ -311,38 +311,13 @@ module NeverBlock
           end
           return if held.empty?
 
-          count = @context.stopping? ? held.size : [paced_turn(pace), waited_long(since)].max
+          count = @context.stopping? ? held.size : [pace.turn(@scheduler), pace.overdue(since)].max
           since.shift(count)
           held.shift(count).each { |socket| open_connection(socket, listener) }
         end
       rescue Exception # rubocop:disable Lint/RescueException -- a cancel: the sockets held are closed, not leaked
         held.each(&:close)
         raise
-      end
-
-      # Lets the loop take a turn. @return [Integer] how many connections to
-      # start after it (the listener's {StartPace}).
-      def paced_turn(pace)
-        began = Clock.now
-        cpu = thread_cpu
-        @scheduler.yield
-        spent = thread_cpu
-        pace.after(Clock.now - began, (spent - cpu if cpu && spent && spent >= cpu), @scheduler.timers_late)
-      end
-
-      # @return [Integer] how many of those held (in the order taken in)
-      # waited {StartPace::WAIT} or longer: they start, whatever the pace.
-      def waited_long(since)
-        cutoff = Clock.now - StartPace::WAIT
-        since.index { |at| at > cutoff } || since.size
-      end
-
-      # @return [Float, nil] CPU seconds of the loop's thread (nil where the
-      #   clock cannot be read).
-      def thread_cpu
-        Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID)
-      rescue SystemCallError
-        nil
       end
 
       # Beside other workers, having just taken in one connection: lets that

@@ -80,6 +80,27 @@ module NeverBlock
         @count = batch # what the last call answered
       end
 
+      # Lets `scheduler`'s loop take a turn, timing it (wall clock, the
+      # loop's thread's CPU, its timers' lateness). Called by
+      # Acceptor#start_held, from the loop.
+      # @return [Integer] how many connections to start after it ({#after}).
+      def turn(scheduler)
+        began = Clock.now
+        cpu = thread_cpu
+        scheduler.yield
+        spent = thread_cpu
+        after(Clock.now - began, (spent - cpu if cpu && spent && spent >= cpu), scheduler.timers_late)
+      end
+
+      # @param since [Array<Float>] when each held connection was taken in,
+      #   oldest first ({Clock.now}).
+      # @return [Integer] how many of them waited {WAIT} or longer: they
+      #   start, whatever the pace.
+      def overdue(since)
+        cutoff = Clock.now - WAIT
+        since.index { |at| at > cutoff } || since.size
+      end
+
       # @param took [Float] seconds the loop's last turn took.
       # @param cpu [Float, nil] CPU seconds the loop's thread spent in it.
       # @param late [Float] the most seconds a timer fired late in it.
@@ -98,6 +119,16 @@ module NeverBlock
         @count = if took <= @turn then (@count * 2).clamp(@least, @batch)
                  else (@count * @turn / took).floor.clamp(@least, @batch)
                  end
+      end
+
+      private
+
+      # @return [Float, nil] CPU seconds of the loop's thread (nil where the
+      #   clock cannot be read).
+      def thread_cpu
+        Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID)
+      rescue SystemCallError
+        nil
       end
     end
   end
