@@ -2,6 +2,7 @@
 
 require_relative "rails_integration/interlock"
 require_relative "rails_integration/live"
+require_relative "rails_integration/live_writes"
 
 module NeverBlock
   # @api private
@@ -146,8 +147,9 @@ module NeverBlock
       warn_about_blocking_adapters
     end
 
-    # ActionController::Live actions become tasks of their requests ({Live})
-    # once Action Controller loads (now, if it has): only in a process that
+    # ActionController::Live actions become tasks of their requests ({Live}),
+    # whose writes go straight to their clients ({LiveWrites}), once Action
+    # Controller loads (now, if it has): only in a process that
     # NeverBlock::Server serves, since only the server calls this. A prepend
     # to the module reaches the controllers that already include it.
     # @return [void]
@@ -156,6 +158,7 @@ module NeverBlock
 
       ::ActiveSupport.on_load(:action_controller) do
         ::ActionController::Live.prepend(::NeverBlock::RailsIntegration::Live)
+        ::ActionController::Live::Buffer.prepend(::NeverBlock::RailsIntegration::LiveWrites::Buffer)
       end
     end
 

@@ -25,6 +25,8 @@ module NeverBlock
     #
     # What this module adds to Rails' code, each only for an action it runs:
     #
+    # - the stream's writes go straight to the client from the action's
+    #   fiber ({LiveWrites}) rather than through a queue to the server's;
     # - the stream's request slot: once the action committed, the request
     #   only waits for the action's writes, so it gives its `fiber_pool`
     #   slot back (`env["neverblock.mark_as_io_bound"]`, as an app would);
@@ -80,6 +82,7 @@ module NeverBlock
         return super unless served_on_the_loop?
 
         caller = Fiber.current
+        LiveWrites.enable(response.stream)
         NeverBlock.spawn do
           thread = Thread.current
           own = thread.keys.each_with_object({}) { |key, locals| locals[key] = thread[key] if key.start_with?(OWN_LOCALS) }

@@ -73,14 +73,16 @@ class ServerRailsLiveTest < PlainTest
     socket&.close
   end
 
-  def test_a_client_that_hangs_up_ends_its_stream_by_cancellation_without_an_error_logged
+  def test_a_client_that_hangs_up_ends_its_stream_without_an_error_logged
     server = serve_live
     socket = open_stream(server, "/heartbeat")
     read_until(socket, "data: beat")
     socket.close
     completed = wait_for_line(server, /Completed \d+ .* in \d+ms/, timeout: 30)
     lines = output_lines(server)
-    assert_includes lines.join, "heartbeat ended by NeverBlock::Cancelled"
+    # The action's next write finds the client gone (Rails' ClientDisconnected),
+    # or the hang-up watch sees it first and cancels the action at its sleep.
+    assert_match(/heartbeat ended by (ActionController::Live::ClientDisconnected|NeverBlock::Cancelled)/, lines.join)
     assert_match(/Completed 200 OK/, completed)
     noise = lines.grep(/ClientDisconnected|IOError|FATAL|Completed 500|Error/).reject { |line| line.include?("heartbeat ended") }
     assert_empty noise, "logged for a client that hung up:\n#{lines.join}"

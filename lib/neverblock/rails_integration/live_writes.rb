@@ -1,0 +1,135 @@
+# frozen_string_literal: true
+
+module NeverBlock
+  module RailsIntegration
+    # An ActionController::Live stream on NeverBlock's loop writes each chunk
+    # to its client from the action's own fiber.
+    #
+    # Rails hands a Live action's chunks to the server through a queue:
+    # `response.stream.write` pushes the chunk, and the server's fiber, which
+    # waits on that queue in the body's `each`, is woken, pops it and writes
+    # it. On a thread per stream that is how a chunk crosses threads; on one
+    # loop it costs every event a wake-up and a switch to a second fiber, a
+    # tenth of the CPU of an event at thousands of streams. Here, once the
+    # server is in the body's `each` and nothing is queued, a write goes
+    # straight to the server's own writing of the body (chunked framing,
+    # `write_timeout`, the bytes counted), from the writing fiber, and
+    # returns once the socket took the chunk.
+    #
+    # What stays Rails': the chunk is queued as before while the server has
+    # not reached the body yet (a write before the action returned its
+    # headers), while chunks queued before are still being written (they go
+    # first), and when the write comes from a thread other than the loop's (a
+    # thread the action started); Rails' `write` around it (the commit of the
+    # headers, `ClientDisconnected`, `ignore_disconnect`) runs unchanged.
+    # Writers are serialised, so that two fibers writing at once cannot
+    # interleave two chunks' bytes. Back-pressure is the socket's: a writer
+    # waits while the client does not read, where Rails' queue held ten
+    # chunks before it made the writer wait.
+    #
+    # A write that finds the client gone (or times out) ends the stream as
+    # the server's own write would: the stream is aborted, so that Rails'
+    # `write` raises ActionController::Live::ClientDisconnected in the
+    # action, and the server's fiber gets the same error, which ends the
+    # request (logged 499, its tasks cancelled). Any other error in such a
+    # write (the writing fiber cancelled mid-chunk) is raised in the writer
+    # and also ends the server's writing of the body: a chunk may have been
+    # cut, so the connection closes.
+    module LiveWrites
+      # Gives `stream` (an ActionController::Live::Buffer with nothing
+      # written yet) a {Queue}. Called by {Live} for an action it runs on
+      # the loop; a stream whose queue is not Rails' bounded one (a
+      # `queue_size` of nil) is left as it is.
+      # @param stream [ActionController::Live::Buffer]
+      # @return [void]
+      def self.enable(stream)
+        stream.__send__(:neverblock_write_directly) if stream.respond_to?(:neverblock_write_directly, true)
+      end
+
+      # Rails' Live::Buffer queue, taking writes straight to the server
+      # while the server waits in the body's `each`.
+      class Queue < Thread::SizedQueue
+        # @param max [Integer] Rails' queue size.
+        # @param on_failure [#call] called when a direct write failed (the
+        #   buffer's `abort`).
+        def initialize(max, on_failure)
+          super(max)
+          @on_failure = on_failure
+          @lock = Thread::Mutex.new
+          @sink = nil
+          @thread = nil
+          @failure = nil
+        end
+
+        # Rails' `@buf.push`: straight to the server when it is taking
+        # writes, else onto the queue (as is Rails 7.2's end of the stream,
+        # a nil).
+        def push(chunk, *rest, **options)
+          if chunk && direct?
+            @lock.synchronize do
+              # (checked again: the server may have stopped taking writes
+              # while this fiber waited for another's)
+              return write_through(chunk) if direct?
+            end
+          end
+          super
+        end
+        alias << push
+        alias enq push
+
+        # Runs the block (the server's fiber, inside the body's `each`),
+        # taking writes of the loop's thread straight to `sink` meanwhile.
+        # The block's argument writes what was queued, under the writers'
+        # lock.
+        # @param sink [Proc] the server's block for each chunk.
+        # @raise [Exception] what a direct write failed with.
+        def deliver(sink)
+          @thread = Thread.current
+          @sink = sink
+          yield ->(chunk) { @lock.synchronize { sink.call(chunk) } }
+          raise @failure if @failure
+        ensure
+          @sink = nil
+        end
+
+        private
+
+        def direct?
+          @sink && empty? && Thread.current.equal?(@thread) && !closed?
+        end
+
+        def write_through(chunk)
+          @sink.call(chunk)
+          self
+        rescue Exception => e # rubocop:disable Lint/RescueException -- the stream ends; raised on unless the client went
+          @failure ||= e
+          @sink = nil
+          @on_failure.call
+          raise unless e.is_a?(Server::Response::ClientGone)
+
+          self
+        end
+      end
+
+      # Prepended to ActionController::Live::Buffer.
+      module Buffer
+        private
+
+        # Rails' loop over the queue (the server's fiber), with direct
+        # writes taken meanwhile when the queue is a {Queue}.
+        def each_chunk(&block)
+          queue = @buf
+          return super unless queue.is_a?(Queue)
+
+          queue.deliver(block) { |write_queued| super(&write_queued) }
+        end
+
+        def neverblock_write_directly
+          return unless @buf.instance_of?(Thread::SizedQueue) && @buf.empty? && !@buf.closed?
+
+          @buf = Queue.new(@buf.max, method(:abort))
+        end
+      end
+    end
+  end
+end

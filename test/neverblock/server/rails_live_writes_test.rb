@@ -1,0 +1,91 @@
+# frozen_string_literal: true
+
+require_relative "../../test_helper"
+require_relative "../../support/serve_processes"
+require "socket"
+
+# A Live action's writes under `neverblock serve` (test/fixtures/server/live_app)
+# go straight to the client from the action's fiber (RailsIntegration::LiveWrites):
+# no fiber of the server's is woken per event; writers at once (tasks and a
+# thread) never cut into each other's events; a client that hangs up ends
+# the stream with Rails' ClientDisconnected in the action and a 499.
+class ServerRailsLiveWritesTest < PlainTest
+  include ServeProcesses
+
+  FIXTURE = File.expand_path("../../fixtures/server/live_app", __dir__)
+
+  def test_events_written_back_to_back_wake_no_other_fiber
+    server = serve_live(quiet: true)
+    socket = open_stream(server, "/burst?n=200")
+    body = chunked_body(read_until(socket, "0\r\n\r\n"))
+    events = body.split("\n\n").map { |event| event.delete_prefix("data: ") }
+    assert_equal ["start", *Array.new(200, &:to_s)], events[0..-2]
+    # Through Rails' queue of ten the server's fiber is woken every few
+    # events (about 40 times for 200); written straight through, never.
+    switches = Integer(events.last[/\Aswitches (\d+)\z/, 1] || flunk(events.last))
+    assert_operator switches, :<, 10, "fibers entered while 200 events were written"
+  ensure
+    socket&.close
+  end
+
+  def test_tasks_and_a_thread_writing_at_once_never_cut_into_each_others_events
+    server = serve_live(quiet: true)
+    socket = open_stream(server, "/crowd?n=100&fibers=4&bytes=20000")
+    body = chunked_body(read_until(socket, "0\r\n\r\n", timeout: 60))
+    events = body.split("\n\n")
+    assert_equal ["data: start", "data: end"], [events.first, events.last]
+    writers = events[1..-2].map do |event|
+      writer, index, filler = event.delete_prefix("data: ").split(" ")
+      assert_equal "x" * 20_000, filler, "an event cut into: #{event[0, 60].inspect}"
+      [writer, Integer(index)]
+    end
+    by_writer = writers.group_by(&:first).transform_values { |pairs| pairs.map(&:last) }
+    assert_equal %w[fiber0 fiber1 fiber2 fiber3 thread], by_writer.keys.sort
+    by_writer.each { |writer, indexes| assert_equal (0...100).to_a, indexes, "#{writer}'s events in order" }
+  ensure
+    socket&.close
+  end
+
+  def test_a_client_that_hangs_up_ends_the_stream_with_client_disconnected_and_a_499
+    server = serve_live("--access-log")
+    socket = open_stream(server, "/until_gone")
+    read_until(socket, "data: x")
+    socket.close
+    ended = wait_for_line(server, /until_gone ended by \S+/, timeout: 30)
+    # The hang-up watch (its peek of the socket) may see it first: then the
+    # action is cancelled at its sleep.
+    assert_match(/until_gone ended by (ActionController::Live::ClientDisconnected|NeverBlock::Cancelled)/, ended)
+    assert(eventually { output_lines(server).any? { |line| line.include?('"GET /until_gone HTTP/1.1" 499') } },
+           output_lines(server).join)
+    noise = output_lines(server).grep(/IOError|FATAL|Completed 500|Error/).reject { |line| line.include?("until_gone ended") }
+    assert_empty noise, "logged for a client that hung up:\n#{output_lines(server).join}"
+  end
+
+  private
+
+  def serve_live(*args, quiet: false)
+    env = { "RAILS_ENV" => "production", "LIVE_LOG_LEVEL" => quiet ? "warn" : "info" }
+    serve("config.ru", "-E", "production", "-w", "0", *args, env: env, chdir: FIXTURE, timeout: 60)
+  end
+
+  def open_stream(server, path)
+    socket = TCPSocket.new("127.0.0.1", server[:port])
+    socket.write("GET #{path} HTTP/1.1\r\nHost: localhost\r\n\r\n")
+    socket
+  end
+
+  # The body of a chunked response (headers dropped, chunks joined).
+  def chunked_body(response)
+    rest = response.split("\r\n\r\n", 2).last
+    body = +""
+    until rest.empty?
+      size, rest = rest.split("\r\n", 2)
+      size = Integer(size, 16)
+      break if size.zero?
+
+      body << rest.byteslice(0, size)
+      rest = rest.byteslice(size + 2..)
+    end
+    body
+  end
+end
