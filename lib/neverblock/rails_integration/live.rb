@@ -82,7 +82,7 @@ module NeverBlock
         return super unless served_on_the_loop?
 
         caller = Fiber.current
-        LiveWrites.enable(response.stream)
+        LiveWrites.enable(response.stream, Task.current)
         NeverBlock.spawn do
           thread = Thread.current
           own = thread.keys.each_with_object({}) { |key, locals| locals[key] = thread[key] if key.start_with?(OWN_LOCALS) }

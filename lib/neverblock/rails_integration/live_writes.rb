@@ -36,39 +36,56 @@ module NeverBlock
     # and also ends the server's writing of the body: a chunk may have been
     # cut, so the connection closes.
     module LiveWrites
+      # A direct write stopped part-way through a chunk by its own fiber's
+      # interruption (a cancel, a timeout around the write): the response
+      # is cut, so the server's writing of the body ends with this (the
+      # interruption is its `cause`) and the connection closes.
+      class WriteInterrupted < NeverBlock::BaseError
+      end
+
       # Gives `stream` (an ActionController::Live::Buffer with nothing
-      # written yet) a {Queue}. Called by {Live} for an action it runs on
+      # written yet) a {Queue} whose writes from `owner`'s tasks go
+      # straight to the client. Called by {Live} for an action it runs on
       # the loop; a stream whose queue is not Rails' bounded one (a
       # `queue_size` of nil) is left as it is.
       # @param stream [ActionController::Live::Buffer]
+      # @param owner [Task] the request's task.
       # @return [void]
-      def self.enable(stream)
-        stream.__send__(:neverblock_write_directly) if stream.respond_to?(:neverblock_write_directly, true)
+      def self.enable(stream, owner)
+        stream.__send__(:neverblock_write_directly, owner) if owner && stream.respond_to?(:neverblock_write_directly, true)
       end
 
       # Rails' Live::Buffer queue, taking writes straight to the server
       # while the server waits in the body's `each`.
       class Queue < Thread::SizedQueue
         # @param max [Integer] Rails' queue size.
+        # @param owner [Task] the request's task: only its tasks write
+        #   directly (another request's fiber broadcasting to this stream
+        #   must not wait on this client, nor cut its chunk if cancelled).
         # @param on_failure [#call] called when a direct write failed (the
         #   buffer's `abort`).
-        def initialize(max, on_failure)
+        def initialize(max, owner, on_failure)
           super(max)
+          @owner = owner
           @on_failure = on_failure
           @lock = Thread::Mutex.new
           @sink = nil
           @thread = nil
           @failure = nil
+          @popped = 0 # chunks the server took from the queue and has not written yet
         end
 
         # Rails' `@buf.push`: straight to the server when it is taking
         # writes, else onto the queue (as is Rails 7.2's end of the stream,
-        # a nil).
+        # a nil); dropped once a direct write failed (Rails' `write` then
+        # raises ClientDisconnected, or drops it too under
+        # `ignore_disconnect`).
         def push(chunk, *rest, **options)
+          return self if @failure
           if chunk && direct?
             @lock.synchronize do
-              # (checked again: the server may have stopped taking writes
-              # while this fiber waited for another's)
+              # (checked again: the server may have stopped taking writes,
+              # or taken a queued chunk, while this fiber waited)
               return write_through(chunk) if direct?
             end
           end
@@ -77,16 +94,37 @@ module NeverBlock
         alias << push
         alias enq push
 
+        # Rails' each_chunk takes chunks with this (the server's fiber).
+        def pop(*)
+          chunk = super
+          @popped += 1 if chunk
+          chunk
+        end
+        alias shift pop
+        alias deq pop
+
         # Runs the block (the server's fiber, inside the body's `each`),
-        # taking writes of the loop's thread straight to `sink` meanwhile.
-        # The block's argument writes what was queued, under the writers'
-        # lock.
+        # taking direct writes to `sink` meanwhile. The block's argument
+        # writes a chunk that was queued, under the writers' lock. Returns
+        # once no direct write is under way, so that the end of the body
+        # never lands inside a chunk.
         # @param sink [Proc] the server's block for each chunk.
         # @raise [Exception] what a direct write failed with.
         def deliver(sink)
           @thread = Thread.current
           @sink = sink
-          yield ->(chunk) { @lock.synchronize { sink.call(chunk) } }
+          yield(lambda do |chunk|
+            @lock.synchronize do
+              raise @failure if @failure
+
+              begin
+                sink.call(chunk)
+              ensure
+                @popped -= 1
+              end
+            end
+          end)
+          @lock.synchronize { @sink = nil }
           raise @failure if @failure
         ensure
           @sink = nil
@@ -95,19 +133,49 @@ module NeverBlock
         private
 
         def direct?
-          @sink && empty? && Thread.current.equal?(@thread) && !closed?
+          @sink && @popped.zero? && empty? && !closed? && Thread.current.equal?(@thread) && own_task?
         end
 
+        def own_task?
+          task = Task.current
+          task = task.parent while task && !task.equal?(@owner)
+          !task.nil?
+        end
+
+        # The server's block for the chunk, in this fiber. If it fails, the
+        # stream ends: the buffer is aborted (Rails' `write` then raises
+        # ClientDisconnected in the action, or drops what follows under
+        # `ignore_disconnect`) and the server's fiber, woken, raises the
+        # failure. Only this fiber's own interruption is raised here.
         def write_through(chunk)
           @sink.call(chunk)
           self
-        rescue Exception => e # rubocop:disable Lint/RescueException -- the stream ends; raised on unless the client went
-          @failure ||= e
-          @sink = nil
-          @on_failure.call
-          raise unless e.is_a?(Server::Response::ClientGone)
+        rescue Exception => e # rubocop:disable Lint/RescueException -- the stream ends; raised on if this fiber was interrupted
+          interrupted = interruption?(e)
+          fail_with(interrupted ? interrupted_by(e) : e)
+          raise if interrupted
 
           self
+        end
+
+        def fail_with(error)
+          @failure ||= error
+          @sink = nil
+          @on_failure.call
+          # Rails 7.2's abort leaves its queue open (and each write after it
+          # empties the queue): the server's fiber would wait in pop for the
+          # action's close. Closed, its pop returns nil.
+          close
+        end
+
+        def interruption?(error)
+          !error.is_a?(StandardError) || error.is_a?(Cancelled) || error.is_a?(Timeout::Error)
+        end
+
+        def interrupted_by(error)
+          raise WriteInterrupted, "a write of the stream was interrupted part-way through a chunk (#{error.class})"
+        rescue WriteInterrupted => e
+          e # (raised and rescued: its cause is `error`)
         end
       end
 
@@ -124,10 +192,10 @@ module NeverBlock
           queue.deliver(block) { |write_queued| super(&write_queued) }
         end
 
-        def neverblock_write_directly
+        def neverblock_write_directly(owner)
           return unless @buf.instance_of?(Thread::SizedQueue) && @buf.empty? && !@buf.closed?
 
-          @buf = Queue.new(@buf.max, method(:abort))
+          @buf = Queue.new(@buf.max, owner, method(:abort))
         end
       end
     end

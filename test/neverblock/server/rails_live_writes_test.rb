@@ -61,7 +61,86 @@ class ServerRailsLiveWritesTest < PlainTest
     assert_empty noise, "logged for a client that hung up:\n#{output_lines(server).join}"
   end
 
+  def test_the_body_ends_after_a_chunk_being_written_when_the_action_closed_the_stream
+    server = serve_live(quiet: true)
+    socket = open_stream(server, "/close_mid_write")
+    sleep 1.5 # the action closes the stream while its task's big chunk waits for this client
+    response = read_until(socket, "0\r\n\r\n", timeout: 60)
+    assert_equal "start\n#{'A' * 32_000_000}\n", chunked_body(response), "the chunk whole, then the body's end"
+    assert response.end_with?("\r\n0\r\n\r\n"), "nothing after the end: #{response[-40..].inspect}"
+    socket.write("GET /plain HTTP/1.1\r\nHost: localhost\r\n\r\n")
+    assert_match(/\AHTTP\/1\.1 200 OK\r\n.*\r\n\r\nok\n\z/m, read_until(socket, "ok\n"), "the connection's next request")
+  ensure
+    socket&.close
+  end
+
+  def test_a_writer_cancelled_mid_chunk_cuts_the_response_and_closes_the_connection
+    server = serve_live
+    socket = open_stream(server, "/cancel_writer")
+    sleep 1.5
+    received = read_to_eof(socket)
+    refute_includes received, "0\r\n\r\n", "a cut response must not look whole"
+    # The action's next write finds the stream aborted, or the request's end
+    # (the server's writing failed) cancels the action first.
+    ended = wait_for_line(server, /cancel_writer ended by \S+/, timeout: 30)
+    assert_match(/ActionController::Live::ClientDisconnected|NeverBlock::Cancelled/, ended)
+    assert(eventually { output_lines(server).any? { |line| line.include?("WriteInterrupted") } }, output_lines(server).join)
+    refute(output_lines(server).any? { |line| line.include?("unhandled") }, output_lines(server).join)
+  ensure
+    socket&.close
+  end
+
+  def test_a_queued_chunk_goes_before_a_later_direct_write
+    server = serve_live(quiet: true)
+    socket = open_stream(server, "/ordered")
+    sleep 1 # the thread's X is queued while the task's Z waits for this client
+    lines = chunked_body(read_until(socket, "0\r\n\r\n", timeout: 60)).lines.map { |line| line[0] }
+    assert_equal %w[s Z X W], lines
+  ensure
+    socket&.close
+  end
+
+  def test_a_middleware_that_refuses_a_chunk_ends_the_stream_and_is_logged_once
+    server = serve_live
+    socket = open_stream(server, "/refused_chunk")
+    received = read_to_eof(socket)
+    assert_includes received, "fine\n"
+    refute_includes received, "bad\n"
+    ended = wait_for_line(server, /refused_chunk ended by \S+/, timeout: 30)
+    assert_includes ended, "ActionController::Live::ClientDisconnected", "Rails' error for a stream that cannot go on"
+    assert(eventually { output_lines(server).any? { |line| line.include?("refused chunk") } })
+    lines = output_lines(server)
+    assert_equal 1, lines.count { |line| line.include?("ArgumentError: refused chunk") }, lines.join
+    refute(lines.any? { |line| line.include?("FATAL") || line.include?("Completed 500") }, lines.join)
+  ensure
+    socket&.close
+  end
+
+  def test_another_requests_write_to_a_stream_is_queued_not_made_to_wait_for_its_client
+    server = serve_live(quiet: true)
+    subscriber = open_stream(server, "/subscribe") # reads the first line, then nothing
+    read_until(subscriber, "subscribed")
+    seconds = Float(get(server, "/broadcast").body)
+    # Written straight through it would wait for the subscriber to read 32 MB.
+    assert_operator seconds, :<, 2, "the broadcast's write to a client that does not read"
+    assert_equal "released", get(server, "/release?n=1").body
+    assert_includes read_until(subscriber, "0\r\n\r\n", timeout: 60), "B" * 1000
+  ensure
+    subscriber&.close
+  end
+
   private
+
+  def read_to_eof(socket, timeout: 30)
+    received = +""
+    deadline = now + timeout
+    loop do
+      socket.wait_readable([deadline - now, 0].max) or flunk "the connection stayed open: #{received[-200..].inspect}"
+      received << socket.readpartial(65_536)
+    end
+  rescue EOFError, Errno::ECONNRESET
+    received
+  end
 
   def serve_live(*args, quiet: false)
     env = { "RAILS_ENV" => "production", "LIVE_LOG_LEVEL" => quiet ? "warn" : "info" }

@@ -1,0 +1,82 @@
+# frozen_string_literal: true
+
+require_relative "../../test_helper"
+require "action_controller"
+require "action_dispatch/middleware/cookies" # Live commits its cookie jar
+require "neverblock/server"
+require "neverblock/rails_integration"
+
+# RailsIntegration::LiveWrites::Queue with Rails' own Live::Buffer and
+# Live::Response, on a loop, without a server: the consumer stands for the
+# server's fiber in the body's `each`.
+class LiveWritesQueueTest < PlainTest
+  LiveWrites = NeverBlock::RailsIntegration::LiveWrites
+  TimedOut = NeverBlock::Server::Response::WriteTimedOut
+
+  def setup
+    ActionController::Live::Buffer.prepend(LiveWrites::Buffer)
+  end
+
+  # A direct write that times out aborts the stream; the consumer, waiting
+  # for the next chunk, must hear of it though the action ignores
+  # disconnects and goes on writing (Rails 7.2's abort leaves its queue
+  # open: the server's fiber would wait until the action closed the stream).
+  def test_a_failed_direct_write_wakes_the_consumer_though_the_action_ignores_disconnects
+    NeverBlock.run do
+      response = live_response
+      stream = response.stream
+      LiveWrites.enable(stream, NeverBlock.current_task)
+      stream.ignore_disconnect = true
+      taken = 0
+      consumer = NeverBlock.spawn do
+        response.each do |_chunk|
+          taken += 1
+          raise TimedOut, "write timed out" if taken == 3 # a write straight from the action
+        end
+      end
+      writes = 0
+      writer = NeverBlock.spawn do
+        loop do
+          stream.write("data: #{writes += 1}\n\n")
+          sleep 0.01
+        end
+      end
+      error = NeverBlock.timeout(5) { assert_raises(TimedOut) { consumer.value } }
+      assert_equal "write timed out", error.message
+      refute stream.connected?, "the stream is aborted"
+      sleep 0.05
+      assert_operator writes, :>, taken, "the action wrote on, into nothing, without an error"
+      writer.cancel
+    end
+  end
+
+  # A direct write interrupted by its own fiber's cancel: the writer gets
+  # its Cancelled; the consumer gets a WriteInterrupted (never the
+  # writer's Cancelled, which would read as its own).
+  def test_a_direct_write_interrupted_in_its_fiber_ends_the_consumer_with_write_interrupted
+    NeverBlock.run do
+      response = live_response
+      stream = response.stream
+      LiveWrites.enable(stream, NeverBlock.current_task)
+      gate = Thread::Queue.new
+      consumer = NeverBlock.spawn { response.each { |chunk| gate.pop if chunk == "slow\n" } }
+      stream.write("first\n") # queued, or straight through: the consumer may not be in `each` yet
+      sleep 0.05
+      writer = NeverBlock.spawn { stream.write("slow\n") }
+      sleep 0.05
+      writer.cancel
+      assert_raises(NeverBlock::Cancelled) { writer.value }
+      error = NeverBlock.timeout(5) { assert_raises(LiveWrites::WriteInterrupted) { consumer.value } }
+      assert_kind_of NeverBlock::Cancelled, error.cause
+      assert_raises(ActionController::Live::ClientDisconnected) { stream.write("after\n") }
+    end
+  end
+
+  private
+
+  def live_response
+    response = ActionController::Live::Response.new
+    response.request = ActionDispatch::Request.new(Rack::MockRequest.env_for("/"))
+    response
+  end
+end
