@@ -6,7 +6,9 @@
 # by Debian's wrk (`-t1 -cN -dXs --latency`, keep-alive): req/s, latency, the
 # server's CPU per request (its session, from /proc) and NeverBlock's
 # allocations per request. Scenarios (support/server_app.rb): hello (GET /,
-# --connections, every server), sleep (`sleep 0.01`) and pg (`select
+# --connections, every server), hello_close (the same, each request on a
+# connection of its own, `Connection: close`, 20 at once: what a server does
+# per connection; not run unless named), sleep (`sleep 0.01`) and pg (`select
 # pg_sleep(0.01)` through a pool of --db-pool) at --io-connections. puma_io is
 # Puma 8's IO mode (support/puma_io.rb: 0:5 threads + --puma-io-threads for
 # requests marked IO-bound); Puma 8.0.2's IO mode stays at 5 threads after its
@@ -19,6 +21,7 @@
 #   bench/run --ruby 3.4-yjit server    -> bench/results/ruby34-yjit/: every server on Ruby 3.4, YJIT on
 #   bench/run server --quick            smoke run: 3 s per cell, 1 s warm-up
 #   bench/run server --only neverblock,puma --scenarios hello
+#   bench/run --ruby 3.4-yjit server --only neverblock,puma,falcon,iodine --scenarios hello_close --runs 3
 
 require_relative "support/harness"
 require "neverblock"
@@ -34,8 +37,9 @@ module NeverBlockBench
     APP = File.expand_path("support/server_app.ru", __dir__)
     PUMA_IO_CONFIG = File.expand_path("support/puma_io.rb", __dir__)
     PUMA_THREADS = 5 # Puma 8's default maximum on MRI (0:5)
+    CLOSE_CONNECTIONS = 20 # hello_close: few, as each opens a socket per request (TIME_WAIT)
     # `targets`: peer => the req/s ratio NeverBlock should reach; `cpu_targets`: the CPU ratio it should stay under.
-    Scenario = Struct.new(:name, :path, :title, :connections, :targets, :cpu_targets, :database, keyword_init: true)
+    Scenario = Struct.new(:name, :path, :title, :connections, :targets, :cpu_targets, :database, :headers, keyword_init: true)
     # `start` takes a port and returns a ServerProcess; `gc_socket`, given a port, where NeverBlock answers its allocations.
     Server = Struct.new(:name, :label, :start, :scenarios, :gc_socket, keyword_init: true)
     # The columns of each scenario's printed table (all are in the CSV).
@@ -69,6 +73,10 @@ module NeverBlockBench
     def scenarios
       [Scenario.new(name: "hello", path: "/", title: "Hello world, keep-alive", connections: @options[:connections],
                     targets: { "puma" => 1.2, "falcon" => 2.0, "thin" => 1.0 }, cpu_targets: { "puma" => 0.5, "iodine" => 1.5 }),
+       # As a proxy that opens a connection per request sends them (nginx's
+       # default to its upstreams, HTTP/1.0): the server's per-connection work.
+       Scenario.new(name: "hello_close", path: "/", title: "Hello world, a connection per request (Connection: close)",
+                    connections: CLOSE_CONNECTIONS, targets: {}, cpu_targets: {}, headers: ["Connection: close"]),
        Scenario.new(name: "sleep", path: "/sleep", title: "IO-bound: sleep 0.01", connections: @options[:io_connections],
                     targets: { "puma" => 10.0, "falcon" => 1.2 }, cpu_targets: {}),
        Scenario.new(name: "pg", path: "/pg", title: "IO-bound: select pg_sleep(0.01) through a pool", connections: @options[:io_connections],
@@ -78,7 +86,7 @@ module NeverBlockBench
 
     def servers
       pool = @options[:db_pool]
-      all = %w[hello sleep pg]
+      all = %w[hello hello_close sleep pg]
       io_threads = @options[:puma_io_threads]
       v = PeerServers.locked_versions
       gc_socket = ->(port) { File.join(scratch, "neverblock-#{port}-gc.sock") }
@@ -112,7 +120,7 @@ module NeverBlockBench
        Server.new(name: "thin", label: "Thin #{v['thin']} (eventmachine #{v['eventmachine']})", scenarios: %w[hello],
                   start: ->(port) { peer.call("thin", port, *%W[start --address 127.0.0.1 --port #{port} --rackup #{APP} --environment production --quiet]) }),
        # iodine (C): one worker, one thread for the app.
-       Server.new(name: "iodine", label: "iodine #{v['iodine']} (-w 1 -t 1)", scenarios: %w[hello],
+       Server.new(name: "iodine", label: "iodine #{v['iodine']} (-w 1 -t 1)", scenarios: %w[hello hello_close],
                   start: ->(port) { peer.call("iodine", port, *%W[-b 127.0.0.1 -p #{port} -w 1 -t 1 #{APP}]) }),
        # agoo (C): one worker; the app on the thread that started it, HTTP on agoo's C threads.
        Server.new(name: "agoo", label: "agoo #{v['agoo']} (-w 1, the app on one thread)", scenarios: %w[hello],
@@ -160,9 +168,10 @@ module NeverBlockBench
         gc_socket = server.gc_socket&.call(port)
         cells.each do |cell|
           url = "http://127.0.0.1:#{port}#{cell[:scenario].path}"
-          Wrk.run(url, connections: cell[:scenario].connections, duration: @options[:warmup]) if @options[:warmup].positive?
+          Wrk.run(url, connections: cell[:scenario].connections, duration: @options[:warmup], headers: cell[:scenario].headers || []) if @options[:warmup].positive?
           allocated_before = gc_socket && GcProbe.read(gc_socket)
-          result = Wrk.run(url, connections: cell[:scenario].connections, duration: @options[:duration], pid: process.pid)
+          result = Wrk.run(url, connections: cell[:scenario].connections, duration: @options[:duration], pid: process.pid,
+                           headers: cell[:scenario].headers || [])
           cell.runs << result
           allocated = gc_socket && GcProbe.read(gc_socket)
           cell.cpu << result.cpu * 1e6 / result.requests if result.requests.positive?

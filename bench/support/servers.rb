@@ -284,9 +284,10 @@ module NeverBlockBench
 
     # `wrk -t1 -cN -dXs --timeout Ts --latency [-s script] url`; with `pid`, the
     # result's `cpu` is the CPU seconds of that session ({ProcessCpu}) over the run.
-    def run(url, connections:, duration:, timeout: 10, script: nil, pid: nil)
+    def run(url, connections:, duration:, timeout: 10, script: nil, pid: nil, headers: [])
       command = ["wrk", "-t1", "-c#{connections}", "-d#{duration.ceil}s", "--timeout", "#{timeout.ceil}s", "--latency"]
       command += ["-s", script] if script
+      headers.each { |header| command += ["-H", header] } # "Name: value" (wrk needs the space)
       cpu = ProcessCpu.session_seconds(pid) if pid
       output, status = Open3.capture2e(*command, url)
       cpu = ProcessCpu.session_seconds(pid) - cpu if pid

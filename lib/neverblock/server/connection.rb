@@ -415,18 +415,18 @@ module NeverBlock
         }.tap { |env| env[EARLY_HINTS] = method(:early_hints) if @context.early_hints }
       end
 
-      # (Socket.unpack_sockaddr_in, not an Addrinfo's ip_address: half the
-      # CPU, twice per connection, which counts when thousands open at once.)
+      # (PeerAddress, not an Addrinfo: on Ruby 3.3+ each getnameinfo starts
+      # a thread.)
       def remote_addr
         return "127.0.0.1" if @listener.unix?
 
-        -Socket.unpack_sockaddr_in(@socket.to_io.getpeername)[1] # interned: idle connections share it
+        -PeerAddress.remote(@socket) # interned: idle connections share it
       rescue SystemCallError, ArgumentError
         ""
       end
 
       def local_host
-        host = Socket.unpack_sockaddr_in(@socket.to_io.getsockname)[1]
+        host = PeerAddress.local(@socket)
         -(host.include?(":") ? "[#{host}]" : host)
       rescue SystemCallError, ArgumentError
         "localhost"

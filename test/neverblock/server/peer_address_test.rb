@@ -1,0 +1,68 @@
+# frozen_string_literal: true
+
+require_relative "server_helper"
+
+# REMOTE_ADDR and the default SERVER_NAME come from the kernel's sockaddr,
+# formatted as inet_ntop(3) does, without getnameinfo(3): Ruby 3.3 and
+# later run each getnameinfo on a thread of its own (some 50 µs), twice for
+# every connection accepted.
+class ServerPeerAddressTest < PlainTest
+  include ServerHelper
+
+  PeerAddress = NeverBlock::Server::PeerAddress
+
+  ADDRESSES = %w[127.0.0.1 10.1.2.3 0.0.0.0 255.255.255.255 ::1 :: 1:: ::ffff:127.0.0.1 ::7f00:1
+                 2001:db8::1:0:0:1 2001:db8:0:0:1:0:0:1 fe80::1 1:2:3:4:5:6:7:8 1:0:0:2:0:0:0:3].freeze
+
+  def test_an_address_reads_as_getnameinfo_writes_it
+    ADDRESSES.each do |address|
+      sockaddr = Socket.sockaddr_in(80, address)
+      assert_equal Addrinfo.new(sockaddr).ip_address, PeerAddress.ip(sockaddr), address
+    end
+  end
+
+  def test_ipv6_addresses_with_runs_of_zeros_read_as_getnameinfo_writes_them
+    random = Random.new(42)
+    2000.times do
+      address = Array.new(8) { [0, 0, 0, 1, 0xffff, random.rand(65_536)].sample(random: random).to_s(16) }.join(":")
+      sockaddr = Socket.sockaddr_in(80, address)
+      assert_equal Addrinfo.new(sockaddr).ip_address, PeerAddress.ip(sockaddr), address
+    end
+  end
+
+  def test_another_kind_of_address_is_refused
+    error = assert_raises(ArgumentError) { PeerAddress.ip(Socket.sockaddr_un("/tmp/x")) }
+    assert_match(/not an IPv4 or IPv6/, error.message)
+  end
+
+  def test_reading_a_connections_addresses_costs_microseconds
+    server = TCPServer.new("127.0.0.1", 0)
+    client = TCPSocket.new("127.0.0.1", server.addr[1])
+    accepted = server.accept
+    started = Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID)
+    1000.times { PeerAddress.remote(accepted) && PeerAddress.local(accepted) }
+    cpu = Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID) - started
+    # A thread per getnameinfo (Ruby 3.3+) took 100 ms and more here; the
+    # sockaddr read and formatted takes a few.
+    assert_operator cpu, :<, 0.05, "CPU seconds for 1,000 connections' two addresses"
+    assert_equal [client.local_address.ip_address, "127.0.0.1"], [PeerAddress.remote(accepted), PeerAddress.local(accepted)]
+  ensure
+    [client, accepted, server].each { |io| io&.close }
+  end
+
+  def test_the_server_gives_the_app_both_addresses_over_ipv6
+    app = ->(env) { [200, { "content-type" => "text/plain" }, ["#{env['REMOTE_ADDR']} #{env['SERVER_NAME']}"]] }
+    server = NeverBlock::Server.new(app, bind: ["tcp://[::1]:0"], workers: 0)
+    port = Integer(server.bound_addresses.first[/\d+\z/])
+    thread = Thread.new { server.run }
+    socket = Socket.tcp("::1", port)
+    socket.write("GET / HTTP/1.0\r\n\r\n")
+    assert_equal "::1 [::1]", socket.read.split("\r\n\r\n", 2).last
+  rescue Errno::EADDRNOTAVAIL, Errno::EAFNOSUPPORT => e
+    skip "no IPv6 loopback here: #{e.message}"
+  ensure
+    socket&.close
+    server&.stop
+    thread&.join(10)
+  end
+end
