@@ -19,22 +19,26 @@ module NeverBlock
     # What stays Rails': the chunk is queued as before while the server has
     # not reached the body yet (a write before the action returned its
     # headers), while chunks queued before are still being written (they go
-    # first), and when the write comes from a thread other than the loop's (a
-    # thread the action started); Rails' `write` around it (the commit of the
-    # headers, `ClientDisconnected`, `ignore_disconnect`) runs unchanged.
-    # Writers are serialised, so that two fibers writing at once cannot
-    # interleave two chunks' bytes. Back-pressure is the socket's: a writer
-    # waits while the client does not read, where Rails' queue held ten
-    # chunks before it made the writer wait.
+    # first), and when the writer is not one of the request's own tasks (a
+    # thread the action started, another request broadcasting to this
+    # stream, which must not wait on this client); Rails' `write` around it
+    # (the commit of the headers, `ClientDisconnected`, `ignore_disconnect`)
+    # runs unchanged. Writers are serialised, so that two fibers writing at
+    # once cannot interleave two chunks' bytes, and the body's end waits for
+    # a write under way. Back-pressure is the socket's: a writer waits while
+    # the client does not read, where Rails' queue held ten chunks before it
+    # made the writer wait.
     #
-    # A write that finds the client gone (or times out) ends the stream as
-    # the server's own write would: the stream is aborted, so that Rails'
-    # `write` raises ActionController::Live::ClientDisconnected in the
-    # action, and the server's fiber gets the same error, which ends the
-    # request (logged 499, its tasks cancelled). Any other error in such a
-    # write (the writing fiber cancelled mid-chunk) is raised in the writer
-    # and also ends the server's writing of the body: a chunk may have been
-    # cut, so the connection closes.
+    # A direct write that fails ends the stream as the server's own write
+    # would: the stream is aborted, so that Rails' `write` raises
+    # ActionController::Live::ClientDisconnected in the action (or drops
+    # what follows, under `ignore_disconnect`), and the server's fiber gets
+    # the error: the client gone or not reading (logged 499, or its status
+    # at `write_timeout`), or what a middleware's body raised (logged as the
+    # app's error). When the writing fiber itself is interrupted part-way
+    # through a chunk (its task cancelled, a timeout around the write), the
+    # interruption is raised in it, and the server's fiber gets a
+    # {WriteInterrupted}: the chunk was cut, so the connection closes.
     module LiveWrites
       # A direct write stopped part-way through a chunk by its own fiber's
       # interruption (a cancel, a timeout around the write): the response
