@@ -92,14 +92,21 @@ module NeverBlock
               # or taken a queued chunk, while this fiber waited)
               return write_through(chunk) if direct?
             end
+            return self if @failure # another writer's write failed meanwhile
           end
           super
+        rescue ClosedQueueError
+          # A failure closed the queue while this push waited for room (Rails
+          # 7.2 never closes it, and its write would not expect this).
+          raise unless @failure
+
+          self
         end
         alias << push
         alias enq push
 
         # Rails' each_chunk takes chunks with this (the server's fiber).
-        def pop(*)
+        def pop(*args, **options)
           chunk = super
           @popped += 1 if chunk
           chunk
@@ -172,8 +179,12 @@ module NeverBlock
           close
         end
 
+        # What stops this fiber rather than the write: a cancel, a timeout
+        # around the write (NeverBlock.timeout's is a RuntimeError inside
+        # its block), a signal, an exit.
         def interruption?(error)
-          !error.is_a?(StandardError) || error.is_a?(Cancelled) || error.is_a?(Timeout::Error)
+          !error.is_a?(StandardError) || error.is_a?(Cancelled) || error.is_a?(Timeout::Error) ||
+            error.is_a?(TimeoutError::Expired)
         end
 
         def interrupted_by(error)

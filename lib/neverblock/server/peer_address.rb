@@ -18,8 +18,14 @@ module NeverBlock
     #
     # The address sits at the same offset in a `sockaddr_in` (16 bytes) and a
     # `sockaddr_in6` (28 bytes) on Linux and on the BSDs, whose family field
-    # differs: the size says which it is.
+    # differs. A link-local peer's scope zone, which getnameinfo appended
+    # (`fe80::1%eth0`), is left out.
     module PeerAddress
+      # The first two bytes of each kind of sockaddr: the family (Linux),
+      # or the length and the family (the BSDs).
+      INET = Socket.sockaddr_in(0, "0.0.0.0").byteslice(0, 2)
+      INET6 = Socket.sockaddr_in(0, "::").byteslice(0, 2)
+
       module_function
 
       # @param socket [BasicSocket] a connected TCP socket (or what wraps
@@ -41,9 +47,9 @@ module NeverBlock
       # @return [String] its address as inet_ntop(3) writes it.
       # @raise [ArgumentError] for another kind of address.
       def ip(sockaddr)
-        case sockaddr.bytesize
-        when 16 then ipv4(sockaddr, 4)
-        when 28 then ipv6(sockaddr)
+        family = sockaddr.byteslice(0, 2)
+        if sockaddr.bytesize == 16 && family == INET then ipv4(sockaddr, 4)
+        elsif sockaddr.bytesize == 28 && family == INET6 then ipv6(sockaddr)
         else raise ArgumentError, "not an IPv4 or IPv6 socket address (#{sockaddr.bytesize} bytes)"
         end
       end

@@ -72,6 +72,55 @@ class LiveWritesQueueTest < PlainTest
     end
   end
 
+  # A timeout around a write that waits for a slow client is the writer's
+  # (NeverBlock.timeout raises a RuntimeError inside its block): it gets
+  # its TimeoutError, not ClientDisconnected, and the consumer a
+  # WriteInterrupted.
+  def test_a_timeout_around_a_direct_write_is_the_writers
+    NeverBlock.run do
+      response = live_response
+      stream = response.stream
+      LiveWrites.enable(stream, NeverBlock.current_task)
+      gate = Thread::Queue.new
+      consumer = NeverBlock.spawn { response.each { |chunk| gate.pop if chunk == "slow\n" } }
+      sleep 0.05
+      writer = NeverBlock.spawn { NeverBlock.timeout(0.1) { stream.write("slow\n") } }
+      assert_raises(NeverBlock::TimeoutError) { writer.value }
+      error = NeverBlock.timeout(5) { assert_raises(LiveWrites::WriteInterrupted) { consumer.value } }
+      assert_kind_of NeverBlock::TimeoutError::Expired, error.cause
+    end
+  end
+
+  # A writer waiting for another's direct write when that one fails finds
+  # the stream aborted: under ignore_disconnect its write is dropped, as
+  # Rails drops it, not a ClosedQueueError from the closed queue.
+  def test_a_write_waiting_behind_a_failed_one_is_dropped_under_ignore_disconnect
+    NeverBlock.run do
+      response = live_response
+      stream = response.stream
+      LiveWrites.enable(stream, NeverBlock.current_task)
+      stream.ignore_disconnect = true
+      gate = Thread::Queue.new
+      consumer = NeverBlock.spawn do
+        response.each do |chunk|
+          next unless chunk == "first\n"
+
+          gate.pop
+          raise TimedOut, "write timed out"
+        end
+      end
+      sleep 0.05
+      first = NeverBlock.spawn { stream.write("first\n") }
+      second = NeverBlock.spawn { stream.write("second\n") }
+      sleep 0.05
+      gate << :fail
+      first.value # (raises what the write raised)
+      second.value
+      refute stream.connected?
+      NeverBlock.timeout(5) { assert_raises(TimedOut) { consumer.value } }
+    end
+  end
+
   private
 
   def live_response
