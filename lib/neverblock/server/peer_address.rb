@@ -7,8 +7,9 @@ module NeverBlock
     # A connected socket's addresses as text (REMOTE_ADDR, the default
     # SERVER_NAME), read from the kernel's `sockaddr` without getnameinfo(3).
     #
-    # Ruby 3.3 and later run every getnameinfo, numeric or not, on a thread
-    # of its own so that it can be interrupted: `Addrinfo#ip_address`,
+    # Ruby 3.3 and later, as most builds have it, run every getnameinfo,
+    # numeric or not, on a thread of its own so that it can be interrupted:
+    # `Addrinfo#ip_address`,
     # `Socket.unpack_sockaddr_in` and `#peeraddr` each start and join a
     # native thread, some 50 µs of CPU, where formatting four bytes takes
     # well under one. A server that read both addresses that way paid about
