@@ -73,6 +73,19 @@ module TestSupport
     flunk "the stream ended before #{text.inspect}: #{received.inspect}"
   end
 
+  # What `socket` sent until the peer closed it (raises when a read waits
+  # `timeout` seconds).
+  def read_all(socket, timeout: 10)
+    data = +""
+    loop do
+      raise "no EOF within #{timeout} s; got #{data.inspect}" unless socket.wait_readable(timeout)
+
+      data << socket.readpartial(65_536)
+    end
+  rescue EOFError, Errno::ECONNRESET
+    data
+  end
+
   # What a failed #eventually adds to its message; "" unless a class says.
   def failure_context = ""
 

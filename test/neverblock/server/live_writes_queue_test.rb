@@ -22,10 +22,7 @@ class LiveWritesQueueTest < PlainTest
   # disconnects and goes on writing (Rails 7.2's abort leaves its queue
   # open: the server's fiber would wait until the action closed the stream).
   def test_a_failed_direct_write_wakes_the_consumer_though_the_action_ignores_disconnects
-    NeverBlock.run do
-      response = live_response
-      stream = response.stream
-      LiveWrites.enable(stream, NeverBlock.current_task)
+    on_a_loop do |response, stream|
       stream.ignore_disconnect = true
       taken = 0
       consumer = NeverBlock.spawn do
@@ -54,10 +51,7 @@ class LiveWritesQueueTest < PlainTest
   # its Cancelled; the consumer gets a WriteInterrupted (never the
   # writer's Cancelled, which would read as its own).
   def test_a_direct_write_interrupted_in_its_fiber_ends_the_consumer_with_write_interrupted
-    NeverBlock.run do
-      response = live_response
-      stream = response.stream
-      LiveWrites.enable(stream, NeverBlock.current_task)
+    on_a_loop do |response, stream|
       gate = Thread::Queue.new
       consumer = NeverBlock.spawn { response.each { |chunk| gate.pop if chunk == "slow\n" } }
       stream.write("first\n") # queued, or straight through: the consumer may not be in `each` yet
@@ -77,10 +71,7 @@ class LiveWritesQueueTest < PlainTest
   # its TimeoutError, not ClientDisconnected, and the consumer a
   # WriteInterrupted.
   def test_a_timeout_around_a_direct_write_is_the_writers
-    NeverBlock.run do
-      response = live_response
-      stream = response.stream
-      LiveWrites.enable(stream, NeverBlock.current_task)
+    on_a_loop do |response, stream|
       gate = Thread::Queue.new
       consumer = NeverBlock.spawn { response.each { |chunk| gate.pop if chunk == "slow\n" } }
       sleep 0.05
@@ -95,10 +86,7 @@ class LiveWritesQueueTest < PlainTest
   # the stream aborted: under ignore_disconnect its write is dropped, as
   # Rails drops it, not a ClosedQueueError from the closed queue.
   def test_a_write_waiting_behind_a_failed_one_is_dropped_under_ignore_disconnect
-    NeverBlock.run do
-      response = live_response
-      stream = response.stream
-      LiveWrites.enable(stream, NeverBlock.current_task)
+    on_a_loop do |response, stream|
       stream.ignore_disconnect = true
       gate = Thread::Queue.new
       consumer = NeverBlock.spawn do
@@ -123,9 +111,14 @@ class LiveWritesQueueTest < PlainTest
 
   private
 
-  def live_response
-    response = ActionController::Live::Response.new
-    response.request = ActionDispatch::Request.new(Rack::MockRequest.env_for("/"))
-    response
+  # Yields, on a loop, a Live response and its stream, whose writes from
+  # the loop's tasks go straight to the consumer.
+  def on_a_loop
+    NeverBlock.run do
+      response = ActionController::Live::Response.new
+      response.request = ActionDispatch::Request.new(Rack::MockRequest.env_for("/"))
+      LiveWrites.enable(response.stream, NeverBlock.current_task)
+      yield response, response.stream
+    end
   end
 end

@@ -1,7 +1,7 @@
 # frozen_string_literal: true
 
 require_relative "../../test_helper"
-require_relative "../../support/serve_processes"
+require_relative "../../support/live_app"
 require "json"
 require "socket"
 
@@ -12,9 +12,8 @@ require "socket"
 # that come without NeverBlock's env key (as under another server) get
 # Rails' own thread.
 class ServerRailsLiveTest < PlainTest
-  include ServeProcesses
+  include LiveApp
 
-  FIXTURE = File.expand_path("../../fixtures/server/live_app", __dir__)
   STREAMS = 200
 
   def test_a_live_action_runs_on_the_loop_as_a_child_of_its_request_and_sees_its_locals
@@ -95,18 +94,6 @@ class ServerRailsLiveTest < PlainTest
   end
 
   private
-
-  # `quiet`: Rails logs warnings only (the test does not read the log).
-  def serve_live(*args, quiet: false)
-    env = { "RAILS_ENV" => "production", "LIVE_LOG_LEVEL" => quiet ? "warn" : "info" }
-    serve("config.ru", "-E", "production", "-w", "0", *args, env: env, chdir: FIXTURE, timeout: 60)
-  end
-
-  def open_stream(server, path)
-    socket = TCPSocket.new("127.0.0.1", server[:port])
-    socket.write("GET #{path} HTTP/1.1\r\nHost: localhost\r\n\r\n")
-    socket
-  end
 
   # The JSON of the first server-sent event of `path`.
   def first_event(server, path)

@@ -1,7 +1,7 @@
 # frozen_string_literal: true
 
 require_relative "../../test_helper"
-require_relative "../../support/serve_processes"
+require_relative "../../support/live_app"
 require "socket"
 
 # A Live action's writes under `neverblock serve` (test/fixtures/server/live_app)
@@ -10,9 +10,8 @@ require "socket"
 # thread) never cut into each other's events; a client that hangs up ends
 # the stream with Rails' ClientDisconnected in the action and a 499.
 class ServerRailsLiveWritesTest < PlainTest
-  include ServeProcesses
+  include LiveApp
 
-  FIXTURE = File.expand_path("../../fixtures/server/live_app", __dir__)
 
   def test_events_written_back_to_back_wake_no_other_fiber
     server = serve_live(quiet: true)
@@ -78,7 +77,7 @@ class ServerRailsLiveWritesTest < PlainTest
     server = serve_live
     socket = open_stream(server, "/cancel_writer")
     sleep 1.5
-    received = read_to_eof(socket)
+    received = read_all(socket, timeout: 30)
     refute_includes received, "0\r\n\r\n", "a cut response must not look whole"
     # The action's next write finds the stream aborted, or the request's end
     # (the server's writing failed) cancels the action first.
@@ -103,7 +102,7 @@ class ServerRailsLiveWritesTest < PlainTest
   def test_a_middleware_that_refuses_a_chunk_ends_the_stream_and_is_logged_once
     server = serve_live
     socket = open_stream(server, "/refused_chunk")
-    received = read_to_eof(socket)
+    received = read_all(socket, timeout: 30)
     assert_includes received, "fine\n"
     refute_includes received, "bad\n"
     ended = wait_for_line(server, /refused_chunk ended by \S+/, timeout: 30)
@@ -130,28 +129,6 @@ class ServerRailsLiveWritesTest < PlainTest
   end
 
   private
-
-  def read_to_eof(socket, timeout: 30)
-    received = +""
-    deadline = now + timeout
-    loop do
-      socket.wait_readable([deadline - now, 0].max) or flunk "the connection stayed open: #{received[-200..].inspect}"
-      received << socket.readpartial(65_536)
-    end
-  rescue EOFError, Errno::ECONNRESET
-    received
-  end
-
-  def serve_live(*args, quiet: false)
-    env = { "RAILS_ENV" => "production", "LIVE_LOG_LEVEL" => quiet ? "warn" : "info" }
-    serve("config.ru", "-E", "production", "-w", "0", *args, env: env, chdir: FIXTURE, timeout: 60)
-  end
-
-  def open_stream(server, path)
-    socket = TCPSocket.new("127.0.0.1", server[:port])
-    socket.write("GET #{path} HTTP/1.1\r\nHost: localhost\r\n\r\n")
-    socket
-  end
 
   # The body of a chunked response (headers dropped, chunks joined).
   def chunked_body(response)

@@ -60,17 +60,6 @@ module ServerHelper
     socket&.close
   end
 
-  def read_all(socket, timeout: 10)
-    data = +""
-    loop do
-      raise "no EOF within #{timeout} s; got #{data.inspect}" unless socket.wait_readable(timeout)
-
-      data << socket.readpartial(65_536)
-    end
-  rescue EOFError, Errno::ECONNRESET
-    data
-  end
-
   # Reads one response: [status, headers (lowercase keys), body (de-chunked)].
   def read_response(socket, head: false, timeout: 10)
     Timeout.timeout(timeout) do
