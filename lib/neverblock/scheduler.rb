@@ -149,6 +149,7 @@ module NeverBlock
       @token = 0
       @tasks = {}.compare_by_identity # live tasks => true
       @io_waiting = 0 # fibers waiting in the selector
+      @io_behind_since = nil # when the selector's calls began to come back full (#io_late)
 
       # IOHooks' own (an IO wait's timeout allocates no closure either).
       @io_expire_callback = ->(fiber) { fiber.transfer(false) }
@@ -388,6 +389,18 @@ module NeverBlock
     end
 
     # @api private
+    # @return [Float] seconds since the selector's calls began to come back
+    #   full ({SELECT_BATCH} descriptors ready or more, each call since),
+    #   0.0 when the last one was not: how long ready descriptors have been
+    #   waiting for turns. A descriptor ready beyond a call's batch waits
+    #   for the next turn, and the next, as long as more are ready than a
+    #   turn takes: a loop relaying a thousand upstream streams reads each
+    #   a second late while all its timers are on time.
+    def io_late
+      @io_behind_since ? Clock.now - @io_behind_since : 0.0
+    end
+
+    # @api private
     # Schedules `callable.call(argument)` on this loop in `seconds`; call it
     # on the loop's thread only (from one of its fibers or callbacks).
     # @return [Timers::Timer, nil] nil for an infinite delay (it never fires).
@@ -620,12 +633,21 @@ module NeverBlock
       # it. A fiber in a plain `sleep` makes it none: as a thread's `sleep`,
       # it waits for a signal (the selector waits, as for IO).
       if interval.nil? && @io_waiting.zero? && @sleeping_forever.zero?
+        @io_behind_since = nil
         @wakeup.park(@stall_detector)
+      elsif @selector.select(interval).to_i >= SELECT_BATCH
+        @io_behind_since ||= Clock.now
       else
-        @selector.select(interval)
+        @io_behind_since = nil
       end
       @timers.fire
     end
+
+    # The most descriptors one call of io-event's EPoll selector reports
+    # (its EPOLL_MAX_EVENTS): a call that reports as many has left others
+    # ready for the next turn (see #io_late).
+    SELECT_BATCH = 64
+    private_constant :SELECT_BATCH
 
     # Runs what was ready when the turn began; what becomes ready meanwhile
     # waits for the next turn. Two arrays take turns (a nested loop, run

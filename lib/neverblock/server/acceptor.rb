@@ -295,14 +295,14 @@ module NeverBlock
       # room (left in a full accept queue, a herd of 10,000 had 30,000 SYNs
       # dropped, each client waiting a second or more to send it again), and
       # starts what it holds BATCH a turn, or fewer after a long turn, or one
-      # while the loop is saturated and its timers late ({StartPace}), taking
+      # while the loop is saturated and late ({StartPace}), taking
       # in what arrived meanwhile each time. At a stop
       # it starts all it holds (each is answered with `connection: close`);
       # if it is cancelled, it closes them.
       def start_held(listener)
         held = []
         since = [] # when each was taken in
-        pace = StartPace.new # this backlog's
+        pace = StartPace.new(in_flight: @context.method(:requests_in_flight)) # this backlog's
         loop do
           now = Clock.now
           while !@context.stopping? && room_for_connection?(held.size) && (socket = accept_now(listener))

@@ -2,8 +2,11 @@
 
 require_relative "../../test_helper"
 require "neverblock/server"
+require_relative "../../support/ready_descriptors"
 
 class ServerStartPaceTest < PlainTest
+  include ReadyDescriptors
+
   def test_a_whole_batch_while_turns_are_short
     pace = NeverBlock::Server::StartPace.new(batch: 64, turn: 0.025)
     assert_equal 64, pace.after(0.0)
@@ -63,5 +66,33 @@ class ServerStartPaceTest < PlainTest
     assert_equal 64, pace.after(0.01, 0.01, 0.01)  # 100 %: 55 % on average
     assert_equal 64, pace.after(0.01, 0.01, 0.01)  # 78 %
     assert_equal 1, pace.after(0.01, 0.01, 0.01)   # 89 %
+  end
+
+  # Streams relayed from an upstream: the loop's work comes from IO, its
+  # timers are few and on time, and its descriptors are left ready from one
+  # turn to the next (Scheduler#io_late), with as many requests in flight
+  # as streams open. That is as late as late timers.
+  def test_one_a_turn_while_descriptors_stay_ready_with_requests_in_flight
+    counts = turns_beside_ready_descriptors(in_flight: 100)
+    assert_equal [1] * 5, counts.last(5), "descriptors left ready turn after turn: #{counts.inspect}"
+  end
+
+  # A herd of keep-alive clients: descriptors left ready too (their next
+  # requests), but few requests in flight, each answered as it is read.
+  def test_descriptors_left_ready_with_few_requests_in_flight_take_whole_batches
+    counts = turns_beside_ready_descriptors(in_flight: 3)
+    refute_includes counts, 1, "a herd of short requests was taken for streams: #{counts.inspect}"
+  end
+
+  private
+
+  def turns_beside_ready_descriptors(in_flight:)
+    counts = nil
+    NeverBlock.run do
+      # (busy: a low bar, for a loaded machine; the CPU share is tested above)
+      pace = NeverBlock::Server::StartPace.new(busy: 0.3, in_flight: -> { in_flight })
+      with_ready_fibers(100) { counts = Array.new(20) { pace.turn(Fiber.scheduler) } }
+    end
+    counts
   end
 end

@@ -1,0 +1,44 @@
+# frozen_string_literal: true
+
+require "socket"
+require "io/wait"
+
+# A loop kept busy by IO: more descriptors ready at once than one selector
+# call reports (64 on epoll), as a server relaying a thousand upstream
+# streams has, for Scheduler#io_late and StartPace.
+module ReadyDescriptors
+  # Runs the block, on the loop, beside `count` fibers that each wait on a
+  # socket that stays readable (a byte never read) and spend 50 µs of CPU at
+  # each wake-up, until the block ends.
+  def with_ready_fibers(count)
+    skip_livelocking_uring if count > 64
+    pairs = Array.new(count) { UNIXSocket.pair }
+    pairs.each { |_, writer| writer.write("x") }
+    stop = false
+    fibers = pairs.map do |reader, _|
+      NeverBlock.spawn do
+        until stop
+          reader.wait_readable
+          spin_until = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 0.00005
+          nil while Process.clock_gettime(Process::CLOCK_MONOTONIC) < spin_until
+        end
+      end
+    end
+    yield
+  ensure
+    stop = true
+    fibers&.each(&:wait)
+    pairs&.flatten&.each(&:close)
+  end
+
+  # io-event 1.11.2's io_uring selector (the newest for Ruby 3.1) never
+  # returns from a call while a hundred fibers wait on descriptors that are
+  # always ready: each wait it submits completes before the call has taken
+  # the completions in, and the call takes those too. 1.22.3 returns.
+  def skip_livelocking_uring
+    return unless NeverBlock::Selector.resolve.name.end_with?("URing")
+    return if Gem::Version.new(IO::Event::VERSION) >= Gem::Version.new("1.22")
+
+    skip "io-event #{IO::Event::VERSION}'s io_uring selector livelocks with descriptors always ready"
+  end
+end
