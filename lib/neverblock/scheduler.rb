@@ -645,7 +645,9 @@ module NeverBlock
 
     # The most descriptors one call of io-event's EPoll selector reports
     # (its EPOLL_MAX_EVENTS): a call that reports as many has left others
-    # ready for the next turn (see #io_late).
+    # ready for the next turn (see #io_late). The select and io_uring
+    # selectors take all that are ready in one call: as many there is a
+    # turn as loaded with IO.
     SELECT_BATCH = 64
     private_constant :SELECT_BATCH
 
