@@ -126,6 +126,9 @@ module NeverBlock
       NeverBlock.validate_timeout!(stall_threshold, :stall_threshold) if stall_threshold
       @pid = Process.pid
       @selector_class = Selector.resolve(selector)
+      # What a selector call reports when it leaves descriptors ready for the
+      # next turn (#io_late); nil for selectors that take all that are ready.
+      @select_full = SELECT_BATCH[@selector_class.name.split("::").last]
       @timers = Timers.new
       # Shared timer callbacks: a sleep or a lock timeout (BlockingHooks)
       # allocates no closure.
@@ -389,13 +392,16 @@ module NeverBlock
     end
 
     # @api private
-    # @return [Float] seconds since the selector's calls began to come back
-    #   full ({SELECT_BATCH} descriptors ready or more, each call since),
-    #   0.0 when the last one was not: how long ready descriptors have been
-    #   waiting for turns. A descriptor ready beyond a call's batch waits
-    #   for the next turn, and the next, as long as more are ready than a
-    #   turn takes: a loop relaying a thousand upstream streams reads each
-    #   a second late while all its timers are on time.
+    # @return [Float] the age of the run of full selector calls the last one
+    #   belongs to ({SELECT_BATCH}: each reported as many descriptors as a
+    #   call takes, and left others ready for the next turn), 0.0 when the
+    #   last call was not full, and always with the select and io_uring
+    #   selectors, which take every ready descriptor in one call. While
+    #   calls come back full, more descriptors are ready than a turn takes,
+    #   and each waits a turn or more for its fiber to run: a loop relaying a
+    #   thousand upstream streams reads each a second late while all its
+    #   timers are on time. The age says how long that has lasted, not how
+    #   long any one descriptor waited.
     def io_late
       @io_behind_since ? Clock.now - @io_behind_since : 0.0
     end
@@ -635,7 +641,7 @@ module NeverBlock
       if interval.nil? && @io_waiting.zero? && @sleeping_forever.zero?
         @io_behind_since = nil
         @wakeup.park(@stall_detector)
-      elsif @selector.select(interval).to_i >= SELECT_BATCH
+      elsif (count = @selector.select(interval)) && @select_full && count.to_i >= @select_full
         @io_behind_since ||= Clock.now
       else
         @io_behind_since = nil
@@ -643,12 +649,12 @@ module NeverBlock
       @timers.fire
     end
 
-    # The most descriptors one call of io-event's EPoll selector reports
-    # (its EPOLL_MAX_EVENTS): a call that reports as many has left others
-    # ready for the next turn (see #io_late). The select and io_uring
-    # selectors take all that are ready in one call: as many there is a
-    # turn as loaded with IO.
-    SELECT_BATCH = 64
+    # The most events one call of io-event's EPoll and KQueue selectors
+    # reports (their EPOLL_MAX_EVENTS and KQUEUE_MAX_EVENTS): a call that
+    # reports as many has left others ready for the next turn (see
+    # #io_late). Its io_uring and select selectors take all that are ready,
+    # every completion and wake-up included.
+    SELECT_BATCH = { "EPoll" => 64, "KQueue" => 64 }.freeze
     private_constant :SELECT_BATCH
 
     # Runs what was ready when the turn began; what becomes ready meanwhile

@@ -302,7 +302,7 @@ module NeverBlock
       def start_held(listener)
         held = []
         since = [] # when each was taken in
-        pace = StartPace.new(in_flight: @context.method(:requests_in_flight)) # this backlog's
+        pace = StartPace.new(streams: @context.method(:streams_open)) # this backlog's
         loop do
           now = Clock.now
           while !@context.stopping? && room_for_connection?(held.size) && (socket = accept_now(listener))

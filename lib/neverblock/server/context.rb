@@ -70,6 +70,11 @@ module NeverBlock
       # @return [Integer] requests started since the server started.
       attr_reader :requests_total
 
+      # @return [Integer] streamed responses being written (a body the
+      #   server writes while the app still works: an event stream, a Live
+      #   action's, a relay's), read by {StartPace}.
+      attr_reader :streams_open
+
       # @return [HangupWatch, nil] cancels requests whose client hung up
       #   (nil when `cancel_on_hangup` is off).
       attr_reader :hangup_watch
@@ -117,6 +122,7 @@ module NeverBlock
         @read_buffer = String.new(capacity: Connection::READ_SIZE, encoding: Encoding::BINARY)
         @requests_in_flight = 0
         @requests_total = 0
+        @streams_open = 0
         @requests_timed_out = 0
         @requests_hung_up = 0
         @hangup_log = HangupLog.new
@@ -145,6 +151,18 @@ module NeverBlock
       # @return [void]
       def request_finished
         @requests_in_flight -= 1
+      end
+
+      # A streamed response's body begins to be written.
+      # @return [void]
+      def stream_started
+        @streams_open += 1
+      end
+
+      # ... and is written, or given up on.
+      # @return [void]
+      def stream_ended
+        @streams_open -= 1
       end
 
       # The request spans' maker, made at the first request (a worker loads

@@ -15,7 +15,9 @@ module NeverBlock
       # `connections` are open ones (at most `max_connections`), of which
       # `idle_connections` wait for their next request's first bytes;
       # `requests_in_flight` are in the app or having their response
-      # written; `requests_timed_out` outlived `request_timeout`;
+      # written, `streams_open` of them having a streamed body written (an
+      # event stream, a Live action's); `requests_timed_out` outlived
+      # `request_timeout`;
       # `requests_hung_up` were cancelled as their client hung up ({HangupWatch});
       # `handed_off` counts the connections this worker moved to a less busy
       # sibling ({Handoff});
@@ -26,7 +28,7 @@ module NeverBlock
       # disabled); and `connection_fibers` is {FiberPool#stats} of the
       # connections' fibers. The last keys are {RailsIntegration.server_stats}.
       # @return [Hash] `{pid:, worker:, connections:, idle_connections:,
-      #   requests_in_flight:, requests_total:, requests_timed_out:, requests_hung_up:, handed_off:, fiber_pool:, adaptive_limit:, connection_fibers:,
+      #   requests_in_flight:, streams_open:, requests_total:, requests_timed_out:, requests_hung_up:, handed_off:, fiber_pool:, adaptive_limit:, connection_fibers:,
       #   database_pools:, active_record_pools:}` (connection_fibers nil when
       #   not running); or {Cluster#stats} in the master.
       def stats
@@ -35,7 +37,8 @@ module NeverBlock
         connections = @acceptor.connections
         { pid: Process.pid, worker: @worker_index, connections: connections.size,
           idle_connections: connections.each_key.count(&:idle?),
-          requests_in_flight: @context.requests_in_flight, requests_total: @context.requests_total,
+          requests_in_flight: @context.requests_in_flight, streams_open: @context.streams_open,
+          requests_total: @context.requests_total,
           requests_timed_out: @context.requests_timed_out, requests_hung_up: @context.requests_hung_up,
           handed_off: @context.handed_off,
           **@admission.stats,

@@ -16,8 +16,8 @@ module NeverBlock
     #   the CPU for {BUSY} of the last turns' time or more, and on each of
     #   the last two turns it was {LATE} late or more: the timers it fired
     #   (several each: the loop's scheduled work, see Timers#late), or, with
-    #   {BATCH} requests in flight or more, its descriptors, left ready from
-    #   turn to turn (Scheduler#io_late).
+    #   {STREAMS} streamed responses open or more, its descriptors, left
+    #   ready from turn to turn (Scheduler#io_late, on epoll).
     # - Whatever the pace, a connection held {WAIT} or longer.
     #
     # Streams opened together would otherwise all be let in while the loop
@@ -39,16 +39,20 @@ module NeverBlock
     # and a loop short of CPU reads them late, turn after turn, with more
     # descriptors ready than a selector call takes (2,000 relayed streams,
     # Ruby 3.1: worst gap p99 0.9-1.9 s with the timers alone telling
-    # lateness, 0.42-0.49 s with the descriptors too). A herd of keep-alive
-    # clients leaves descriptors ready too, its next requests, but has few
-    # requests in flight between turns (each answered as it is read): for
-    # it descriptors do not count, and it is let in {BATCH} a turn (1,000
-    # clients of a hello world: p99 0.16-0.22 s; 1.0 s, with 450 of them
-    # timing out, when they counted). Requests in flight that wait on IO of
-    # their own (queries, upstream calls) count as streams do.
+    # lateness, 0.33-0.74 s with the descriptors too). A herd of keep-alive
+    # clients leaves as many descriptors ready (its next requests, and its
+    # apps' queries and upstream calls), but answers each request whole:
+    # descriptors count only while {STREAMS} streamed responses or more are
+    # being written, and such a herd is let in {BATCH} a turn (1,000
+    # clients of a hello world: p99 0.14-0.23 s; 1.0 s, with 450 of them
+    # timing out, when descriptors counted for it).
     class StartPace
       # Connections started a turn while turns take at most {TURN}.
       BATCH = 64
+
+      # Streamed responses being written (Context#streams_open) from which
+      # descriptors left ready count as lateness: more than a turn's batch.
+      STREAMS = 64
 
       # Seconds a turn may take before fewer start (a quarter of the
       # {StallDetector}'s default threshold: an event stream's next event is
@@ -83,10 +87,10 @@ module NeverBlock
       # @param least [Integer] see {LEAST}.
       # @param busy [Float] see {BUSY}.
       # @param late [Float] see {LATE}.
-      # @param in_flight [#call, nil] the requests in the app or being
-      #   answered (Context#requests_in_flight); nil: descriptors never count.
-      def initialize(batch: BATCH, turn: TURN, least: LEAST, busy: BUSY, late: LATE, in_flight: nil)
-        @in_flight = in_flight
+      # @param streams [#call, nil] the streamed responses being written
+      #   (Context#streams_open); nil: descriptors never count.
+      def initialize(batch: BATCH, turn: TURN, least: LEAST, busy: BUSY, late: LATE, streams: nil)
+        @streams = streams
         @batch = batch
         @turn = turn
         @least = least
@@ -98,8 +102,8 @@ module NeverBlock
       end
 
       # Lets `scheduler`'s loop take a turn, timing it (wall clock, the
-      # loop's thread's CPU, how late its timers and, with {BATCH} requests
-      # in flight or more after it, its descriptors were). Called by
+      # loop's thread's CPU, how late its timers and, with {STREAMS} streams
+      # open or more after it, its descriptors were). Called by
       # Acceptor#start_held, from the loop.
       # @return [Integer] how many connections to start after it ({#after}).
       def turn(scheduler)
@@ -108,7 +112,7 @@ module NeverBlock
         scheduler.yield
         spent = thread_cpu
         late = scheduler.timers_late
-        if @in_flight && @in_flight.call >= @batch
+        if @streams && @streams.call >= STREAMS
           io_late = scheduler.io_late
           late = io_late if io_late > late
         end

@@ -54,6 +54,7 @@ module NeverBlock
         # hold the request slots that new requests need.
         mark_as_io_bound if event_stream?(headers)
         watch = @hangup_watch
+        @context.stream_started
         begin
           watch&.watch(self)
           @response.write(request, status, headers, body, keep_alive)
@@ -61,6 +62,7 @@ module NeverBlock
           @hung_up = true unless e.is_a?(Response::WriteTimedOut)
           raise
         ensure
+          @context.stream_ended
           watch&.unwatch(self)
         end
       end

@@ -13,6 +13,7 @@ class SchedulerIOLateTest < NeverBlockTest
   # each fiber spending a little CPU before it waits again: every call
   # comes back full, turn after turn.
   def test_descriptors_left_ready_turn_after_turn_make_the_loop_late
+    skip_unless_batched_selector
     scheduler = Fiber.scheduler
     with_ready_fibers(100) do
       lates = 20.times.map do

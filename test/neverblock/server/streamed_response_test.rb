@@ -111,6 +111,32 @@ class ServerStreamedResponseTest < PlainTest
     assert_cancelled_as_a_hang_up
   end
 
+  # StartPace reads how many streamed responses are being written: a stream
+  # counts from its body's start to its end, however it ends.
+  def test_a_streamed_body_counts_as_a_stream_open_until_it_ends
+    serve(each_body)
+    assert_equal 0, @server.stats[:streams_open]
+    socket = connect
+    socket.write(get("/stream"))
+    read_until(socket, "first\n")
+    assert_equal 1, @server.stats[:streams_open], "a stream open between its chunks"
+    socket.close
+    assert_cancelled_as_a_hang_up
+    assert_equal 0, @server.stats[:streams_open]
+  ensure
+    socket&.close unless socket&.closed?
+  end
+
+  def test_a_body_answered_whole_is_no_stream
+    serve(["whole\n"])
+    socket = connect
+    socket.write(get("/"))
+    assert_includes read_until(socket, "whole"), "whole"
+    assert_equal 0, @server.stats[:streams_open]
+  ensure
+    socket&.close
+  end
+
   def test_a_call_stream_body_waiting_between_chunks_is_cancelled_when_its_client_hangs_up
     serve(call_body)
     hang_up_after("first\n")
