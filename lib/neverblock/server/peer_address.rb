@@ -48,9 +48,8 @@ module NeverBlock
       # @return [String] its address as inet_ntop(3) writes it.
       # @raise [ArgumentError] for another kind of address.
       def ip(sockaddr)
-        family = sockaddr.byteslice(0, 2)
-        if sockaddr.bytesize == 16 && family == INET then ipv4(sockaddr, 4)
-        elsif sockaddr.bytesize == 28 && family == INET6 then ipv6(sockaddr)
+        if sockaddr.bytesize == 16 && sockaddr.start_with?(INET) then ipv4(sockaddr, 4)
+        elsif sockaddr.bytesize == 28 && sockaddr.start_with?(INET6) then ipv6(sockaddr)
         else raise ArgumentError, "not an IPv4 or IPv6 socket address (#{sockaddr.bytesize} bytes)"
         end
       end
