@@ -19,6 +19,7 @@ require_relative "scheduler/threads"
 require_relative "scheduler/interrupts"
 require_relative "scheduler/fork"
 require_relative "scheduler/blocking_work"
+require_relative "scheduler/lateness"
 
 module NeverBlock
   # NeverBlock's implementation of Ruby's `Fiber::Scheduler` interface: one
@@ -86,6 +87,7 @@ module NeverBlock
     include IOHooks
     include FiberHooks
     include Threads
+    include Lateness
     include Interrupts
     include Fork
     include BlockingWork
@@ -126,9 +128,7 @@ module NeverBlock
       NeverBlock.validate_timeout!(stall_threshold, :stall_threshold) if stall_threshold
       @pid = Process.pid
       @selector_class = Selector.resolve(selector)
-      # What a selector call reports when it leaves descriptors ready for the
-      # next turn (#io_late); nil for selectors that take all that are ready.
-      @select_full = SELECT_BATCH[@selector_class.name.split("::").last]
+      @select_full = full_select(@selector_class) # (Lateness)
       @timers = Timers.new
       # Shared timer callbacks: a sleep or a lock timeout (BlockingHooks)
       # allocates no closure.
@@ -152,7 +152,7 @@ module NeverBlock
       @token = 0
       @tasks = {}.compare_by_identity # live tasks => true
       @io_waiting = 0 # fibers waiting in the selector
-      @io_behind_since = nil # when the selector's calls began to come back full (#io_late)
+      @io_behind_since = nil # when the selector's calls began to come back full (Lateness)
 
       # IOHooks' own (an IO wait's timeout allocates no closure either).
       @io_expire_callback = ->(fiber) { fiber.transfer(false) }
@@ -382,28 +382,6 @@ module NeverBlock
         @waits.delete(fiber)
         entered(fiber)
       end
-    end
-
-    # @api private
-    # @return [Float] how late the loop's last turn fired its timers
-    #   ({Timers#late}).
-    def timers_late
-      @timers.late
-    end
-
-    # @api private
-    # @return [Float] the age of the run of full selector calls the last one
-    #   belongs to ({SELECT_BATCH}: each reported as many descriptors as a
-    #   call takes, and left others ready for the next turn), 0.0 when the
-    #   last call was not full, and always with the select and io_uring
-    #   selectors, which take every ready descriptor in one call. While
-    #   calls come back full, more descriptors are ready than a turn takes,
-    #   and each waits a turn or more for its fiber to run: a loop relaying a
-    #   thousand upstream streams reads each a second late while all its
-    #   timers are on time. The age says how long that has lasted, not how
-    #   long any one descriptor waited.
-    def io_late
-      @io_behind_since ? Clock.now - @io_behind_since : 0.0
     end
 
     # @api private
@@ -641,21 +619,11 @@ module NeverBlock
       if interval.nil? && @io_waiting.zero? && @sleeping_forever.zero?
         @io_behind_since = nil
         @wakeup.park(@stall_detector)
-      elsif (count = @selector.select(interval)) && @select_full && count.to_i >= @select_full
-        @io_behind_since ||= Clock.now
       else
-        @io_behind_since = nil
+        selected(@selector.select(interval))
       end
       @timers.fire
     end
-
-    # The most events one call of io-event's EPoll and KQueue selectors
-    # reports (their EPOLL_MAX_EVENTS and KQUEUE_MAX_EVENTS): a call that
-    # reports as many has left others ready for the next turn (see
-    # #io_late). Its io_uring and select selectors take all that are ready,
-    # every completion and wake-up included.
-    SELECT_BATCH = { "EPoll" => 64, "KQueue" => 64 }.freeze
-    private_constant :SELECT_BATCH
 
     # Runs what was ready when the turn began; what becomes ready meanwhile
     # waits for the next turn. Two arrays take turns (a nested loop, run
