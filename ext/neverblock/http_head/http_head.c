@@ -269,6 +269,7 @@ static VALUE nb_head_parse(VALUE self, VALUE data, VALUE offset_value) {
     VALUE env = rb_hash_dup(head->base_env);
     long count = 0;
     long header_bytes = 0;
+    const char *block = p;
     const char *host = NULL;
     long host_length = 0;
     int keep_alive_header = 0;
@@ -287,10 +288,14 @@ static VALUE nb_head_parse(VALUE self, VALUE data, VALUE offset_value) {
         if (p[0] != '\r' || p[1] != '\n') return Qnil; // a bare CR or LF, a CTL, NUL
         const char *value_end = p;
         p += 2;
-        // What the Parser counts for max_header_bytes (name and value, 4 bytes
-        // each beside), at least: the raw value is longer than the stripped one.
+        // Both of the Parser's counts for max_header_bytes: the raw block so
+        // far (every byte of every line, OWS included), and name and value
+        // with 4 bytes each beside. Whitespace is bytes a client sent.
         header_bytes += name_length + (value_end - value) + 8;
-        if (++count > head->max_headers || header_bytes > head->max_header_bytes) return Qnil;
+        if (++count > head->max_headers || header_bytes > head->max_header_bytes ||
+            p - block > head->max_header_bytes) {
+            return Qnil;
+        }
         long raw_length = value_end - value;
         while (value_end > value && (value_end[-1] == ' ' || value_end[-1] == '\t')) value_end--;
         long value_length = value_end - value;

@@ -96,6 +96,9 @@ class ServerHeadParserTest < PlainTest
     "duplicate Cookie" => "GET / HTTP/1.1\r\nHost: x\r\nCookie: a=1\r\nCookie: b=2\r\n\r\n",
     "target over the limit" => "GET /#{'t' * 2048} HTTP/1.1\r\nHost: x\r\n\r\n",
     "header block over the limit" => "GET / HTTP/1.1\r\nHost: x\r\nX: #{'v' * 8192}\r\n\r\n",
+    # Whitespace is bytes sent: the block counts it (a fuzz case the fast path took).
+    "header block over the limit in leading OWS" => "PUT /:p HTTP/1.1\r\nHost:#{' ' * 8200}x\r\nContent-Length: 0\r\n\r\n",
+    "header block over the limit in trailing OWS" => "GET / HTTP/1.1\r\nHost: x\r\nX: v#{"\t" * 8200}\r\n\r\n",
     "too many headers" => "GET / HTTP/1.1\r\nHost: x\r\n#{Array.new(40) { |i| "X-#{i}: v\r\n" }.join}\r\n"
   }.transform_values(&:b).freeze
 
