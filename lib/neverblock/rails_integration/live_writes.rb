@@ -84,17 +84,19 @@ module NeverBlock
         # a nil); dropped once a direct write failed (Rails' `write` then
         # raises ClientDisconnected, or drops it too under
         # `ignore_disconnect`).
-        def push(chunk, *rest, **options)
+        #
+        # (Rails' `non_block` and Ruby 3.2's `timeout:` are named rather than
+        # splatted: a splat made an Array and a Hash for every chunk.)
+        def push(chunk, non_block = false, timeout: nil)
           return self if @failure
           if chunk && direct?
-            @lock.synchronize do
-              # (checked again: the server may have stopped taking writes,
-              # or taken a queued chunk, while this fiber waited)
-              return write_through(chunk) if direct?
-            end
-            return self if @failure # another writer's write failed meanwhile
+            # (checked again: the server may have stopped taking writes, or
+            # taken a queued chunk, while this fiber waited; no `return`
+            # from the block, which would allocate a throw for every chunk)
+            written = @lock.synchronize { write_through(chunk) if direct? }
+            return self if written || @failure # (@failure: another writer's write failed meanwhile)
           end
-          super
+          timeout.nil? ? super(chunk, non_block) : super
         rescue ClosedQueueError
           # A failure closed the queue while this push waited for room (Rails
           # 7.2 never closes it, and its write would not expect this).
@@ -106,8 +108,8 @@ module NeverBlock
         alias enq push
 
         # Rails' each_chunk takes chunks with this (the server's fiber).
-        def pop(*args, **options)
-          chunk = super
+        def pop(non_block = false, timeout: nil)
+          chunk = timeout.nil? ? super(non_block) : super
           @popped += 1 if chunk
           chunk
         end

@@ -109,6 +109,41 @@ class LiveWritesQueueTest < PlainTest
     end
   end
 
+  # The queue is still Rails' SizedQueue to whoever queues on it: push's
+  # non_block (and pop's) and, from Ruby 3.2, `timeout:` behave as Ruby's.
+  def test_queued_pushes_and_pops_take_sized_queues_arguments
+    queue = LiveWrites::Queue.new(1, nil, -> {})
+    queue.push("a")
+    assert_raises(ThreadError) { queue.push("b", true) } # full
+    assert_equal "a", queue.pop(true)
+    assert_raises(ThreadError) { queue.pop(true) } # empty
+    return unless RUBY_VERSION >= "3.2"
+
+    queue.push("c", timeout: 0)
+    assert_nil queue.push("d", timeout: 0.01), "a push that timed out"
+    assert_equal "c", queue.pop(timeout: 0)
+    assert_nil queue.pop(timeout: 0.01)
+  end
+
+  # A write straight through makes no objects of the queue's: Rails'
+  # Buffer#write calls `@buf.push(string)` for every chunk.
+  def test_a_direct_write_allocates_nothing_in_the_queue
+    on_a_loop do |response, stream|
+      consumer = NeverBlock.spawn { response.each { |_chunk| nil } }
+      stream.write("first\n")
+      sleep 0.01 # the consumer is in `each`
+      queue = stream.instance_variable_get(:@buf)
+      assert_instance_of LiveWrites::Queue, queue
+      chunk = "data: x\n\n"
+      queue.push(chunk) # (warm)
+      before = GC.stat(:total_allocated_objects)
+      100.times { queue.push(chunk) }
+      assert_operator GC.stat(:total_allocated_objects) - before, :<, 10, "objects for 100 direct writes"
+      stream.close
+      consumer.value
+    end
+  end
+
   private
 
   # Yields, on a loop, a Live response and its stream, whose writes from
