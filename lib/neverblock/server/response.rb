@@ -48,6 +48,13 @@ module NeverBlock
       SIZE_LINES = Array.new(1024) { |size| "#{size.to_s(16)}\r\n".freeze }.freeze
       private_constant :SIZE_LINES
 
+      # The `content-length` headers the server added to array bodies, by
+      # size, each made once (bodies under 16 KiB, most pages): a response
+      # allocates no String for it. Filled as sizes come (two threads may
+      # both make one: equal Strings, either kept).
+      LENGTH_LINES = Array.new(16 * 1024)
+      private_constant :LENGTH_LINES
+
       # @api private
       # `data` as one chunk of a chunked body, appended to `out` (or to a
       # new String sized for it).
@@ -218,7 +225,7 @@ module NeverBlock
           chunked = false
         elsif parts
           length = parts_bytes
-          head << "content-length: " << length.to_s << "\r\n"
+          head << length_line(length)
         elsif request.http10
           keep_alive = false # the body ends when the connection closes
           chunked = false
@@ -370,9 +377,18 @@ module NeverBlock
         end
       end
 
+      # @return [String] the `content-length` header of a body of `length` bytes.
+      def length_line(length)
+        return "content-length: #{length}\r\n" if length >= LENGTH_LINES.size
+
+        LENGTH_LINES[length] ||= "content-length: #{length}\r\n".freeze
+      end
+
       # @return [Integer, nil] the app's Content-Length, nil when it has none
       #   or one that is not a plain number.
       def declared_length(value)
+        return value if value.is_a?(Integer) # (the length the server computed: no String made and parsed)
+
         value && Integer(value.to_s, 10)
       rescue ArgumentError
         nil

@@ -37,4 +37,27 @@ class ChunkAllocationsTest < PlainTest
     reader&.close
     writer&.close unless writer&.closed?
   end
+
+  # An array body's response is one String, its head and body together:
+  # its content-length line and the length it checks the body against
+  # allocate nothing (they made and parsed a String each).
+  def test_an_array_body_allocates_only_its_response_string
+    reader, writer = UNIXSocket.pair
+    response = NeverBlock::Server::Response.new(writer, 5)
+    request = Request.new(false, false, {})
+    headers = { "content-type" => "text/plain" }
+    body = ["Hello, world!"]
+    drain = Thread.new { reader.read }
+    response.write(request, 200, headers, body, true) # (the caches filled)
+    before = GC.stat(:total_allocated_objects)
+    100.times { response.write(request, 200, headers, body, true) }
+    allocated = GC.stat(:total_allocated_objects) - before
+    assert_operator allocated, :<, 150, "objects allocated writing 100 responses" # 1 each (a Date line a second)
+    writer.close
+    text = drain.value
+    assert_equal 101, text.scan("content-length: 13\r\n\r\nHello, world!").size
+  ensure
+    reader&.close
+    writer&.close unless writer&.closed?
+  end
 end
