@@ -4,8 +4,9 @@
 # Where a pooled query's CPU goes: the client's CPU and allocations per
 # `select $1`, layer by layer: blocking (PG::Connection, also with the other
 # CPUs kept busy: blocking_awake), sched (a NeverBlock::Postgres::Connection
-# in one fiber), pool1 (pool(size: 1), one fiber), pool (size 12, 100
-# fibers), pipeline (the same, pipelined). Each measurement is a forked child
+# in one fiber), pool1 (pool(size: 1), one fiber), pool12 (size 12, 12
+# fibers: as many fibers and connections as pool's, no waiting in line), pool
+# (size 12, 100 fibers), pipeline (the same, pipelined). Each measurement is a forked child
 # that connects and warms up first; interleaved rounds, medians.
 #
 #   bench/run pool_cost                       Ruby 3.1 -> bench/results/pool_cost.{txt,csv}
@@ -22,7 +23,7 @@ module NeverBlockBench
   class PoolCostBench < Bench
     DEFAULTS = { queries: 10_000, runs: 5, queries_only: false }.freeze
     QUICK = { queries: 500, runs: 1 }.freeze
-    ONLY = %w[blocking blocking_awake sched pool1 pool pipeline].freeze # the variants
+    ONLY = %w[blocking blocking_awake sched pool1 pool12 pool pipeline].freeze # the variants
     SQL = PooledQueries::SQL
     FIBERS = 100
     POOL_SIZE = 12
@@ -74,11 +75,12 @@ module NeverBlockBench
       when "pool1"
         db = NeverBlock::Postgres.pool(size: 1, **@conninfo)
         NeverBlock.run { measure(name, queries) { |count| count.times { |i| db.exec_params(SQL, [i]) } } }
-      when "pool", "pipeline"
+      when "pool12", "pool", "pipeline"
         db = NeverBlock::Postgres.pool(size: POOL_SIZE, pipeline: name == "pipeline", **@conninfo)
+        fibers = name == "pool12" ? POOL_SIZE : FIBERS
         NeverBlock.run do
-          PooledQueries.open_all(db, FIBERS)
-          measure(name, queries) { |count| PooledQueries.fan_out(db, count, FIBERS) }
+          PooledQueries.open_all(db, fibers)
+          measure(name, queries) { |count| PooledQueries.fan_out(db, count, fibers) }
         end
       end
     end
