@@ -18,6 +18,13 @@ module NeverBlock
     #   (several each: the loop's scheduled work, see Timers#late), or, with
     #   {STREAMS} streamed responses open or more, its descriptors, left
     #   ready from turn to turn (Scheduler#io_late, on epoll).
+    # - None for {HOLD} after the loop, with {STREAMS} streams open or
+    #   more, left descriptors ready for {HOLD_LATE} or more on each of the
+    #   last two turns, whatever its CPU share: it is that far behind, on
+    #   its own work or because the machine's other processes take the CPU
+    #   it would need (its share then falls as it falls behind). While it
+    #   holds, a turn is a nap of {NAP}, not a yield: an acceptor taking a
+    #   turn after every other made each event dearer.
     # - Whatever the pace, a connection held {WAIT} or longer.
     #
     # Streams opened together would otherwise all be let in while the loop
@@ -46,6 +53,16 @@ module NeverBlock
     # being written, and such a herd is let in {BATCH} a turn (1,000
     # clients of a hello world: p99 0.14-0.23 s; 1.0 s, with 450 of them
     # timing out, when descriptors counted for it).
+    #
+    # One a turn is not slow enough when turns are short: a loop behind on
+    # its descriptors takes 64 a call, a turn of 2-3 ms, and one a turn let
+    # 300-400 relayed streams a second in while the loop was a second
+    # behind; and a single call that came back short of 64 ended the
+    # lateness, and the count grew back to a whole batch within a few turns,
+    # 150-200 streams let in at once (2,000 relayed streams, Ruby 3.4 +
+    # YJIT: 1,600-1,700 open at the peak, worst gap p99 339-685 ms). The
+    # hold keeps them out while the loop catches up (1,000-1,270 open, gap
+    # 134-182 ms in three rounds; Falcon 0.57 the same day: 717 open, 133 ms).
     class StartPace
       # Connections started a turn while turns take at most {TURN}.
       BATCH = 64
@@ -78,6 +95,20 @@ module NeverBlock
       # or the idle sweeper's pass; see Timers#late).
       LATE = 0.002
 
+      # Seconds descriptors were left ready (Scheduler#io_late) on each of
+      # the last two turns from which none start for {HOLD}: a relayed
+      # stream's events read 20 ms late or more.
+      HOLD_LATE = 0.02
+
+      # Seconds none start after the last turn {HOLD_LATE} late: a turn
+      # whose selector call came back short of a batch does not end a hold
+      # while the loop is still behind.
+      HOLD = 0.2
+
+      # Seconds a turn takes while the pace holds: the acceptor sleeps
+      # instead of taking a turn after every other fiber's.
+      NAP = 0.005
+
       # Seconds a held connection waits at most: past them it starts
       # whatever the pace (its client has waited that long for an answer).
       WAIT = 5.0
@@ -99,6 +130,8 @@ module NeverBlock
         @busy = nil # the average share of time on the CPU, over the turns so far
         @late = 0.0 # the last turn's lateness
         @count = batch # what the last call answered
+        @io_late = 0.0 # the last turn's descriptors' lateness
+        @hold_until = nil # (Clock.now) none start before it
       end
 
       # Lets `scheduler`'s loop take a turn, timing it (wall clock, the
@@ -109,14 +142,15 @@ module NeverBlock
       def turn(scheduler)
         began = Clock.now
         cpu = thread_cpu
-        scheduler.yield
+        holding?(began) ? sleep(NAP) : scheduler.yield
         spent = thread_cpu
         late = scheduler.timers_late
+        io_late = 0.0
         if @streams && @streams.call >= STREAMS
           io_late = scheduler.io_late
           late = io_late if io_late > late
         end
-        after(Clock.now - began, (spent - cpu if cpu && spent && spent >= cpu), late)
+        after(Clock.now - began, (spent - cpu if cpu && spent && spent >= cpu), late, io_late)
       end
 
       # @param since [Array<Float>] when each held connection was taken in,
@@ -132,10 +166,19 @@ module NeverBlock
       # @param cpu [Float, nil] CPU seconds the loop's thread spent in it.
       # @param late [Float] how late the loop was in it: the most seconds a
       #   timer fired late, or descriptors were left ready.
-      # @return [Integer] how many to start now: 1 to {BATCH}.
-      def after(took, cpu = nil, late = 0.0)
+      # @param io_late [Float] how long descriptors were left ready
+      #   (Scheduler#io_late, with {STREAMS} open or more; else 0.0).
+      # @return [Integer] how many to start now: 0 to {BATCH}.
+      def after(took, cpu = nil, late = 0.0, io_late = 0.0)
         lately = [late, @late].min
         @late = late
+        now = Clock.now
+        @hold_until = now + HOLD if [io_late, @io_late].min >= HOLD_LATE
+        @io_late = io_late
+        if holding?(now)
+          @count = @least # when the hold ends, a whole batch after a few turns
+          return 0
+        end
         if cpu && took.positive?
           busy = (cpu / took).clamp(0.0, 1.0)
           @busy = @busy ? (@busy + busy) / 2 : busy
@@ -150,6 +193,10 @@ module NeverBlock
       end
 
       private
+
+      def holding?(now)
+        @hold_until && now < @hold_until
+      end
 
       # @return [Float, nil] CPU seconds of the loop's thread (nil where the
       #   clock cannot be read).

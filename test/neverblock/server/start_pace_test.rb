@@ -56,8 +56,26 @@ class ServerStartPaceTest < PlainTest
 
   def test_late_timers_with_cpu_to_spare_follow_the_turn_length
     pace = NeverBlock::Server::StartPace.new
-    3.times { assert_equal 64, pace.after(0.02, 0.005, 0.05) }
-    assert_equal 32, pace.after(0.05, 0.01, 0.05)
+    3.times { assert_equal 64, pace.after(0.02, 0.005, 0.01) }
+    assert_equal 32, pace.after(0.05, 0.01, 0.01)
+  end
+
+  # Descriptors left ready 20 ms or more on two turns, with streams open,
+  # whatever the loop's share of the CPU (a loaded machine's other processes
+  # may have it): none start, until it has been on time for HOLD. One turn
+  # on time within it (a selector call that came back short of a batch)
+  # does not end it. Late timers alone do not hold.
+  def test_none_while_descriptors_stay_ready_for_long_and_for_a_while_after
+    pace = NeverBlock::Server::StartPace.new
+    hold = NeverBlock::Server::StartPace::HOLD
+    assert_equal 64, pace.after(0.01, 0.002, 0.03, 0.03), "one late turn is a GC"
+    assert_equal 0, pace.after(0.01, 0.002, 0.03, 0.03)
+    assert_equal 0, pace.after(0.01, 0.002, 0.0, 0.0), "on time once, still behind"
+    assert_equal 0, pace.after(0.01, 0.01, 0.0, 0.0)
+    sleep hold + 0.01
+    assert_equal 16, pace.after(0.01, 0.002, 0.0, 0.0), "after the hold, twice LEAST, then more"
+    assert_equal 32, pace.after(0.01, 0.002, 0.0, 0.0)
+    3.times { assert_equal 64, pace.after(0.01, 0.002, 0.03, 0.0) }
   end
 
   def test_the_cpu_share_is_averaged_over_turns
@@ -72,9 +90,9 @@ class ServerStartPaceTest < PlainTest
   # timers are few and on time, and its descriptors are left ready from one
   # turn to the next (Scheduler#io_late), with as many streamed responses
   # being written as streams open. That is as late as late timers.
-  def test_one_a_turn_while_descriptors_stay_ready_with_streams_open
+  def test_one_a_turn_or_none_while_descriptors_stay_ready_with_streams_open
     counts = turns_beside_ready_descriptors(streams: 100, batched_only: true)
-    assert_equal [1] * 5, counts.last(5), "descriptors left ready turn after turn: #{counts.inspect}"
+    assert counts.last(5).all? { |count| count <= 1 }, "descriptors left ready turn after turn: #{counts.inspect}"
   end
 
   # A herd of keep-alive clients, or of requests waiting on queries:
