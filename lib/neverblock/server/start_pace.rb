@@ -61,8 +61,10 @@ module NeverBlock
     # lateness, and the count grew back to a whole batch within a few turns,
     # 150-200 streams let in at once (2,000 relayed streams, Ruby 3.4 +
     # YJIT: 1,600-1,700 open at the peak, worst gap p99 339-685 ms). The
-    # hold keeps them out while the loop catches up (1,000-1,270 open, gap
-    # 134-182 ms in three rounds; Falcon 0.57 the same day: 717 open, 133 ms).
+    # hold keeps them out while the loop catches up (900-1,090 open, gap
+    # 141-215 ms in interleaved rounds, 234-502 before; Falcon 0.57 beside
+    # it: 120-136 ms). Their first events come later (p99 4.3-5.3 s, was
+    # 2.2-2.6; Falcon's 4.0-5.4).
     class StartPace
       # Connections started a turn while turns take at most {TURN}.
       BATCH = 64
