@@ -295,8 +295,9 @@ module NeverBlock
       # room (left in a full accept queue, a herd of 10,000 had 30,000 SYNs
       # dropped, each client waiting a second or more to send it again), and
       # starts what it holds BATCH a turn, or fewer after a long turn, or one
-      # while the loop is saturated and late ({StartPace}), taking
-      # in what arrived meanwhile each time. At a stop
+      # while the loop is saturated and late, or none (napping) while it is
+      # far behind on its descriptors ({StartPace}), and those held 5 s
+      # whatever the pace, taking in what arrived meanwhile each time. At a stop
       # it starts all it holds (each is answered with `connection: close`);
       # if it is cancelled, it closes them.
       def start_held(listener)

@@ -387,7 +387,7 @@ module NeverBlock
       # @return [Integer, nil] the app's Content-Length, nil when it has none
       #   or one that is not a plain number.
       def declared_length(value)
-        return value if value.is_a?(Integer) # (the length the server computed: no String made and parsed)
+        return value if value.is_a?(Integer) # (the server's own length, or a Rack 2 app's Integer: no String made and parsed)
 
         value && Integer(value.to_s, 10)
       rescue ArgumentError

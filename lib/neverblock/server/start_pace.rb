@@ -136,10 +136,10 @@ module NeverBlock
         @hold_until = nil # (Clock.now) none start before it
       end
 
-      # Lets `scheduler`'s loop take a turn, timing it (wall clock, the
-      # loop's thread's CPU, how late its timers and, with {STREAMS} streams
-      # open or more after it, its descriptors were). Called by
-      # Acceptor#start_held, from the loop.
+      # Lets `scheduler`'s loop take a turn (while the pace holds, naps
+      # {NAP} instead), timing it (wall clock, the loop's thread's CPU, how
+      # late its timers and, with {STREAMS} streams open or more after it,
+      # its descriptors were). Called by Acceptor#start_held, from the loop.
       # @return [Integer] how many connections to start after it ({#after}).
       def turn(scheduler)
         began = Clock.now

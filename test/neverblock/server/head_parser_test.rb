@@ -98,6 +98,8 @@ class ServerHeadParserTest < PlainTest
     "header block over the limit" => "GET / HTTP/1.1\r\nHost: x\r\nX: #{'v' * 8192}\r\n\r\n",
     # Whitespace is bytes sent: the block counts it (a fuzz case the fast path took).
     "header block over the limit in leading OWS" => "PUT /:p HTTP/1.1\r\nHost:#{' ' * 8200}x\r\nContent-Length: 0\r\n\r\n",
+    "header block one byte over the limit in leading OWS" => "GET / HTTP/1.1\r\nHost: x\r\nX:#{' ' * 8179}v\r\n\r\n",
+    # (trailing OWS was counted before: a guard)
     "header block over the limit in trailing OWS" => "GET / HTTP/1.1\r\nHost: x\r\nX: v#{"\t" * 8200}\r\n\r\n",
     "too many headers" => "GET / HTTP/1.1\r\nHost: x\r\n#{Array.new(40) { |i| "X-#{i}: v\r\n" }.join}\r\n"
   }.transform_values(&:b).freeze
@@ -128,7 +130,9 @@ class ServerHeadParserTest < PlainTest
     "empty and blank values" => "GET / HTTP/1.1\r\nHost: x\r\nX-Empty:\r\nX-Blank: \t \r\nX-Pad: \t a b \t\r\n\r\n",
     "every tchar in a name" => "GET / HTTP/1.1\r\nHost: x\r\n!#$%&'*+-.^`|~09AZaz: v\r\n\r\n",
     "target at the limit" => "GET /#{'t' * 2047} HTTP/1.1\r\nHost: x\r\n\r\n",
-    "headers at the limit" => "GET / HTTP/1.1\r\nHost: x\r\n#{Array.new(39) { |i| "X-#{i}: v\r\n" }.join}\r\n"
+    "headers at the limit" => "GET / HTTP/1.1\r\nHost: x\r\n#{Array.new(39) { |i| "X-#{i}: v\r\n" }.join}\r\n",
+    # A header block of exactly max_header_bytes (8,192), most of it OWS: one byte more is declined.
+    "header block at the limit in leading OWS" => "GET / HTTP/1.1\r\nHost: x\r\nX:#{' ' * 8178}v\r\n\r\n"
   }.transform_values(&:b).freeze
 
   def setup

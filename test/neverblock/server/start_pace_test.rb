@@ -92,7 +92,7 @@ class ServerStartPaceTest < PlainTest
   # being written as streams open. That is as late as late timers.
   def test_one_a_turn_or_none_while_descriptors_stay_ready_with_streams_open
     counts = turns_beside_ready_descriptors(streams: 100, batched_only: true)
-    assert counts.last(5).all? { |count| count <= 1 }, "descriptors left ready turn after turn: #{counts.inspect}"
+    assert_equal [0] * 5, counts.last(5), "descriptors left ready turn after turn: the pace holds: #{counts.inspect}"
   end
 
   # A herd of keep-alive clients, or of requests waiting on queries:
@@ -100,7 +100,7 @@ class ServerStartPaceTest < PlainTest
   # each response written whole.
   def test_descriptors_left_ready_with_few_streams_open_take_whole_batches
     counts = turns_beside_ready_descriptors(streams: 3)
-    refute_includes counts, 1, "requests answered whole were taken for streams: #{counts.inspect}"
+    refute counts.any? { |count| count <= 1 }, "requests answered whole were taken for streams: #{counts.inspect}"
   end
 
   private
