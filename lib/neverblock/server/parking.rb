@@ -151,16 +151,15 @@ module NeverBlock
         buffer = @context.read_buffer
         data = took_turn ? :wait_readable : @socket.read_nonblock(Connection::READ_SIZE, buffer, exception: false)
         data = :wait_readable if @parser.took_empty_lines?(data)
-        unless data == :wait_readable
-          @brisk = came_back_soon? if @answered
-          return data
-        end
-
-        # A resumed connection that found no request (TLS: part of a record)
-        # keeps the deadline it parked with.
-        @idle_deadline ||= Clock.now + @limits.idle_timeout
-        @context.idle_sweeper.watch(self)
-        if (idle_set = @context.idle_set)
+        # (No `return` in this method: under its rescue and ensure Ruby makes
+        # each one a throw, caught and thrown again at the ensure, two a
+        # request, each with an object.)
+        if data == :wait_readable
+          # A resumed connection that found no request (TLS: part of a record)
+          # keeps the deadline it parked with.
+          @idle_deadline ||= Clock.now + @limits.idle_timeout
+          @context.idle_sweeper.watch(self)
+          idle_set = @context.idle_set
           # Its turn is taken in the order requests arrive: parked, its socket
           # reports once it is readable (one-shot), behind those that turned
           # readable before it. A wait in the selector would not keep that
@@ -169,17 +168,45 @@ module NeverBlock
           # next request had not come yet when the loop looked, then waited
           # most of two rounds (ten clients of 20 ms pages: p99 163 ms, 100 in
           # turn).
-          return park(turn: true) if took_turn && park?
-
-          if idle_set.crowded? && park?
-            return park unless @brisk
-
-            (brief = idle_set.brief_waits).add(self)
+          if idle_set && took_turn && park?
+            data = park(turn: true)
+          elsif idle_set && idle_set.crowded? && park?
+            if @brisk
+              (brief = idle_set.brief_waits).add(self)
+              data = read_when_ready(buffer)
+            else
+              data = park
+            end
           else
-            idle_set.fiber_waits += 1
-            counted = true
+            if idle_set
+              idle_set.fiber_waits += 1
+              counted = true
+            end
+            data = read_when_ready(buffer)
           end
+        elsif @answered
+          @brisk = came_back_soon?
         end
+        data
+      rescue IdleSweeper::Expired
+        nil
+      rescue IdleSweeper::Park # at a TLS write in the first read of a resumed connection
+        @wait_cut = true
+        park? ? park : nil
+      ensure
+        idle_set.fiber_waits -= 1 if counted
+        brief&.delete(self)
+        unless @parked
+          @idle = false
+          @idle_deadline = nil
+          @idle_grace_until = nil
+        end
+      end
+
+      # #read_next_request's wait in its fiber, until bytes come (empty
+      # lines go on waiting), or the {IdleSweeper} parks it.
+      # @return [String, nil] the bytes; nil when it parked, or on EOF.
+      def read_when_ready(buffer)
         while true # rubocop:disable Style/InfiniteLoop -- Kernel#loop adds a C frame to every idle fiber's stack
           begin
             @socket.wait_readable
@@ -194,19 +221,6 @@ module NeverBlock
 
           @brisk = came_back_soon? if @answered
           return data
-        end
-      rescue IdleSweeper::Expired
-        nil
-      rescue IdleSweeper::Park # at a TLS write in the first read of a resumed connection
-        @wait_cut = true
-        park? ? park : nil
-      ensure
-        idle_set.fiber_waits -= 1 if counted
-        brief&.delete(self)
-        unless @parked
-          @idle = false
-          @idle_deadline = nil
-          @idle_grace_until = nil
         end
       end
 
