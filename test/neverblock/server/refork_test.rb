@@ -77,14 +77,19 @@ class ServerReforkTest < PlainTest
   end
 
   # Each worker's memory is read once both answer from the mold's cache,
-  # and read again if the workers changed meanwhile: on a loaded machine a
-  # worker may be replaced between the two looks, and its successor builds
-  # a cache of its own (a worker measured then had all of it private).
+  # and read again until both share it or the time is up: on a loaded
+  # machine a worker may be replaced between the two looks, and its
+  # successor builds a cache of its own. A CI pass twice measured a worker
+  # whose cache was all private; a failure now shows the mold's memory and
+  # the server's log beside it, to tell what the worker's cache was shared
+  # with.
   def test_the_next_generation_shares_a_cache_built_after_boot
+    started = now
     server = serve("refork.ru", "-w", "2", "--refork-after", "20,false", env: { "NB_REFORK_CACHE_MB" => "100" })
     mold = nil
     memories = nil
-    deadline = now + 90
+    looks = 0
+    deadline = now + 150
     until memories && memories.values.all? { |memory| shares_cache?(memory) } || now > deadline
       get(server)
       mold ||= output_lines(server).join[/\(pid (\d+)\) is the mold/, 1]&.to_i
@@ -96,12 +101,17 @@ class ServerReforkTest < PlainTest
       rescue Errno::ENOENT, Errno::ESRCH
         next # a worker gone meanwhile: look again
       end
+      looks += 1
+      looked_at = (now - started).round
+      molds_memory = (smaps_rollup(mold) rescue "gone") # rubocop:disable Style/RescueModifier
       memories = looked if workers(server).sort == pids.sort # (the same workers after the look)
     end
     refute_nil memories, "both workers answered from the mold's cache (mold #{mold.inspect})"
     memories.each do |pid, memory|
-      assert_operator memory["Rss"], :>, 90 * 1024, "worker #{pid} maps the cache: #{memory}"
-      assert_operator memory["Rss"] - memory["Pss"], :>, 40 * 1024, "worker #{pid} shares the cache with the mold and its sibling: #{memory}"
+      why = "#{looks} look(s), the last #{looked_at} s after the start; the mold #{mold}: #{molds_memory}; " \
+            "the server said:\n#{output_lines(server).grep(/mold|worker|refork/).last(20).join}"
+      assert_operator memory["Rss"], :>, 90 * 1024, "worker #{pid} maps the cache: #{memory}; #{why}"
+      assert_operator memory["Rss"] - memory["Pss"], :>, 40 * 1024, "worker #{pid} shares the cache with the mold and its sibling: #{memory}; #{why}"
     end
   end
 
