@@ -64,6 +64,7 @@ module NeverBlock
         @turn_waiters = 0 # acceptors waiting for a turn for a slot (#wait_turn)
         @starting = 0 # connections accepted whose fibers have not started yet
         @accept_failed_at = nil
+        @paces = {}.compare_by_identity # listener => its StartPace, from backlog to backlog
       end
 
       # @return [Context] what every connection gets (set before {#start}).
@@ -303,7 +304,7 @@ module NeverBlock
       def start_held(listener)
         held = []
         since = [] # when each was taken in
-        pace = StartPace.new(streams: @context.method(:streams_open)) # this backlog's
+        pace = (@paces[listener] ||= StartPace.new(streams: @context.method(:streams_open)))
         loop do
           now = Clock.now
           while !@context.stopping? && room_for_connection?(held.size) && (socket = accept_now(listener))

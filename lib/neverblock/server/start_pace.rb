@@ -115,6 +115,12 @@ module NeverBlock
       # whatever the pace (its client has waited that long for an answer).
       WAIT = 5.0
 
+      # Seconds between two turns after which the second starts afresh (a
+      # whole batch, nothing late before it), but for a hold still running:
+      # a listener's pace lasts from backlog to backlog, and one that took
+      # no turn for that long tells nothing of the loop now.
+      FRESH = 1.0
+
       # @param batch [Integer] see {BATCH}.
       # @param turn [Float] see {TURN}.
       # @param least [Integer] see {LEAST}.
@@ -134,6 +140,7 @@ module NeverBlock
         @count = batch # what the last call answered
         @io_late = 0.0 # the last turn's descriptors' lateness
         @hold_until = nil # (Clock.now) none start before it
+        @turned_at = nil # (Clock.now) when the last turn ended
       end
 
       # Lets `scheduler`'s loop take a turn (while the pace holds, naps
@@ -172,9 +179,11 @@ module NeverBlock
       #   (Scheduler#io_late, with {STREAMS} open or more; else 0.0).
       # @return [Integer] how many to start now: 0 to {BATCH}.
       def after(took, cpu = nil, late = 0.0, io_late = 0.0)
+        now = Clock.now
+        afresh if @turned_at && now - took - @turned_at > FRESH
+        @turned_at = now
         lately = [late, @late].min
         @late = late
-        now = Clock.now
         @hold_until = now + HOLD if [io_late, @io_late].min >= HOLD_LATE
         @io_late = io_late
         if holding?(now)
@@ -195,6 +204,13 @@ module NeverBlock
       end
 
       private
+
+      def afresh
+        @busy = nil
+        @late = 0.0
+        @io_late = 0.0
+        @count = @batch
+      end
 
       def holding?(now)
         @hold_until && now < @hold_until
