@@ -43,6 +43,10 @@ static unsigned char target_byte[256], token_byte[256], value_byte[256], host_by
 static VALUE key_request_method, key_server_protocol, key_path_info, key_query_string;
 static VALUE key_server_name, key_server_port, key_early_hints;
 static VALUE protocol11, protocol10, empty_query, default_port80;
+// REQUEST_METHOD's values, by METHOD_*: frozen, interned, binary (as llhttp's
+// method_name, interned by the Ruby path): one String per method, not one
+// per request.
+static VALUE method_names[METHOD_PATCH + 1];
 
 typedef struct {
     VALUE base_env;     // the connection's env entries, duplicated for each request
@@ -252,7 +256,6 @@ static VALUE nb_head_parse(VALUE self, VALUE data, VALUE offset_value) {
     while (p < end && *p >= 'A' && *p <= 'Z') p++;
     int method_id = method_of(method, p - method);
     if (method_id == METHOD_OTHER || *p != ' ') return Qnil;
-    long method_length = p - method;
     p++;
     const char *target = p;
     if (*p != '/') return Qnil;
@@ -351,7 +354,7 @@ static VALUE nb_head_parse(VALUE self, VALUE data, VALUE offset_value) {
         return Qnil;
     }
 
-    rb_hash_aset(env, key_request_method, rb_str_new(method, method_length));
+    rb_hash_aset(env, key_request_method, method_names[method_id]);
     rb_hash_aset(env, key_server_protocol, is_http10 ? protocol10 : protocol11);
     if (is_http10) rb_hash_delete(env, key_early_hints); // 1xx responses are HTTP/1.1's
     set_target(env, target, target_length);
@@ -412,6 +415,11 @@ void Init_http_head(void) {
     intern(&protocol10, "HTTP/1.0");
     intern(&empty_query, "");
     intern(&default_port80, "80");
+    static const char *const methods[] = { NULL, "GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH" };
+    for (int id = METHOD_GET; id <= METHOD_PATCH; id++) {
+        method_names[id] = rb_enc_interned_str(methods[id], (long)strlen(methods[id]), rb_ascii8bit_encoding());
+        rb_gc_register_address(&method_names[id]);
+    }
 
     VALUE neverblock = rb_define_module("NeverBlock");
     VALUE klass = rb_define_class_under(neverblock, "HTTPHead", rb_cObject);

@@ -327,7 +327,7 @@ module NeverBlock
         llhttp = @llhttp
         fail_with(505, "HTTP/#{llhttp.http_major}.#{llhttp.http_minor}") unless llhttp.http_major == 1
         http10 = llhttp.http_minor.zero?
-        method = llhttp.method_name
+        method = -llhttp.method_name # frozen and interned, as the C path's
         content_length = @headers["CONTENT_LENGTH"]
         if (coding = @headers["HTTP_TRANSFER_ENCODING"])
           # llhttp ignores an empty Transfer-Encoding (and so its check against

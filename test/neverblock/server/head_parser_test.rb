@@ -224,6 +224,25 @@ class ServerHeadParserTest < PlainTest
     assert_equal "5.6.7.8", env["HTTP_X_FORWARDED_FOR"]
   end
 
+  # REQUEST_METHOD is one frozen String per method on both paths (binary,
+  # as llhttp names it), not one allocated per request.
+  def test_request_method_is_one_frozen_string_per_method
+    %w[GET HEAD POST PUT DELETE OPTIONS PATCH].each do |name|
+      bytes = "#{name} / HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n".b
+      fast = Array.new(2) { fast_env(bytes).fetch("REQUEST_METHOD") }
+      llhttp = Parser.new(LIMITS, BASE_ENV, "localhost", "8080", false)
+      2.times { llhttp << bytes }
+      slow = llhttp.requests.map { |request| request.env.fetch("REQUEST_METHOD") }
+      [fast, slow].each do |first, second|
+        assert_equal name, first
+        assert first.frozen?, "#{name} is frozen"
+        assert_equal Encoding::BINARY, first.encoding
+        assert_same first, second, "#{name}: one String for every request"
+      end
+      assert_same fast.first, slow.first, "#{name}: the same String on both paths"
+    end
+  end
+
   # Every byte in every place of a request: the fast path takes only what
   # llhttp takes with the same meaning.
   def test_every_byte_in_every_place
