@@ -49,6 +49,7 @@ module NeverBlockBench
     PUMA_MOST = 2000 # streams: past this Puma's cells only wait out --deadline
     NOTES = { "puma-5" => "5 threads: 5 streams at a time, corked", "puma-50" => "50 threads: 50 streams at a time, corked" }.freeze
     COLUMNS = ["part", "streams", "server", "complete", "first p50 ms", "first p99 ms", "gap p99 ms", "gap max ms", "app gap p99 ms",
+               "upstream gap p99 ms",
                "peak open", "RSS KB/open stream", "CPU us/event", "threads", "listen drops", "RSS before MB", "seconds", "client CPU s", "note"].freeze
 
     # @return [Boolean] true when every cell ran (whether its streams completed or not)
@@ -94,6 +95,7 @@ module NeverBlockBench
           stream is complete with all its events and the server's close within #{@options[:deadline]} s of the start.
           first: the first event's arrival after the start; gap: a stream's worst gap between reads that brought events;
           app gap: the same gap as the app wrote the events (relayed: read them), in the server's process, without the client's turns;
+          upstream gap (relay): the same in the fake LLM, as it wrote the events the relaying server read;
           peak open: the most streams open at once (each from its first event to its last); RSS: the server session's peak
           (VmHWM) less its RSS before, per stream open at the peak; CPU: the session's user+sys per event received;
           listen drops: connections the machine's listening sockets dropped meanwhile (a full accept queue; TcpExt ListenDrops).
@@ -129,12 +131,14 @@ module NeverBlockBench
         PeerServers.check_ruby(process)
         warm_up(process.port, server, upstream&.port, part)
         app_gaps(process.port) # the warm-up's, forgotten
+        app_gaps(upstream.port) if upstream
         sample = ServerSample.new(process.pid)
         client = StreamClient.new(process.port, path(server, events: @options[:events], interval_ms: @options[:interval_ms],
                                                            upstream: upstream&.port, part: part),
                                   count, processes: @options[:clients], deadline: @options[:deadline])
         result = client.run { sample.take }
-        row(part, count, server, result, sample.finish).merge("app gap p99 ms" => app_gaps(process.port)&.first)
+        row(part, count, server, result, sample.finish).merge("app gap p99 ms" => app_gaps(process.port)&.first,
+                                                              "upstream gap p99 ms" => (app_gaps(upstream.port)&.first if upstream))
       ensure
         client&.kill
       end
