@@ -304,6 +304,8 @@ module NeverBlock
       def start_held(listener)
         held = []
         since = [] # when each was taken in
+        # The listener's pace, from backlog to backlog: the next one's first
+        # turns follow what the loop did on the last ones (within FRESH).
         pace = (@paces[listener] ||= StartPace.new(streams: @context.method(:streams_open)))
         loop do
           now = Clock.now

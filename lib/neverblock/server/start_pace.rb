@@ -116,10 +116,13 @@ module NeverBlock
       WAIT = 5.0
 
       # Seconds between two turns after which the second starts afresh (a
-      # whole batch, nothing late before it), but for a hold still running:
-      # a listener's pace lasts from backlog to backlog, and one that took
-      # no turn for that long tells nothing of the loop now.
-      FRESH = 1.0
+      # whole batch, nothing late or busy before it): a listener's pace
+      # lasts from backlog to backlog (a backlog that fills again soon
+      # after one emptied starts as the loop was doing), but turns that far
+      # apart are not "the last two" (the loop ran many the pace did not
+      # see). Longer than a {HOLD}, so that a hold and the turn after it
+      # are one run.
+      FRESH = 0.5
 
       # @param batch [Integer] see {BATCH}.
       # @param turn [Float] see {TURN}.

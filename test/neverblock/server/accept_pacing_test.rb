@@ -52,11 +52,11 @@ class ServerAcceptPacingTest < PlainTest
     stop = false
     pairs = Array.new(100) { UNIXSocket.pair.tap { |_, writer| writer.write("x") } }
     streams = Queue.new
-    held = Queue.new
+    holding = Queue.new
     release = Queue.new
     app = lambda do |env|
       if env["PATH_INFO"] == "/hold"
-        held << true
+        holding << true
         Fiber.new(blocking: true) { release.pop }.resume # the loop's thread stops here while the backlog fills
         next [200, { "content-type" => "text/plain" }, ["held"]]
       end
@@ -82,7 +82,7 @@ class ServerAcceptPacingTest < PlainTest
     assert_equal 100, @server.stats[:streams_open]
 
     holder = send_without_waiting(@port, "GET /hold HTTP/1.1\r\nHost: localhost\r\n\r\n")
-    held.pop
+    holding.pop
     began = NeverBlock::Clock.now
     waiting = Array.new(BACKLOG) { send_without_waiting(@port, "GET /n HTTP/1.1\r\nHost: localhost\r\n\r\n") }
     release << true

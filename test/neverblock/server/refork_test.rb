@@ -89,6 +89,7 @@ class ServerReforkTest < PlainTest
     mold = nil
     memories = nil
     looks = 0
+    looked_at = molds_memory = nil
     deadline = now + 150
     until memories && memories.values.all? { |memory| shares_cache?(memory) } || now > deadline
       get(server)
@@ -101,15 +102,18 @@ class ServerReforkTest < PlainTest
       rescue Errno::ENOENT, Errno::ESRCH
         next # a worker gone meanwhile: look again
       end
+      next unless workers(server).sort == pids.sort # (the same workers after the look)
+
       looks += 1
       looked_at = (now - started).round
       molds_memory = (smaps_rollup(mold) rescue "gone") # rubocop:disable Style/RescueModifier
-      memories = looked if workers(server).sort == pids.sort # (the same workers after the look)
+      memories = looked
+      sleep 0.5 unless memories.values.all? { |memory| shares_cache?(memory) } # (the next look, on a loaded machine)
     end
-    refute_nil memories, "both workers answered from the mold's cache (mold #{mold.inspect})"
+    why = "#{looks} look(s), the last #{looked_at.inspect} s after the start; the mold #{mold.inspect}: #{molds_memory.inspect}; " \
+          "the server said:\n#{output_lines(server).grep(/mold|worker|refork/).last(20).join}"
+    refute_nil memories, "both workers answered from the mold's cache; #{why}"
     memories.each do |pid, memory|
-      why = "#{looks} look(s), the last #{looked_at} s after the start; the mold #{mold}: #{molds_memory}; " \
-            "the server said:\n#{output_lines(server).grep(/mold|worker|refork/).last(20).join}"
       assert_operator memory["Rss"], :>, 90 * 1024, "worker #{pid} maps the cache: #{memory}; #{why}"
       assert_operator memory["Rss"] - memory["Pss"], :>, 40 * 1024, "worker #{pid} shares the cache with the mold and its sibling: #{memory}; #{why}"
     end

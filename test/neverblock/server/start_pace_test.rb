@@ -78,15 +78,21 @@ class ServerStartPaceTest < PlainTest
     3.times { assert_equal 64, pace.after(0.01, 0.002, 0.03, 0.0) }
   end
 
-  # A listener's pace lasts from backlog to backlog; one asked again after
-  # FRESH seconds starts afresh: a late turn before the pause and one after
-  # it are not two late turns running, and the count is a whole batch again.
+  # A listener's pace lasts from backlog to backlog: a late turn before a
+  # short pause and one after it are two late turns running. One asked
+  # again after FRESH seconds starts afresh: they are not, and the count is
+  # a whole batch again.
   def test_a_pace_not_asked_for_a_while_starts_afresh
+    within = NeverBlock::Server::StartPace.new
+    assert_equal 64, within.after(0.01, 0.002, 0.03, 0.03), "one late turn is a GC"
+    sleep NeverBlock::Server::StartPace::FRESH / 5
+    assert_equal 0, within.after(0.01, 0.002, 0.03, 0.03), "a pause shorter than FRESH: two late turns running"
+
     pace = NeverBlock::Server::StartPace.new
     assert_equal 8, pace.after(0.5, 0.1, 0.0, 0.0), "a long turn: fewer"
     assert_equal 16, pace.after(0.01, 0.002, 0.03, 0.03), "one late turn is a GC; twice the last count"
     sleep NeverBlock::Server::StartPace::FRESH + 0.05
-    assert_equal 64, pace.after(0.01, 0.002, 0.03, 0.03), "after a pause, a whole batch (not 32), and one late turn is a GC"
+    assert_equal 64, pace.after(0.01, 0.002, 0.03, 0.03), "after a pause, a whole batch, and the lateness before it forgotten: one late turn is a GC"
     assert_equal 0, pace.after(0.01, 0.002, 0.03, 0.03), "two running hold"
   end
 
