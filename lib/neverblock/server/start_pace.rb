@@ -138,10 +138,7 @@ module NeverBlock
         @least = least
         @busy_at = busy
         @late_at = late
-        @busy = nil # the average share of time on the CPU, over the turns so far
-        @late = 0.0 # the last turn's lateness
-        @count = batch # what the last call answered
-        @io_late = 0.0 # the last turn's descriptors' lateness
+        afresh # @busy, @late, @io_late, @count
         @hold_until = nil # (Clock.now) none start before it
         @turned_at = nil # (Clock.now) when the last turn ended
       end
@@ -208,11 +205,12 @@ module NeverBlock
 
       private
 
+      # What the pace knows of the loop, forgotten: a whole batch next.
       def afresh
-        @busy = nil
-        @late = 0.0
-        @io_late = 0.0
-        @count = @batch
+        @busy = nil # the average share of time on the CPU, over the turns so far
+        @late = 0.0 # the last turn's lateness
+        @io_late = 0.0 # the last turn's descriptors' lateness
+        @count = @batch # what the last call answered
       end
 
       def holding?(now)
