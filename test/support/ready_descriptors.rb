@@ -12,23 +12,30 @@ module ReadyDescriptors
   # each wake-up, until the block ends.
   def with_ready_fibers(count)
     skip_livelocking_uring if count > 64
-    pairs = Array.new(count) { UNIXSocket.pair }
-    pairs.each { |_, writer| writer.write("x") }
+    pairs = ready_pairs(count)
     stop = false
     fibers = pairs.map do |reader, _|
-      NeverBlock.spawn do
-        until stop
-          reader.wait_readable
-          spin_until = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 0.00005
-          nil while Process.clock_gettime(Process::CLOCK_MONOTONIC) < spin_until
-        end
-      end
+      NeverBlock.spawn { wake_when_ready(reader) until stop }
     end
     yield
   ensure
     stop = true
     fibers&.each(&:wait)
     pairs&.flatten&.each(&:close)
+  end
+
+  # @return [Array<Array(UNIXSocket, UNIXSocket)>] `count` socket pairs
+  #   whose reader stays readable (a byte written, never read).
+  def ready_pairs(count)
+    Array.new(count) { UNIXSocket.pair.tap { |_, writer| writer.write("x") } }
+  end
+
+  # Waits on `reader` (one of #ready_pairs': at once ready) and spends 50 µs
+  # of CPU, as a wake-up that handles an event.
+  def wake_when_ready(reader)
+    reader.wait_readable
+    spin_until = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 0.00005
+    nil while Process.clock_gettime(Process::CLOCK_MONOTONIC) < spin_until
   end
 
   # io-event 1.11.2's io_uring selector (the newest for Ruby 3.1) never

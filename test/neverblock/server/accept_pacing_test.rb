@@ -50,7 +50,7 @@ class ServerAcceptPacingTest < PlainTest
       skip_unless_batched_selector
     end
     stop = false
-    pairs = Array.new(100) { UNIXSocket.pair.tap { |_, writer| writer.write("x") } }
+    pairs = ready_pairs(100)
     streams = Queue.new
     holding = Queue.new
     release = Queue.new
@@ -66,11 +66,7 @@ class ServerAcceptPacingTest < PlainTest
       streams << true
       body = Enumerator.new do |out|
         out << "open\n"
-        until stop
-          reader.wait_readable # ready at once, every time: the loop is always behind
-          spin_until = NeverBlock::Clock.now + 0.00005
-          nil while NeverBlock::Clock.now < spin_until
-        end
+        wake_when_ready(reader) until stop # ready at once, every time: the loop is always behind
       end
       [200, { "content-type" => "text/plain" }, body]
     end

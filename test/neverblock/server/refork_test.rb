@@ -315,13 +315,13 @@ class ServerReforkTest < PlainTest
     Integer(File.read("/proc/#{pid}/stat")[/\) \S (\d+)/, 1])
   end
 
-  # kB, by field.
   # Whether a worker's memory (#smaps_rollup) maps the 100 MB cache and
   # shares most of it.
   def shares_cache?(memory)
     memory["Rss"] > 90 * 1024 && memory["Rss"] - memory["Pss"] > 40 * 1024
   end
 
+  # kB, by field.
   def smaps_rollup(pid)
     File.read("/proc/#{pid}/smaps_rollup").scan(/^(\w+):\s+(\d+) kB/).to_h { |name, kb| [name, Integer(kb)] }
   end
