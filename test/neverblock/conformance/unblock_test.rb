@@ -25,18 +25,25 @@ class ConformanceUnblockTest < ConformanceTest
 
   # Ruby's test_broken_unblock: the error belongs to the exiting thread that
   # called unblock, so joining that thread raises it in the joining fiber;
-  # the loop itself carries on and ends.
+  # the loop itself carries on and ends. The thread ends only when the second
+  # fiber lets it, after the join has begun to wait: a thread that ended
+  # before the join would call no unblock at all.
   def test_an_unblock_hook_that_raises_fails_the_join_not_the_loop
     error = nil
     other_fiber_finished = false
+    release = Thread::Queue.new
     on_scheduler_thread(scheduler_class: RaisingUnblockScheduler) do
       schedule do
-        Thread.new { Thread.current.report_on_exception = false }.join
+        Thread.new do
+          Thread.current.report_on_exception = false
+          release.pop
+        end.join
       rescue RuntimeError => e
         error = e
       end
       schedule do
         sleep 0.01
+        release << :go
         other_fiber_finished = true
       end
     end
