@@ -8,8 +8,9 @@
 // runs it) accepts with the same meaning, and "declines" (returns nil)
 // everything else: an incomplete head, a byte outside the sets below, a
 // method other than the seven common ones, Transfer-Encoding, Upgrade,
-// Expect, Proxy-Connection, a Connection header other than `keep-alive`, a
-// request that is not kept alive, a header repeated, a Content-Length that
+// Expect, Proxy-Connection, a Connection header other than a lone
+// `keep-alive` or `close`, an HTTP/1.1 request without Host, a header
+// repeated, a Content-Length that
 // is not digits only or over max_body, a Host that is not a plain
 // `name[:port]`, anything over a Limit. The Parser hands what it declines
 // to llhttp exactly as before, so every refusal, its status and its message
@@ -60,6 +61,7 @@ typedef struct {
     long content_length; // its Content-Length (0 without one)
     int head;            // its method was HEAD
     int http10;          // it was HTTP/1.0
+    int keep_alive;      // its connection stays open after it (llhttp's keep_alive?)
 } nb_head_t;
 
 static void nb_head_mark(void *data) {
@@ -226,9 +228,11 @@ static void set_target(VALUE env, const char *target, long length) {
 // starts at byte `offset` of `data` (a message boundary: nothing of it went
 // to llhttp), or nil when the fast path declines it (see the top of this
 // file): hand `data` from `offset` to llhttp then. After an env,
-// #head_end, #content_length, #head? and #http10? describe the request;
-// it is always kept alive (HTTP/1.1 without `Connection: close`, HTTP/1.0
-// with `Connection: keep-alive`). Nothing of `data` is kept.
+// #head_end, #content_length, #head?, #http10? and #keep_alive? describe
+// the request. Kept alive, as llhttp says: HTTP/1.1 without `Connection:
+// close`, HTTP/1.0 with `Connection: keep-alive`. A request not kept alive
+// (a proxy's `Connection: close`, nginx's default to its upstreams) takes
+// the fast path too. Nothing of `data` is kept.
 static VALUE nb_head_parse(VALUE self, VALUE data, VALUE offset_value) {
     nb_head_t *head = nb_head_get(self);
     StringValue(data);
@@ -276,6 +280,7 @@ static VALUE nb_head_parse(VALUE self, VALUE data, VALUE offset_value) {
     const char *host = NULL;
     long host_length = 0;
     int keep_alive_header = 0;
+    int close_header = 0;
     long content_length = -1;
     // Header lines: token `:` OWS value OWS CRLF, to the empty line.
     while (p[0] != '\r') {
@@ -315,9 +320,11 @@ static VALUE nb_head_parse(VALUE self, VALUE data, VALUE offset_value) {
             if (content_length >= 0 || length > head->max_body) return Qnil; // duplicate: llhttp refuses; 413
             content_length = length;
         } else if (NAME_IS(name, name_length, "connection")) {
-            // Only the plain keep-alive: `close`, `upgrade` and lists are llhttp's.
-            if (raw_length != value_length || !NAME_IS(value, value_length, "keep-alive")) return Qnil;
-            keep_alive_header = 1;
+            // Only a lone `keep-alive` or `close` (any case): `upgrade` and lists are llhttp's.
+            if (raw_length != value_length) return Qnil;
+            if (NAME_IS(value, value_length, "keep-alive")) keep_alive_header = 1;
+            else if (NAME_IS(value, value_length, "close")) close_header = 1;
+            else return Qnil;
         } else if (NAME_IS(name, name_length, "host")) {
             host = value;
             host_length = value_length;
@@ -337,7 +344,7 @@ static VALUE nb_head_parse(VALUE self, VALUE data, VALUE offset_value) {
     // line's start is no end of the head (llhttp 8.1 takes it; the Parser refuses it).
     if (p + 2 != end) return Qnil;
     p += 2;
-    if (is_http10 ? !keep_alive_header : host == NULL) return Qnil; // not kept alive; 400 without Host
+    if (!is_http10 && host == NULL) return Qnil; // 400 without Host (llhttp's, through the Parser)
 
     VALUE server_name, server_port;
     if (host == NULL) {
@@ -365,6 +372,7 @@ static VALUE nb_head_parse(VALUE self, VALUE data, VALUE offset_value) {
     head->content_length = content_length < 0 ? 0 : content_length;
     head->head = method_id == METHOD_HEAD;
     head->http10 = is_http10;
+    head->keep_alive = is_http10 ? keep_alive_header : !close_header;
     RB_GC_GUARD(data);
     return env;
 }
@@ -387,6 +395,12 @@ static VALUE nb_head_head_p(VALUE self) {
 // #http10?: whether the last parsed request was HTTP/1.0.
 static VALUE nb_head_http10_p(VALUE self) {
     return nb_head_get(self)->http10 ? Qtrue : Qfalse;
+}
+
+// #keep_alive?: whether the last parsed request's connection stays open
+// after it.
+static VALUE nb_head_keep_alive_p(VALUE self) {
+    return nb_head_get(self)->keep_alive ? Qtrue : Qfalse;
 }
 
 // Sets *slot to the interned `text` (UTF-8, frozen), kept for the process's life.
@@ -430,4 +444,5 @@ void Init_http_head(void) {
     rb_define_method(klass, "content_length", nb_head_content_length, 0);
     rb_define_method(klass, "head?", nb_head_head_p, 0);
     rb_define_method(klass, "http10?", nb_head_http10_p, 0);
+    rb_define_method(klass, "keep_alive?", nb_head_keep_alive_p, 0);
 }

@@ -105,7 +105,7 @@ module NeverBlock
         @server_name = nil
         @server_port = nil
         @timed = !limits.request_timeout.nil? # requests need their head's time
-        @llhttp = LLHttp::Parser.new(self, type: :request)
+        @llhttp = nil # made for the first head the C fast path declines (#feed_head): most connections need none
         @head = (HTTPHead.new(base_env, default_host, default_port, limits.max_request_target, limits.max_header_bytes,
                               limits.max_headers, limits.max_body) if head_parser)
         @body_left = 0   # bytes of the current request's Content-Length body still to come
@@ -228,12 +228,13 @@ module NeverBlock
         head = @head
         request = Request.new(env, head.head?, head.http10?, @limits.max_body_in_memory)
         request.head_at = Clock.now if @timed
-        request.keep_alive = true # the fast path takes only requests kept alive
+        request.keep_alive = head.keep_alive?
         @requests << request
         @empty_lines = 0
         length = head.content_length
         if length.zero?
           request.complete = true
+          @closed = true unless request.keep_alive # nothing read after it (#finish_request)
           return offset
         end
 

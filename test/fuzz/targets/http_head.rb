@@ -102,13 +102,13 @@ module NeverBlockFuzz
       def parse(head, data, offset, gc)
         GC.stress = true if gc == :stress
         env = head.parse(data, offset)
-        env && [env, head.head_end, head.content_length, head.head?, head.http10?]
+        env && [env, head.head_end, head.content_length, head.head?, head.http10?, head.keep_alive?]
       ensure
         GC.stress = false if gc == :stress
       end
 
       # The parse's contract (see the top of http_head.c).
-      def check(env, head_end, length, head, http10, data, offset, limits)
+      def check(env, head_end, length, head, http10, keep_alive, data, offset, limits)
         max_target, _max_header_bytes, max_headers, max_body = limits
         unless head_end > offset && head_end <= data.bytesize &&
                data.byteslice(offset, head_end - offset).index("\r\n\r\n") == head_end - offset - 4
@@ -124,6 +124,11 @@ module NeverBlockFuzz
         end
         protocol = http10 ? "HTTP/1.0" : "HTTP/1.1"
         raise Failure, "SERVER_PROTOCOL #{env['SERVER_PROTOCOL'].inspect}, http10? #{http10}" unless env["SERVER_PROTOCOL"] == protocol
+
+        connection = env["HTTP_CONNECTION"]&.downcase
+        unless keep_alive == (http10 ? connection == "keep-alive" : connection != "close")
+          raise Failure, "keep_alive? #{keep_alive} for #{protocol} with Connection #{env['HTTP_CONNECTION'].inspect}"
+        end
 
         path = env["PATH_INFO"]
         raise Failure, "PATH_INFO #{path.inspect}" unless path.is_a?(String) && path.start_with?("/")

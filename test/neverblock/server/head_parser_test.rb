@@ -75,10 +75,11 @@ class ServerHeadParserTest < PlainTest
     "Upgrade" => "GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
     "Upgrade alone" => "GET / HTTP/1.1\r\nHost: x\r\nUpgrade: h2c\r\n\r\n",
     "Expect" => "POST / HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\nok",
-    "Connection: close" => "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
     "Connection list" => "GET / HTTP/1.1\r\nHost: x\r\nConnection: keep-alive, close\r\n\r\n",
+    "Connection: close, then a space" => "GET / HTTP/1.1\r\nHost: x\r\nConnection: close \r\n\r\n",
+    "Connection token other than close" => "GET / HTTP/1.1\r\nHost: x\r\nConnection: closed\r\n\r\n",
+    "Connection: close and keep-alive" => "GET / HTTP/1.0\r\nConnection: close\r\nConnection: keep-alive\r\n\r\n",
     "Proxy-Connection" => "GET / HTTP/1.1\r\nHost: x\r\nProxy-Connection: close\r\n\r\n",
-    "HTTP/1.0" => "GET / HTTP/1.0\r\n\r\n",
     "HTTP/2.0" => "GET / HTTP/2.0\r\nHost: x\r\n\r\n",
     "HTTP/1.2" => "GET / HTTP/1.2\r\nHost: x\r\n\r\n",
     "HTTP/2 preface" => "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
@@ -123,6 +124,13 @@ class ServerHeadParserTest < PlainTest
     "HTTP/1.0 keep-alive" => "GET /ten HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n",
     "HTTP/1.0 keep-alive with Host" => "GET /ten HTTP/1.0\r\nHost: x:81\r\nConnection: keep-alive\r\n\r\n",
     "HTTP/1.1 keep-alive" => "GET / HTTP/1.1\r\nHost: x\r\nConnection: keep-alive\r\n\r\n",
+    # Not kept alive: a proxy's requests (nginx's default to its upstreams), HTTP/1.0's own.
+    "Connection: close" => "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    "Connection: CLOSE" => "GET / HTTP/1.1\r\nHost: x\r\nConnection: CLOSE\r\n\r\n",
+    "POST with a body, Connection: close" => "POST /p HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 5\r\n\r\nhello",
+    "HTTP/1.0" => "GET / HTTP/1.0\r\n\r\n",
+    "HTTP/1.0 with Host" => "GET /ten HTTP/1.0\r\nHost: x:81\r\n\r\n",
+    "HTTP/1.0 close" => "GET /ten HTTP/1.0\r\nConnection: close\r\n\r\n",
     "Host with a port" => "GET / HTTP/1.1\r\nHost: 10.0.0.1:8080\r\n\r\n",
     "Host with an empty port" => "GET / HTTP/1.1\r\nHost: x:\r\n\r\n",
     "underscore header (dropped)" => "GET / HTTP/1.1\r\nHost: x\r\nX_Forwarded_For: 1.2.3.4\r\nX-Forwarded-For: 5.6.7.8\r\n\r\n",
@@ -161,7 +169,7 @@ class ServerHeadParserTest < PlainTest
     assert request.complete, "llhttp saw the message end where the fast path did: #{context.inspect[0, 400]}"
     assert_equal head.content_length, request.body_bytes, "body length of #{context.inspect[0, 400]}"
     refute llhttp.in_message?, context.inspect[0, 400]
-    assert request.keep_alive, "kept alive by llhttp too: #{context.inspect[0, 400]}"
+    assert_equal request.keep_alive, head.keep_alive?, "kept alive as llhttp says: #{context.inspect[0, 400]}"
     assert_equal [request.head, request.http10], [head.head?, head.http10?], context.inspect[0, 400]
     env
   end
@@ -222,6 +230,18 @@ class ServerHeadParserTest < PlainTest
     refute env.key?("rack.early_hints"), "1xx responses are HTTP/1.1's"
     env = fast_env(TAKEN.fetch("underscore header (dropped)"))
     assert_equal "5.6.7.8", env["HTTP_X_FORWARDED_FOR"]
+  end
+
+  def test_tells_which_requests_are_kept_alive
+    head = NeverBlock::HTTPHead.new(BASE_ENV, "localhost", "8080", 2048, 8192, 40, 65_536)
+    kept = TAKEN.select { |_name, bytes| head.parse(bytes, 0) && head.keep_alive? }.keys
+    assert_includes kept, "GET"
+    assert_includes kept, "HTTP/1.0 keep-alive"
+    assert_includes kept, "HTTP/1.1 keep-alive"
+    closing = ["Connection: close", "Connection: CLOSE", "POST with a body, Connection: close", "HTTP/1.0",
+               "HTTP/1.0 with Host", "HTTP/1.0 close"]
+    assert_empty kept & closing
+    assert_equal closing.size, closing.count { |name| head.parse(TAKEN.fetch(name), 0) }
   end
 
   # REQUEST_METHOD is one frozen String per method on both paths (binary,
@@ -322,7 +342,14 @@ class ServerHeadParserTest < PlainTest
   def test_no_fast_path_after_a_request_not_kept_alive
     closing = "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".b
     assert_same_parse([closing, TAKEN.fetch("GET")], "after Connection: close")
-    assert_same_parse([DECLINED.fetch("HTTP/1.0"), TAKEN.fetch("GET")], "after HTTP/1.0")
+    assert_same_parse([TAKEN.fetch("HTTP/1.0"), TAKEN.fetch("GET")], "after HTTP/1.0")
+    assert_same_parse([closing + TAKEN.fetch("GET")], "after Connection: close, in the same read")
+    body = TAKEN.fetch("POST with a body, Connection: close")
+    assert_same_parse([body + TAKEN.fetch("GET")], "after a body and Connection: close")
+    assert_same_parse([body[0, body.bytesize - 2], body[-2, 2] + TAKEN.fetch("GET")], "after a body in two reads")
+    parser = Parser.new(LIMITS, BASE_ENV, "localhost", "8080", true)
+    parser << closing + TAKEN.fetch("GET")
+    assert_equal [false], parser.requests.map(&:keep_alive), "the request after one not kept alive is not read"
   end
 
   def test_the_switch_turns_the_fast_path_off
