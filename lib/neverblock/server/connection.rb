@@ -118,8 +118,9 @@ module NeverBlock
       # @return [void]
       def run
         @fiber = Fiber.current
-        # Responses go out in as few writes as possible; Nagle would only delay them.
-        @socket.setsockopt(Socket::IPPROTO_TCP, Socket::TCP_NODELAY, 1) unless @listener.unix?
+        # Responses go out in as few writes as possible; Nagle would only delay
+        # them. (On Linux the socket has it from its listener: Listener#nodelay?)
+        @socket.setsockopt(Socket::IPPROTO_TCP, Socket::TCP_NODELAY, 1) unless @listener.unix? || @listener.nodelay?
         limits = @context.limits
         @limits = limits
         @request_timeout = limits.request_timeout
@@ -127,7 +128,8 @@ module NeverBlock
           @socket = @listener.secure(@socket, Clock.now + limits.header_timeout)
           return unless @socket
         end
-        @parser = Parser.new(limits, base_env, @listener.unix? ? "localhost" : local_host, (@listener.port || 0).to_s)
+        @parser = Parser.new(limits, base_env, @listener.unix? ? "localhost" : local_host, @listener.port_text,
+                             @context.head_parser)
         @response = Response.new(@socket, limits.write_timeout)
         serve_requests
       rescue Response::ClientGone, SystemCallError, IOError

@@ -64,6 +64,10 @@ module NeverBlock
       #   it and parses at once, so idle connections hold no buffer.
       attr_reader :read_buffer
 
+      # @return [Boolean] whether connections parse plain heads in C
+      #   (Parser.head_parser?, read once).
+      attr_reader :head_parser
+
       # @return [Integer] requests in the app or having their response written.
       attr_reader :requests_in_flight
 
@@ -120,6 +124,7 @@ module NeverBlock
         @opentelemetry = opentelemetry
         @request_tracer = nil
         @read_buffer = String.new(capacity: Connection::READ_SIZE, encoding: Encoding::BINARY)
+        @head_parser = Parser.head_parser? # (an ENV lookup: once, not per connection)
         @requests_in_flight = 0
         @requests_total = 0
         @streams_open = 0

@@ -34,6 +34,7 @@ module NeverBlock
         listener = new(address.unix? ? "unix://#{address.unix_path}" : "tcp://#{address.inspect_sockaddr}")
         listener.instance_variable_set(:@server, server)
         listener.instance_variable_set(:@inherited, true)
+        listener.send(:set_nodelay)
         listener
       end
 
@@ -71,6 +72,18 @@ module NeverBlock
         end
         @server = nil
         @inherited = false
+        @nodelay = false
+      end
+
+      # Linux copies a listening TCP socket's TCP_NODELAY into each
+      # connection it accepts (the BSDs do not promise it): set once on the
+      # listener, it saves a setsockopt(2) per connection.
+      NODELAY_INHERITED = RUBY_PLATFORM.include?("linux")
+
+      # @return [Boolean] whether its connections come with TCP_NODELAY set
+      #   (else Connection#run sets it on each).
+      def nodelay?
+        @nodelay
       end
 
       # Opens the listening socket (once), or takes the one systemd passed
@@ -83,6 +96,7 @@ module NeverBlock
 
         if (@server = Systemd.claim(host: @host, port: @port, path: @path))
           @inherited = true
+          set_nodelay
           return self
         end
         begin
@@ -92,6 +106,7 @@ module NeverBlock
         end
         @server.listen(BACKLOG)
         @owner = Process.pid
+        set_nodelay
         self
       end
 
@@ -124,6 +139,12 @@ module NeverBlock
       # @return [Integer, nil] the TCP port (also once closed).
       def port
         @bound_port ||= @server.local_address.ip_port unless @path
+      end
+
+      # @return [String] {#port} as text, "0" for a Unix socket: the default
+      #   SERVER_PORT of its connections (made once, not per connection).
+      def port_text
+        @port_text ||= -(port || 0).to_s
       end
 
       # Waits for and returns the next connection; inside NeverBlock only the
@@ -189,6 +210,18 @@ module NeverBlock
       # @raise [IOError] once closed (as the closed socket would).
       def open_server
         @server or raise IOError, "#{@spec}: the listener is closed"
+      end
+
+      # TCP_NODELAY on a TCP listener, for its connections to inherit
+      # ({NODELAY_INHERITED}); where it cannot be set they get it one by one.
+      def set_nodelay
+        @nodelay = false
+        return if @path || !NODELAY_INHERITED || !@server.local_address.ip?
+
+        @server.setsockopt(Socket::IPPROTO_TCP, Socket::TCP_NODELAY, 1)
+        @nodelay = true
+      rescue SystemCallError
+        nil
       end
 
       # A socket file left behind by a dead process is removed; one that a

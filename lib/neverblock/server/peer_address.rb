@@ -48,10 +48,31 @@ module NeverBlock
       # @return [String] its address as inet_ntop(3) writes it.
       # @raise [ArgumentError] for another kind of address.
       def ip(sockaddr)
-        if sockaddr.bytesize == 16 && sockaddr.start_with?(INET) then ipv4(sockaddr, 4)
+        if sockaddr.bytesize == 16 && sockaddr.start_with?(INET) then cached_ipv4(sockaddr)
         elsif sockaddr.bytesize == 28 && sockaddr.start_with?(INET6) then ipv6(sockaddr)
         else raise ArgumentError, "not an IPv4 or IPv6 socket address (#{sockaddr.bytesize} bytes)"
         end
+      end
+
+      # IPv4 addresses formatted so far, by their 32 bits: a server's peers
+      # are mostly the same few (a proxy, a load balancer; its own address
+      # for the default SERVER_NAME), and a text made before costs no String
+      # per connection. Emptied when it holds IPV4_TEXTS (a server facing
+      # the whole internet then formats as before).
+      @ipv4_texts = {}
+      IPV4_TEXTS = 256
+
+      # @return [String] the IPv4 address of a `sockaddr_in`, frozen.
+      #   (Called on the module, as every function here: the module keeps
+      #   the texts. Under the GVL a Hash is safe from several threads.)
+      def cached_ipv4(sockaddr)
+        address = sockaddr.unpack1("N", offset: 4)
+        texts = @ipv4_texts
+        text = texts[address]
+        return text if text
+
+        texts.clear if texts.size >= IPV4_TEXTS
+        texts[address] = -ipv4(sockaddr, 4)
       end
 
       def ipv4(bytes, at)

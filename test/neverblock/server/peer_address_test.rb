@@ -30,6 +30,22 @@ class ServerPeerAddressTest < PlainTest
     end
   end
 
+  # IPv4 texts are kept (a server's peers are mostly a few proxies): the
+  # same frozen String for an address seen before, and the right text for
+  # every address however many come (the kept ones are let go past
+  # IPV4_TEXTS).
+  def test_an_ipv4_address_seen_before_costs_no_string
+    first = PeerAddress.ip(Socket.sockaddr_in(80, "10.9.8.7"))
+    assert_predicate first, :frozen?
+    assert_same first, PeerAddress.ip(Socket.sockaddr_in(443, "10.9.8.7"))
+    (PeerAddress::IPV4_TEXTS * 2).times do |index|
+      address = "10.#{index / 256}.#{index % 256}.#{index % 7}"
+      assert_equal address, PeerAddress.ip(Socket.sockaddr_in(80, address))
+    end
+    assert_equal "10.9.8.7", PeerAddress.ip(Socket.sockaddr_in(80, "10.9.8.7"))
+    assert_operator PeerAddress.instance_variable_get(:@ipv4_texts).size, :<=, PeerAddress::IPV4_TEXTS
+  end
+
   def test_another_kind_of_address_is_refused
     error = assert_raises(ArgumentError) { PeerAddress.ip(Socket.sockaddr_un("/tmp/x")) }
     assert_match(/not an IPv4 or IPv6/, error.message)
