@@ -101,15 +101,17 @@ end
 
 # Test modules that turn one of the server's switches "off" for every test
 # of the class that includes them (after ServerHelper), and put it back.
+# The switch is off before the class's own setup runs: a server built there
+# reads it once (Context reads the head-parser switch when it is made).
 module ServerSwitch
   # @param variable [String] the environment variable the server reads.
   # @return [Module]
   def self.off(variable)
     Module.new do
       define_method(:setup) do
-        super()
         (@switches_before ||= {})[variable] = ENV.fetch(variable, nil)
         ENV[variable] = "off"
+        super()
       end
 
       define_method(:teardown) do
@@ -129,4 +131,13 @@ FiberPerIdleConnection = ServerSwitch.off(NeverBlock::Server::IdleSet::SWITCH)
 # Its servers parse every request head with llhttp's callbacks, as without
 # the C extension (NeverBlock::Server::Parser's fast path,
 # NeverBlock::HTTPHead, turned off), so that path stays tested in every run.
-LlhttpHeads = ServerSwitch.off(NeverBlock::Server::Parser::HEAD_PARSER_SWITCH)
+LlhttpHeads = Module.new do
+  include ServerSwitch.off(NeverBlock::Server::Parser::HEAD_PARSER_SWITCH)
+
+  # A server the class's setup started parses with llhttp indeed.
+  define_method(:setup) do
+    super()
+    context = @server&.instance_variable_get(:@context)
+    refute context.head_parser, "this class's server takes the C head parser" if context
+  end
+end
