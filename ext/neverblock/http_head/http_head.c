@@ -343,6 +343,9 @@ static VALUE nb_head_parse(VALUE self, VALUE data, VALUE offset_value) {
     // The empty line must be the CRLF found above: `\r` and another byte at a
     // line's start is no end of the head (llhttp 8.1 takes it; the Parser refuses it).
     if (p + 2 != end) return Qnil;
+    // (Checked per line above; again here for a head without header lines,
+    // HTTP/1.0's, against a limit below zero: none is under it.)
+    if (count > head->max_headers || header_bytes > head->max_header_bytes) return Qnil;
     p += 2;
     if (!is_http10 && host == NULL) return Qnil; // 400 without Host (llhttp's, through the Parser)
 

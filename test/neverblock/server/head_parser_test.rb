@@ -362,6 +362,15 @@ class ServerHeadParserTest < PlainTest
     ENV[Parser::HEAD_PARSER_SWITCH] = switch
   end
 
+  # A head without header lines (HTTP/1.0's) is under any limit but one below
+  # zero: nothing is (the fuzzer's limits include negative ones).
+  def test_a_head_without_headers_is_declined_under_a_negative_limit
+    bytes = "GET /ten HTTP/1.0\r\n\r\n".b
+    assert NeverBlock::HTTPHead.new(BASE_ENV, "localhost", "8080", 100, 0, 0, 100).parse(bytes, 0)
+    assert_nil NeverBlock::HTTPHead.new(BASE_ENV, "localhost", "8080", 100, 100, -1, 100).parse(bytes, 0)
+    assert_nil NeverBlock::HTTPHead.new(BASE_ENV, "localhost", "8080", 100, -1, 100, 100).parse(bytes, 0)
+  end
+
   def test_parse_refuses_an_offset_outside_the_data
     head = NeverBlock::HTTPHead.new(BASE_ENV, "localhost", "8080", 10, 10, 10, 10)
     assert_raises(ArgumentError) { head.parse("GET".b, 4) }
