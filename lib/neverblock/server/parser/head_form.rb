@@ -113,16 +113,15 @@ module NeverBlock
         end
 
         # Reads an HTAB among the blanks before a header line's CR as a space
-        # (in place; `head` is the Parser's own copy).
+        # (in place; `head` is the Parser's own copy). Linear: each run of
+        # blanks is read once, however many HTABs it holds.
         def blank_trailing_tabs(head)
           at = @line_end
           while (at = head.index("\t", at + 1))
             after = at + 1
             after += 1 while (byte = head.getbyte(after)) == SPACE || byte == HTAB
-            next unless byte == CR
-
-            (at...after).each { |blank| head.setbyte(blank, SPACE) }
-            at = after
+            (at...after).each { |blank| head.setbyte(blank, SPACE) } if byte == CR
+            at = after # every blank before `after` was read: the next search starts past them
           end
         end
       end
