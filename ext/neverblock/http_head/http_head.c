@@ -78,10 +78,13 @@ static size_t nb_head_memsize(const void *data) {
     return sizeof(nb_head_t);
 }
 
+// Write-barrier protected: every store of a VALUE into the struct after
+// allocation goes through RB_OBJ_WRITE, so an old HTTPHead (one per open
+// connection) is not marked again on every minor GC.
 static const rb_data_type_t nb_head_type = {
     "NeverBlock::HTTPHead",
     {nb_head_mark, RUBY_TYPED_DEFAULT_FREE, nb_head_memsize},
-    0, 0, RUBY_TYPED_FREE_IMMEDIATELY
+    0, 0, RUBY_TYPED_FREE_IMMEDIATELY | RUBY_TYPED_WB_PROTECTED
 };
 
 static VALUE nb_head_alloc(VALUE klass) {
@@ -107,9 +110,9 @@ static VALUE nb_head_initialize(VALUE self, VALUE base_env, VALUE default_host, 
     Check_Type(base_env, T_HASH);
     StringValue(default_host);
     StringValue(default_port);
-    head->base_env = base_env;
-    head->default_host = default_host;
-    head->default_port = default_port;
+    RB_OBJ_WRITE(self, &head->base_env, base_env);
+    RB_OBJ_WRITE(self, &head->default_host, default_host);
+    RB_OBJ_WRITE(self, &head->default_port, default_port);
     head->max_target = NUM2LONG(max_target);
     head->max_header_bytes = NUM2LONG(max_header_bytes);
     head->max_headers = NUM2LONG(max_headers);
@@ -177,7 +180,7 @@ static VALUE header_key(const char *name, long length) {
 // and `-` (not empty), then maybe `:` and digits (maybe none). Sets the
 // head's cached host, server_name and server_port. Other Hosts (IPv6
 // literals, %-escapes, ...) are checked by the Ruby path: returns 0.
-static int check_host(nb_head_t *head, const char *host, long length) {
+static int check_host(VALUE self, nb_head_t *head, const char *host, long length) {
     long colon = -1;
     for (long i = 0; i < length; i++) {
         unsigned char c = (unsigned char)host[i];
@@ -194,9 +197,10 @@ static int check_host(nb_head_t *head, const char *host, long length) {
     rb_encoding *binary = rb_ascii8bit_encoding();
     long name_length = colon < 0 ? length : colon;
     long port_length = colon < 0 ? 0 : length - colon - 1;
-    head->host = rb_enc_interned_str(host, length, binary);
-    head->server_name = rb_enc_interned_str(host, name_length, binary);
-    head->server_port = port_length == 0 ? default_port80 : rb_enc_interned_str(host + colon + 1, port_length, binary);
+    RB_OBJ_WRITE(self, &head->host, rb_enc_interned_str(host, length, binary));
+    RB_OBJ_WRITE(self, &head->server_name, rb_enc_interned_str(host, name_length, binary));
+    RB_OBJ_WRITE(self, &head->server_port,
+                 port_length == 0 ? default_port80 : rb_enc_interned_str(host + colon + 1, port_length, binary));
     return 1;
 }
 
@@ -357,7 +361,7 @@ static VALUE nb_head_parse(VALUE self, VALUE data, VALUE offset_value) {
                memcmp(RSTRING_PTR(head->host), host, host_length) == 0) {
         server_name = head->server_name; // a connection's requests nearly always repeat their Host
         server_port = head->server_port;
-    } else if (check_host(head, host, host_length)) {
+    } else if (check_host(self, head, host, host_length)) {
         server_name = head->server_name;
         server_port = head->server_port;
     } else {

@@ -377,4 +377,31 @@ class ServerHeadParserTest < PlainTest
     assert_raises(ArgumentError) { head.parse("GET".b, -1) }
     assert_nil head.parse("GET".b, 3)
   end
+
+  # HTTPHead is write-barrier protected (so an old one, a long-lived
+  # connection's, is not marked again on every minor GC): every VALUE it
+  # stores after allocation must go through RB_OBJ_WRITE, or a minor GC may
+  # free the young String under it (its Host cache holds interned Strings,
+  # which the fstring table holds weakly). Ruby's own check finds a missed
+  # barrier (an old object pointing at a young one it never remembered)
+  # and aborts, hence a child process.
+  def test_an_old_head_stores_through_write_barriers
+    out, err, status = run_ruby(<<~'RUBY')
+      require "neverblock/server"
+      head = NeverBlock::HTTPHead.new({}, "localhost", "8080", 2048, 8192, 40, 65_536)
+      4.times { GC.start } # old now
+      host = "fresh-#{rand(10**12)}.example" # interned only by the parse
+      request = "GET / HTTP/1.1\r\nHost: #{host}:8443\r\n\r\n".b
+      env = head.parse(request, 0)
+      GC.verify_internal_consistency
+      GC.start # (a major GC forgets what the parse's stores remembered)
+      head.send(:initialize, { "a" => "b" }, +"h#{rand(10)}", +"8#{rand(10)}", 2048, 8192, 40, 65_536)
+      GC.verify_internal_consistency
+      3.times { GC.start(full_mark: false, immediate_sweep: true) }
+      again = head.parse(request, 0)
+      puts [env["SERVER_NAME"] == host, again["SERVER_NAME"] == host, again["SERVER_PORT"]].inspect
+    RUBY
+    assert status.success?, "the child failed:\n#{err[0, 2000]}"
+    assert_equal "[true, true, \"8443\"]", out.strip
+  end
 end
