@@ -17,10 +17,30 @@ module NeverBlock
     # optional blanks around `;` and `=`), a size line over {LINE_MAX}, a
     # trailer line that is not `name: value`. 413 when the chunk sizes add up
     # to more than `max_body`; 431 when trailers exceed `max_header_bytes`
-    # or `max_headers`. Trailers are checked and dropped, as before.
+    # or `max_headers`. Trailers are checked and dropped, as before. 400 too
+    # when the framing outgrows the data it frames: each chunk may bring 16
+    # bytes of size line, extensions and CRLFs, plus twice its size, and
+    # more than {EXCESS_MAX} bytes over that allowance is refused (long
+    # extensions on tiny chunks cost a regex match per line and carry
+    # nothing).
+    #
+    # Its cost is per read, not per chunk, where it can be: a plain size
+    # line (hex digits and CRLF, all in the read) is read byte by byte
+    # without allocating, and the data of chunks under {SMALL} bytes is
+    # gathered and yielded once per read. A body of one-byte chunks costs
+    # a few times one of the same size in large chunks, not a method call
+    # and a handful of Strings per byte.
     class ChunkedBody
       # Longest chunk-size line (size and extensions, CRLF excluded).
       LINE_MAX = 4096
+      # Framing bytes beyond each chunk's allowance (16 + twice its size)
+      # that a body may bring, in all.
+      EXCESS_MAX = 16 * 1024
+      # Chunks with less data than this are gathered into one String per
+      # read; larger ones are yielded as they are.
+      SMALL = 4096
+      # A hex digit's value by byte; nil for other bytes.
+      HEX = Array.new(256) { |byte| [byte].pack("C").then { |char| char.match?(/\A\h\z/) ? char.to_i(16) : nil } }.freeze
 
       # RFC 9110 tchar.
       TCHAR = "!#$%&'*+\\-.^_`|~0-9A-Za-z"
@@ -30,7 +50,7 @@ module NeverBlock
       VALUE_CTL = "\x00-\x08\x0A-\x1F\x7F"
       CR = 13
       LF = 10
-      private_constant :TCHAR, :EXTENSIONS, :VALUE_CTL, :CR, :LF
+      private_constant :TCHAR, :EXTENSIONS, :VALUE_CTL, :CR, :LF, :HEX
 
       # @param limits [Limits] max_body, max_header_bytes, max_headers.
       def initialize(limits)
@@ -41,6 +61,7 @@ module NeverBlock
         @total = 0     # the chunk sizes so far
         @trailer_bytes = 0
         @trailers = 0
+        @excess = 0    # framing bytes over the chunks' allowance so far
       end
 
       # @return [Boolean] true once the last chunk and the trailers ended.
@@ -58,23 +79,57 @@ module NeverBlock
       # @raise [HTTPError] 400, 413 or 431 (see the class comment).
       def take(data, offset)
         size = data.bytesize
+        gathered = nil # small chunks' data, yielded once at the end
         while offset < size
           case @state
           when :data
             count = @left < size - offset ? @left : size - offset
-            yield data.byteslice(offset, count)
+            if count < SMALL
+              (gathered ||= String.new(encoding: Encoding::BINARY)) << data.byteslice(offset, count)
+            else
+              if gathered
+                yield gathered
+                gathered = nil
+              end
+              yield data.byteslice(offset, count)
+            end
             offset += count
             @state = :data_cr if (@left -= count).zero?
-          when :data_cr then offset = expect(data, offset, CR, :data_lf)
+          when :data_cr
+            if data.getbyte(offset + 1) == LF && data.getbyte(offset) == CR # (the usual: both in this read)
+              @state = :size
+              offset += 2
+            else
+              offset = expect(data, offset, CR, :data_lf)
+            end
           when :data_lf then offset = expect(data, offset, LF, :size)
           when :done then break
+          when :size then offset = (@line.nil? && plain_size_line(data, offset)) || take_line(data, offset)
           else offset = take_line(data, offset)
           end
         end
+        yield gathered if gathered
         offset
       end
 
       private
+
+      # A size line of hex digits and CRLF, wholly in `data` from `offset`:
+      # read without a String made. @return [Integer, nil] the offset after
+      # its LF; nil for any other line (#take_line reads it).
+      def plain_size_line(data, offset)
+        at = offset
+        value = 0
+        while (digit = HEX[data.getbyte(at) || CR])
+          value = (value << 4) | digit
+          at += 1
+        end
+        digits = at - offset
+        return unless digits.between?(1, 16) && data.getbyte(at) == CR && data.getbyte(at + 1) == LF
+
+        chunk_size(value, digits)
+        at + 2
+      end
 
       def expect(data, offset, byte, state)
         refuse(400, "chunk data not followed by CRLF") unless data.getbyte(offset) == byte
@@ -118,7 +173,19 @@ module NeverBlock
           refuse(400, "invalid chunk size line #{line[0, 40].inspect}")
         end
 
-        size = digits.to_i(16)
+        chunk_size(digits.to_i(16), line.bytesize)
+      end
+
+      # The next chunk has `size` bytes of data, framed by a size line of
+      # `line_bytes` (its CRLF excluded).
+      def chunk_size(size, line_bytes)
+        # Its framing: the line, its CRLF and the CRLF after the data.
+        @excess += line_bytes + (size.zero? ? 2 : 4) - 16 - 2 * size
+        if @excess.negative?
+          @excess = 0
+        elsif @excess > EXCESS_MAX
+          refuse(400, "chunked body framing over its data by #{@excess} bytes (long chunk extensions)")
+        end
         if size.zero?
           @state = :trailer
         else

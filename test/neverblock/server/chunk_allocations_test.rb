@@ -60,4 +60,22 @@ class ChunkAllocationsTest < PlainTest
     reader&.close
     writer&.close unless writer&.closed?
   end
+
+  # A chunked request body: a plain size line is read without a String,
+  # and small chunks' data is gathered into one String per read. 1,000
+  # one-byte chunks in one read made three objects each.
+  def test_a_chunked_request_body_allocates_about_one_object_per_small_chunk
+    limits = NeverBlock::Server::Limits.build({})
+    head = "POST /upload HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
+    body = Array.new(1000) { |i| "1\r\n#{(97 + (i % 26)).chr}\r\n" }.join
+    bytes = "#{head}#{body}0\r\n\r\n".b
+    2.times do |round| # (the first fills caches)
+      parser = NeverBlock::Server::Parser.new(limits, {}, "localhost", "80", false)
+      before = GC.stat(:total_allocated_objects)
+      parser << bytes
+      allocated = GC.stat(:total_allocated_objects) - before
+      assert_equal 1000, parser.requests.first.body_bytes
+      assert_operator allocated, :<, 1500, "objects allocated reading 1,000 chunks" if round == 1
+    end
+  end
 end

@@ -83,6 +83,39 @@ class ServerFramingTest < PlainTest
     assert_parses [400, []], "#{CHUNKED}5;#{'a' * 5000}\r\nhello\r\n0\r\n\r\n"
   end
 
+  # Each chunk may bring 16 bytes of framing (size line, extensions, CRLFs)
+  # plus twice its size; more than 16 KiB over that allowance is refused.
+  # Long extensions on one-byte chunks carry nothing but a regex match per
+  # line.
+  def test_framing_far_over_its_data_is_refused
+    limits = NeverBlock::Server::Limits.build(max_body: 1024 * 1024)
+    bloated = "1;#{'e' * 4000}\r\nx\r\n"
+    fair = "800;#{'e' * 4000}\r\n#{'y' * 2048}\r\n" # the same extensions on chunks that carry their weight
+    [true, false].each do |head_parser|
+      read = ->(body) { parse_with(limits, [CHUNKED + body + "0\r\n\r\n"], head_parser: head_parser) }
+      assert_equal [nil, [["/upload", "xxx"]]], read.call(bloated * 3)
+      assert_equal [400, []], read.call(bloated * 5)
+      status, requests = read.call(fair * 20)
+      assert_equal [nil, 2048 * 20], [status, requests.first&.last&.bytesize]
+      status, requests = read.call("1\r\nz\r\n" * 20_000) # one-byte chunks, 5 bytes of framing each
+      assert_equal [nil, 20_000], [status, requests.first&.last&.bytesize]
+    end
+  end
+
+  # The data of small chunks is gathered per read: a body of many chunks
+  # reads the same in any reads.
+  def test_many_small_chunks_read_the_same_in_any_reads
+    chunks = Array.new(600) { |i| "#{(i % 40 + 1).to_s(16)};n=#{i}\r\n#{(97 + (i % 26)).chr * (i % 40 + 1)}\r\n" }
+    body = chunks.map { |chunk| chunk[/\n(.*)\r\n\z/m, 1] }.join
+    bytes = "#{CHUNKED}#{chunks.join}0\r\n\r\n#{NEXT}"
+    limits = NeverBlock::Server::Limits.build(max_body: 1024 * 1024)
+    [bytes.bytesize, 4096, 97, 7, 1].each do |read|
+      pieces = (0...bytes.bytesize).step(read).map { |at| bytes.byteslice(at, read) }
+      outcome = parse_with(limits, pieces, head_parser: true)
+      assert outcome == [nil, [["/upload", body], ["/next", ""]]], "in #{read}-byte reads: #{outcome.inspect[0, 200]}"
+    end
+  end
+
   def test_bad_trailers_are_refused
     ["X-A : b", " X-A: b", "X-A", ": b", "X-A: b\x01", "X-A: b\rc"].each do |trailer|
       assert_parses [400, []], "#{CHUNKED}0\r\n#{trailer}\r\n\r\n"
