@@ -39,6 +39,9 @@ module NeverBlock
                     HTTP_TE HTTP_TRAILER HTTP_TRANSFER_ENCODING HTTP_UPGRADE HTTP_HOST
                     HTTP_VERSION HTTP_EXPECT].freeze
 
+    NONE_NAMED = {}.freeze
+    private_constant :NONE_NAMED
+
     # Response headers that end at this hop (lowercase).
     RESPONSE_HOP_BY_HOP = %w[connection keep-alive proxy-connection proxy-authenticate te trailer
                              transfer-encoding upgrade].freeze
@@ -141,12 +144,13 @@ module NeverBlock
       lines = +"#{env['REQUEST_METHOD']} #{target} HTTP/1.1\r\n"
       client_host = env["HTTP_HOST"] || env["SERVER_NAME"]
       lines << "host: #{@preserve_host && client_host ? client_host : @host_header}\r\n"
-      drop = connection_named(env)
+      drop = named_in(env["HTTP_CONNECTION"], dashes: true)
       env.each do |key, value|
-        next unless key.start_with?("HTTP_") && !HOP_BY_HOP.include?(key) && !drop.include?(key)
+        next unless key.start_with?("HTTP_") && !HOP_BY_HOP.include?(key)
         next if key.start_with?("HTTP_X_FORWARDED_") || key == "HTTP_FORWARDED"
 
-        lines << header_name(key) << ": " << value.to_s << "\r\n"
+        name = header_name(key)
+        lines << name << ": " << value.to_s << "\r\n" unless drop.key?(name)
       end
       lines << "content-type: #{env['CONTENT_TYPE']}\r\n" if env["CONTENT_TYPE"] && !env["CONTENT_TYPE"].empty?
       forwarded_headers(env, client_host, lines)
@@ -180,10 +184,20 @@ module NeverBlock
       lines << "forwarded: #{env['HTTP_FORWARDED']}, #{element}\r\n"
     end
 
-    # Headers the client's Connection header names are hop-by-hop too.
-    def connection_named(env)
-      value = env["HTTP_CONNECTION"] or return []
-      value.split(",").map { |name| "HTTP_#{name.strip.upcase.tr('-', '_')}" }
+    # The headers a Connection value names, which are hop-by-hop too.
+    # @return [Hash{String => true}] the names, lowercase; with `dashes`,
+    #   `_` read as `-` (a request's, as #header_name makes names from env
+    #   keys, where Rack has `_` for both). One String a name, looked up once
+    #   a header: a client's Connection of thousands of names costs
+    #   milliseconds, where a list searched per header cost tens.
+    def named_in(value, dashes: false)
+      return NONE_NAMED if value.nil? || value.empty?
+
+      value.downcase.split(",").each_with_object({}) do |name, named|
+        name.strip!
+        name.tr!("_", "-") if dashes
+        named[name] = true
+      end
     end
 
     def header_name(key)
@@ -204,9 +218,9 @@ module NeverBlock
 
     def response_headers(headers)
       result = {}
-      drop = headers["connection"].to_s.split(",").map { |name| name.strip.downcase }
+      drop = named_in(headers["connection"]&.to_s)
       headers.each do |name, value|
-        next if RESPONSE_HOP_BY_HOP.include?(name) || drop.include?(name)
+        next if RESPONSE_HOP_BY_HOP.include?(name) || drop.key?(name)
 
         result[name] = value
       end

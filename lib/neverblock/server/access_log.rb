@@ -43,6 +43,8 @@ module NeverBlock
     class AccessLog
       # Bytes of the request line that are escaped (quote, backslash, controls, non-ASCII).
       UNSAFE = /["\\\x00-\x1f\x7f-\xff]/n
+      # Each byte UNSAFE matches, as it is logged: `\xNN`.
+      ESCAPED = Array.new(256) { |byte| [byte].pack("C") }.grep(UNSAFE).to_h { |byte| [byte, format("\\x%02X", byte.ord)] }.freeze
       # A request id kept as the client sent it.
       REQUEST_ID = /\A[A-Za-z0-9\-_.]{1,255}\z/
       FORMATS = %i[common json].freeze
@@ -52,7 +54,7 @@ module NeverBlock
       FLUSH_BYTES = 16 * 1024
       # A string JSON takes as it is: printable ASCII but quote and backslash.
       JSON_PLAIN = /\A[\x20\x21\x23-\x5b\x5d-\x7e]*\z/
-      private_constant :UNSAFE, :REQUEST_ID, :JSON_PLAIN
+      private_constant :UNSAFE, :ESCAPED, :REQUEST_ID, :JSON_PLAIN
 
       # What {#start} keeps of a request until {#write} (formats but :common).
       Entry = Struct.new(:method, :path, :query, :id, :queue_time)
@@ -119,7 +121,7 @@ module NeverBlock
         query = env["QUERY_STRING"]
         target = query.nil? || query.empty? ? env["PATH_INFO"] : "#{env['PATH_INFO']}?#{query}"
         line = "#{env['REQUEST_METHOD']} #{target} #{env['SERVER_PROTOCOL']}".b
-        line.match?(UNSAFE) ? line.gsub(UNSAFE) { |byte| format("\\x%02X", byte.ord) } : line
+        line.match?(UNSAFE) ? line.gsub(UNSAFE, ESCAPED) : line
       end
 
       # Adds one line to the batch (outside an event loop: writes it). Never

@@ -160,6 +160,19 @@ class ReverseProxyTest < PlainTest
                  seen["HTTP_FORWARDED"]
   end
 
+  # Connection names headers in any case, with blanks around the commas,
+  # and `_` for `-` (Rack's env has `_` for both); thousands of names are
+  # each looked up once, not searched for every header.
+  def test_the_headers_a_client_connection_names_do_not_go_upstream
+    proxy = NeverBlock::ReverseProxy.new("http://127.0.0.1:9")
+    many = Array.new(5_000) { |i| "x-n#{i}" }.join(",")
+    env = env_for("GET", "/", headers: { "HTTP_CONNECTION" => "keep-alive, X-Drop ,x_other,#{many}", "HTTP_X_DROP" => "1",
+                                          "HTTP_X_OTHER" => "2", "HTTP_X_KEEP" => "3", "HTTP_X_N4999" => "4" })
+    head = proxy.send(:request_head, env)
+    assert_includes head, "x-keep: 3\r\n"
+    refute_match(/^(x-drop|x-other|x-n4999|connection):/i, head)
+  end
+
   def test_a_chunked_request_body_is_sent_chunked
     proxy = NeverBlock::ReverseProxy.new(start(ECHO))
     status, _headers, body = call(proxy, env_for("POST", "/c", body: "hello world"))
