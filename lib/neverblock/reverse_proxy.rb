@@ -218,7 +218,8 @@ module NeverBlock
 
     def response_headers(headers)
       result = {}
-      drop = named_in(headers["connection"]&.to_s)
+      connection = headers["connection"]
+      drop = named_in(connection.is_a?(Array) ? connection.join(",") : connection&.to_s) # (an Array: Connection twice)
       headers.each do |name, value|
         next if RESPONSE_HOP_BY_HOP.include?(name) || drop.key?(name)
 

@@ -19,10 +19,11 @@ module NeverBlock
     # to more than `max_body`; 431 when trailers exceed `max_header_bytes`
     # or `max_headers`. Trailers are checked and dropped, as before. 400 too
     # when the framing outgrows the data it frames: each chunk may bring 16
-    # bytes of size line, extensions and CRLFs, plus twice its size, and
-    # more than {EXCESS_MAX} bytes over that allowance is refused (long
-    # extensions on tiny chunks cost a regex match per line and carry
-    # nothing).
+    # bytes of size line, extensions and CRLFs, plus twice its size, and a
+    # body that runs more than {EXCESS_MAX} bytes over that allowance is
+    # refused (a chunk's unused allowance pays off earlier excess, but is
+    # not banked; long extensions on tiny chunks cost a regex match per line
+    # and carry nothing).
     #
     # Its cost is per read, not per chunk, where it can be: a plain size
     # line (hex digits and CRLF, all in the read) is read byte by byte
@@ -34,7 +35,7 @@ module NeverBlock
       # Longest chunk-size line (size and extensions, CRLF excluded).
       LINE_MAX = 4096
       # Framing bytes beyond each chunk's allowance (16 + twice its size)
-      # that a body may bring, in all.
+      # that a body may run up.
       EXCESS_MAX = 16 * 1024
       # Chunks with less data than this are gathered into one String per
       # read; larger ones are yielded as they are.
@@ -120,7 +121,7 @@ module NeverBlock
       def plain_size_line(data, offset)
         at = offset
         value = 0
-        while (digit = HEX[data.getbyte(at) || CR])
+        while (digit = HEX[data.getbyte(at) || CR]) && at - offset <= 16 # (17 digits: #take_line refuses the line)
           value = (value << 4) | digit
           at += 1
         end

@@ -173,6 +173,14 @@ class ReverseProxyTest < PlainTest
     refute_match(/^(x-drop|x-other|x-n4999|connection):/i, head)
   end
 
+  # An upstream that sends Connection twice: its value is an Array, every
+  # name in both counts.
+  def test_the_headers_an_upstream_connection_names_do_not_come_back
+    proxy = NeverBlock::ReverseProxy.new("http://127.0.0.1:9")
+    headers = { "connection" => ["close", "X-Secret"], "x-secret" => "s", "x-kept" => "k", "keep-alive" => "1" }
+    assert_equal({ "x-kept" => "k" }, proxy.send(:response_headers, headers))
+  end
+
   def test_a_chunked_request_body_is_sent_chunked
     proxy = NeverBlock::ReverseProxy.new(start(ECHO))
     status, _headers, body = call(proxy, env_for("POST", "/c", body: "hello world"))

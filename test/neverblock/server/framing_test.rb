@@ -102,6 +102,18 @@ class ServerFramingTest < PlainTest
     end
   end
 
+  # A size line's digits are read up to the 17th, which already refuses
+  # it: reading all of a long run first grew a bignum digit by digit
+  # (quadratic: 16 KiB of digits took 46 ms, 200 KB seconds).
+  def test_a_long_run_of_size_digits_is_refused_at_once
+    [true, false].each do |head_parser|
+      started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      assert_equal [400, []], parse_with(LIMITS, [CHUNKED + ("f" * 200_000)], head_parser: head_parser)
+      elapsed = Process.clock_gettime(Process::CLOCK_MONOTONIC) - started
+      assert_operator elapsed, :<, 1, "200,000 size digits took #{elapsed.round(2)} s"
+    end
+  end
+
   # The data of small chunks is gathered per read: a body of many chunks
   # reads the same in any reads.
   def test_many_small_chunks_read_the_same_in_any_reads
