@@ -218,8 +218,7 @@ module NeverBlock
 
     def response_headers(headers)
       result = {}
-      connection = headers["connection"]
-      drop = named_in(connection.is_a?(Array) ? connection.join(",") : connection&.to_s) # (an Array: Connection twice)
+      drop = named_in(Array(headers["connection"]).join(",")) # (an Array: Connection twice)
       headers.each do |name, value|
         next if RESPONSE_HOP_BY_HOP.include?(name) || drop.key?(name)
 
