@@ -400,20 +400,26 @@ class ConnectionPoolTest < NeverBlockTest
     locked = Thread::Queue.new
     release = Thread::Queue.new
     locker = nil
+    block_ended = false
+    # 0.5 s: the locker thread must hold the lock before the timeout fires (on
+    # a loaded machine it took over 50 ms to start, and the timeout fired in
+    # the block instead, which is not the case under test).
     task = NeverBlock.spawn do
-      NeverBlock.timeout(0.05) do
+      NeverBlock.timeout(0.5) do
         pool.with do
           locker = Thread.new { lock.synchronize { locked << true; release.pop } }
           locked.pop
+          block_ended = true
           :done
         end
       end
     rescue NeverBlock::TimeoutError => e
       e
     end
-    sleep 0.1 # the timeout has fired while the checkin waited for the lock
+    sleep 0.7 # the timeout has fired while the checkin waited for the lock
     release << true
     assert_kind_of NeverBlock::TimeoutError, task.value
+    assert block_ended, "the timeout fired before the block ended (the locker thread took over 0.5 s)"
     locker.join
     assert_equal({ size: 1, in_use: 0, idle: 1, waiting: 0 }, pool.stats)
   ensure
