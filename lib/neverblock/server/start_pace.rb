@@ -25,7 +25,11 @@ module NeverBlock
     #   it would need (its share then falls as it falls behind). While it
     #   holds, a turn is a nap of {NAP}, not a yield: an acceptor taking a
     #   turn after every other made each event dearer.
-    # - Whatever the pace, a connection held {WAIT} or longer.
+    # - At most {STREAM_BATCH} a turn while {STREAMS} streamed responses or
+    #   more are being written: each open stream's next event waits for
+    #   all of a turn's starts.
+    # - Whatever the pace, a connection held {WAIT} or longer; with
+    #   {STREAMS} streams open, {STREAM_BATCH} of them a turn.
     #
     # Streams opened together would otherwise all be let in while the loop
     # has no CPU for their events: 2,000 streams of 20 events a second ask
@@ -65,6 +69,19 @@ module NeverBlock
     # 141-215 ms in interleaved rounds, 234-502 before; Falcon 0.57 beside
     # it: 120-136 ms). Their first events come later (p99 4.3-5.3 s, was
     # 2.2-2.6; Falcon's 4.0-5.4).
+    #
+    # A turn's starts delay every open stream. A start costs up to a
+    # millisecond (a relay's first request, app call and connect to its
+    # upstream). After each hold the count grew back to a whole batch within
+    # a few turns: 2,000 relayed streams, Ruby 3.4 + YJIT, had 128 start
+    # over two turns (one of 67 ms), and the 600 streams open then all saw
+    # that stall. On Ruby 3.1, where 2,000 relayed streams take longer than
+    # {WAIT} to start, the hundreds held that long started on one turn.
+    # Interleaved rounds, 2,000 relayed streams, worst gap p99 with a few a
+    # turn: 115-146 ms, was 161-280, on 3.4 + YJIT (Falcon 0.57 beside it:
+    # 138-167); 105-139, was 133-244, on 3.1 (Falcon 0.51: 154-311). First
+    # event p99 4.1-5.6 s, was 5.1-5.4; 5.3-6.3, was 5.0-5.5 (Falcon's
+    # 5.9-7.4 and 3.7-5.6).
     class StartPace
       # Connections started a turn while turns take at most {TURN}.
       BATCH = 64
@@ -72,6 +89,10 @@ module NeverBlock
       # Streamed responses being written (Context#streams_open) from which
       # descriptors left ready count as lateness: more than a turn's batch.
       STREAMS = 64
+
+      # Connections started a turn at most while {STREAMS} streamed
+      # responses or more are being written (2 to 8 measured the same).
+      STREAM_BATCH = 4
 
       # Seconds a turn may take before fewer start (a quarter of the
       # {StallDetector}'s default threshold: an event stream's next event is
@@ -131,9 +152,13 @@ module NeverBlock
       # @param late [Float] see {LATE}.
       # @param streams [#call, nil] the streamed responses being written
       #   (Context#streams_open); nil: descriptors never count.
-      def initialize(batch: BATCH, turn: TURN, least: LEAST, busy: BUSY, late: LATE, streams: nil)
+      # @param stream_batch [Integer] see {STREAM_BATCH}.
+      def initialize(batch: BATCH, turn: TURN, least: LEAST, busy: BUSY, late: LATE, streams: nil,
+                     stream_batch: STREAM_BATCH)
         @streams = streams
         @batch = batch
+        @stream_batch = stream_batch
+        @streaming = false # the last turn saw STREAMS streams open or more
         @turn = turn
         @least = least
         @busy_at = busy
@@ -147,7 +172,8 @@ module NeverBlock
       # {NAP} instead), timing it (wall clock, the loop's thread's CPU, how
       # late its timers and, with {STREAMS} streams open or more after it,
       # its descriptors were). Called by Acceptor#start_held, from the loop.
-      # @return [Integer] how many connections to start after it ({#after}).
+      # @return [Integer] how many connections to start after it ({#after}),
+      #   at most {STREAM_BATCH} with {STREAMS} streams open or more.
       def turn(scheduler)
         began = Clock.now
         cpu = thread_cpu
@@ -155,20 +181,27 @@ module NeverBlock
         spent = thread_cpu
         late = scheduler.timers_late
         io_late = 0.0
-        if @streams && @streams.call >= STREAMS
+        streaming = @streaming = @streams && @streams.call >= STREAMS
+        if streaming
           io_late = scheduler.io_late
           late = io_late if io_late > late
         end
-        after(Clock.now - began, (spent - cpu if cpu && spent && spent >= cpu), late, io_late)
+        count = after(Clock.now - began, (spent - cpu if cpu && spent && spent >= cpu), late, io_late)
+        streaming && count > @stream_batch ? @stream_batch : count
       end
 
       # @param since [Array<Float>] when each held connection was taken in,
       #   oldest first ({Clock.now}).
       # @return [Integer] how many of them waited {WAIT} or longer: they
-      #   start, whatever the pace.
+      #   start, whatever the pace; at most {STREAM_BATCH} while the last
+      #   {#turn} saw {STREAMS} streams open (a herd held that long is one
+      #   the loop could not keep up with: 2,000 relayed streams on Ruby 3.1
+      #   had hundreds start on one turn at 5 s, and every open stream's
+      #   worst gap grew to 0.4 s).
       def overdue(since)
         cutoff = Clock.now - WAIT
-        since.index { |at| at > cutoff } || since.size
+        count = since.index { |at| at > cutoff } || since.size
+        @streaming && count > @stream_batch ? @stream_batch : count
       end
 
       # @param took [Float] seconds the loop's last turn took.

@@ -121,7 +121,36 @@ class ServerStartPaceTest < PlainTest
     refute counts.any? { |count| count <= 1 }, "requests answered whole were taken for streams: #{counts.inspect}"
   end
 
+  # Each open stream's next event waits for all of a turn's starts: with
+  # STREAMS streams open, a few a turn, however short and on time turns are.
+  def test_a_few_a_turn_with_streams_open_a_whole_batch_without
+    streaming = quiet_turns(streams: NeverBlock::Server::StartPace::STREAMS)
+    assert_equal [NeverBlock::Server::StartPace::STREAM_BATCH] * 5, streaming
+    assert_equal [64] * 5, quiet_turns(streams: NeverBlock::Server::StartPace::STREAMS - 1)
+  end
+
+  # Connections held WAIT start whatever the pace; hundreds at once would
+  # stall every open stream, so with streams open a few a turn.
+  def test_those_held_too_long_start_all_at_once_or_a_few_a_turn_with_streams_open
+    held = [NeverBlock::Clock.now - NeverBlock::Server::StartPace::WAIT - 1] * 300 + [NeverBlock::Clock.now] * 5
+    assert_equal [300, 300], quiet_turns(streams: 3) { |pace| pace.overdue(held) }.last(2)
+    streaming = quiet_turns(streams: 100) { |pace| pace.overdue(held) }
+    assert_equal [NeverBlock::Server::StartPace::STREAM_BATCH] * 2, streaming.last(2)
+  end
+
   private
+
+  # Five turns of a loop with nothing else to run: what each answered, or
+  # what the block answered after each.
+  def quiet_turns(streams:)
+    NeverBlock.run do
+      pace = NeverBlock::Server::StartPace.new(busy: 1.1, streams: -> { streams }) # (never busy enough to slow)
+      Array.new(5) do
+        count = pace.turn(Fiber.scheduler)
+        block_given? ? yield(pace) : count
+      end
+    end
+  end
 
   def turns_beside_ready_descriptors(streams:, batched_only: false)
     counts = nil
