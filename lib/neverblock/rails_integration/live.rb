@@ -113,14 +113,28 @@ module NeverBlock
         state = ::ActiveSupport::IsolatedExecutionState
         return yield unless state.isolation_level == :fiber
 
-        parameters = state.method(:share_with).parameters.map(&:last)
-        unless parameters.include?(:block)
+        case Live.share_with_form
+        when :replace
           state.share_with(from)
-          return yield
+          yield
+        when :block then state.share_with(from, &block)
+        else state.share_with(from, except: self.class.live_streaming_excluded_keys, &block)
         end
-        return state.share_with(from, &block) unless parameters.include?(:except)
+      end
 
-        state.share_with(from, except: self.class.live_streaming_excluded_keys, &block)
+      # @api private
+      # How this Rails' IsolatedExecutionState.share_with is called (read
+      # once: a Method and its parameters were 5 objects a Live request):
+      # :replace (7.2), :block (8.0), :except (8.1.3 and later).
+      # @return [Symbol]
+      def self.share_with_form
+        @share_with_form ||= begin
+          parameters = ::ActiveSupport::IsolatedExecutionState.method(:share_with).parameters.map(&:last)
+          if !parameters.include?(:block) then :replace
+          elsif parameters.include?(:except) then :except
+          else :block
+          end
+        end
       end
 
       # Rails logs an exception that ends a committed stream with its
