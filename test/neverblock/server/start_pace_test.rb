@@ -144,7 +144,8 @@ class ServerStartPaceTest < PlainTest
   # what the block answered after each.
   def quiet_turns(streams:)
     NeverBlock.run do
-      pace = NeverBlock::Server::StartPace.new(busy: 1.1, streams: -> { streams }) # (never busy enough to slow)
+      # (never busy enough, nor turns long enough, to slow: a loaded machine may take the CPU mid-turn)
+      pace = NeverBlock::Server::StartPace.new(busy: 1.1, turn: 60.0, streams: -> { streams })
       Array.new(5) do
         count = pace.turn(Fiber.scheduler)
         block_given? ? yield(pace) : count
