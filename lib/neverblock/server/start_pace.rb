@@ -158,7 +158,6 @@ module NeverBlock
         @streams = streams
         @batch = batch
         @stream_batch = stream_batch
-        @streaming = false # the last turn saw STREAMS streams open or more
         @turn = turn
         @least = least
         @busy_at = busy
@@ -181,27 +180,27 @@ module NeverBlock
         spent = thread_cpu
         late = scheduler.timers_late
         io_late = 0.0
-        streaming = @streaming = @streams && @streams.call >= STREAMS
+        streaming = streaming?
         if streaming
           io_late = scheduler.io_late
           late = io_late if io_late > late
         end
         count = after(Clock.now - began, (spent - cpu if cpu && spent && spent >= cpu), late, io_late)
-        streaming && count > @stream_batch ? @stream_batch : count
+        streaming ? [count, @stream_batch].min : count
       end
 
       # @param since [Array<Float>] when each held connection was taken in,
       #   oldest first ({Clock.now}).
       # @return [Integer] how many of them waited {WAIT} or longer: they
-      #   start, whatever the pace; at most {STREAM_BATCH} while the last
-      #   {#turn} saw {STREAMS} streams open (a herd held that long is one
+      #   start, whatever the pace; at most {STREAM_BATCH} while {STREAMS}
+      #   streams or more are open (a herd held that long is one
       #   the loop could not keep up with: 2,000 relayed streams on Ruby 3.1
       #   had hundreds start on one turn at 5 s, and every open stream's
       #   worst gap grew to 0.4 s).
       def overdue(since)
         cutoff = Clock.now - WAIT
         count = since.index { |at| at > cutoff } || since.size
-        @streaming && count > @stream_batch ? @stream_batch : count
+        streaming? ? [count, @stream_batch].min : count
       end
 
       # @param took [Float] seconds the loop's last turn took.
@@ -248,6 +247,11 @@ module NeverBlock
 
       def holding?(now)
         @hold_until && now < @hold_until
+      end
+
+      # Whether {STREAMS} streamed responses or more are being written.
+      def streaming?
+        @streams && @streams.call >= STREAMS
       end
 
       # @return [Float, nil] CPU seconds of the loop's thread (nil where the
