@@ -153,6 +153,7 @@ module NeverBlock
       @tasks = {}.compare_by_identity # live tasks => true
       @io_waiting = 0 # fibers waiting in the selector
       @io_behind_since = nil # when the selector's calls began to come back full (Lateness)
+      @idle = 0.0 # seconds the loop has waited for IO or timers, nothing to run (Lateness)
 
       # IOHooks' own (an IO wait's timeout allocates no closure either).
       @io_expire_callback = ->(fiber) { fiber.transfer(false) }
@@ -616,11 +617,17 @@ module NeverBlock
       # Parked, the loop is a deadlock to Ruby when no other thread can wake
       # it. A fiber in a plain `sleep` makes it none: as a thread's `sleep`,
       # it waits for a signal (the selector waits, as for IO).
-      if interval.nil? && @io_waiting.zero? && @sleeping_forever.zero?
-        @io_behind_since = nil
-        @wakeup.park(@stall_detector)
+      if interval == 0 # no wait (nil: until woken)
+        selected(@selector.select(0))
       else
-        selected(@selector.select(interval))
+        idle_from = Clock.now
+        if interval.nil? && @io_waiting.zero? && @sleeping_forever.zero?
+          @io_behind_since = nil
+          @wakeup.park(@stall_detector)
+        else
+          selected(@selector.select(interval))
+        end
+        @idle += Clock.now - idle_from
       end
       @timers.fire
     end

@@ -10,11 +10,12 @@ module NeverBlock
     #   take while it holds a backlog of connections ({#timers_late},
     #   {#io_late});
     # - Scheduler#run_once, every turn, with what the selector's call
-    #   reported (#selected; parking resets @io_behind_since itself);
+    #   reported (#selected; parking resets @io_behind_since itself), and
+    #   the time it waited (@idle);
     # - Scheduler#initialize, once (#full_select).
     #
     # State it shares with the core: @timers, @selector_class; its own:
-    # @select_full, @io_behind_since. Loop's thread only; no locks, and
+    # @select_full, @io_behind_since, @idle. Loop's thread only; no locks, and
     # nothing allocated per turn.
     module Lateness
       # The most events one call of io-event's EPoll and KQueue selectors
@@ -45,6 +46,17 @@ module NeverBlock
       #   lasted, not how long any one descriptor waited.
       def io_late
         @io_behind_since ? Clock.now - @io_behind_since : 0.0
+      end
+
+      # @api private
+      # @return [Float] seconds the loop has spent waiting, with nothing to
+      #   run, for IO, timers or a wake-up, since it began: its idle time.
+      #   Wall time between two readings, less their difference, is the
+      #   loop's busy time: running fibers, or ready to and waiting for the
+      #   CPU (a process short of CPU looks idle by its thread's CPU time,
+      #   and busy by this).
+      def idle_time
+        @idle
       end
 
       private

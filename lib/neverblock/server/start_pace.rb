@@ -28,6 +28,10 @@ module NeverBlock
     # - At most {STREAM_BATCH} a turn while {STREAMS} streamed responses or
     #   more are being written: each open stream's next event waits for
     #   all of a turn's starts.
+    # - One a turn, each turn a nap of {NAP}, while {STREAMS} streamed
+    #   responses or more are being written and the loop was busy for
+    #   {BUSY} or more of the last {LOAD_WINDOW}: not waiting for IO or
+    #   timers (Scheduler#idle_time), whether on the CPU or waiting for it.
     # - Whatever the pace, a connection held {WAIT} or longer; with
     #   {STREAMS} streams open, {STREAM_BATCH} of them a turn.
     #
@@ -82,6 +86,23 @@ module NeverBlock
     # 138-167); 105-139, was 133-244, on 3.1 (Falcon 0.51: 154-311). First
     # event p99 4.1-5.6 s, was 5.1-5.4; 5.3-6.3, was 5.0-5.5 (Falcon's
     # 5.9-7.4 and 3.7-5.6).
+    #
+    # The streams already open say what the loop can take: a stream's cost
+    # comes with its events, after its start, when the turns that let it in
+    # are past. Opened together, 2,000 Rails streams were all let in within
+    # a second while the loop's timers were on time, and their events then
+    # took the whole loop (Live's worst gap p99 up to 175 ms). Busy for
+    # {BUSY} of its time, the loop lets in one a nap: some 200 a second, as
+    # a busy app's new keep-alive clients need, far fewer than a herd. Its
+    # idle time, not its thread's CPU time, tells: a process short of CPU is
+    # busy, not idle. Interleaved rounds against the code before, 2,000
+    # streams (Ruby 3.4 + YJIT, 3.1), worst gap p99: Live 102-103 ms, was
+    # 107-138 (Falcon 0.57 beside it: 157-217), and 105-121, was 95-144
+    # (Falcon 0.51: 164-232); Rails Rack bodies, direct and relayed streams
+    # as before within the runs' spread. First events come later (Live's
+    # p99 2.9-4.0 s, was 1.6-2.6; Falcon's 8.1-10.7). With fewer streams
+    # open at once, fewer events share a selector call, and each costs
+    # more CPU (Live 41-52 µs, was 38-45).
     class StartPace
       # Connections started a turn while turns take at most {TURN}.
       BATCH = 64
@@ -93,6 +114,11 @@ module NeverBlock
       # Connections started a turn at most while {STREAMS} streamed
       # responses or more are being written (2 to 8 measured the same).
       STREAM_BATCH = 4
+
+      # Seconds over which the loop's busy share is averaged (each turn
+      # weighs its length): the share while streams are open says whether
+      # the loop can take more.
+      LOAD_WINDOW = 0.1
 
       # Seconds a turn may take before fewer start (a quarter of the
       # {StallDetector}'s default threshold: an event stream's next event is
@@ -162,21 +188,24 @@ module NeverBlock
         @least = least
         @busy_at = busy
         @late_at = late
-        afresh # @busy, @late, @io_late, @count
+        afresh # @busy, @late, @io_late, @count, @load
         @hold_until = nil # (Clock.now) none start before it
         @turned_at = nil # (Clock.now) when the last turn ended
       end
 
-      # Lets `scheduler`'s loop take a turn (while the pace holds, naps
-      # {NAP} instead), timing it (wall clock, the loop's thread's CPU, how
+      # Lets `scheduler`'s loop take a turn (while the pace holds, or the
+      # loop is busy with {STREAMS} streams open, naps {NAP} instead),
+      # timing it (wall clock, the loop's thread's CPU and idle time, how
       # late its timers and, with {STREAMS} streams open or more after it,
       # its descriptors were). Called by Acceptor#start_held, from the loop.
       # @return [Integer] how many connections to start after it ({#after}),
-      #   at most {STREAM_BATCH} with {STREAMS} streams open or more.
+      #   at most {STREAM_BATCH} with {STREAMS} streams open or more, and
+      #   one while the loop is also busy for {BUSY} of its time.
       def turn(scheduler)
         began = Clock.now
         cpu = thread_cpu
-        holding?(began) ? sleep(NAP) : scheduler.yield
+        idle = scheduler.idle_time
+        holding?(began) || (loaded? && streaming?) ? sleep(NAP) : scheduler.yield
         spent = thread_cpu
         late = scheduler.timers_late
         io_late = 0.0
@@ -185,8 +214,11 @@ module NeverBlock
           io_late = scheduler.io_late
           late = io_late if io_late > late
         end
-        count = after(Clock.now - began, (spent - cpu if cpu && spent && spent >= cpu), late, io_late)
-        streaming ? [count, @stream_batch].min : count
+        count = after(Clock.now - began, (spent - cpu if cpu && spent && spent >= cpu), late, io_late,
+                      scheduler.idle_time - idle)
+        return count unless streaming
+
+        [count, loaded? ? 1 : @stream_batch].min
       end
 
       # @param since [Array<Float>] when each held connection was taken in,
@@ -209,11 +241,17 @@ module NeverBlock
       #   timer fired late, or descriptors were left ready.
       # @param io_late [Float] how long descriptors were left ready
       #   (Scheduler#io_late, with {STREAMS} open or more; else 0.0).
+      # @param idle [Float, nil] seconds the loop waited in it with nothing
+      #   to run (Scheduler#idle_time); nil: not known.
       # @return [Integer] how many to start now: 0 to {BATCH}.
-      def after(took, cpu = nil, late = 0.0, io_late = 0.0)
+      def after(took, cpu = nil, late = 0.0, io_late = 0.0, idle = nil)
         now = Clock.now
         afresh if @turned_at && now - took - @turned_at > FRESH
         @turned_at = now
+        if idle && took.positive?
+          load = 1.0 - (idle / took).clamp(0.0, 1.0)
+          @load += (load - @load) * [took / LOAD_WINDOW, 1.0].min
+        end
         lately = [late, @late].min
         @late = late
         @hold_until = now + HOLD if [io_late, @io_late].min >= HOLD_LATE
@@ -243,10 +281,17 @@ module NeverBlock
         @late = 0.0 # the last turn's lateness
         @io_late = 0.0 # the last turn's descriptors' lateness
         @count = @batch # what the last call answered
+        @load = 0.0 # the loop's busy share of the last LOAD_WINDOW, about
       end
 
       def holding?(now)
         @hold_until && now < @hold_until
+      end
+
+      # Whether the loop was busy (not waiting for IO or timers) for
+      # {BUSY} of the last {LOAD_WINDOW} or more.
+      def loaded?
+        @load >= @busy_at
       end
 
       # Whether {STREAMS} streamed responses or more are being written.

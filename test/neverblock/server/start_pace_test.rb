@@ -138,7 +138,46 @@ class ServerStartPaceTest < PlainTest
     assert_equal [NeverBlock::Server::StartPace::STREAM_BATCH] * 2, streaming.last(2)
   end
 
+  # The loop busy with its open streams' work (fibers that compute and
+  # yield, never waiting): with STREAMS streams open one starts a turn (a
+  # nap), however short the turns; without, a herd is let in as ever.
+  def test_one_a_nap_while_the_loop_is_busy_with_streams_open
+    busy, idle = turns_beside_busy_fibers(streams: 100)
+    assert_equal [1] * 5, busy.last(5)
+    assert_equal [NeverBlock::Server::StartPace::STREAM_BATCH] * 5, idle.last(5), "the loop idle again: #{idle.inspect}"
+    busy, = turns_beside_busy_fibers(streams: 3)
+    assert busy.all? { |count| count >= NeverBlock::Server::StartPace::LEAST }, busy.inspect
+  end
+
   private
+
+  # Eighty turns of a loop whose other fibers are always ready, each spending
+  # a millisecond of CPU a turn, then twenty once they ended: what each turn
+  # answered, [beside them, after them].
+  def turns_beside_busy_fibers(streams:)
+    NeverBlock.run do
+      stop = false
+      busy = Array.new(3) do
+        NeverBlock.spawn do
+          until stop
+            spun = NeverBlock::Clock.now
+            nil while NeverBlock::Clock.now - spun < 0.001
+            Fiber.scheduler.yield
+          end
+        end
+      end
+      # (late: never, turn: 60 s: a loaded machine may take the CPU mid-turn; the
+      # lateness rules are tested above)
+      pace = NeverBlock::Server::StartPace.new(late: 60.0, turn: 60.0, streams: -> { streams })
+      counts = Array.new(80) { pace.turn(Fiber.scheduler) }
+      stop = true
+      busy.each(&:wait)
+      [counts, Array.new(20) { pace.turn(Fiber.scheduler) }]
+    ensure
+      stop = true
+      busy&.each(&:wait)
+    end
+  end
 
   # Five turns of a loop with nothing else to run: what each answered, or
   # what the block answered after each.

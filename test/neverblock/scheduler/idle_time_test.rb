@@ -1,0 +1,47 @@
+# frozen_string_literal: true
+
+require "test_helper"
+
+# Scheduler#idle_time: the seconds the loop waited with nothing to run. The
+# start pace reads the loop's busy share from it while streams are open.
+class SchedulerIdleTimeTest < NeverBlockTest
+  def test_time_waiting_for_a_timer_is_idle
+    scheduler = Fiber.scheduler
+    before = scheduler.idle_time
+    sleep 0.2
+    assert_operator scheduler.idle_time - before, :>=, 0.15, "a loop with only a sleeping fiber waited in its selector"
+  end
+
+  def test_time_waiting_for_io_is_idle
+    scheduler = Fiber.scheduler
+    reader, writer = IO.pipe
+    NeverBlock.spawn do
+      sleep 0.2
+      writer.write("x")
+    end
+    before = scheduler.idle_time
+    reader.read(1)
+    assert_operator scheduler.idle_time - before, :>=, 0.15
+  ensure
+    reader&.close
+    writer&.close
+  end
+
+  # Fibers that compute and yield turn after turn leave the loop no time to
+  # wait: however little CPU the machine gives the process, none of it is
+  # idle (a process waiting for the CPU is busy, not idle).
+  def test_time_running_fibers_is_not_idle
+    scheduler = Fiber.scheduler
+    before = scheduler.idle_time
+    began = NeverBlock::Clock.now
+    spinner = NeverBlock.spawn do
+      until NeverBlock::Clock.now - began > 0.3
+        spun = NeverBlock::Clock.now
+        nil while NeverBlock::Clock.now - spun < 0.001 # a millisecond of CPU
+        scheduler.yield
+      end
+    end
+    spinner.wait
+    assert_operator scheduler.idle_time - before, :<, 0.03, "the loop never waited: fibers were always ready"
+  end
+end
