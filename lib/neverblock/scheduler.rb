@@ -617,17 +617,15 @@ module NeverBlock
       # Parked, the loop is a deadlock to Ruby when no other thread can wake
       # it. A fiber in a plain `sleep` makes it none: as a thread's `sleep`,
       # it waits for a signal (the selector waits, as for IO).
-      if interval == 0 # no wait (nil: until woken)
-        selected(@selector.select(0))
+      if interval.nil? && @io_waiting.zero? && @sleeping_forever.zero?
+        @io_behind_since = nil
+        parked_at = Clock.now
+        @wakeup.park(@stall_detector)
+        @idle += Clock.now - parked_at
       else
-        idle_from = Clock.now
-        if interval.nil? && @io_waiting.zero? && @sleeping_forever.zero?
-          @io_behind_since = nil
-          @wakeup.park(@stall_detector)
-        else
-          selected(@selector.select(interval))
-        end
-        @idle += Clock.now - idle_from
+        selected(@selector.select(interval))
+        # (the call runs the fibers it wakes: only its wait is idle)
+        @idle += @selector.idle_duration
       end
       @timers.fire
     end

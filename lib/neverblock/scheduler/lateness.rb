@@ -11,7 +11,8 @@ module NeverBlock
     #   {#io_late});
     # - Scheduler#run_once, every turn, with what the selector's call
     #   reported (#selected; parking resets @io_behind_since itself), and
-    #   the time it waited (@idle);
+    #   the time it waited (@idle: the selector's idle_duration, or the
+    #   time parked);
     # - Scheduler#initialize, once (#full_select).
     #
     # State it shares with the core: @timers, @selector_class; its own:
@@ -49,12 +50,14 @@ module NeverBlock
       end
 
       # @api private
-      # @return [Float] seconds the loop has spent waiting, with nothing to
-      #   run, for IO, timers or a wake-up, since it began: its idle time.
-      #   Wall time between two readings, less their difference, is the
-      #   loop's busy time: running fibers, or ready to and waiting for the
-      #   CPU (a process short of CPU looks idle by its thread's CPU time,
-      #   and busy by this).
+      # @return [Float] seconds the loop has spent blocked, with nothing to
+      #   run, waiting for IO, timers or a wake-up, since it began: its idle
+      #   time (the selector's own measure of each call's wait, which leaves
+      #   out the fibers the call runs). Wall time between two readings,
+      #   less their difference, is the loop's busy time: running fibers, or
+      #   ready to and waiting for the CPU (a process short of CPU looks idle
+      #   by its thread's CPU time, and busy by this, but for the moment a
+      #   woken wait takes to get the CPU back).
       def idle_time
         @idle
       end

@@ -92,17 +92,19 @@ module NeverBlock
     # are past. Opened together, 2,000 Rails streams were all let in within
     # a second while the loop's timers were on time, and their events then
     # took the whole loop (Live's worst gap p99 up to 175 ms). Busy for
-    # {BUSY} of its time, the loop lets in one a nap: some 200 a second, as
-    # a busy app's new keep-alive clients need, far fewer than a herd. Its
-    # idle time, not its thread's CPU time, tells: a process short of CPU is
-    # busy, not idle. Interleaved rounds against the code before, 2,000
-    # streams (Ruby 3.4 + YJIT, 3.1), worst gap p99: Live 102-103 ms, was
-    # 107-138 (Falcon 0.57 beside it: 157-217), and 105-121, was 95-144
-    # (Falcon 0.51: 164-232); Rails Rack bodies, direct and relayed streams
-    # as before within the runs' spread. First events come later (Live's
-    # p99 2.9-4.0 s, was 1.6-2.6; Falcon's 8.1-10.7). With fewer streams
-    # open at once, fewer events share a selector call, and each costs
-    # more CPU (Live 41-52 µs, was 38-45).
+    # {BUSY} of its time, the loop lets in one a nap: at most some 200 a
+    # second, as a busy app's new keep-alive clients need, far fewer than a
+    # herd. Its idle time, not its thread's CPU time, tells: a process short
+    # of CPU is busy, not idle. The starts count too: while the acceptor
+    # takes turn after turn, the loop never waits, and the pace keeps a
+    # fifth of its time idle, its own starts included. Interleaved rounds
+    # against the code before, 2,000 streams, worst gap p99 at worst of
+    # three: Live 124 ms, was 162, on Ruby 3.4 + YJIT (Falcon 0.57 beside
+    # it: 161-219), 145, was 168, on 3.1 (Falcon 0.51: 166-252); Rails Rack
+    # bodies 129, was 154; direct and relayed streams as before within the
+    # runs' spread. First events come later (Live's p99 3.3-4.2 s, was
+    # 1.9-2.7; Falcon's 8.2-10.7). With fewer streams open at once, fewer
+    # events share a selector call, and each costs 10-25 % more CPU.
     class StartPace
       # Connections started a turn while turns take at most {TURN}.
       BATCH = 64
@@ -134,7 +136,9 @@ module NeverBlock
       # The share of the loop's time on the CPU (its thread's CPU time over
       # a turn's wall time, each turn's share averaged with the average
       # before it) from which a loop whose timers are late starts one
-      # connection a turn. Under it the loop
+      # connection a turn; and its busy share (not idle, over
+      # {LOAD_WINDOW}) from which, with {STREAMS} streams open, it starts
+      # one a nap. Under it the loop
       # waits for IO or timers a fifth of its time, which absorbs the next
       # connections' start.
       BUSY = 0.8
