@@ -57,7 +57,9 @@ module NeverBlock
       #   less their difference, is the loop's busy time: running fibers, or
       #   ready to and waiting for the CPU (a process short of CPU looks idle
       #   by its thread's CPU time, and busy by this, but for the moment a
-      #   woken wait takes to get the CPU back).
+      #   woken wait takes to get the CPU back). io-event's select(2)
+      #   selector times only waits with a deadline: there a wait for IO
+      #   with no timer due counts none (Server::StartPace's naps have one).
       def idle_time
         @idle
       end
