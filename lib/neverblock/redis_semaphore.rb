@@ -54,7 +54,9 @@ module NeverBlock
   # flushed) grants no permit until `lease` seconds (`per` in the rate form)
   # after it started, so that the holders it forgot register again first;
   # the fence is the part of that time still to run when the semaphore is
-  # first used after the restart (none on a Redis up for longer).
+  # first used after the restart (none on a Redis up for longer). Redis
+  # tells its uptime in whole seconds, so the fence may last up to a second
+  # longer.
   class RedisSemaphore
     # What `unavailable:` accepts.
     UNAVAILABLE = %i[raise run].freeze
@@ -213,9 +215,12 @@ module NeverBlock
 
     # Redis has no `ready` key: it is new, or lost its data. The fence is
     # what remains of one hold (lease or window) since Redis started.
+    # Redis's uptime is the difference of two whole-second clocks, so it
+    # says 1 s a few ms after a start: counted a second short, the fence
+    # never ends before a whole hold has passed since the start.
     def fence
       uptime_s = redis_uptime_s
-      fence_ms = [@hold_ms - (uptime_s * 1000), 0].max
+      fence_ms = [@hold_ms - ([uptime_s - 1, 0].max * 1000), 0].max
       NeverBlock.logger.warn("NeverBlock::RedisSemaphore #{@name}: Redis started #{uptime_s} s ago without this semaphore's " \
                              "data; no permit for #{fence_ms} ms, while its holders register again") if fence_ms.positive?
       answering { @redis.call("EVAL", Scripts::INIT, @keys.size, *@keys, fence_ms) }

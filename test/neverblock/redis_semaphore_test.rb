@@ -262,6 +262,31 @@ class RedisSemaphoreTest < NeverBlockTest
     FileUtils.rm_rf(dir) if dir
   end
 
+  # Redis's uptime_in_seconds is the difference of two whole-second clocks:
+  # started just before a second ends, it says 1 a few ms later. The fence
+  # still lasts a whole lease from the start (it lasted a second less).
+  def test_the_fence_lasts_a_whole_lease_though_redis_rounds_its_uptime_up
+    skip "needs redis-server on PATH" unless system("command -v redis-server >/dev/null")
+    dir = Dir.mktmpdir("neverblock-redis-fence")
+    socket = File.join(dir, "redis.sock")
+    sleep 0.01 until Time.now.usec.between?(750_000, 800_000)
+    started = now
+    pid = start_redis(dir, socket)
+    client = RedisClient.new(url: "unix://#{socket}")
+    eventually { client.call("INFO", "server")[/^uptime_in_seconds:(\d+)/, 1].to_i >= 1 }
+    granted = nil
+    log = capture_log { granted = semaphore(url: "unix://#{socket}", lease: 2).acquire { now } }
+    assert_match(/no permit for \d+ ms, while its holders register again/, log)
+    assert_operator granted - started, :>=, 2, "a permit came before a lease had passed since Redis started"
+  ensure
+    client&.close
+    if pid
+      Process.kill(:KILL, pid)
+      Process.wait(pid)
+    end
+    FileUtils.rm_rf(dir) if dir
+  end
+
   private
 
   def start_child(env)
