@@ -12,8 +12,10 @@
 #     first lull (puma#3958), Puma with 205 threads;
 # (c) only /fast at each --fast-concurrency: req/s, p50, p99, and the server's
 #     CPU, allocations and GC time per request, NeverBlock with and without its
-#     adaptive limit against Puma with 5 and 16 threads. Targets: CPU per
-#     request <= 0.8x Puma's (0:5), p99 <= Puma's at the highest concurrency.
+#     adaptive limit against Puma with 5 and 16 threads, and the app alone
+#     (app_alone: its /fast called in-process by as many NeverBlock tasks, no
+#     HTTP: the floor any server adds its CPU to). Targets: CPU per request
+#     <= 0.8x Puma's (0:5), p99 <= Puma's at the highest concurrency.
 # Every server starts afresh and warmed up per round; cells are medians of
 # --runs. The client is this process: a NeverBlock task per concurrent
 # request, each on a keep-alive Net::HTTP connection.
@@ -24,6 +26,7 @@
 
 require_relative "support/harness"
 require "net/http"
+require "open3"
 require "neverblock"
 require_relative "support/servers"
 require_relative "support/postgres"
@@ -37,8 +40,10 @@ module NeverBlockBench
     APP = File.expand_path("rails/config.ru", __dir__)
     PUMA_THREADS = 5 # Puma 8's default maximum on MRI (0:5)
     PUMA_IO_CONFIG = File.expand_path("support/puma_io.rb", __dir__)
-    # One server configuration: `start` takes a port and returns a ServerProcess.
-    Setup = Struct.new(:name, :label, :start, keyword_init: true)
+    ALONE = File.expand_path("rails/alone.rb", __dir__)
+    # One server configuration: `start` takes a port and returns a ServerProcess;
+    # or, for no server, `alone` takes a cell and measures it.
+    Setup = Struct.new(:name, :label, :start, :alone, keyword_init: true)
 
     # @return [Boolean] true when every request of every measurement got a 200
     def call
@@ -124,10 +129,28 @@ module NeverBlockBench
       end
     end
 
+    # The app with no server (bench/rails/alone.rb): its /fast called in a
+    # child Ruby by as many NeverBlock tasks as the cell has clients, over
+    # neverblock_postgresql. The floor every server adds its own CPU to.
+    def app_alone
+      pool = @options[:nb_pool]
+      Setup.new(name: "app_alone", label: "no server: the app's /fast called by NeverBlock tasks in one process " \
+                                          "(bench/rails/alone.rb), neverblock_postgresql pool #{pool}",
+                alone: lambda do |cell|
+                  out, status = Open3.capture2(env("neverblock_postgresql", pool), RbConfig.ruby, ALONE,
+                                               cell[:requests].to_s, cell[:concurrency].to_s)
+                  raise "bench/rails/alone.rb failed (#{status})" unless status.success?
+
+                  seconds, cpu_us, allocations, gc_us = out.split.map { |value| Float(value) }
+                  cell[:fast] << { cpu_us: cpu_us, allocations: allocations, gc_us: gc_us }
+                  { seconds: seconds, errors: [] }
+                end)
+    end
+
     # (c) Only /fast, with the server's CPU, allocations and GC time; rounds rotate the order.
     def measure_fast
       setups = [neverblock, neverblock(adaptive: false), puma(workers: 0, threads: PUMA_THREADS),
-                puma(workers: 0, threads: @options[:puma_matched_threads])]
+                puma(workers: 0, threads: @options[:puma_matched_threads]), app_alone]
       cells = cells_for("fast", setups, @options[:fast_concurrency], requests: @options[:fast_requests])
       measure(cells, rotate: true) do |port, cell, pid|
         gc_before, cpu_before = gc_counters(port), ProcessCpu.session_seconds(pid) # rubocop:disable Style/ParallelAssignment
@@ -149,6 +172,11 @@ module NeverBlockBench
     def measure(cells, rotate: false)
       @options[:runs].times do |round|
         (rotate ? cells.keys.rotate(round) : cells.keys).each do |setup|
+          if setup.alone
+            warn setup.label
+            (rotate ? cells[setup].rotate(round) : cells[setup]).each { |cell| record(cell, setup.alone.call(cell)) }
+            next
+          end
           warn "#{setup.label} on 127.0.0.1:#{port = ServerProcess.free_port}"
           setup.start.call(port).serve(path: "/fast", timeout: 120) do |process|
             warn "  #{PeerServers.check_ruby(process)}"
@@ -249,7 +277,7 @@ module NeverBlockBench
       chart.pivot("only GET /fast (select 1): server CPU us per request by clients (lower is better)", "cpu_us_per_req",
                   by: "concurrency", series: "server", where: fast)
       chart.pivot("only GET /fast: p99 latency, ms, by clients (lower is better)", "p99_ms", by: "concurrency", series: "server",
-                  where: fast, log: true)
+                  where: fast.merge("over_http" => true), log: true)
       NeverBlockBench.write_results(@options[:out], "rails", rows, chart)
     end
 
@@ -301,7 +329,8 @@ module NeverBlockBench
         "p99_ms" => fast.call(:p99, 1000), "cpu_us_per_req" => fast.call(:cpu_us, 1, 0), "allocations_per_req" => fast.call(:allocations, 1, 0),
         "gc_us_per_req" => fast.call(:gc_us, 1, 0),
         "cpu_us_runs" => (NeverBlockBench.listing(cell[:fast].map { |run| run[:cpu_us] }, 0) if fast?(cell)),
-        "cpu_vs_puma_0x5" => versus_puma.call(:cpu_us), "p99_vs_puma_0x5" => versus_puma.call(:p99) }
+        "cpu_vs_puma_0x5" => versus_puma.call(:cpu_us), "p99_vs_puma_0x5" => versus_puma.call(:p99),
+        "over_http" => cell[:setup].alone.nil? }
     end
   end
 end
