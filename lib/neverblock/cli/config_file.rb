@@ -12,6 +12,7 @@ module NeverBlock
     #   bind "tcp://0.0.0.0:3000"          # repeatable; or: port 3000
     #   workers 4                          # 0: serve in the master's process
     #   preload true                       # load the app once, before forking
+    #   warmup false                       # no Process.warmup once the app is loaded (default true)
     #   fiber_pool 500                     # requests answered at once, per worker
     #   adaptive_limit target_lag: 0.01    # or: adaptive_limit false (see NeverBlock::Server::ConcurrencyLimit)
     #   limits header_timeout: 5, idle_timeout: 10, max_body: 50 * 1024**2
@@ -45,7 +46,7 @@ module NeverBlock
     #   supervise "bin/sidekiq -C config/sidekiq.yml"   # any command kept running; repeatable
     class ConfigFile
       # Settings the file may make => the option they set.
-      SETTINGS = %i[workers preload fiber_pool max_connections max_body shutdown_timeout request_timeout early_hints access_log
+      SETTINGS = %i[workers preload warmup fiber_pool max_connections max_body shutdown_timeout request_timeout early_hints access_log
                     opentelemetry cancel_on_hangup environment pidfile log fiber_stack_size worker_timeout worker_boot_timeout max_requests
                     max_requests_jitter max_memory memory_metric control control_token log_level].freeze
 
@@ -75,7 +76,7 @@ module NeverBlock
 
       # Settings that only `neverblock serve` acts on (the rackup handler's
       # process is already running and has its app loaded and its binds).
-      SERVE_ONLY = %i[bind preload environment pidfile log fiber_stack_size].freeze
+      SERVE_ONLY = %i[bind preload warmup environment pidfile log fiber_stack_size].freeze
 
       # The {NeverBlock::Server#initialize} options of a loaded file, for a
       # caller other than `neverblock serve` (the rackup handler, which

@@ -27,7 +27,7 @@ module NeverBlock
         @err = err
         @options = { bind: [], supervise: [], workers: Etc.nprocessors, preload: false, access_log: false,
                      shutdown_timeout: nil, fiber_pool: 1000, adaptive_limit: true, status_path: nil, environment: nil,
-                     early_hints: false, opentelemetry: false, cancel_on_hangup: true, limits: {} }
+                     early_hints: false, opentelemetry: false, cancel_on_hangup: true, warmup: true, limits: {} }
         @given = [] # options set on the command line, which win over a config file
       end
 
@@ -87,6 +87,10 @@ module NeverBlock
             set(:workers, n)
           end
           o.on("--preload", "load the app once in the master, before forking (copy-on-write)") { set(:preload, true) }
+          # Two switches, not --[no-]: require_exact refuses the --no- form on Ruby 3.1.
+          o.on("--warmup", "once the app is loaded, Process.warmup (Ruby 3.3+): a full GC and compaction, " \
+                           "before the first request and before forking (the default)") { set(:warmup, true) }
+          o.on("--no-warmup", "no Process.warmup once the app is loaded") { set(:warmup, false) }
           o.on("--access-log", "log one line per request to stdout") { set(:access_log, true) }
           o.on("--access-log-format FORMAT", %w[common json], "common (the default) or json: one object per line, " \
                                                               "with the request id") do |format|
@@ -248,7 +252,10 @@ module NeverBlock
         require "rack"
         require "rack/builder"
         loader = NeverBlock::Server::LazyApp.new { load_config(path) }
-        loader.build if opts[:preload] || opts[:workers].zero?
+        if opts[:preload] || opts[:workers].zero?
+          loader.build
+          warm_up if opts[:warmup]
+        end
         # "serving" once the app answers (every worker accepts: on_booted), not
         # before a worker has loaded it, which may still fail.
         banner = nil
@@ -341,12 +348,24 @@ module NeverBlock
         hook = opts[:on_worker_boot]
         build = !opts[:preload]
         if hook || build
+          # A preloaded app was warmed up in the master: a worker's own
+          # warmup would write every page it shares.
+          warm = build && opts[:warmup]
           options[:on_worker_boot] = lambda do |index|
             hook&.call(index)
-            loader.build if build
+            next unless build
+
+            loader.build
+            warm_up if warm
           end
         end
         options
+      end
+
+      # The app is loaded: its heap tidied before it serves or forks.
+      def warm_up
+        seconds = NeverBlock::Server::HeapWarmup.call or return
+        NeverBlock.logger.debug { "NeverBlock::Server: Process.warmup took #{(seconds * 1000).round} ms (--no-warmup leaves it out)" }
       end
 
       def usage_error(message)

@@ -25,7 +25,7 @@ module NeverBlock
       # Then it closes what must not be shared with its children (its
       # database connections, NeverBlock's and ActiveRecord's; exporters'
       # buffers are flushed), calls the `before_refork` hook, compacts its
-      # heap ({Process.warmup} on Ruby 3.3+, else a full GC and compaction)
+      # heap ({HeapWarmup}: Process.warmup, else a full GC and compaction)
       # so that the pages its children share stay unwritten, and reports
       # "molded". From then on it only forks: for each `spawn INDEX` from
       # the master, with the new worker's status pipe and command socket
@@ -126,7 +126,7 @@ module NeverBlock
           @server.call_hook(:before_refork, @index)
           $stdout.flush
           $stderr.flush
-          compact
+          HeapWarmup.call(fallback: true)
         end
 
         def disconnect_active_record
@@ -135,15 +135,6 @@ module NeverBlock
           ::ActiveRecord::Base.connection_handler.connection_pool_list(:all).each(&:disconnect!)
         rescue StandardError => e
           NeverBlock.logger.warn { "NeverBlock::Server: the mold could not disconnect ActiveRecord: #{e.class}: #{e.message}" }
-        end
-
-        def compact
-          return Process.warmup if Process.respond_to?(:warmup)
-
-          GC.start
-          GC.compact if GC.respond_to?(:compact)
-        rescue NotImplementedError
-          nil
         end
 
         def serve_spawns

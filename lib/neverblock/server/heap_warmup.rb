@@ -1,0 +1,38 @@
+# frozen_string_literal: true
+
+module NeverBlock
+  class Server
+    # Tidies the heap once the app is loaded, before the first request:
+    # Ruby 3.3+'s `Process.warmup` (a full GC, compaction, every survivor
+    # promoted to the old generation, empty pages freed, `malloc_trim`).
+    # The app's boot objects then cost the minor GCs of every request
+    # nothing, and a process that forks afterwards shares them unwritten.
+    #
+    # Who calls it: `neverblock serve` once the app is loaded (in the process
+    # that serves with `-w 0`, in the master before forking with `--preload`,
+    # else in each worker; `--no-warmup` leaves it out), and the refork mold
+    # before it forks the next generation ({Cluster::Mold}).
+    module HeapWarmup
+      module_function
+
+      # @param fallback [Boolean] on a Ruby without `Process.warmup`, a full
+      #   GC and `GC.compact` instead (the mold's children share the pages);
+      #   without it, nothing.
+      # @return [Float, nil] the seconds it took; nil when nothing ran.
+      def call(fallback: false)
+        started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+        if Process.respond_to?(:warmup)
+          Process.warmup
+        elsif fallback
+          GC.start
+          GC.compact if GC.respond_to?(:compact)
+        else
+          return nil
+        end
+        Process.clock_gettime(Process::CLOCK_MONOTONIC) - started
+      rescue NotImplementedError # GC.compact where the platform has no compaction
+        nil
+      end
+    end
+  end
+end
