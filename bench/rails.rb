@@ -142,7 +142,7 @@ module NeverBlockBench
                   raise "bench/rails/alone.rb failed (#{status})" unless status.success?
 
                   seconds, cpu_us, allocations, gc_us = out.split.map { |value| Float(value) }
-                  cell[:fast] << { cpu_us: cpu_us, allocations: allocations, gc_us: gc_us }
+                  cell[:fast] << { rate: cell[:requests] / seconds, cpu_us: cpu_us, allocations: allocations, gc_us: gc_us }
                   { seconds: seconds, errors: [] }
                 end)
     end

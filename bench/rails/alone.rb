@@ -8,10 +8,12 @@
 #   ruby bench/rails/alone.rb REQUESTS CONCURRENCY
 #
 # CONCURRENCY NeverBlock tasks share REQUESTS calls of the app, as a
-# NeverBlock server's requests would; each request's Rack env is a copy of
-# one made before (a Hash#dup: far less than a server's parse). Prints one
-# line: "seconds cpu_us allocations gc_us" per request (CPU: this
-# process's, as /proc counts a server's).
+# NeverBlock server's requests would, with a pool connection each opened
+# first and the heap warmed up as `neverblock serve` does; each request's
+# Rack env is a copy of one made before (a Hash#dup: far less than a
+# server's parse), its body iterated and closed. Prints one line: "seconds
+# cpu_us allocations gc_us", per request (CPU: this process's, as /proc
+# counts a server's).
 
 require_relative "app"
 require "rack/mock"
@@ -19,33 +21,52 @@ require "rack/mock"
 requests = Integer(ARGV.fetch(0))
 concurrency = Integer(ARGV.fetch(1))
 app = Rails.application
+# As `neverblock serve` does once the app is loaded (Ruby 3.3+).
+Process.warmup if Process.respond_to?(:warmup)
 
 TEMPLATE = Rack::MockRequest.env_for("/fast").tap { |env| env.delete("rack.input") }.freeze # a GET: no body
-call = lambda do |_|
+call = lambda do
   status, _headers, body = app.call(TEMPLATE.dup)
+  body.each { |_chunk| nil } # as a server writes it
   body.close if body.respond_to?(:close)
   raise "GET /fast answered #{status}" unless status == 200
 end
 
+# `count` calls from `concurrency` tasks, each taking the next while any
+# is left (as the benchmark's clients do).
 # @return [Array(Float, Float, Integer, Integer)] wall and CPU seconds, objects allocated, GC ms
 run = lambda do |count|
-  shares = (0...count).each_slice((count / concurrency.to_f).ceil).to_a
-  GC.start
   allocated, gc_ms = GC.stat(:total_allocated_objects), GC.stat(:time) # rubocop:disable Style/ParallelAssignment
   cpu = Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID)
   wall = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+  left = count
   NeverBlock.run(stall_threshold: nil) do
-    NeverBlock.wait_all(shares.map { |share| NeverBlock.spawn { share.each(&call) } })
+    NeverBlock.wait_all(Array.new([concurrency, count].min) do
+      NeverBlock.spawn do
+        while left.positive?
+          left -= 1
+          call.call
+        end
+      end
+    end)
   end
   [Process.clock_gettime(Process::CLOCK_MONOTONIC) - wall, Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID) - cpu,
    GC.stat(:total_allocated_objects) - allocated, GC.stat(:time) - gc_ms]
 end
 
 # Warm-up: a pool connection per task opened (each costs milliseconds of
-# SCRAM), the code paths run and compiled.
+# SCRAM; each task holds its own until all have one), the code paths run
+# and compiled.
 NeverBlock.run do
+  holding = 0
   NeverBlock.wait_all(Array.new(concurrency) do
-    NeverBlock.spawn { ActiveRecord::Base.with_connection { |conn| conn.execute("select pg_sleep(0.02)").clear } }
+    NeverBlock.spawn do
+      ActiveRecord::Base.with_connection do |conn|
+        conn.select_value("select 1")
+        holding += 1
+        sleep 0.01 until holding == concurrency
+      end
+    end
   end)
 end
 run.call([concurrency * 2, 400].max)
