@@ -88,8 +88,10 @@ module NeverBlock
           end
           o.on("--preload", "load the app once in the master, before forking (copy-on-write)") { set(:preload, true) }
           # Two switches, not --[no-]: require_exact refuses the --no- form on Ruby 3.1.
-          o.on("--warmup", "once the app is loaded, Process.warmup (Ruby 3.3+): a full GC and compaction, " \
-                           "before the first request and before forking (the default)") { set(:warmup, true) }
+          o.on("--warmup", "Process.warmup (Ruby 3.3+: a full GC and compaction) where the app was loaded, " \
+                           "before its first request (with --preload, in the master before forking; the default)") do
+            set(:warmup, true)
+          end
           o.on("--no-warmup", "no Process.warmup once the app is loaded") { set(:warmup, false) }
           o.on("--access-log", "log one line per request to stdout") { set(:access_log, true) }
           o.on("--access-log-format FORMAT", %w[common json], "common (the default) or json: one object per line, " \
@@ -254,7 +256,7 @@ module NeverBlock
         loader = NeverBlock::Server::LazyApp.new { load_config(path) }
         if opts[:preload] || opts[:workers].zero?
           loader.build
-          warm_up if opts[:warmup]
+          warm_up if opts[:warmup] && opts[:workers].zero? # a master warms up after before_fork (server_options)
         end
         # "serving" once the app answers (every worker accepts: on_booted), not
         # before a worker has loaded it, which may still fail.
@@ -345,18 +347,28 @@ module NeverBlock
         end
         options[:worker_timeout] = opts[:worker_timeout] if opts.key?(:worker_timeout)
         options[:supervise] = opts[:supervise] if opts[:supervise].any?
+        if opts[:warmup] && opts[:preload] && opts[:workers].positive?
+          # Last before the first fork: after the app's own before_fork
+          # (what it disconnects is garbage the workers would share).
+          before_fork = options[:before_fork]
+          options[:before_fork] = lambda do
+            before_fork&.call
+            warm_up
+          end
+        end
         hook = opts[:on_worker_boot]
         build = !opts[:preload]
         if hook || build
-          # A preloaded app was warmed up in the master: a worker's own
-          # warmup would write every page it shares.
-          warm = build && opts[:warmup]
           options[:on_worker_boot] = lambda do |index|
             hook&.call(index)
             next unless build
 
+            # Only a worker that loads the app itself warms up: one forked
+            # by the refork mold has it already, warmed up by the mold, and
+            # its own warmup would write every page it shares with it.
+            loaded = loader.built?
             loader.build
-            warm_up if warm
+            warm_up if opts[:warmup] && !loaded
           end
         end
         options

@@ -23,6 +23,12 @@ module NeverBlock
         @app ||= @builder.call
       end
 
+      # @return [Boolean] whether {#build} has built it (in this process or
+      #   in the one it was forked from).
+      def built?
+        !@app.nil?
+      end
+
       # @param env [Hash]
       # @return [Array] the app's response.
       def call(env)
