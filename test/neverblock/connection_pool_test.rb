@@ -349,11 +349,16 @@ class ConnectionPoolTest < NeverBlockTest
 
   # The same for a timeout: one that expires while the next waiter runs
   # does not turn a block that finished (its work done) into a TimeoutError.
+  # The block's work (a 40 ms sleep) has 260 ms to end before the timeout
+  # would cut it on a loaded machine; the waiter holds the loop until past
+  # the timeout's deadline, however late it runs.
   def test_a_timeout_that_expires_while_a_checkin_runs_the_next_waiter_does_not_fail_the_finished_block
     pool = NeverBlock::ConnectionPool.new(size: 1, timeout: 5) { PairConnection.new }
     done = []
+    limit = 0.3
+    started = NeverBlock::Clock.now
     checked_in = NeverBlock.spawn do
-      NeverBlock.timeout(0.05) do
+      NeverBlock.timeout(limit) do
         pool.with do
           sleep 0.04
           done << :work
@@ -365,7 +370,7 @@ class ConnectionPoolTest < NeverBlockTest
     # Handed the connection, this waiter holds the loop past the timeout before its first wait.
     waiter = NeverBlock.spawn do
       pool.with do
-        deadline = NeverBlock::Clock.now + 0.03
+        deadline = started + limit + 0.02
         nil while NeverBlock::Clock.now < deadline
         sleep 0.001
       end
