@@ -76,14 +76,15 @@ module NeverBlock
 
       # Settings that only `neverblock serve` acts on (the rackup handler's
       # process is already running and has its app loaded and its binds).
-      SERVE_ONLY = %i[bind preload warmup environment pidfile log fiber_stack_size].freeze
+      SERVE_ONLY = %i[bind preload environment pidfile log fiber_stack_size].freeze
 
       # The {NeverBlock::Server#initialize} options of a loaded file, for a
       # caller other than `neverblock serve` (the rackup handler, which
       # `rails server -u neverblock` uses). What only `neverblock serve`
       # does (see SERVE_ONLY) is left out.
       # @param options [Hash] what {.load} returned.
-      # @return [Hash] Server options; `:ignored`, the settings left out.
+      # @return [Hash] Server options; `:ignored`, the settings left out;
+      #   `:warmup`, when the file sets it (the caller's to act on).
       def self.server_options(options)
         options = options.dup
         ignored = SERVE_ONLY.select { |key| options.key?(key) }

@@ -256,7 +256,7 @@ module NeverBlock
         loader = NeverBlock::Server::LazyApp.new { load_config(path) }
         if opts[:preload] || opts[:workers].zero?
           loader.build
-          warm_up if opts[:warmup] && opts[:workers].zero? # a master warms up after before_fork (server_options)
+          NeverBlock::Server::HeapWarmup.boot if opts[:warmup] && opts[:workers].zero? # a master: after before_fork (server_options)
         end
         # "serving" once the app answers (every worker accepts: on_booted), not
         # before a worker has loaded it, which may still fail.
@@ -348,13 +348,7 @@ module NeverBlock
         options[:worker_timeout] = opts[:worker_timeout] if opts.key?(:worker_timeout)
         options[:supervise] = opts[:supervise] if opts[:supervise].any?
         if opts[:warmup] && opts[:preload] && opts[:workers].positive?
-          # Last before the first fork: after the app's own before_fork
-          # (what it disconnects is garbage the workers would share).
-          before_fork = options[:before_fork]
-          options[:before_fork] = lambda do
-            before_fork&.call
-            warm_up
-          end
+          options[:before_fork] = NeverBlock::Server::HeapWarmup.after(options[:before_fork])
         end
         hook = opts[:on_worker_boot]
         build = !opts[:preload]
@@ -368,17 +362,12 @@ module NeverBlock
             # its own warmup would write every page it shares with it.
             loaded = loader.built?
             loader.build
-            warm_up if opts[:warmup] && !loaded
+            NeverBlock::Server::HeapWarmup.boot if opts[:warmup] && !loaded
           end
         end
         options
       end
 
-      # The app is loaded: its heap tidied before it serves or forks.
-      def warm_up
-        seconds = NeverBlock::Server::HeapWarmup.call or return
-        NeverBlock.logger.debug { "NeverBlock::Server: Process.warmup took #{(seconds * 1000).round} ms (--no-warmup leaves it out)" }
-      end
 
       def usage_error(message)
         @err.puts("neverblock serve: #{message}\n\n#{parser}")

@@ -10,10 +10,29 @@ module NeverBlock
     #
     # Who calls it: `neverblock serve` once the app is loaded (in the process
     # that serves with `-w 0`, in the master before forking with `--preload`,
-    # else in each worker; `--no-warmup` leaves it out), and the refork mold
-    # before it forks the next generation ({Cluster::Mold}).
+    # else in each worker; `--no-warmup` leaves it out), the rackup handler
+    # (`rails server -u neverblock`: the app is loaded before it runs), and
+    # the refork mold before it forks the next generation ({Cluster::Mold}).
     module HeapWarmup
       module_function
+
+      # Warms up a process whose app is loaded, logging the time it took.
+      # @return [void]
+      def boot
+        seconds = call or return
+        NeverBlock.logger.debug { "NeverBlock::Server: Process.warmup took #{(seconds * 1000).round} ms" }
+      end
+
+      # A master's `before_fork` hook that warms up last, after the app's
+      # own (what that lets go is garbage the workers would share).
+      # @param hook [#call, nil] the app's before_fork.
+      # @return [Proc]
+      def after(hook)
+        lambda do
+          hook&.call
+          boot
+        end
+      end
 
       # @param fallback [Boolean] on a Ruby without `Process.warmup`, a full
       #   GC and `GC.compact` instead (the mold's children share the pages);

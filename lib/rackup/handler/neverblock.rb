@@ -29,9 +29,16 @@ module Rackup
           # pipe or a file, and a kill loses none of it.
           $stdout.sync = true
           $stderr.sync = true
-          server = ::NeverBlock::Server.new(app, **with_sidecars(with_web_concurrency({ **config_file_options, **server_options(options) })))
+          settings = with_sidecars(with_web_concurrency({ **config_file_options, **server_options(options) }))
+          warmup = settings.delete(:warmup) != false
+          # The app is loaded (rackup and `rails server` build it first):
+          # its heap is warmed up before it serves, or in a master last
+          # before it forks (see NeverBlock::Server::HeapWarmup).
+          settings[:before_fork] = ::NeverBlock::Server::HeapWarmup.after(settings[:before_fork]) if warmup && settings[:workers].positive?
+          server = ::NeverBlock::Server.new(app, **settings)
           @server = server
           yield server if block_given?
+          ::NeverBlock::Server::HeapWarmup.boot if warmup && server.workers.zero?
           $stdout.puts("NeverBlock #{::NeverBlock::VERSION} listening on #{server.bound_addresses.join(', ')} " \
                        "(#{server.workers.zero? ? 'one process' : ::NeverBlock::Server.workers_phrase(server.workers)}, pid #{Process.pid})")
           server.run(handle_signals: true)
@@ -59,7 +66,8 @@ module Rackup
             "RequestTimeout=SECONDS" => "answer 503 to a request still waiting this long (default: none)",
             "OpenTelemetry=BOOL" => "a span per request, when the app loads OpenTelemetry (default: false)",
             "EarlyHints=BOOL" => "env[\"rack.early_hints\"]: 103 Early Hints (default: false; rails server --early-hints)",
-            "AccessLog=BOOL" => "log one line per request to stdout (default: false)"
+            "AccessLog=BOOL" => "log one line per request to stdout (default: false)",
+            "Warmup=BOOL" => "Process.warmup (Ruby 3.3+) once the app is loaded, before it serves or forks (default: true)"
           }
         end
 
@@ -134,6 +142,7 @@ module Rackup
           # `rails server --early-hints` passes early_hints: true.
           result[:early_hints] = true if options[:early_hints] || %w[true yes 1].include?(options[:EarlyHints].to_s)
           result[:opentelemetry] = true if %w[true yes 1].include?(options[:OpenTelemetry].to_s)
+          result[:warmup] = false if %w[false no 0].include?(options[:Warmup].to_s)
           result
         end
       end

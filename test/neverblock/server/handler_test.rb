@@ -41,6 +41,48 @@ class ServerHandlerTest < PlainTest
     assert stop_and_wait("TERM").success?
   end
 
+  # The app is loaded when the handler runs: it warms up the heap before
+  # serving (fixtures/server/warmup.ru counts Process.warmup's calls and
+  # answers "PID WARMUPS"); Warmup=false leaves it out.
+  def test_rackup_warms_up_the_loaded_app_unless_told_not_to
+    { [] => 1, %w[-O Warmup=false] => 0 }.each do |options, expected|
+      port = free_port
+      start(RbConfig.ruby, Gem.bin_path("rackup", "rackup"), "-s", "neverblock", "-o", "127.0.0.1", "-p", port.to_s,
+            *options, "-E", "none", File.join(FIXTURES, "warmup.ru"))
+      pid = @pid
+      assert_equal [pid, expected], wait_for_answer(port).body.split.map { |number| Integer(number) }, options.inspect
+      assert stop_and_wait("TERM").success?
+      assert_equal ["warmup in #{pid}"] * expected, @output.scan(/^warmup in \d+/)
+    end
+  end
+
+  # With workers, the master warms up after the app's before_fork (what
+  # that lets go is garbage the workers would share), and the workers share
+  # it; config/neverblock.rb's `warmup false` applies to the handler too.
+  def test_rackup_with_workers_warms_up_in_the_master_after_before_fork_and_reads_warmup_false
+    @dir = Dir.mktmpdir("nb-warmup")
+    FileUtils.mkdir_p(File.join(@dir, "config"))
+    config = File.join(@dir, "config", "neverblock.rb")
+    File.write(config, "before_fork { $stdout.puts('before_fork'); $stdout.flush }\n")
+    port = free_port
+    start(RbConfig.ruby, Gem.bin_path("rackup", "rackup"), "-s", "neverblock", "-o", "127.0.0.1", "-p", port.to_s,
+          "-O", "Workers=2", "-E", "none", File.join(FIXTURES, "warmup.ru"), chdir: @dir)
+    master = @pid
+    pid, warmups = wait_for_answer(port).body.split.map { |number| Integer(number) }
+    refute_equal master, pid, "answered by a worker"
+    assert_equal 1, warmups, "the master's, inherited"
+    assert stop_and_wait("TERM").success?
+    assert_equal ["before_fork", "warmup in #{master}"], @output.scan(/^(?:before_fork|warmup in \d+)$/)
+
+    File.write(config, "warmup false\n")
+    port = free_port
+    start(RbConfig.ruby, Gem.bin_path("rackup", "rackup"), "-s", "neverblock", "-o", "127.0.0.1", "-p", port.to_s,
+          "-E", "none", File.join(FIXTURES, "warmup.ru"), chdir: @dir)
+    assert_equal 0, wait_for_answer(port).body.split.last.to_i
+    assert stop_and_wait("TERM").success?
+    assert_match(%r{NeverBlock: reading config/neverblock.rb\n}, @output, "warmup is not named as left out")
+  end
+
   def test_rails_server_u_neverblock
     copy_rails_app
     port = free_port
