@@ -356,8 +356,9 @@ class ConnectionPoolTest < NeverBlockTest
     pool = NeverBlock::ConnectionPool.new(size: 1, timeout: 5) { PairConnection.new }
     done = []
     limit = 0.3
-    started = NeverBlock::Clock.now
+    timed_from = nil
     checked_in = NeverBlock.spawn do
+      timed_from = NeverBlock::Clock.now
       NeverBlock.timeout(limit) do
         pool.with do
           sleep 0.04
@@ -370,7 +371,7 @@ class ConnectionPoolTest < NeverBlockTest
     # Handed the connection, this waiter holds the loop past the timeout before its first wait.
     waiter = NeverBlock.spawn do
       pool.with do
-        deadline = started + limit + 0.02
+        deadline = timed_from + limit + 0.02
         nil while NeverBlock::Clock.now < deadline
         sleep 0.001
       end

@@ -12,7 +12,7 @@ module NeverBlock
     #   bind "tcp://0.0.0.0:3000"          # repeatable; or: port 3000
     #   workers 4                          # 0: serve in the master's process
     #   preload true                       # load the app once, before forking
-    #   warmup false                       # no Process.warmup once the app is loaded (default true)
+    #   warmup false                       # no Process.warmup once the app is loaded (default: true but in development)
     #   fiber_pool 500                     # requests answered at once, per worker
     #   adaptive_limit target_lag: 0.01    # or: adaptive_limit false (see NeverBlock::Server::ConcurrencyLimit)
     #   limits header_timeout: 5, idle_timeout: 10, max_body: 50 * 1024**2

@@ -27,7 +27,7 @@ module NeverBlock
         @err = err
         @options = { bind: [], supervise: [], workers: Etc.nprocessors, preload: false, access_log: false,
                      shutdown_timeout: nil, fiber_pool: 1000, adaptive_limit: true, status_path: nil, environment: nil,
-                     early_hints: false, opentelemetry: false, cancel_on_hangup: true, warmup: true, limits: {} }
+                     early_hints: false, opentelemetry: false, cancel_on_hangup: true, warmup: nil, limits: {} }
         @given = [] # options set on the command line, which win over a config file
       end
 
@@ -89,7 +89,8 @@ module NeverBlock
           o.on("--preload", "load the app once in the master, before forking (copy-on-write)") { set(:preload, true) }
           # Two switches, not --[no-]: require_exact refuses the --no- form on Ruby 3.1.
           o.on("--warmup", "Process.warmup (Ruby 3.3+: a full GC and compaction) where the app was loaded, " \
-                           "before its first request (with --preload, in the master before forking; the default)") do
+                           "before its first request (with --preload, in the master before forking; the default " \
+                           "but in development)") do
             set(:warmup, true)
           end
           o.on("--no-warmup", "no Process.warmup once the app is loaded") { set(:warmup, false) }
@@ -249,6 +250,7 @@ module NeverBlock
         opts[:supervise] = NeverBlock::RailsIntegration.supervise_solid_queue(opts[:supervise], @err, "neverblock serve")
         NeverBlock::RailsIntegration.default_rails_max_threads(@out)
         require_relative "../server"
+        opts[:warmup] = NeverBlock::Server::HeapWarmup.wanted?(opts[:warmup]) # after RACK_ENV is set
         # Rack itself (not the app) loads once, in the master: a worker that
         # replaces a dead one then boots in ~10 ms instead of ~55.
         require "rack"
@@ -367,7 +369,6 @@ module NeverBlock
         end
         options
       end
-
 
       def usage_error(message)
         @err.puts("neverblock serve: #{message}\n\n#{parser}")

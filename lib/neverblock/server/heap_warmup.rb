@@ -10,11 +10,23 @@ module NeverBlock
     #
     # Who calls it: `neverblock serve` once the app is loaded (in the process
     # that serves with `-w 0`, in the master before forking with `--preload`,
-    # else in each worker; `--no-warmup` leaves it out), the rackup handler
+    # else in each worker; `--no-warmup` leaves it out, and so does a
+    # development environment unless asked, see {.wanted?}), the rackup handler
     # (`rails server -u neverblock`: the app is loaded before it runs), and
     # the refork mold before it forks the next generation ({Cluster::Mold}).
     module HeapWarmup
       module_function
+
+      # @param setting [Boolean, nil] `--warmup`, `--no-warmup`, the config
+      #   file's `warmup`, the handler's `Warmup=`; nil when none was given.
+      # @return [Boolean] whether to warm up: as set, else unless
+      #   RAILS_ENV (or RACK_ENV) is development, whose boots are many and
+      #   short-lived.
+      def wanted?(setting)
+        return setting ? true : false unless setting.nil?
+
+        (ENV["RAILS_ENV"] || ENV["RACK_ENV"]) != "development"
+      end
 
       # Warms up a process whose app is loaded, logging the time it took.
       # @return [void]

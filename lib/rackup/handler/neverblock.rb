@@ -30,11 +30,12 @@ module Rackup
           $stdout.sync = true
           $stderr.sync = true
           settings = with_sidecars(with_web_concurrency({ **config_file_options, **server_options(options) }))
-          warmup = settings.delete(:warmup) != false
+          warmup = ::NeverBlock::Server::HeapWarmup.wanted?(settings.delete(:warmup))
           # The app is loaded (rackup and `rails server` build it first):
           # its heap is warmed up before it serves, or in a master last
           # before it forks (see NeverBlock::Server::HeapWarmup).
-          settings[:before_fork] = ::NeverBlock::Server::HeapWarmup.after(settings[:before_fork]) if warmup && settings[:workers].positive?
+          forking = settings[:workers].is_a?(Integer) && settings[:workers].positive? # Server.new says what else is wrong
+          settings[:before_fork] = ::NeverBlock::Server::HeapWarmup.after(settings[:before_fork]) if warmup && forking
           server = ::NeverBlock::Server.new(app, **settings)
           @server = server
           yield server if block_given?
@@ -67,7 +68,8 @@ module Rackup
             "OpenTelemetry=BOOL" => "a span per request, when the app loads OpenTelemetry (default: false)",
             "EarlyHints=BOOL" => "env[\"rack.early_hints\"]: 103 Early Hints (default: false; rails server --early-hints)",
             "AccessLog=BOOL" => "log one line per request to stdout (default: false)",
-            "Warmup=BOOL" => "Process.warmup (Ruby 3.3+) once the app is loaded, before it serves or forks (default: true)"
+            "Warmup=BOOL" => "Process.warmup (Ruby 3.3+) once the app is loaded, before it serves or forks (default: true, " \
+                             "but in development)"
           }
         end
 
@@ -142,7 +144,7 @@ module Rackup
           # `rails server --early-hints` passes early_hints: true.
           result[:early_hints] = true if options[:early_hints] || %w[true yes 1].include?(options[:EarlyHints].to_s)
           result[:opentelemetry] = true if %w[true yes 1].include?(options[:OpenTelemetry].to_s)
-          result[:warmup] = false if %w[false no 0].include?(options[:Warmup].to_s)
+          result[:warmup] = %w[true yes 1].include?(options[:Warmup].to_s) if options[:Warmup]
           result
         end
       end

@@ -43,12 +43,14 @@ class ServerHandlerTest < PlainTest
 
   # The app is loaded when the handler runs: it warms up the heap before
   # serving (fixtures/server/warmup.ru counts Process.warmup's calls and
-  # answers "PID WARMUPS"); Warmup=false leaves it out.
+  # answers "PID WARMUPS"); Warmup=false leaves it out, and so does the
+  # development environment unless Warmup=true.
   def test_rackup_warms_up_the_loaded_app_unless_told_not_to
-    { [] => 1, %w[-O Warmup=false] => 0 }.each do |options, expected|
+    { %w[-E none] => 1, %w[-E none -O Warmup=false] => 0, %w[-E development] => 0,
+      %w[-E development -O Warmup=true] => 1 }.each do |options, expected|
       port = free_port
       start(RbConfig.ruby, Gem.bin_path("rackup", "rackup"), "-s", "neverblock", "-o", "127.0.0.1", "-p", port.to_s,
-            *options, "-E", "none", File.join(FIXTURES, "warmup.ru"))
+            *options, File.join(FIXTURES, "warmup.ru"))
       pid = @pid
       assert_equal [pid, expected], wait_for_answer(port).body.split.map { |number| Integer(number) }, options.inspect
       assert stop_and_wait("TERM").success?
@@ -81,6 +83,12 @@ class ServerHandlerTest < PlainTest
     assert_equal 0, wait_for_answer(port).body.split.last.to_i
     assert stop_and_wait("TERM").success?
     assert_match(%r{NeverBlock: reading config/neverblock.rb\n}, @output, "warmup is not named as left out")
+
+    port = free_port # rackup's -O wins over the file
+    start(RbConfig.ruby, Gem.bin_path("rackup", "rackup"), "-s", "neverblock", "-o", "127.0.0.1", "-p", port.to_s,
+          "-O", "Warmup=true", "-E", "none", File.join(FIXTURES, "warmup.ru"), chdir: @dir)
+    assert_equal 1, wait_for_answer(port).body.split.last.to_i
+    assert stop_and_wait("TERM").success?
   end
 
   def test_rails_server_u_neverblock

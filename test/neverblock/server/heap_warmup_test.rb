@@ -26,6 +26,12 @@ class ServerHeapWarmupTest < PlainTest
     assert_empty warmup_lines(server)
   end
 
+  # Development boots often: no warmup there unless asked.
+  def test_the_development_environment_warms_up_only_when_asked
+    assert_equal 0, pids(serve("warmup.ru", "-w", "0", "-E", "development")).last
+    assert_equal 1, pids(serve("warmup.ru", "-w", "0", "-E", "development", "--warmup")).last
+  end
+
   def test_a_config_file_can_leave_it_out_and_the_command_line_wins
     Dir.mktmpdir do |dir|
       config = File.join(dir, "neverblock.rb")
