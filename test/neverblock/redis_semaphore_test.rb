@@ -8,6 +8,7 @@ require "rbconfig"
 require "tempfile"
 require "neverblock/redis_semaphore"
 require_relative "../support/counting_upstream"
+require_relative "../support/own_redis"
 
 # NeverBlock::RedisSemaphore against a real Redis (bin/test's): a bound
 # shared by several processes, counted by the upstream; leases that end
@@ -16,6 +17,7 @@ require_relative "../support/counting_upstream"
 # (fail closed, or run unbounded) or restarted without its data.
 class RedisSemaphoreTest < NeverBlockTest
   include NeverBlockTest::Databases
+  include OwnRedis
   neverblock_timeout 60
 
   CHILD = File.expand_path("../fixtures/redis_semaphore_child.rb", __dir__)
@@ -227,7 +229,7 @@ class RedisSemaphoreTest < NeverBlockTest
   # would have lost its permit anyway. The newcomer waits 5 s, past the
   # fence, so that it is the holder's renewal that keeps it out.
   def test_after_redis_restarts_without_its_data_a_running_holder_still_counts
-    skip "needs redis-server on PATH" unless system("command -v redis-server >/dev/null")
+    skip "needs redis-server on PATH" unless redis_server?
     dir = Dir.mktmpdir("neverblock-redis-restart")
     socket = File.join(dir, "redis.sock")
     url = "unix://#{socket}"
@@ -239,8 +241,7 @@ class RedisSemaphoreTest < NeverBlockTest
       held = NeverBlock.spawn { holder.acquire { release.pop } } # after the fence of a Redis just started
       eventually { holder.available.zero? }
 
-      Process.kill(:KILL, pid)
-      Process.wait(pid)
+      stop_redis(pid)
       pid = nil
       assert_raises(NeverBlock::SemaphoreUnavailable) { semaphore(url: url, lease: 3).acquire { flunk "ran while Redis was down" } }
       pid = start_redis(dir, socket)
@@ -255,18 +256,14 @@ class RedisSemaphoreTest < NeverBlockTest
     held.wait
     assert_equal :acquired, task.value
   ensure
-    if pid
-      Process.kill(:KILL, pid)
-      Process.wait(pid)
-    end
-    FileUtils.rm_rf(dir) if dir
+    stop_redis(pid, dir)
   end
 
   # Redis's uptime_in_seconds is the difference of two whole-second clocks:
   # started just before a second ends, it says 1 a few ms later. The fence
   # still lasts a whole lease from the start (it lasted a second less).
   def test_the_fence_lasts_a_whole_lease_though_redis_rounds_its_uptime_up
-    skip "needs redis-server on PATH" unless system("command -v redis-server >/dev/null")
+    skip "needs redis-server on PATH" unless redis_server?
     dir = Dir.mktmpdir("neverblock-redis-fence")
     socket = File.join(dir, "redis.sock")
     sleep 0.01 until Time.now.usec.between?(750_000, 800_000)
@@ -280,11 +277,7 @@ class RedisSemaphoreTest < NeverBlockTest
     assert_operator granted - started, :>=, 2, "a permit came before a lease had passed since Redis started"
   ensure
     client&.close
-    if pid
-      Process.kill(:KILL, pid)
-      Process.wait(pid)
-    end
-    FileUtils.rm_rf(dir) if dir
+    stop_redis(pid, dir)
   end
 
   private
@@ -299,8 +292,7 @@ class RedisSemaphoreTest < NeverBlockTest
   end
 
   def start_redis(dir, socket)
-    pid = Process.spawn("redis-server", "--port", "0", "--unixsocket", socket, "--save", "", "--appendonly", "no",
-                        "--dir", dir, out: File::NULL, err: File::NULL)
+    pid = spawn_redis(dir, socket)
     eventually { redis_answers?("unix://#{socket}") }
     pid
   end

@@ -3,6 +3,7 @@
 require_relative "debouncer_helper"
 require "tmpdir"
 require "securerandom"
+require_relative "../../support/own_redis"
 
 begin
   require "neverblock/debouncer/redis_store"
@@ -22,7 +23,7 @@ module DebouncerRedisServer
 
     # @return [Boolean] true when there is a Redis to test against.
     def available?
-      ENV.key?("NEVERBLOCK_REDIS_URL") || system("command -v redis-server >/dev/null")
+      ENV.key?("NEVERBLOCK_REDIS_URL") || OwnRedis.redis_server?
     end
 
     private
@@ -30,8 +31,7 @@ module DebouncerRedisServer
     def start
       dir = Dir.mktmpdir("neverblock-redis")
       socket = File.join(dir, "redis.sock")
-      pid = Process.spawn("redis-server", "--port", "0", "--unixsocket", socket, "--save", "", "--appendonly", "no",
-                          "--dir", dir, out: File::NULL, err: File::NULL)
+      pid = OwnRedis.spawn_redis(dir, socket)
       Minitest.after_run do
         Process.kill(:TERM, pid)
         Process.wait(pid)
@@ -60,6 +60,7 @@ end
 # processes), leases that expire, and nothing secret in Redis.
 class DebouncerRedisStoreTest < NeverBlockTest
   include DebouncerHelper
+  include OwnRedis
   neverblock_timeout 30
 
   def setup
@@ -182,7 +183,7 @@ class DebouncerRedisStoreTest < NeverBlockTest
   # listener subscribes again and keeps extending leases, so a herd
   # against an upstream slower than the lease still makes one call.
   def test_after_redis_restarts_the_listener_resubscribes_and_leases_are_still_extended
-    skip "needs redis-server on PATH" unless system("command -v redis-server >/dev/null")
+    skip "needs redis-server on PATH" unless redis_server?
     dir = Dir.mktmpdir("neverblock-redis-restart")
     socket = File.join(dir, "redis.sock")
     pid = start_redis(dir, socket)
@@ -195,8 +196,7 @@ class DebouncerRedisStoreTest < NeverBlockTest
     assert_equal 1, pubsub_patterns(url)
 
     capture_log do
-      Process.kill(:KILL, pid)
-      Process.wait(pid)
+      stop_redis(pid)
       pid = nil
       NeverBlock.sleep(0.5) # the listener notices
       pid = start_redis(dir, socket)
@@ -210,11 +210,7 @@ class DebouncerRedisStoreTest < NeverBlockTest
     assert_equal 1, slow.calls, "a lease was not extended after Redis came back: a second leader called upstream"
   ensure
     redis_store&.close # before its Redis goes away, or the listener logs the loss again
-    if pid
-      Process.kill(:KILL, pid)
-      Process.wait(pid)
-    end
-    FileUtils.rm_rf(dir) if dir
+    stop_redis(pid, dir)
   end
 
   def test_an_app_exception_gives_followers_502_and_stores_nothing
@@ -258,8 +254,7 @@ class DebouncerRedisStoreTest < NeverBlockTest
   end
 
   def start_redis(dir, socket)
-    pid = Process.spawn("redis-server", "--port", "0", "--unixsocket", socket, "--save", "", "--appendonly", "no",
-                        "--dir", dir, out: File::NULL, err: File::NULL)
+    pid = spawn_redis(dir, socket)
     wait_until(30) { pubsub_patterns("unix://#{socket}") }
     pid
   end
