@@ -19,8 +19,7 @@ class ServerHandlerTest < PlainTest
 
   def test_rackup_s_neverblock
     port = free_port
-    start(RbConfig.ruby, Gem.bin_path("rackup", "rackup"), "-s", "neverblock", "-o", "127.0.0.1", "-p", port.to_s,
-          "-E", "development", File.join(FIXTURES, "hello.ru"))
+    start_rackup(port, "-E", "development", File.join(FIXTURES, "hello.ru"))
     response = wait_for_answer(port)
     assert_equal "200", response.code
     # Served inside NeverBlock, and rackup's development stack (Rack::Lint
@@ -33,8 +32,7 @@ class ServerHandlerTest < PlainTest
 
   def test_rackup_with_workers_forks
     port = free_port
-    start(RbConfig.ruby, Gem.bin_path("rackup", "rackup"), "-s", "neverblock", "-o", "127.0.0.1", "-p", port.to_s,
-          "-O", "Workers=2", "-O", "Status=/_nb", "-E", "none", File.join(FIXTURES, "hello.ru"))
+    start_rackup(port, "-O", "Workers=2", "-O", "Status=/_nb", "-E", "none", File.join(FIXTURES, "hello.ru"))
     wait_for_answer(port)
     stats = Net::HTTP.get(URI("http://127.0.0.1:#{port}/_nb"))
     refute_equal @pid, Integer(stats[/"pid":(\d+)/, 1]), "answered by a worker, not the master"
@@ -49,8 +47,7 @@ class ServerHandlerTest < PlainTest
     { %w[-E none] => 1, %w[-E none -O Warmup=false] => 0, %w[-E development] => 0,
       %w[-E development -O Warmup=true] => 1 }.each do |options, expected|
       port = free_port
-      start(RbConfig.ruby, Gem.bin_path("rackup", "rackup"), "-s", "neverblock", "-o", "127.0.0.1", "-p", port.to_s,
-            *options, File.join(FIXTURES, "warmup.ru"))
+      start_rackup(port, *options, File.join(FIXTURES, "warmup.ru"))
       pid = @pid
       assert_equal [pid, expected], wait_for_answer(port).body.split.map { |number| Integer(number) }, options.inspect
       assert stop_and_wait("TERM").success?
@@ -67,8 +64,7 @@ class ServerHandlerTest < PlainTest
     config = File.join(@dir, "config", "neverblock.rb")
     File.write(config, "before_fork { $stdout.puts('before_fork'); $stdout.flush }\n")
     port = free_port
-    start(RbConfig.ruby, Gem.bin_path("rackup", "rackup"), "-s", "neverblock", "-o", "127.0.0.1", "-p", port.to_s,
-          "-O", "Workers=2", "-E", "none", File.join(FIXTURES, "warmup.ru"), chdir: @dir)
+    start_rackup(port, "-O", "Workers=2", "-E", "none", File.join(FIXTURES, "warmup.ru"), chdir: @dir)
     master = @pid
     pid, warmups = wait_for_answer(port).body.split.map { |number| Integer(number) }
     refute_equal master, pid, "answered by a worker"
@@ -78,15 +74,13 @@ class ServerHandlerTest < PlainTest
 
     File.write(config, "warmup false\n")
     port = free_port
-    start(RbConfig.ruby, Gem.bin_path("rackup", "rackup"), "-s", "neverblock", "-o", "127.0.0.1", "-p", port.to_s,
-          "-E", "none", File.join(FIXTURES, "warmup.ru"), chdir: @dir)
+    start_rackup(port, "-E", "none", File.join(FIXTURES, "warmup.ru"), chdir: @dir)
     assert_equal 0, wait_for_answer(port).body.split.last.to_i
     assert stop_and_wait("TERM").success?
     assert_match(%r{NeverBlock: reading config/neverblock.rb\n}, @output, "warmup is not named as left out")
 
     port = free_port # rackup's -O wins over the file
-    start(RbConfig.ruby, Gem.bin_path("rackup", "rackup"), "-s", "neverblock", "-o", "127.0.0.1", "-p", port.to_s,
-          "-O", "Warmup=true", "-E", "none", File.join(FIXTURES, "warmup.ru"), chdir: @dir)
+    start_rackup(port, "-O", "Warmup=true", "-E", "none", File.join(FIXTURES, "warmup.ru"), chdir: @dir)
     assert_equal 1, wait_for_answer(port).body.split.last.to_i
     assert stop_and_wait("TERM").success?
   end
@@ -186,6 +180,13 @@ class ServerHandlerTest < PlainTest
   end
 
   private
+
+  # `rackup -s neverblock` on 127.0.0.1:`port`, with `args` (options, then
+  # the rackup file).
+  def start_rackup(port, *args, chdir: Dir.pwd)
+    start(RbConfig.ruby, Gem.bin_path("rackup", "rackup"), "-s", "neverblock", "-o", "127.0.0.1", "-p", port.to_s, *args,
+          chdir: chdir)
+  end
 
   # The Rails fixture app, copied to @dir (a fresh temporary directory).
   def copy_rails_app
