@@ -51,7 +51,7 @@ module NeverBlock
       #   without it, nothing.
       # @return [Float, nil] the seconds it took; nil when nothing ran.
       def call(fallback: false)
-        started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+        started = Clock.now
         if Process.respond_to?(:warmup)
           Process.warmup
         elsif fallback
@@ -60,7 +60,7 @@ module NeverBlock
         else
           return nil
         end
-        Process.clock_gettime(Process::CLOCK_MONOTONIC) - started
+        Clock.now - started
       rescue NotImplementedError # GC.compact where the platform has no compaction
         nil
       end
