@@ -2,7 +2,7 @@
 
 require "socket"
 require "io/wait"
-require "llhttp"
+require_relative "../llhttp_pin"
 
 module NeverBlock
   class ReverseProxy
@@ -10,6 +10,8 @@ module NeverBlock
     # parses the response with llhttp and hands out its body as it arrives.
     # Used by one request at a time (the pool lends it).
     class UpstreamConnection < LLHttp::Delegate
+      include LLHttpPin
+
       # The upstream closed the connection before a complete response.
       class Closed < IOError; end
 
@@ -42,7 +44,7 @@ module NeverBlock
         @timeout = timeout
         @used = false
         @buffer = String.new(capacity: READ_SIZE, encoding: Encoding::BINARY)
-        @parser = LLHttp::Parser.new(self, type: :response)
+        @parser = pinned_llhttp(:response)
         @complete = true
       end
 

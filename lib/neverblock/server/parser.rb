@@ -13,6 +13,7 @@ begin
 rescue LoadError
   nil # not compiled (a `path:` gem): every head goes through llhttp's callbacks (see Parser.head_parser?)
 end
+require_relative "../llhttp_pin"
 require_relative "parser/empty_lines"
 require_relative "parser/head_form"
 require_relative "parser/head_feeding"
@@ -56,6 +57,7 @@ module NeverBlock
       # The environment variable that turns the C fast path off (`off`).
       HEAD_PARSER_SWITCH = "NEVERBLOCK_HEAD_PARSER"
 
+      include LLHttpPin
       include EmptyLines
       include HeadForm
       include HeadFeeding
