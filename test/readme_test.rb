@@ -379,8 +379,7 @@ class ReadmeTest < PlainTest
 
   def answer_upstream(socket)
     while (request_line = socket.gets)
-      headers = []
-      headers << socket.gets until headers.last == "\r\n" || headers.last.nil?
+      while (line = socket.gets) && line != "\r\n"; end # the headers
       sleep 1 if request_line.include?("/slow")
       body = request_line.include?("/slow") ? "slow\n" : "upstream\n"
       socket.write("HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: #{body.bytesize}\r\n\r\n#{body}")
