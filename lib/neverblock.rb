@@ -5,6 +5,7 @@ require "timeout"
 
 require_relative "neverblock/version"
 require_relative "neverblock/errors"
+require_relative "neverblock/llhttp_pin" # before the app compacts its heap (see the file)
 require_relative "neverblock/clock"
 
 # NeverBlock runs ordinary blocking-style Ruby concurrently: every task is a

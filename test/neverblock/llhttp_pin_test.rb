@@ -8,16 +8,20 @@ require "open3"
 # it once the app is loaded), and so do GC.compact and GC.auto_compact: a
 # delegate moved under a live parser, or the LLHttp::Error class moved before
 # llhttp raised it, segfaulted the server and the reverse proxy on Ruby 3.3.
-# Each check runs in a child process, which compacts the heap moving every
-# object that can move and then parses again through the parsers made before.
+# Each check runs in a child process, which compacts the heap (moving what
+# it can: on Ruby 3.1 an instance variable's value is pinned anyway, so there
+# only the error class's checks fail without the pins) and then parses again
+# through the parsers made before.
 class LLHttpPinTest < PlainTest
   LIB = File.expand_path("../../lib", __dir__)
 
-  # Moves every movable object (Ruby 3.1 names the heap-growing option differently).
+  # Moves every movable object (Ruby 3.1 names the heap-growing option
+  # differently), and `address` tells where an object is.
   COMPACT = <<~RUBY
     options = RUBY_VERSION >= "3.2" ? { expand_heap: true } : { double_heap: true }
     GC.verify_compaction_references(toward: :empty, **options)
   RUBY
+  ADDRESS = "address = ->(object) { Kernel.instance_method(:to_s).bind_call(object)[/0x\\h+/] }\n"
 
   def setup
     skip "this Ruby cannot compact its heap" unless GC.respond_to?(:verify_compaction_references)
@@ -66,6 +70,47 @@ class LLHttpPinTest < PlainTest
       end
       raise bodies.tally.inspect unless bodies.tally == { "hello" => 200 }
       puts "\#{bodies.size} responses"
+    RUBY
+  end
+
+  # Any parser, as the http gem makes them: its delegate stays put.
+  def test_a_parser_anyone_makes_keeps_its_delegate_where_it_was
+    assert_child_prints "200 unmoved, 200 parsed", "require 'neverblock'\n#{ADDRESS}" + <<~'RUBY' + COMPACT + <<~'RUBY2'
+      class Handler < LLHttp::Delegate
+        attr_reader :status
+        def on_status(text) = (@status = text)
+      end
+      parsers = Array.new(200) { LLHttp::Parser.new(Handler.new, type: :response) }
+      before = parsers.map { |parser| address.call(parser.instance_variable_get(:@delegate)) }
+    RUBY
+      after = parsers.map { |parser| address.call(parser.instance_variable_get(:@delegate)) }
+      parsers.each { |parser| parser << "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n" }
+      parsed = parsers.count { |parser| parser.instance_variable_get(:@delegate).status == "Not Found" }
+      puts "#{before.zip(after).count { |was, is| was == is }} unmoved, #{parsed} parsed"
+    RUBY2
+  end
+
+  # llhttp loaded and a compaction before neverblock could pin its error
+  # class: told on stderr (pinning the class then cannot undo it).
+  def test_llhttp_loaded_and_compacted_before_neverblock_is_warned_of
+    _, err, status = Open3.capture3(RbConfig.ruby, "-I", LIB, "-e", "require 'llhttp'\n#{COMPACT}require 'neverblock'")
+    assert status.success?, err
+    assert_match(/llhttp was loaded and the heap compacted before `neverblock` was required/, err)
+
+    _, err, status = Open3.capture3(RbConfig.ruby, "-I", LIB, "-e", "require 'neverblock'\n#{COMPACT}require 'llhttp'")
+    assert status.success?, err
+    refute_match(/llhttp/, err)
+  end
+
+  # What neverblock serve's warmup runs its compaction in.
+  def test_across_compaction_returns_the_blocks_value_with_the_error_class_where_it_was
+    assert_child_prints "done, LLHttp::Error in place", "require 'neverblock'\n" + <<~'RUBY'
+      value = NeverBlock::LLHttpPin.across_compaction do
+        options = RUBY_VERSION >= "3.2" ? { expand_heap: true } : { double_heap: true }
+        GC.verify_compaction_references(toward: :empty, **options)
+        "done"
+      end
+      puts "#{value}, LLHttp::Error in place"
     RUBY
   end
 

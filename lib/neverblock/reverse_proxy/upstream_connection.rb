@@ -10,8 +10,6 @@ module NeverBlock
     # parses the response with llhttp and hands out its body as it arrives.
     # Used by one request at a time (the pool lends it).
     class UpstreamConnection < LLHttp::Delegate
-      include LLHttpPin
-
       # The upstream closed the connection before a complete response.
       class Closed < IOError; end
 
@@ -44,7 +42,7 @@ module NeverBlock
         @timeout = timeout
         @used = false
         @buffer = String.new(capacity: READ_SIZE, encoding: Encoding::BINARY)
-        @parser = pinned_llhttp(:response)
+        @parser = LLHttp::Parser.new(self, type: :response)
         @complete = true
       end
 

@@ -50,15 +50,19 @@ module NeverBlock
       #   GC and `GC.compact` instead (the mold's children share the pages);
       #   without it, nothing.
       # @return [Float, nil] the seconds it took; nil when nothing ran.
+      # @raise [BaseError] when the compaction moved what llhttp points at
+      #   ({LLHttpPin.across_compaction}).
       def call(fallback: false)
+        return nil unless Process.respond_to?(:warmup) || fallback
+
         started = Clock.now
-        if Process.respond_to?(:warmup)
-          Process.warmup
-        elsif fallback
-          GC.start
-          GC.compact if GC.respond_to?(:compact)
-        else
-          return nil
+        LLHttpPin.across_compaction do
+          if Process.respond_to?(:warmup)
+            Process.warmup
+          else
+            GC.start
+            GC.compact if GC.respond_to?(:compact)
+          end
         end
         Clock.now - started
       rescue NotImplementedError # GC.compact where the platform has no compaction

@@ -2,18 +2,12 @@
 
 require "ipaddr"
 
-begin
-  require "llhttp"
-rescue LoadError => e
-  raise LoadError, "NeverBlock::Server parses HTTP with the llhttp gem: add `gem \"llhttp\", \"~> 0.6\"` " \
-                   "to your Gemfile (#{e.message})"
-end
+require_relative "../llhttp_pin"
 begin
   require "neverblock/http_head"
 rescue LoadError
   nil # not compiled (a `path:` gem): every head goes through llhttp's callbacks (see Parser.head_parser?)
 end
-require_relative "../llhttp_pin"
 require_relative "parser/empty_lines"
 require_relative "parser/head_form"
 require_relative "parser/head_feeding"
@@ -57,7 +51,6 @@ module NeverBlock
       # The environment variable that turns the C fast path off (`off`).
       HEAD_PARSER_SWITCH = "NEVERBLOCK_HEAD_PARSER"
 
-      include LLHttpPin
       include EmptyLines
       include HeadForm
       include HeadFeeding

@@ -119,7 +119,7 @@ module NeverBlock
         # Gives llhttp `part` of `data`; `stop` is where the head ends in `data`
         # when `part` ends it.
         def feed_head(part, data, stop)
-          (@llhttp ||= pinned_llhttp(:request)) << part
+          (@llhttp ||= LLHttp::Parser.new(self, type: :request)) << part
         rescue LLHttp::Error => e
           raise @error if @error
 
