@@ -131,6 +131,9 @@ module Rackup
           { **options, workers: workers }
         end
 
+        # The spellings of a BOOL option that turn it on.
+        YES = %w[true yes 1].freeze
+
         def server_options(options)
           host = options[:Host] || "localhost"
           host = "[#{host}]" if host.include?(":") && !host.start_with?("[")
@@ -140,12 +143,17 @@ module Rackup
           result[:fiber_pool] = Integer(options[:FiberPool]) if options[:FiberPool]
           result[:status_path] = options[:Status] if options[:Status]
           result[:request_timeout] = Float(options[:RequestTimeout]) if options[:RequestTimeout]
-          result[:access_log] = $stdout if %w[true yes 1].include?(options[:AccessLog].to_s)
+          result[:access_log] = $stdout if yes?(options[:AccessLog])
           # `rails server --early-hints` passes early_hints: true.
-          result[:early_hints] = true if options[:early_hints] || %w[true yes 1].include?(options[:EarlyHints].to_s)
-          result[:opentelemetry] = true if %w[true yes 1].include?(options[:OpenTelemetry].to_s)
-          result[:warmup] = %w[true yes 1].include?(options[:Warmup].to_s) if options[:Warmup]
+          result[:early_hints] = true if options[:early_hints] || yes?(options[:EarlyHints])
+          result[:opentelemetry] = true if yes?(options[:OpenTelemetry])
+          result[:warmup] = yes?(options[:Warmup]) if options[:Warmup]
           result
+        end
+
+        # Whether a BOOL option (`-O Name=true`) says yes.
+        def yes?(value)
+          YES.include?(value.to_s)
         end
       end
     end
