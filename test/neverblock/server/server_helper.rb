@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require_relative "../../test_helper"
+require_relative "../../support/raw_response"
 require "neverblock/server"
 require "rack/lint"
 require "net/http"
@@ -62,32 +63,7 @@ module ServerHelper
 
   # Reads one response: [status, headers (lowercase keys), body (de-chunked)].
   def read_response(socket, head: false, timeout: 10)
-    Timeout.timeout(timeout) do
-      status_line = socket.gets("\r\n")
-      raise "connection closed before a response" unless status_line
-
-      status = Integer(status_line[/\AHTTP\/1\.1 (\d{3}) /, 1])
-      headers = {}
-      while (line = socket.gets("\r\n")) != "\r\n"
-        key, value = line.chomp("\r\n").split(": ", 2)
-        headers[key.downcase] = headers.key?(key.downcase) ? "#{headers[key.downcase]}\n#{value}" : value
-      end
-      body = +""
-      if head || status == 204 || status == 304 || status < 200
-        # no body
-      elsif headers["transfer-encoding"] == "chunked"
-        while (size = Integer(socket.gets("\r\n").chomp("\r\n"), 16)).positive?
-          body << socket.read(size)
-          socket.read(2)
-        end
-        socket.read(2)
-      elsif headers["content-length"]
-        body = socket.read(Integer(headers["content-length"]))
-      else
-        body = socket.read
-      end
-      [status, headers, body]
-    end
+    Timeout.timeout(timeout) { RawResponse.read(socket, head: head) }
   end
 
   def get(path = "/", extra = "")
