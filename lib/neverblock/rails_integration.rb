@@ -159,6 +159,7 @@ module NeverBlock
       ::ActiveSupport.on_load(:action_controller) do
         ::ActionController::Live.prepend(::NeverBlock::RailsIntegration::Live)
         ::ActionController::Live::Buffer.prepend(::NeverBlock::RailsIntegration::LiveWrites::Buffer)
+        ::ActionController::Live::Response.prepend(::NeverBlock::RailsIntegration::LiveWrites::Response)
       end
     end
 

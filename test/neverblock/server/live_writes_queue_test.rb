@@ -145,16 +145,74 @@ class LiveWritesQueueTest < PlainTest
     end
   end
 
+  # Only the request's own tasks write straight through, however many
+  # writes they made before: a write from a task outside the request
+  # (another request broadcasting to this stream) is queued, for the
+  # server's fiber to write, and so is none of its wait on this client.
+  def test_a_write_from_outside_the_request_is_queued_after_its_own_went_straight_through
+    NeverBlock.run do
+      response, stream = live_response
+      queue = nil
+      request = NeverBlock.spawn do
+        LiveWrites.enable(stream, NeverBlock.current_task)
+        queue = stream.instance_variable_get(:@buf)
+        consumer = NeverBlock.spawn { response.each { |_chunk| nil } }
+        stream.write("first\n") # the server is not in `each` yet: queued
+        sleep 0.01
+        action = NeverBlock.spawn do
+          3.times { stream.write("own\n") }
+          queue.size
+        end
+        assert_equal 0, action.value, "the action's writes went straight through"
+        consumer
+      end
+      consumer = request.value
+      outside = NeverBlock.spawn do
+        stream.write("outside\n")
+        queue.size
+      end
+      assert_equal 1, outside.value, "a write from outside the request is queued"
+      stream.close
+      NeverBlock.timeout(5) { consumer.value }
+    end
+  end
+
+  # Once committed, a Live response stays committed: a write after the
+  # first does not commit it again (Rails' commit takes the response's
+  # monitor and fetches the cookie jar on every write).
+  def test_writes_after_the_first_do_not_commit_again
+    ActionController::Live::Response.prepend(LiveWrites::Response)
+    on_a_loop do |response, stream|
+      commits = 0
+      response.singleton_class.define_method(:before_committed) do # (Rails' hook run by each commit, 7.2 and 8.1)
+        commits += 1
+        super()
+      end
+      consumer = NeverBlock.spawn { response.each { |_chunk| nil } } # (Rails' `each` may commit)
+      before = commits
+      5.times { stream.write("data: x\n\n") }
+      assert response.committed?
+      assert_operator commits - before, :<=, 1, "commits for 5 writes"
+      stream.close
+      NeverBlock.timeout(5) { consumer.value }
+    end
+  end
+
   private
 
   # Yields, on a loop, a Live response and its stream, whose writes from
   # the loop's tasks go straight to the consumer.
   def on_a_loop
     NeverBlock.run do
-      response = ActionController::Live::Response.new
-      response.request = ActionDispatch::Request.new(Rack::MockRequest.env_for("/"))
-      LiveWrites.enable(response.stream, NeverBlock.current_task)
-      yield response, response.stream
+      response, stream = live_response
+      LiveWrites.enable(stream, NeverBlock.current_task)
+      yield response, stream
     end
+  end
+
+  def live_response
+    response = ActionController::Live::Response.new
+    response.request = ActionDispatch::Request.new(Rack::MockRequest.env_for("/"))
+    [response, response.stream]
   end
 end
