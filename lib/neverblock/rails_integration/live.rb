@@ -100,7 +100,10 @@ module NeverBlock
         return super unless stream&.fiber.equal?(Fiber.current)
 
         thread = Thread.current
-        thread.keys.each { |key| thread[key] = stream.own_locals[key] if key.start_with?(OWN_LOCALS) }
+        if (own = stream.own_locals)
+          stream.own_locals = nil # (not kept for the stream's life)
+          thread.keys.each { |key| thread[key] = own[key] if key.start_with?(OWN_LOCALS) }
+        end
         share_isolated_state(stream.caller) { super }
       end
 
