@@ -26,6 +26,9 @@
 #include <ruby/encoding.h>
 #include <string.h>
 
+// HTTPHead.response_headers (response_head.c).
+void nb_response_head_init(VALUE klass);
+
 // The common methods (llhttp knows them all); anything else is declined.
 enum { METHOD_OTHER, METHOD_GET, METHOD_HEAD, METHOD_POST, METHOD_PUT, METHOD_DELETE, METHOD_OPTIONS, METHOD_PATCH };
 
@@ -452,4 +455,5 @@ void Init_http_head(void) {
     rb_define_method(klass, "head?", nb_head_head_p, 0);
     rb_define_method(klass, "http10?", nb_head_http10_p, 0);
     rb_define_method(klass, "keep_alive?", nb_head_keep_alive_p, 0);
+    nb_response_head_init(klass);
 }

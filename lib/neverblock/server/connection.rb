@@ -130,7 +130,7 @@ module NeverBlock
         end
         @parser = Parser.new(limits, base_env, @listener.unix? ? "localhost" : local_host, @listener.port_text,
                              @context.head_parser)
-        @response = Response.new(@socket, limits.write_timeout)
+        @response = Response.new(@socket, limits.write_timeout, @context.head_parser)
         serve_requests
       rescue Response::ClientGone, SystemCallError, IOError
         nil # the client went away (or reset the connection before we started)

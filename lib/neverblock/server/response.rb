@@ -107,13 +107,43 @@ module NeverBlock
       #   framing), for the access log.
       attr_reader :body_bytes
 
+      # What the app's headers said (#add_headers, and HTTPHead.response_headers:
+      # response_head.c's FLAG_*): a content-length header, a transfer-encoding
+      # one, a date one, a connection one that says close.
+      HEAD_LENGTH = 1
+      HEAD_FRAMED = 2
+      HEAD_DATED = 4
+      HEAD_CLOSE = 8
+      private_constant :HEAD_LENGTH, :HEAD_FRAMED, :HEAD_DATED, :HEAD_CLOSE
+
+      # Hash classes whose `each` is Hash's (Rack::Headers, Rack 2's
+      # HeaderHash), by class: their headers are what the C walk reads.
+      @plain_hashes = { Hash => true }.compare_by_identity
+
+      # @api private
+      # @param headers [Object] a response's headers
+      # @return [Boolean] whether `headers` is a Hash whose `each` is Hash's
+      #   own, which HTTPHead.response_headers walks as `each` would.
+      def self.plain_hash?(headers)
+        klass = headers.class
+        plain = @plain_hashes[klass]
+        return plain unless plain.nil?
+
+        @plain_hashes[klass] = klass <= Hash && klass.instance_method(:each).owner == Hash
+      end
+
       # @param socket [IO]
       # @param write_timeout [Numeric] seconds
-      def initialize(socket, write_timeout)
+      # @param fast_headers [Boolean] whether the app's headers are written by
+      #   the C extension (HTTPHead.response_headers) where it can: the
+      #   server's head_parser switch, which turns both C paths on or off.
+      def initialize(socket, write_timeout, fast_headers = false)
         @socket = socket
         @write_timeout = write_timeout
         @started = false
         @body_bytes = 0
+        @fast_headers = fast_headers && HTTPHead.respond_to?(:response_headers)
+        @values = [nil] # the content-length header's value, put here by #add_headers or the C walk
       end
 
       # Sends `HTTP/1.1 100 Continue`.
@@ -188,27 +218,18 @@ module NeverBlock
         no_body = request.head || status < 200 || status == 204 || status == 304
         head = +""
         head << STATUS_LINES[status]
+        # The app's header lines, in C where the extension can write them as
+        # #add_headers does (ext/neverblock/http_head/response_head.c), else by #add_headers.
+        flags = (@fast_headers && Response.plain_hash?(headers) && HTTPHead.response_headers(head, headers, @values)) ||
+                add_headers(head, headers)
         length = nil
-        framed_by_app = false
-        dated = false
-        headers.each do |key, value|
-          next if key.start_with?("rack.") # for the server (rack.hijack, rack.protocol), not the client
-
-          name = key
-          # A Rack 2 app may name them in any case ("Content-Length"): Rack 3's are lowercase.
-          if (framing = FRAMING_NAMES[key.bytesize]) && !key.equal?(framing) && key.casecmp?(framing)
-            name = framing
-          end
-          case name
-          when "content-length" then length = value
-          when "transfer-encoding" then framed_by_app = true
-          when "date" then dated = true
-          when "connection"
-            keep_alive = false if value.to_s.downcase.include?("close")
-            next
-          end
-          add_header(head, key, value)
+        if flags.anybits?(HEAD_LENGTH)
+          length = @values[0]
+          @values[0] = nil
         end
+        framed_by_app = flags.anybits?(HEAD_FRAMED)
+        dated = flags.anybits?(HEAD_DATED)
+        keep_alive = false if flags.anybits?(HEAD_CLOSE)
         head << self.class.date_line unless dated
 
         if no_body
@@ -219,7 +240,8 @@ module NeverBlock
 
         if body.respond_to?(:to_ary)
           parts = body.to_ary
-          parts_bytes = parts.sum(&:bytesize) # summed once: length, the check below, write_parts
+          # Summed once: length, the check below, write_parts (one part, most bodies: no block).
+          parts_bytes = parts.size == 1 ? parts[0].bytesize : parts.sum(&:bytesize)
         end
         if length || framed_by_app
           chunked = false
@@ -299,6 +321,35 @@ module NeverBlock
         else
           ""
         end
+      end
+
+      # Appends a line for each of the app's `headers` but the server's own
+      # (`rack.`) and `connection`, and tells what the framing headers said.
+      # @return [Integer] HEAD_* bits; a content-length header's value is put
+      #   in @values[0].
+      def add_headers(head, headers)
+        flags = 0
+        headers.each do |key, value|
+          next if key.start_with?("rack.") # for the server (rack.hijack, rack.protocol), not the client
+
+          name = key
+          # A Rack 2 app may name them in any case ("Content-Length"): Rack 3's are lowercase.
+          if (framing = FRAMING_NAMES[key.bytesize]) && !key.equal?(framing) && key.casecmp?(framing)
+            name = framing
+          end
+          case name
+          when "content-length"
+            flags |= HEAD_LENGTH
+            @values[0] = value
+          when "transfer-encoding" then flags |= HEAD_FRAMED
+          when "date" then flags |= HEAD_DATED
+          when "connection"
+            flags |= HEAD_CLOSE if value.to_s.downcase.include?("close")
+            next
+          end
+          add_header(head, key, value)
+        end
+        flags
       end
 
       # Values are Strings or Arrays of Strings (Rack 3); a newline inside a

@@ -1,0 +1,112 @@
+# frozen_string_literal: true
+
+require_relative "../../test_helper"
+require "minitest/mock"
+require "socket"
+require "rack/headers"
+require "neverblock/server"
+
+# Response#write's head, written two ways: the app's headers walked in Ruby,
+# and in C (HTTPHead.response_headers, ext/neverblock/http_head/response_head.c),
+# which writes what it can write alike and declines the rest to the Ruby walk.
+# Every response here must come out byte for byte the same both ways, with the
+# same keep-alive answer (or the same error).
+class ResponseHeadTest < PlainTest
+  Response = NeverBlock::Server::Response
+  Request = Struct.new(:head, :http10)
+  GET = Request.new(false, false)
+  HEAD = Request.new(true, false)
+  HTTP10 = Request.new(false, true)
+
+  # A Hash whose `each` is its own: walked in Ruby, whatever it yields.
+  class UpcasedHeaders < Hash
+    def each
+      super { |key, value| yield key.upcase, value }
+    end
+  end
+
+  RESPONSES = {
+    "Rack 3's lowercase names" => [200, { "content-type" => "text/plain", "content-length" => "5" }, ["hello"]],
+    "no headers" => [200, {}, ["hello"]],
+    "Rack 2's names, in any case" => [200, { "Content-Type" => "text/plain", "CONTENT-LENGTH" => "5" }, ["hello"]],
+    "an app's date" => [200, { "Date" => "Thu, 01 Jan 2026 00:00:00 GMT", "content-length" => "2" }, ["ok"]],
+    "connection: close" => [200, { "Connection" => "close", "content-length" => "2" }, ["ok"]],
+    "close in a list, in capitals" => [200, { "connection" => "upgrade, CLOSE" }, ["ok"]],
+    "connection: keep-alive" => [200, { "connection" => "Keep-Alive" }, ["ok"]],
+    "connection as an Array" => [200, { "connection" => ["close"] }, ["ok"]],
+    "the app's own chunked framing" => [200, { "Transfer-Encoding" => "chunked" }, ["2\r\nok\r\n0\r\n\r\n"]],
+    "Array values (Rack 3)" => [200, { "set-cookie" => %w[a=1 b=2], "x-none" => [] }, ["ok"]],
+    "a value with LF" => [200, { "x-lines" => "a\nb", "content-type" => "text/plain" }, ["ok"]],
+    "a value with CRLF" => [200, { "set-cookie" => "a=1\r\nb=2" }, ["ok"]],
+    "a line break in an Array's String" => [200, { "set-cookie" => ["a=1", "b=2\nc=3"] }, ["ok"]],
+    "a NUL" => [200, { "x-nul" => "a\0b" }, ["ok"]],
+    "the server's own rack. headers" => [200, { "rack.protocol" => "x", "rack.hijack?" => "y", "x-ok" => "1" }, ["ok"]],
+    "an Integer value" => [200, { "content-length" => 2, "x-count" => 3 }, ["ok"]],
+    "a content-length that is no number" => [200, { "content-length" => "two" }, ["ok"]],
+    "a content-length as an Array" => [200, { "content-length" => ["2"] }, ["ok"]],
+    "a content-length the body overruns" => [200, { "content-length" => "2" }, ["okay"]],
+    "UTF-8 in a value" => [200, { "x-name" => "café" }, ["ok"]],
+    "bytes that are not UTF-8" => [200, { "content-type" => (+"text/plain; x=\xff").force_encoding(Encoding::BINARY) }, ["ok"]],
+    "UTF-8 in a rack. name" => [200, { "rack.é" => "x" }, ["ok"]],
+    "a Symbol name" => [200, { x: "1" }, ["ok"]],
+    "Rack::Headers" => [200, Rack::Headers.new.merge!("content-type" => "text/plain", "x-id" => "7"), ["ok"]],
+    "a Hash with an each of its own" => [200, UpcasedHeaders.new.merge!("x-id" => "7"), ["ok"]],
+    "a streamed body" => [200, { "content-type" => "text/event-stream" }, Enumerator.new { |out| out << "a" << "b" }],
+    "a streamed body with its length" => [200, { "content-length" => "2" }, Enumerator.new { |out| out << "a" << "b" }],
+    "204" => [204, { "x-ok" => "1" }, []],
+    "304 with a length" => [304, { "content-length" => "5" }, []]
+  }.freeze
+
+  def setup
+    skip "the C extension is not built" unless NeverBlock::HTTPHead.respond_to?(:response_headers)
+  end
+
+  def test_every_response_is_written_alike_in_c_and_in_ruby
+    [GET, HEAD, HTTP10].product(RESPONSES.to_a, [true, false]).each do |request, (name, response), keep_alive|
+      ruby = written(request, response, keep_alive, fast: false)
+      c = written(request, response, keep_alive, fast: true)
+      assert_equal ruby, c, "#{name} (#{request.to_h}, keep_alive: #{keep_alive})"
+    end
+  end
+
+  # The C walk writes an ordinary response's headers (else the comparison
+  # above would compare the Ruby walk with itself) and declines a value the
+  # Ruby walk splits, leaving the head as it was.
+  def test_the_c_walk_writes_plain_headers_and_declines_what_it_cannot_write_alike
+    head = +"HTTP/1.1 200 OK\r\n"
+    out = [nil]
+    flags = NeverBlock::HTTPHead.response_headers(head, { "content-type" => "text/plain", "content-length" => "5" }, out)
+    assert_equal 1, flags, "a content-length header"
+    assert_equal "5", out[0]
+    assert_equal "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: 5\r\n", head
+
+    assert_nil NeverBlock::HTTPHead.response_headers(head, { "x-a" => "1", "x-b" => "a\nb" }, out)
+    assert_equal "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: 5\r\n", head, "unchanged"
+    assert_equal 2 | 4 | 8, NeverBlock::HTTPHead.response_headers(+"", { "Transfer-Encoding" => "chunked", "DATE" => "x", "connection" => "Close" }, out)
+  end
+
+  def test_the_c_walk_is_used_only_for_hashes_whose_each_is_hashs
+    assert Response.plain_hash?({})
+    assert Response.plain_hash?(Rack::Headers.new)
+    refute Response.plain_hash?(UpcasedHeaders.new)
+    refute Response.plain_hash?([%w[a b]])
+  end
+
+  private
+
+  # The bytes `response` is written as, and write's answer (or the error it raised).
+  def written(request, response, keep_alive, fast:)
+    status, headers, body = response
+    reader, writer = UNIXSocket.pair
+    answer = Response.stub(:date_line, "date: Sat, 28 Nov 2026 12:00:00 GMT\r\n") do
+      Response.new(writer, 5, fast).write(request, status, headers, body, keep_alive)
+    rescue StandardError => e
+      e.class
+    end
+    writer.close
+    [reader.read, answer]
+  ensure
+    reader&.close
+    writer&.close unless writer&.closed?
+  end
+end
