@@ -19,8 +19,13 @@
 // taken from elsewhere.
 #include <ruby.h>
 #include <ruby/encoding.h>
+#include <ruby/st.h>
 #include <string.h>
-#include <strings.h>
+
+static ID id_each;
+
+// RFC 9110 tchar: the bytes of a header name.
+static unsigned char token_byte[256];
 
 // The flags #response_headers returns (Response::HEAD_* in Ruby).
 enum {
@@ -37,9 +42,22 @@ typedef struct {
     int declined;
 } walk_t;
 
-// Whether `str` is a String of ASCII bytes only (its code range is cached).
+// Whether `str` is a String (not a subclass's, nor one with singleton
+// methods) of ASCII bytes only (its code range is cached).
 static int ascii_string(VALUE str) {
-    return RB_TYPE_P(str, T_STRING) && rb_enc_str_coderange(str) == ENC_CODERANGE_7BIT;
+    return RB_TYPE_P(str, T_STRING) && RBASIC_CLASS(str) == rb_cString &&
+           rb_enc_str_coderange(str) == ENC_CODERANGE_7BIT;
+}
+
+// Whether the bytes of `key` (a String) are an HTTP token.
+static int token(VALUE key) {
+    const unsigned char *bytes = (const unsigned char *)RSTRING_PTR(key);
+    long length = RSTRING_LEN(key);
+    if (length == 0) return 0;
+    for (long at = 0; at < length; at++) {
+        if (!token_byte[bytes[at]]) return 0;
+    }
+    return 1;
 }
 
 // Whether `str`'s bytes hold CR or LF.
@@ -55,7 +73,7 @@ static int says_close(VALUE str) {
     const char *bytes = RSTRING_PTR(str);
     long length = RSTRING_LEN(str);
     for (long at = 0; at + 5 <= length; at++) {
-        if (strncasecmp(bytes + at, "close", 5) == 0) return 1;
+        if (st_locale_insensitive_strncasecmp(bytes + at, "close", 5) == 0) return 1;
     }
     return 0;
 }
@@ -67,12 +85,15 @@ static int add_line(VALUE head, VALUE key, VALUE value) {
     rb_str_buf_cat(head, ": ", 2);
     rb_str_buf_cat(head, RSTRING_PTR(value), RSTRING_LEN(value));
     rb_str_buf_cat(head, "\r\n", 2);
+    RB_GC_GUARD(key); // (their bytes were read while head grew, which may run the GC)
+    RB_GC_GUARD(value);
     return 1;
 }
 
 // Appends a line for `value`, or one for each String of an Array (Rack 3).
 static int add_header(VALUE head, VALUE key, VALUE value) {
     if (!RB_TYPE_P(value, T_ARRAY)) return add_line(head, key, value);
+    if (RBASIC_CLASS(value) != rb_cArray) return 0; // its `each` may be its own
     long count = RARRAY_LEN(value);
     for (long index = 0; index < count; index++) {
         if (!add_line(head, key, RARRAY_AREF(value, index))) return 0;
@@ -82,7 +103,7 @@ static int add_header(VALUE head, VALUE key, VALUE value) {
 
 // Whether `key` (ASCII, `length` bytes) is `name` in any case.
 static int named(VALUE key, long length, const char *name, long name_length) {
-    return length == name_length && strncasecmp(RSTRING_PTR(key), name, (size_t)length) == 0;
+    return length == name_length && st_locale_insensitive_strncasecmp(RSTRING_PTR(key), name, (size_t)length) == 0;
 }
 
 static int walk_header(VALUE key, VALUE value, VALUE data) {
@@ -93,6 +114,10 @@ static int walk_header(VALUE key, VALUE value, VALUE data) {
     }
     long length = RSTRING_LEN(key);
     if (length >= 5 && memcmp(RSTRING_PTR(key), "rack.", 5) == 0) return ST_CONTINUE; // for the server, not the client
+    if (!token(key)) { // written as the Ruby walk writes it
+        walk->declined = 1;
+        return ST_STOP;
+    }
 
     if (named(key, length, "content-length", 14)) {
         walk->flags |= FLAG_LENGTH;
@@ -122,8 +147,11 @@ static int walk_header(VALUE key, VALUE value, VALUE data) {
 // headers the Ruby walk must write (see the top of this file).
 static VALUE nb_response_headers(VALUE self, VALUE head, VALUE headers, VALUE out) {
     Check_Type(head, T_STRING);
-    Check_Type(headers, T_HASH);
     Check_Type(out, T_ARRAY);
+    if (!RB_TYPE_P(headers, T_HASH)) return Qnil; // (Rack 2 allowed any `each` of pairs)
+    // Headers walked by an `each` of their own (a subclass's, a singleton's,
+    // a redefined Hash#each), and a head Ruby's `<<` would check otherwise.
+    if (!rb_method_basic_definition_p(CLASS_OF(headers), id_each) || !rb_enc_asciicompat(rb_enc_get(head))) return Qnil;
     rb_str_modify(head);
     long before = RSTRING_LEN(head);
     walk_t walk = { head, out, 0, 0 };
@@ -136,5 +164,11 @@ static VALUE nb_response_headers(VALUE self, VALUE head, VALUE headers, VALUE ou
 }
 
 void nb_response_head_init(VALUE klass) {
+    id_each = rb_intern("each");
+    const char *specials = "!#$%&'*+-.^_`|~";
+    for (int byte = 0; byte < 256; byte++) {
+        token_byte[byte] = (byte >= '0' && byte <= '9') || (byte >= 'A' && byte <= 'Z') || (byte >= 'a' && byte <= 'z') ||
+                           (byte != 0 && strchr(specials, byte) != NULL);
+    }
     rb_define_singleton_method(klass, "response_headers", nb_response_headers, 3);
 }

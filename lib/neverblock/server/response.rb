@@ -116,22 +116,6 @@ module NeverBlock
       HEAD_CLOSE = 8
       private_constant :HEAD_LENGTH, :HEAD_FRAMED, :HEAD_DATED, :HEAD_CLOSE
 
-      # Hash classes whose `each` is Hash's (Rack::Headers, Rack 2's
-      # HeaderHash), by class: their headers are what the C walk reads.
-      @plain_hashes = { Hash => true }.compare_by_identity
-
-      # @api private
-      # @param headers [Object] a response's headers
-      # @return [Boolean] whether `headers` is a Hash whose `each` is Hash's
-      #   own, which HTTPHead.response_headers walks as `each` would.
-      def self.plain_hash?(headers)
-        klass = headers.class
-        plain = @plain_hashes[klass]
-        return plain unless plain.nil?
-
-        @plain_hashes[klass] = klass <= Hash && klass.instance_method(:each).owner == Hash
-      end
-
       # @param socket [IO]
       # @param write_timeout [Numeric] seconds
       # @param fast_headers [Boolean] whether the app's headers are written by
@@ -220,7 +204,7 @@ module NeverBlock
         head << STATUS_LINES[status]
         # The app's header lines, in C where the extension can write them as
         # #add_headers does (ext/neverblock/http_head/response_head.c), else by #add_headers.
-        flags = (@fast_headers && Response.plain_hash?(headers) && HTTPHead.response_headers(head, headers, @values)) ||
+        flags = (@fast_headers && HTTPHead.response_headers(head, headers, @values)) ||
                 add_headers(head, headers)
         length = nil
         if flags.anybits?(HEAD_LENGTH)

@@ -2,7 +2,9 @@
 
 require_relative "../../test_helper"
 require "minitest/mock"
+require "open3"
 require "socket"
+require "tmpdir"
 require "rack/headers"
 require "neverblock/server"
 
@@ -23,6 +25,25 @@ class ResponseHeadTest < PlainTest
     def each
       super { |key, value| yield key.upcase, value }
     end
+  end
+
+  # Strings and Arrays that answer the Ruby walk's calls their own way.
+  class LoudString < String
+    def to_s = upcase
+  end
+
+  class KeptName < String
+    def start_with?(*) = true
+  end
+
+  class ReversedArray < Array
+    def each(&) = reverse.each(&)
+  end
+
+  # A plain Hash, String or Array with a method of its own.
+  def self.with_singleton(object, name, &body)
+    object.define_singleton_method(name, &body)
+    object
   end
 
   RESPONSES = {
@@ -53,6 +74,14 @@ class ResponseHeadTest < PlainTest
     "a Hash with an each of its own" => [200, UpcasedHeaders.new.merge!("x-id" => "7"), ["ok"]],
     "a streamed body" => [200, { "content-type" => "text/event-stream" }, Enumerator.new { |out| out << "a" << "b" }],
     "a streamed body with its length" => [200, { "content-length" => "2" }, Enumerator.new { |out| out << "a" << "b" }],
+    "framing names with a capital I" => [200, { "TRANSFER-ENCODING" => "chunked", "CONNECTION" => "CLOSE" }, ["2\r\nok\r\n0\r\n\r\n"]],
+    "a String subclass's to_s" => [200, { "x-loud" => LoudString.new("quiet"), "connection" => LoudString.new("close") }, ["ok"]],
+    "a String with a to_s of its own" => [200, { "x-own" => with_singleton(+"plain", :to_s) { "own" } }, ["ok"]],
+    "a name that answers start_with? its own way" => [200, { KeptName.new("x-kept") => "1", "x-ok" => "2" }, ["ok"]],
+    "an Array subclass's each" => [200, { "set-cookie" => ReversedArray.new(%w[a=1 b=2]) }, ["ok"]],
+    "headers with an each of their own" => [200, with_singleton({ "x-a" => "1" }, :each) { |&block| { "x-b" => "2" }.each(&block) }, ["ok"]],
+    "headers as pairs (Rack 2)" => [200, [%w[x-a 1], %w[content-length 2]], ["ok"]],
+    "names that are not tokens" => [200, { "x bad" => "1", "x\r\ninjected" => "2", "" => "3" }, ["ok"]],
     "204" => [204, { "x-ok" => "1" }, []],
     "304 with a length" => [304, { "content-length" => "5" }, []]
   }.freeze
@@ -85,11 +114,38 @@ class ResponseHeadTest < PlainTest
     assert_equal 2 | 4 | 8, NeverBlock::HTTPHead.response_headers(+"", { "Transfer-Encoding" => "chunked", "DATE" => "x", "connection" => "Close" }, out)
   end
 
-  def test_the_c_walk_is_used_only_for_hashes_whose_each_is_hashs
-    assert Response.plain_hash?({})
-    assert Response.plain_hash?(Rack::Headers.new)
-    refute Response.plain_hash?(UpcasedHeaders.new)
-    refute Response.plain_hash?([%w[a b]])
+  # What the C walk leaves to the Ruby walk, whose calls the headers might
+  # answer their own way (see RESPONSES).
+  def test_the_c_walk_declines_headers_that_answer_the_ruby_walks_calls_their_own_way
+    out = [nil]
+    assert_equal 0, NeverBlock::HTTPHead.response_headers(+"", Rack::Headers.new.merge!("x-a" => "1"), out)
+    [UpcasedHeaders.new.merge!("x-a" => "1"), RESPONSES.fetch("headers with an each of their own")[1],
+     [%w[x-a 1]], { "x-a" => LoudString.new("1") }, { KeptName.new("x-a") => "1" },
+     { "x-a" => ReversedArray.new(["1"]) }, { "x a" => "1" }].each do |headers|
+      head = +"HTTP/1.1 200 OK\r\n"
+      assert_nil NeverBlock::HTTPHead.response_headers(head, headers, out), headers.inspect
+      assert_equal "HTTP/1.1 200 OK\r\n", head
+    end
+  end
+
+  # Names are compared in ASCII whatever the locale: glibc's strncasecmp
+  # follows the process's (Ruby sets it from the environment), and in a
+  # Turkish one "I" is not "i", so TRANSFER-ENCODING was not seen (the
+  # server's content-length went out beside it) nor CONNECTION: close.
+  def test_framing_names_are_read_alike_in_a_turkish_locale
+    source = "/usr/share/i18n/locales/tr_TR"
+    skip "no localedef or #{source} here" unless File.exist?(source) && system("command -v localedef >/dev/null 2>&1")
+    Dir.mktmpdir do |dir|
+      _, status = Open3.capture2e("localedef", "-i", "tr_TR", "-f", "UTF-8", File.join(dir, "tr_TR.UTF-8"))
+      skip "localedef could not build tr_TR.UTF-8" unless status.success? || File.directory?(File.join(dir, "tr_TR.UTF-8"))
+      script = <<~RUBY
+        require "neverblock/http_head"
+        print NeverBlock::HTTPHead.response_headers(+"", { "TRANSFER-ENCODING" => "chunked", "CONNECTION" => "Close" }, [nil])
+      RUBY
+      out, err, status = Open3.capture3({ "LOCPATH" => dir, "LC_ALL" => "tr_TR.UTF-8" }, RbConfig.ruby, "-e", script)
+      assert status.success?, err
+      assert_equal (2 | 8).to_s, out, "transfer-encoding and connection: close, under tr_TR.UTF-8"
+    end
   end
 
   private
