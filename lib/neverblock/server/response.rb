@@ -338,9 +338,14 @@ module NeverBlock
 
       # Values are Strings or Arrays of Strings (Rack 3); a newline inside a
       # value would split the response, so it starts a new header line instead.
+      # A name with CR, LF or NUL (Rack::Lint refuses one; an app that makes
+      # names from what a client sent could have one) is left out, as Puma
+      # leaves it out: written, it would split the response.
       # Checked with include? rather than a regex: no Onigmo match (and its
       # stack) per header of every response (see Parser).
       def add_header(head, key, value)
+        return if key.include?("\n") || key.include?("\r") || key.include?("\0")
+
         if value.is_a?(Array)
           value.each { |item| add_header(head, key, item) }
         elsif (value = value.to_s).include?("\n") || value.include?("\r")
