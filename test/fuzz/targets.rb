@@ -32,7 +32,8 @@ module NeverBlockFuzz
     NAMES = {
       "http_head" => ["targets/http_head", :HTTPHead], # NeverBlock::HTTPHead#parse
       "parser" => ["targets/parser", :Parser],         # NeverBlock::Server::Parser#<<, with and without it
-      "epoll" => ["targets/epoll", :Epoll]             # NeverBlock::Epoll
+      "epoll" => ["targets/epoll", :Epoll],            # NeverBlock::Epoll
+      "response_head" => ["targets/response_head", :ResponseHead] # HTTPHead.response_headers beside Response#add_headers
     }.freeze
 
     # @param name [String] one of NAMES' keys.
