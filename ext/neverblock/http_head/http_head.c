@@ -26,7 +26,7 @@
 #include <ruby/encoding.h>
 #include <string.h>
 
-// HTTPHead.response_headers (response_head.c).
+// HTTPHead.response_headers (response_head.c), called once the byte classes are filled.
 void nb_response_head_init(VALUE klass);
 
 // The common methods (llhttp knows them all); anything else is declined.
@@ -41,8 +41,10 @@ enum { METHOD_OTHER, METHOD_GET, METHOD_HEAD, METHOD_POST, METHOD_PUT, METHOD_DE
 
 // Byte classes: a target byte (origin-form, no CTL, SP or DEL: llhttp also
 // takes HTAB and FF, which are declined), a token byte (RFC 9110 tchar: a
-// header name) and a field value byte (VCHAR, SP, HTAB, obs-text).
-static unsigned char target_byte[256], token_byte[256], value_byte[256], host_byte[256];
+// header name; shared with response_head.c) and a field value byte (VCHAR,
+// SP, HTAB, obs-text).
+static unsigned char target_byte[256], value_byte[256], host_byte[256];
+unsigned char nb_token_byte[256];
 
 static VALUE key_request_method, key_server_protocol, key_path_info, key_query_string;
 static VALUE key_server_name, key_server_port, key_early_hints;
@@ -292,7 +294,7 @@ static VALUE nb_head_parse(VALUE self, VALUE data, VALUE offset_value) {
     // Header lines: token `:` OWS value OWS CRLF, to the empty line.
     while (p[0] != '\r') {
         const char *name = p;
-        while (token_byte[(unsigned char)*p]) p++;
+        while (nb_token_byte[(unsigned char)*p]) p++;
         long name_length = p - name;
         // Not a token then `:`: `Host : x`, an obs-fold line (SP first), a bare LF...
         if (name_length == 0 || name_length > NAME_MAX_BYTES || *p != ':') return Qnil;
@@ -423,7 +425,7 @@ void Init_http_head(void) {
     for (int c = 0; c < 256; c++) {
         target_byte[c] = (c > 0x20 && c < 0x7f) || c >= 0x80;
         value_byte[c] = (c >= 0x20 && c < 0x7f) || c == '\t' || c >= 0x80;
-        token_byte[c] = (c >= '0' && c <= '9') || (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') ||
+        nb_token_byte[c] = (c >= '0' && c <= '9') || (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') ||
                         (c != 0 && strchr("!#$%&'*+-.^_`|~", c) != NULL);
         host_byte[c] = (c >= '0' && c <= '9') || (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || c == '.' || c == '-';
     }

@@ -30,8 +30,9 @@
 
 static ID id_each;
 
-// RFC 9110 tchar: the bytes of a header name.
-static unsigned char token_byte[256];
+// RFC 9110 tchar: the bytes of a header name (http_head.c's table, filled by
+// Init_http_head before it calls nb_response_head_init).
+extern unsigned char nb_token_byte[256];
 
 // The flags #response_headers returns (Response::HEAD_* in Ruby).
 enum {
@@ -61,7 +62,7 @@ static int token(VALUE key) {
     long length = RSTRING_LEN(key);
     if (length == 0) return 0;
     for (long at = 0; at < length; at++) {
-        if (!token_byte[bytes[at]]) return 0;
+        if (!nb_token_byte[bytes[at]]) return 0;
     }
     return 1;
 }
@@ -171,10 +172,5 @@ static VALUE nb_response_headers(VALUE self, VALUE head, VALUE headers, VALUE ou
 
 void nb_response_head_init(VALUE klass) {
     id_each = rb_intern("each");
-    const char *specials = "!#$%&'*+-.^_`|~";
-    for (int byte = 0; byte < 256; byte++) {
-        token_byte[byte] = (byte >= '0' && byte <= '9') || (byte >= 'A' && byte <= 'Z') || (byte >= 'a' && byte <= 'z') ||
-                           (byte != 0 && strchr(specials, byte) != NULL);
-    }
     rb_define_singleton_method(klass, "response_headers", nb_response_headers, 3);
 }
