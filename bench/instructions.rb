@@ -23,10 +23,13 @@
 
 require_relative "support/harness"
 require_relative "support/servers"
+require_relative "support/worktrees"
 require "open3"
 
 module NeverBlockBench
   class InstructionsBench < Bench
+    include Worktrees
+
     APP = File.expand_path("support/instructions_app.ru", __dir__)
     REPO = File.expand_path("..", __dir__)
     DEFAULTS = { requests: 1000, warmup: 300, baseline: "1530789", before: "66bcfb0" }.freeze
@@ -107,31 +110,6 @@ module NeverBlockBench
       raise "building #{dir}'s extension failed:\n#{output}" unless status.success?
 
       output.lines.last.strip
-    end
-
-    # @return [String] a worktree of `revision` in the scratch directory, with this checkout's vendor/
-    def checkout(revision)
-      dir = File.join(scratch, "rev-#{revision}")
-      git(REPO, "worktree", "add", "--detach", dir, revision)
-      FileUtils.ln_s(File.join(REPO, "vendor"), File.join(dir, "vendor"))
-      (@worktrees ||= []) << dir
-      dir
-    end
-
-    def dirty? = !git(REPO, "status", "--porcelain", "--untracked-files=no").empty?
-
-    def git(dir, *args)
-      output, status = Open3.capture2e("git", "-C", dir, *args)
-      raise "git #{args.join(' ')} failed: #{output}" unless status.success?
-
-      output.strip
-    end
-
-    public
-
-    def cleanup
-      @worktrees&.each { |dir| git(REPO, "worktree", "remove", "--force", dir) }
-      super
     end
   end
 end

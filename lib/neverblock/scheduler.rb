@@ -20,6 +20,7 @@ require_relative "scheduler/interrupts"
 require_relative "scheduler/fork"
 require_relative "scheduler/blocking_work"
 require_relative "scheduler/lateness"
+require_relative "scheduler/wait_deadlines"
 
 module NeverBlock
   # NeverBlock's implementation of Ruby's `Fiber::Scheduler` interface: one
@@ -155,8 +156,9 @@ module NeverBlock
       @io_behind_since = nil # when the selector's calls began to come back full (Lateness)
       @idle = 0.0 # seconds the loop has waited for IO or timers, nothing to run (Lateness)
 
-      # IOHooks' own (an IO wait's timeout allocates no closure either).
-      @io_expire_callback = ->(fiber) { fiber.transfer(false) }
+      # IOHooks' own: an IO wait's timeout (its timer kept from wait to wait,
+      # and no closure made for it).
+      @wait_deadlines = WaitDeadlines.new(@timers, ->(fiber) { fiber.transfer(false) })
       @close_sweep = method(:interrupt_closed_waits)
       @close_watch = nil # the timer looking for IOs closed under a waiting fiber
 
@@ -607,6 +609,7 @@ module NeverBlock
       run_ready
       return if @tasks.empty? || @raw_failure
 
+      @wait_deadlines.clear if @io_waiting.zero? # no timed wait under way: none of their timers is needed
       interval = @ready.empty? && @inbox.empty? && !@selector.ready? ? @timers.wait_interval : 0
       interval = 0 if interval&.negative?
       @failures.report if @failures.due?(interval)

@@ -63,20 +63,36 @@ module NeverBlock
     # @raise [ArgumentError] for NaN or -Infinity.
     # @raise [TypeError] for a delay that is not a number.
     def after(seconds, callable = nil, argument = nil, &block)
+      seconds = Timers.delay(seconds) or return nil
+
+      at(Clock.now + seconds, callable || block, argument)
+    end
+
+    # Schedules `callable.call(argument)` at `deadline` (monotonic seconds,
+    # a Float: {Clock.now} plus a {.delay}).
+    # @api private
+    # @return [Timer]
+    def at(deadline, callable, argument = nil)
+      timer = Timer.new(deadline, callable, argument)
+      push(timer)
+      timer
+    end
+
+    # A delay as {#after} takes it, made a Float.
+    # @param seconds [Numeric, ActiveSupport::Duration]
+    # @return [Float, nil] nil for an infinite delay (never).
+    # @raise [ArgumentError] for NaN or -Infinity.
+    # @raise [TypeError] for a delay that is not a number.
+    def self.delay(seconds)
       unless Float === seconds || Integer === seconds # not is_a?: a Duration says it is a Float
         raise TypeError, "timer delay must be a number of seconds, got #{seconds.inspect}" unless seconds.is_a?(Numeric)
 
         seconds = seconds.to_f
       end
-      unless seconds.finite?
-        return nil if seconds.infinite? == 1
+      return seconds.to_f if seconds.finite?
+      return nil if seconds.infinite? == 1
 
-        raise ArgumentError, "timer delay must be a number of seconds, got #{seconds.inspect}"
-      end
-
-      timer = Timer.new(Clock.now + seconds, callable || block, argument)
-      push(timer)
-      timer
+      raise ArgumentError, "timer delay must be a number of seconds, got #{seconds.inspect}"
     end
 
     # Cancels a timer, compacting the heap when cancelled timers dominate.

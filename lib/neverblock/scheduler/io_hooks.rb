@@ -27,7 +27,8 @@ module NeverBlock
     #
     # State it shares with the core (set up in Scheduler#initialize):
     # @selector, @timers, @waits, @io_waiting, @running, @switches; its own:
-    # @io_expire_callback, @close_watch, @close_sweep.
+    # @wait_deadlines (a timeout's timer, WaitDeadlines), @close_watch,
+    # @close_sweep.
     module IOHooks
       # Fiber::Scheduler hook: wait until `io` is ready for `events`.
       # An explicit `timeout` (seconds) makes it return false; IO#timeout
@@ -178,11 +179,11 @@ module NeverBlock
       # io_select's watchers, io_pread on io_uring) have none.
       def in_selector(fiber, io = :process, direction = nil, timeout = nil)
         give_way(fiber) if @runs_next
-        timer = if timeout
-                  @timers.after(timeout, @io_expire_callback, fiber)
-                elsif direction
-                  io_timeout_timer(io, fiber, direction)
-                end
+        if timeout
+          deadline = @wait_deadlines.start(fiber, timeout)
+        elsif direction
+          timer = io_timeout_timer(io, fiber, direction)
+        end
         begin
           @io_waiting += 1
           @waits[fiber] = io
@@ -194,6 +195,7 @@ module NeverBlock
           @waits.delete(fiber)
           @running = fiber
           @switches += 1
+          deadline&.disarm
           @timers.cancel(timer) if timer
         end
       end
