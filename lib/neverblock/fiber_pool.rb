@@ -215,6 +215,7 @@ module NeverBlock
       ensure
         @workers -= 1
         scheduler.entered(nil)
+        scheduler.fiber_ended(fiber)
       end
     end
 

@@ -472,10 +472,19 @@ module NeverBlock
         task.execute(Fiber.current)
       ensure
         @running = nil
+        fiber_ended(Fiber.current)
         @released.delete(Fiber.current) unless @released.empty?
         # In a forked child; an exception on its way out ends the child itself.
         exit_forked_child(task) if @forked && !$!
       end
+    end
+
+    # @api private
+    # `fiber`, one of the loop's (a task's, a FiberPool's), has ended: the
+    # timer its timed IO waits kept goes (WaitDeadlines#finished).
+    # @return [void]
+    def fiber_ended(fiber)
+      @wait_deadlines.finished(fiber)
     end
 
     # @api private

@@ -19,9 +19,16 @@ module NeverBlock
     # fiber forgotten) if there is no wait. A stream relayed with a 60 s
     # read timeout, a read every 50 ms, moves its timer once a minute.
     #
+    # A fiber's entry goes when its timer fires with no wait under way, and
+    # when the fiber ends ({#finished}): a task's fiber (Scheduler#new_task_fiber,
+    # raw `Fiber.schedule` fibers too) and a FiberPool's. Other fibers that
+    # wait through the loop (an app's own `Fiber.new(blocking: false)`, an
+    # Enumerator's) are kept, dead, until their last wait's timeout.
+    #
     # Who calls it, and when: IOHooks#in_selector, for every wait given a
     # timeout ({#start}, {Deadline#disarm}); Scheduler#run_once, on a turn
-    # no fiber waits in the selector ({#clear}). Loop's thread only.
+    # no fiber waits in the selector ({#clear}); Scheduler#fiber_ended
+    # ({#finished}). Loop's thread only.
     class WaitDeadlines
       # One fiber's timed waits.
       # @api private
@@ -31,7 +38,6 @@ module NeverBlock
           @timers = timers
           @fiber = fiber
           @expire = expire
-          @fire = method(:fire)
           @due = nil # the deadline of the wait under way; nil: none
           @timer = nil # the timer in the heap, due at or before @due
         end
@@ -44,7 +50,7 @@ module NeverBlock
           return self if timer && timer.deadline <= due # it fires in time, and looks again then
 
           @timers.cancel(timer) if timer
-          @timer = @timers.at(due, @fire)
+          @timer = @timers.at(due, self)
           self
         end
 
@@ -63,14 +69,14 @@ module NeverBlock
           @due = nil
         end
 
-        private
-
-        # The heap's timer came due (from Timers#fire).
-        def fire(_argument)
+        # The heap's timer came due (from Timers#fire: the Deadline is the
+        # timer's callable, no closure made for it).
+        # @api private
+        def call(_argument)
           @timer = nil
           due = @due
           if due && due > Clock.now
-            @timer = @timers.at(due, @fire)
+            @timer = @timers.at(due, self)
             return
           end
 
@@ -112,6 +118,12 @@ module NeverBlock
 
         @deadlines.each_value(&:cancel)
         @deadlines.clear
+      end
+
+      # `fiber` ended: its timer goes, and the fiber is not kept for it.
+      # @return [void]
+      def finished(fiber)
+        @deadlines.delete(fiber)&.cancel unless @deadlines.empty?
       end
 
       # @api private

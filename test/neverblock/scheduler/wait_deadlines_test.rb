@@ -57,6 +57,41 @@ class WaitDeadlinesTest < NeverBlockTest
     assert_operator NeverBlock::Clock.now - started, :>=, 0.15
   end
 
+  # The timer kept from the first wait fires first, moves itself to the
+  # second wait's deadline, and then expires that wait.
+  def test_a_longer_timeout_after_a_shorter_one_still_times_out
+    reader, = ready_pipe
+    assert reader.wait_readable(0.02)
+    quiet, = pipe
+    started = NeverBlock::Clock.now
+    result = NeverBlock.timeout(10) { quiet.wait_readable(0.2) }
+    assert_nil result, "the wait ended by its own timeout"
+    assert_operator NeverBlock::Clock.now - started, :>=, 0.15, "the 0.2 s wait ended at the 0.02 s wait's deadline"
+  end
+
+  # A timed wait ended by an exception (a timeout around it, a cancel)
+  # leaves nothing armed: the fiber's next wait, untimed, is not expired.
+  def test_an_interrupted_timed_wait_expires_nothing_later
+    quiet, = pipe
+    assert_raises(NeverBlock::TimeoutError) { NeverBlock.timeout(0.01) { quiet.wait_readable(0.05) } }
+    slow, writer = pipe
+    NeverBlock.spawn do
+      sleep 0.2
+      writer.write("x")
+    end
+    assert slow.wait_readable, "an untimed wait was expired by an interrupted wait's deadline"
+  end
+
+  # A task's fiber that ended is not kept (nor its task, nor the task's
+  # value) until its last timed wait's timeout.
+  def test_an_ended_tasks_fiber_is_not_kept_for_its_last_waits_timeout
+    reader, = ready_pipe
+    200.times { NeverBlock.spawn { reader.wait_readable(60) }.wait }
+    GC.start
+    dead = ObjectSpace.each_object(Fiber).count { |fiber| !fiber.alive? }
+    assert_operator dead, :<, 50, "#{dead} ended fibers kept"
+  end
+
   def test_a_timed_wait_that_ended_wakes_nothing_later
     reader, = ready_pipe
     assert reader.wait_readable(0.02)
@@ -109,7 +144,9 @@ class WaitDeadlinesTest < NeverBlockTest
         reader.wait_readable(60)
         sleep 0.01 # a turn with nothing in the selector
         timers = Fiber.scheduler.instance_variable_get(:@timers).instance_variable_get(:@heap)
-        left = timers.count { |timer| !timer.cancelled? && timer.instance_variable_get(:@callable).owner == NeverBlock::Scheduler::WaitDeadlines::Deadline rescue false } # rubocop:disable Style/RescueModifier
+        left = timers.count do |timer|
+          !timer.cancelled? && timer.instance_variable_get(:@callable).is_a?(NeverBlock::Scheduler::WaitDeadlines::Deadline)
+        end
         reader.close
         writer.close
         left
