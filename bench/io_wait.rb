@@ -6,7 +6,7 @@
 # socket pair (write, wait readable, read), in a process of its own per
 # cell (support/io_wait_child.rb), interleaved rounds, medians. A timed
 # wait is what Net::HTTP's read_timeout, redis-client's, and NeverBlock's
-# own MySQL and reverse-proxy reads make on every read. Runtimes:
+# reverse proxy make on every read (mysql2's too, given a read_timeout). Runtimes:
 # NeverBlock (this checkout), NeverBlock at --before (a git worktree of
 # that revision, its lib/ under this checkout's bundle), async.
 #
