@@ -34,6 +34,16 @@ class WaitDeadlinesTest < NeverBlockTest
     IO.pipe.tap { |pair| @pipes << pair }
   end
 
+  # A pipe whose byte a task writes `seconds` from now: its reader.
+  def pipe_written_after(seconds)
+    reader, writer = pipe
+    NeverBlock.spawn do
+      sleep seconds
+      writer.write("x")
+    end
+    reader
+  end
+
   def test_a_shorter_timeout_after_longer_ones_ends_on_time
     reader, = ready_pipe
     50.times { assert reader.wait_readable(60) }
@@ -47,11 +57,7 @@ class WaitDeadlinesTest < NeverBlockTest
   def test_a_longer_timeout_after_a_shorter_one_is_not_cut_at_the_first
     reader, = ready_pipe
     assert reader.wait_readable(0.02) # its timer stays in the heap, due in 0.02 s
-    slow, writer = pipe
-    NeverBlock.spawn do
-      sleep 0.2
-      writer.write("x")
-    end
+    slow = pipe_written_after(0.2)
     started = NeverBlock::Clock.now
     assert slow.wait_readable(5), "the 5 s wait timed out at the 0.02 s wait's deadline"
     assert_operator NeverBlock::Clock.now - started, :>=, 0.15
@@ -74,11 +80,7 @@ class WaitDeadlinesTest < NeverBlockTest
   def test_an_interrupted_timed_wait_expires_nothing_later
     quiet, = pipe
     assert_raises(NeverBlock::TimeoutError) { NeverBlock.timeout(0.01) { quiet.wait_readable(0.05) } }
-    slow, writer = pipe
-    NeverBlock.spawn do
-      sleep 0.2
-      writer.write("x")
-    end
+    slow = pipe_written_after(0.2)
     assert slow.wait_readable, "an untimed wait was expired by an interrupted wait's deadline"
   end
 
@@ -101,17 +103,9 @@ class WaitDeadlinesTest < NeverBlockTest
   def test_a_timed_wait_that_ended_wakes_nothing_later
     reader, = ready_pipe
     assert reader.wait_readable(0.02)
-    slow, writer = pipe
-    NeverBlock.spawn do
-      sleep 0.2
-      writer.write("x")
-    end
+    slow = pipe_written_after(0.2)
     assert slow.wait_readable, "an untimed wait was woken by an earlier wait's timer"
-    other, other_writer = pipe
-    NeverBlock.spawn do
-      sleep 0.2
-      other_writer.write("x")
-    end
+    other = pipe_written_after(0.2)
     assert other.wait_readable(5), "a timed wait was woken by an earlier wait's timer"
   end
 
