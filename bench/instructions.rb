@@ -31,7 +31,6 @@ module NeverBlockBench
     include Worktrees
 
     APP = File.expand_path("support/instructions_app.ru", __dir__)
-    REPO = File.expand_path("..", __dir__)
     DEFAULTS = { requests: 1000, warmup: 300, baseline: "1530789", before: "66bcfb0" }.freeze
     QUICK = { requests: 100, warmup: 50 }.freeze
     ONLY = %w[baseline before head].freeze

@@ -35,12 +35,13 @@ module NeverBlockBench
                                   "#{@options[:pairs]} tasks, #{@options[:waits]} waits a cell (after as many unmeasured), " \
                                   "a timed wait given #{@options[:timeout]} s; #{@options[:runs]} interleaved rounds, medians")
       libs = @options[:only].to_h { |runtime| [runtime, lib(runtime)] }
+      commits = libs.keys.to_h { |runtime| [runtime, commit(runtime)] }
       cells = libs.keys.product(%w[untimed timed])
       results = Hash.new { |hash, key| hash[key] = [] }
       @options[:runs].times do
         cells.each { |runtime, wait| results[[runtime, wait]] << measure(runtime, libs[runtime], wait) }
       end
-      rows = cells.map { |runtime, wait| row(runtime, wait, results[[runtime, wait]]) }
+      rows = cells.map { |runtime, wait| row(runtime, commits[runtime], wait, results[[runtime, wait]]) }
       rows.each do |row|
         untimed = rows.find { |other| other["runtime"] == row["runtime"] && other["wait"] == "untimed" }
         next unless row["wait"] == "timed" && row["CPU us/wait"] && untimed["CPU us/wait"]
@@ -59,7 +60,7 @@ module NeverBlockBench
     # @return [String, nil] the lib/ a NeverBlock runtime loads (nil: async, from the bundle)
     def lib(runtime)
       case runtime
-      when "neverblock" then File.join(Worktrees::REPO, "lib")
+      when "neverblock" then File.join(REPO, "lib")
       when "before" then File.join(checkout(@options[:before]), "lib")
       end
     end
@@ -78,13 +79,17 @@ module NeverBlockBench
       [cpu, objects]
     end
 
-    def row(runtime, wait, runs)
+    # @return [String] which code a runtime is: this checkout's commit, --before, async's version
+    def commit(runtime)
+      case runtime
+      when "neverblock" then Checkout.description.delete_prefix("commit ")
+      when "before" then @options[:before]
+      else "async #{Machine.gem_version('async')}"
+      end
+    end
+
+    def row(runtime, commit, wait, runs)
       done = runs.compact
-      commit = case runtime
-               when "neverblock" then git(Worktrees::REPO, "rev-parse", "--short", "HEAD") + (dirty? ? "+" : "")
-               when "before" then @options[:before]
-               else NeverBlockBench::Machine.gem_version("async").then { |version| "async #{version}" }
-               end
       { "runtime" => runtime, "commit" => commit, "wait" => wait,
         "CPU us/wait" => (NeverBlockBench.median(done.map(&:first)).round(3) unless done.empty?),
         "runs" => NeverBlockBench.listing(done.map(&:first), 3),
