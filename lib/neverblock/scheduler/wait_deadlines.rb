@@ -61,7 +61,8 @@ module NeverBlock
           @due = nil
         end
 
-        # Takes its timer out of the heap and forgets its fiber.
+        # Takes its timer out of the heap and ends the wait's deadline (for
+        # WaitDeadlines#clear and #finished, which drop the entry).
         # @return [void]
         def cancel
           @timers.cancel(@timer) if @timer
