@@ -71,8 +71,10 @@ module NeverBlock
       # finds it read and served inline, again and again, while the other
       # connections' requests sit unread in their sockets: ten clients of
       # 20 ms pages saw waits of over a second where their fair share was
-      # 200 ms. Requests shorter than this (a fast page, a health check) keep
-      # the inline read, which saves a selector round trip each.
+      # 200 ms. After a shorter request (a fast page, a health check) the
+      # connection waits for its next one in its fiber, which costs no park
+      # and no new task. Either way it reads only once the next request is
+      # there, unless its client pipelines (Parking#read_next_request).
       TURN = 0.001
 
 
@@ -103,6 +105,8 @@ module NeverBlock
         @hijacked = false
         @parked = false
         @answered = false # a response was written: the next request's wait tells how busy its client is
+        @just_answered = false # it answered a request since its last look for the next one (Parking#read_next_request)
+        @read_ahead = listener.tls ? true : false # that look reads before it waits: TLS may hold the bytes decrypted; set for a client that pipelines
         @brisk = false # its last next request came soon (see #came_back_soon?)
         @slot_at = nil # when it took its request slot (monotonic seconds; see TURN)
         @turn = false # parked waiting its turn, not idle (see #park)
@@ -243,6 +247,7 @@ module NeverBlock
           end
           while (request = requests.first)&.complete
             requests.shift
+            @read_ahead = true unless requests.empty? # the client pipelines: its next request may be there already
             acquire_slot unless @slot # its first request, or the request before it was marked IO-bound
             begin
               keep_open = answer(request)

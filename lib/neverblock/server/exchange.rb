@@ -40,7 +40,7 @@ module NeverBlock
       # (Task::Tree), unless the app took the socket over.
       # @return [Boolean] whether the connection stays open.
       def answer(request)
-        @answered = true
+        @answered = @just_answered = true
         task = Thread.current[Task::Tree::CURRENT] # Task.current, without its call
         mark = task.spawned if task
         @app_task = task # the one HangupWatch cancels, while it watches the connection

@@ -149,7 +149,18 @@ module NeverBlock
 
         @idle = true
         buffer = @context.read_buffer
-        data = took_turn ? :wait_readable : @socket.read_nonblock(Connection::READ_SIZE, buffer, exception: false)
+        # Straight after a response, a client that sends one request at a
+        # time has not sent its next one yet: a read would find nothing,
+        # a system call per request. Its wait comes first. A pipelining
+        # client's next request may be there (Connection's @read_ahead), and
+        # a resumed connection's is.
+        answered = @just_answered
+        @just_answered = false
+        data = if took_turn || (answered && !@read_ahead)
+                 :wait_readable
+               else
+                 @socket.read_nonblock(Connection::READ_SIZE, buffer, exception: false)
+               end
         data = :wait_readable if @parser.took_empty_lines?(data)
         # (No `return` in this method: under its rescue and ensure Ruby makes
         # each one a throw, caught and thrown again at the ensure, two a
