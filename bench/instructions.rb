@@ -102,14 +102,6 @@ module NeverBlockBench
       { "BUNDLE_GEMFILE" => File.join(dir, "Gemfile"), "BUNDLE_PATH" => File.join(REPO, "vendor/bundle"),
         "BUNDLE_FROZEN" => "true", "RUBYLIB" => extension(dir), "RUBYOPT" => nil }
     end
-
-    # @return [String] the directory of `dir`'s built C extension (built now if needed)
-    def extension(dir)
-      output, status = Open3.capture2e("ruby", File.join(dir, "bin/lib/compile_ext.rb"), chdir: dir)
-      raise "building #{dir}'s extension failed:\n#{output}" unless status.success?
-
-      output.lines.last.strip
-    end
   end
 end
 

@@ -22,18 +22,25 @@
 #   bench/run server --quick            smoke run: 3 s per cell, 1 s warm-up
 #   bench/run server --only neverblock,puma --scenarios hello
 #   bench/run --ruby 3.4-yjit server --only neverblock,puma,falcon,iodine --scenarios hello_close --runs 3
+#   bench/run --ruby 3.4-yjit server --only neverblock,before,iodine --before REV --scenarios hello --runs 5
+#
+# --before REV adds "before": NeverBlock at REV (a git worktree, its own C
+# extension), run as "neverblock" is, for a before/after row in one run.
 
 require_relative "support/harness"
 require "neverblock"
 require_relative "support/servers"
 require_relative "support/server_app"
+require_relative "support/worktrees"
 
 module NeverBlockBench
   class ServerBench < Bench
+    include Worktrees
+
     DEFAULTS = { duration: 10, warmup: 2, connections: 100, io_connections: 256, puma_io_threads: 256, db_pool: 64, fiber_pool: 1000, runs: 1,
-                 scenarios: %w[hello sleep pg] }.freeze
+                 scenarios: %w[hello sleep pg], before: "" }.freeze
     QUICK = { duration: 3, warmup: 1 }.freeze
-    ONLY = %w[neverblock puma puma_io puma_threads falcon thin iodine agoo nginx].freeze # the servers
+    ONLY = %w[neverblock before puma puma_io puma_threads falcon thin iodine agoo nginx].freeze # the servers
     APP = File.expand_path("support/server_app.ru", __dir__)
     PUMA_IO_CONFIG = File.expand_path("support/puma_io.rb", __dir__)
     PUMA_THREADS = 5 # Puma 8's default maximum on MRI (0:5)
@@ -92,12 +99,18 @@ module NeverBlockBench
       gc_socket = ->(port) { File.join(scratch, "neverblock-#{port}-gc.sock") }
       db = ->(kind, extra = {}) { { "NB_BENCH_DB" => kind, "NB_BENCH_DB_POOL" => pool.to_s }.merge(extra) }
       peer = ->(name, port, *command, env: {}) { PeerServers.peer(name, ["bundle", "exec", name, *command], port, env) }
-      [Server.new(name: "neverblock", scenarios: all, gc_socket: gc_socket,
-                  label: "NeverBlock #{NeverBlock::VERSION} (1 process, fiber_pool #{@options[:fiber_pool]}; pg: NeverBlock::Postgres.pool(size: #{pool}))",
-                  start: lambda do |port|
-                    PeerServers.neverblock(APP, port: port, args: ["-w", "0", "--fiber-pool", @options[:fiber_pool].to_s],
-                                                env: db.call("neverblock", "NB_BENCH_GC_SOCKET" => gc_socket.call(port)))
-                  end),
+      neverblock = lambda do |port, dir: nil|
+        env = db.call("neverblock", "NB_BENCH_GC_SOCKET" => gc_socket.call(port)).merge(dir ? revision_env(dir) : {})
+        PeerServers.neverblock(APP, port: port, args: ["-w", "0", "--fiber-pool", @options[:fiber_pool].to_s], env: env,
+                                    repo: dir || PeerServers::REPO)
+      end
+      [Server.new(name: "neverblock", scenarios: all, gc_socket: gc_socket, start: neverblock,
+                  label: "NeverBlock #{NeverBlock::VERSION} (1 process, fiber_pool #{@options[:fiber_pool]}; pg: NeverBlock::Postgres.pool(size: #{pool}))"),
+       *(unless @options[:before].empty?
+           [Server.new(name: "before", scenarios: all, gc_socket: gc_socket,
+                       label: "NeverBlock at #{@options[:before]} (as neverblock)",
+                       start: ->(port) { neverblock.call(port, dir: (@before_dir ||= checkout(@options[:before]))) })]
+         end),
        Server.new(name: "puma", label: "Puma #{v['puma']} (single mode, default threads 0:5; pg: a connection per thread)", scenarios: all,
                   start: ->(port) { PeerServers.puma(APP, port: port, env: db.call("threads")) }),
        # Puma 8's IO mode: up to 5 threads plus io_threads more for requests marked IO-bound, a pg connection each.

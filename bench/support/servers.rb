@@ -183,9 +183,10 @@ module NeverBlockBench
     # @return [String] e.g. "nginx/1.22.1"
     def nginx_version = (Open3.capture2e("nginx", "-v").first[%r{nginx/[\d.]+}] || "nginx (unknown version)" rescue "nginx (not installed)")
 
-    # `neverblock serve` from this checkout, production mode, with `args` (default: the one process serves).
-    def neverblock(rackup, port: ServerProcess.free_port, args: %w[-w 0], env: {}, name: "neverblock")
-      command = [RbConfig.ruby, File.join(REPO, "exe/neverblock"), "serve", rackup, "-b", "tcp://127.0.0.1:#{port}",
+    # `neverblock serve` from this checkout (or from `repo`, a worktree of
+    # another revision), production mode, with `args` (default: the one process serves).
+    def neverblock(rackup, port: ServerProcess.free_port, args: %w[-w 0], env: {}, name: "neverblock", repo: REPO)
+      command = [RbConfig.ruby, File.join(repo, "exe/neverblock"), "serve", rackup, "-b", "tcp://127.0.0.1:#{port}",
                  "-E", "production", *args]
       ServerProcess.start(name, command, port: port, env: env)
     end

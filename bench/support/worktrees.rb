@@ -2,6 +2,7 @@
 
 require "open3"
 require "fileutils"
+require "rbconfig"
 
 module NeverBlockBench
   # Git worktrees of earlier revisions of this repository, for a bench's
@@ -17,6 +18,25 @@ module NeverBlockBench
       FileUtils.ln_s(File.join(REPO, "vendor"), File.join(dir, "vendor"))
       (@worktrees ||= []) << dir
       dir
+    end
+
+    # The environment that runs `dir`'s code in place of this checkout's,
+    # under this process's bundle: `dir`'s lib/ and its own C extension
+    # (built now if needed) come first on the load path (RUBYLIB precedes
+    # the bundle's paths).
+    # @return [Hash{String => String}]
+    def revision_env(dir)
+      { "RUBYLIB" => [File.join(dir, "lib"), extension(dir)].join(File::PATH_SEPARATOR) }
+    end
+
+    # @return [String] the directory of `dir`'s built C extension, built now
+    #   if needed (by `dir`'s bin/lib/compile_ext.rb, for the Ruby running this)
+    # @raise [RuntimeError] when the build fails
+    def extension(dir)
+      output, status = Open3.capture2e(RbConfig.ruby, File.join(dir, "bin/lib/compile_ext.rb"), chdir: dir)
+      raise "building #{dir}'s extension failed:\n#{output}" unless status.success?
+
+      output.lines.last.strip
     end
 
     # Whether this checkout has uncommitted changes to tracked files.
