@@ -82,6 +82,7 @@ module NeverBlock
         @used = true
         start_response(head)
         write_request(request_head, body)
+        wait_for_bytes # the answer cannot have come yet: a read now would find nothing
         feed until @headers_done
         [@status, @headers]
       end
@@ -250,14 +251,19 @@ module NeverBlock
         end
       end
 
+      # Waits until the upstream sends something (or closes), for at most the timeout.
+      # @raise [Timeout]
+      def wait_for_bytes
+        @socket.wait_readable(@timeout) or raise Timeout, "no response bytes for #{@timeout} s"
+        nil
+      end
+
       # Reads once and parses; EOF ends a body that runs until close, and is
       # otherwise a {Closed}.
       def feed
         data = @socket.read_nonblock(READ_SIZE, @buffer, exception: false)
-        if data == :wait_readable
-          @socket.wait_readable(@timeout) or raise Timeout, "no response bytes for #{@timeout} s"
-          return
-        end
+        return wait_for_bytes if data == :wait_readable
+
         if data.nil?
           finish_at_eof
         else

@@ -6,6 +6,7 @@ require "neverblock/reverse_proxy"
 require "net/http"
 require "stringio"
 require "rack"
+require_relative "../../support/read_log"
 
 # NeverBlock::ReverseProxy against real upstreams: a NeverBlock::Server app,
 # and raw TCP servers that misbehave on purpose.
@@ -207,6 +208,24 @@ class ReverseProxyTest < PlainTest
     10.times { assert_equal [200, "ok"], call(proxy, env_for("GET", "/")).values_at(0, 2) }
     assert_equal 1, connections
     assert_equal 1, proxy.stats[:idle]
+  end
+
+  # Its answer cannot have come when the request is just written: the
+  # proxy waits for it, and reads once bytes are there.
+  def test_the_upstream_is_read_once_its_answer_has_come
+    upstream = raw_upstream do |socket|
+      loop do
+        read_request(socket)
+        sleep 0.05
+        socket.write("HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+      end
+    end
+    proxy = NeverBlock::ReverseProxy.new(upstream, pool_size: 1)
+    assert_equal [200, "ok"], call(proxy, env_for("GET", "/")).values_at(0, 2)
+    log = ReadLog.on(ObjectSpace.each_object(NeverBlock::ReverseProxy::UpstreamConnection).find(&:reusable?).instance_variable_get(:@socket))
+    assert_equal [200, "ok"], call(proxy, env_for("GET", "/")).values_at(0, 2)
+    reads = log.read_log.reject { |length, _| length == 1 } # (the health check's peek before the connection is lent)
+    assert_equal [:bytes], reads.map(&:last)
   end
 
   def test_a_get_on_a_connection_the_upstream_closed_meanwhile_is_retried_on_a_new_one

@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require_relative "server_helper"
+require_relative "../../support/read_log"
 
 # After a response, a keep-alive connection waits for its client's next
 # request before it reads: a client that sends one request at a time (a
@@ -10,18 +11,6 @@ require_relative "server_helper"
 # its next request may be there already.
 class ServerReadAheadTest < PlainTest
   include ServerHelper
-
-  # Records what each read_nonblock of the socket it is prepended to returned:
-  # a String, or :wait_readable for a read that found nothing.
-  module ReadLog
-    def read_log
-      @read_log ||= []
-    end
-
-    def read_nonblock(*args, **options)
-      super.tap { |data| read_log << (data.is_a?(String) ? :bytes : data) }
-    end
-  end
 
   def setup
     super
@@ -39,7 +28,7 @@ class ServerReadAheadTest < PlainTest
       sleep 0.05 # the server is back waiting for the next request
     end
     sleep 0.2
-    assert_equal %i[bytes bytes bytes], log.read_log, "each read found a request; none was tried before it came"
+    assert_equal %i[bytes bytes bytes], log.read_log.map(&:last), "each read found a request; none was tried before it came"
   end
 
   def test_a_pipelining_client_has_its_connection_read_ahead
@@ -50,8 +39,8 @@ class ServerReadAheadTest < PlainTest
     socket.write(get)
     assert_equal 200, read_response(socket).first
     deadline = NeverBlock::Clock.now + 5
-    sleep 0.01 until log.read_log.include?(:wait_readable) || NeverBlock::Clock.now > deadline
-    assert_equal %i[bytes wait_readable], log.read_log.first(2), "after the answer, a read ahead that found nothing yet"
+    sleep 0.01 until log.read_log.map(&:last).include?(:wait_readable) || NeverBlock::Clock.now > deadline
+    assert_equal %i[bytes wait_readable], log.read_log.first(2).map(&:last), "after the answer, a read ahead that found nothing yet"
   end
 
   private
@@ -63,6 +52,6 @@ class ServerReadAheadTest < PlainTest
       io = candidate.instance_variable_get(:@io)
       !io.closed? && io.remote_address.ip_port == port
     end or flunk("no server connection for the client's port #{port}")
-    connection.instance_variable_get(:@socket).tap { |socket| socket.singleton_class.prepend(ReadLog) }
+    ReadLog.on(connection.instance_variable_get(:@socket))
   end
 end
