@@ -18,6 +18,13 @@
 #   bench/run instructions --quick          100 requests a revision
 #   bench/run instructions --only before,head --before 93b5567
 #
+# The client pauses --pause-ms after each response before it sends the
+# next request: under callgrind the server runs some 50× slower, and a
+# request sent at once would often be in the socket before the server
+# looks for it, which no native client is quick enough for (natively a
+# keep-alive connection finds its socket empty after each response and
+# waits in the event loop). With no pause the counts leave out that wait.
+#
 # Needs valgrind (callgrind_control). What the counts include: the server
 # process only (the client is this process), Ruby 3.1 without YJIT.
 
@@ -31,7 +38,7 @@ module NeverBlockBench
     include Worktrees
 
     APP = File.expand_path("support/instructions_app.ru", __dir__)
-    DEFAULTS = { requests: 1000, warmup: 300, baseline: "1530789", before: "66bcfb0" }.freeze
+    DEFAULTS = { requests: 1000, warmup: 300, baseline: "1530789", before: "66bcfb0", pause_ms: 2.0 }.freeze
     QUICK = { requests: 100, warmup: 50 }.freeze
     ONLY = %w[baseline before head].freeze
     COLUMNS = ["revision", "commit", "requests", "instructions/request", "vs baseline", "other threads/request"].freeze
@@ -41,7 +48,7 @@ module NeverBlockBench
     def call
       puts NeverBlockBench.header("Instructions per hello-world request (callgrind), neverblock serve -w 0",
                                   "#{@options[:warmup]} warm-up requests, then #{@options[:requests]} counted, " \
-                                  "one keep-alive connection")
+                                  "one keep-alive connection, #{@options[:pause_ms]} ms between a response and the next request")
       rows = @options[:only].map { |name| measure(name) }
       base = rows.find { |row| row["revision"] == "baseline" }&.fetch("instructions/request")
       rows.each { |row| row["vs baseline"] = base ? format("%.3f", row["instructions/request"].to_f / base) : "" }
@@ -85,7 +92,9 @@ module NeverBlockBench
 
     # Sends `count` GETs on the keep-alive `socket`, one at a time, each read to its end.
     def requests(socket, count)
+      pause = @options[:pause_ms] / 1000.0
       count.times do
+        sleep pause if pause.positive?
         socket.write(RawHTTP.request)
         RawHTTP.read_response(socket, NeverBlockBench.now + READY_TIMEOUT) or raise "the server closed the connection"
       end
