@@ -286,6 +286,7 @@ module NeverBlock
         return false if @stop_grace_taken
 
         @stop_grace_taken = true
+        @just_answered = false # its wait is over: what came is read at once, with no idle wait the drain would end
         release_slot
         @socket.wait_readable([STOP_IDLE_GRACE, @limits.idle_timeout].min) ? true : false
       end

@@ -222,7 +222,10 @@ class ReverseProxyTest < PlainTest
     end
     proxy = NeverBlock::ReverseProxy.new(upstream, pool_size: 1)
     assert_equal [200, "ok"], call(proxy, env_for("GET", "/")).values_at(0, 2)
-    log = ReadLog.on(ObjectSpace.each_object(NeverBlock::ReverseProxy::UpstreamConnection).find(&:reusable?).instance_variable_get(:@socket))
+    port = Integer(upstream[/\d+\z/])
+    socket = ObjectSpace.each_object(NeverBlock::ReverseProxy::UpstreamConnection).map { |c| c.instance_variable_get(:@socket) }
+                        .find { |candidate| !candidate.closed? && candidate.remote_address.ip_port == port }
+    log = ReadLog.on(socket || flunk("no connection to the upstream's port #{port}"))
     assert_equal [200, "ok"], call(proxy, env_for("GET", "/")).values_at(0, 2)
     reads = log.read_log.reject { |length, _| length == 1 } # (the health check's peek before the connection is lent)
     assert_equal [:bytes], reads.map(&:last)

@@ -70,6 +70,16 @@ module ServerHelper
     "GET #{path} HTTP/1.1\r\nHost: localhost\r\n#{extra}\r\n"
   end
 
+  # @return [NeverBlock::Server::Connection] the server's connection of
+  #   the socket `client` opened (the server runs in this process)
+  def server_connection(client)
+    port = client.local_address.ip_port
+    ObjectSpace.each_object(NeverBlock::Server::Connection).find do |candidate|
+      io = candidate.instance_variable_get(:@io)
+      !io.closed? && io.remote_address.ip_port == port
+    end or flunk("no server connection for the client's port #{port}")
+  end
+
   def fd_count
     Dir.children("/proc/self/fd").size
   end

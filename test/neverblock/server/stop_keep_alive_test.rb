@@ -42,6 +42,34 @@ class ServerStopKeepAliveTest < PlainTest
     assert @server_thread.join(10)
   end
 
+  # Plays the drain's pass (Acceptor#drain: close_if_idle) the moment the
+  # connection it is prepended to begins a wait in its fiber for its next request.
+  module DrainAtWait
+    private
+
+    def read_when_ready(buffer)
+      connection = self
+      Fiber.schedule { connection.close_if_idle }
+      super
+    end
+  end
+
+  # The grace's wait ends with the request there: it is read at once. A
+  # wait for it in the selector first, idle to the drain, could be ended
+  # by it, and the request reset unread.
+  def test_a_request_that_came_in_the_grace_is_read_at_once
+    start_server(stopping_stream, lint: false, idle_timeout: 60)
+    socket = connect
+    socket.write(get("/stream"))
+    assert_equal 200, read_response(socket)[0]
+    server_connection(socket).singleton_class.prepend(DrainAtWait)
+
+    socket.write(get("/after"))
+    status, headers, body = read_response(socket)
+    assert_equal [200, "close", "after"], [status, headers["connection"], body]
+    assert @server_thread.join(10)
+  end
+
   def test_a_stream_that_ends_during_a_stop_closes_its_connection_after_the_grace
     start_server(stopping_stream, lint: false, idle_timeout: 60)
     socket = connect
