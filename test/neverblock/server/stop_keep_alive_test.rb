@@ -29,17 +29,29 @@ class ServerStopKeepAliveTest < PlainTest
     end
   end
 
-  def test_a_request_sent_the_moment_a_stream_ends_during_a_stop_is_answered
+  # A server running #stopping_stream, and a connection that asked for
+  # the stream. @return [Socket]
+  def stream_requested
     start_server(stopping_stream, lint: false, idle_timeout: 60)
     socket = connect
     socket.write(get("/stream"))
-    status, headers, body = read_response(socket)
-    assert_equal [200, nil, "data: 1\n\ndata: 2\n\n"], [status, headers["connection"], body]
+    socket
+  end
 
-    socket.write(get("/after")) # at once, as a proxy reusing the connection does
+  # Sends the next request at once, as a proxy reusing the connection
+  # does: it is answered, with `connection: close`, and the server stops.
+  def assert_next_request_answered_with_close(socket)
+    socket.write(get("/after"))
     status, headers, body = read_response(socket)
     assert_equal [200, "close", "after"], [status, headers["connection"], body]
     assert @server_thread.join(10)
+  end
+
+  def test_a_request_sent_the_moment_a_stream_ends_during_a_stop_is_answered
+    socket = stream_requested
+    status, headers, body = read_response(socket)
+    assert_equal [200, nil, "data: 1\n\ndata: 2\n\n"], [status, headers["connection"], body]
+    assert_next_request_answered_with_close(socket)
   end
 
   # Plays the drain's pass (Acceptor#drain: close_if_idle) the moment the
@@ -58,22 +70,14 @@ class ServerStopKeepAliveTest < PlainTest
   # wait for it in the selector first, idle to the drain, could be ended
   # by it, and the request reset unread.
   def test_a_request_that_came_in_the_grace_is_read_at_once
-    start_server(stopping_stream, lint: false, idle_timeout: 60)
-    socket = connect
-    socket.write(get("/stream"))
+    socket = stream_requested
     assert_equal 200, read_response(socket)[0]
     server_connection(socket).singleton_class.prepend(DrainAtWait)
-
-    socket.write(get("/after"))
-    status, headers, body = read_response(socket)
-    assert_equal [200, "close", "after"], [status, headers["connection"], body]
-    assert @server_thread.join(10)
+    assert_next_request_answered_with_close(socket)
   end
 
   def test_a_stream_that_ends_during_a_stop_closes_its_connection_after_the_grace
-    start_server(stopping_stream, lint: false, idle_timeout: 60)
-    socket = connect
-    socket.write(get("/stream"))
+    socket = stream_requested
     assert_equal 200, read_response(socket)[0]
 
     assert_equal "", read_all(socket, timeout: 5) # not idle_timeout (60 s) nor shutdown_timeout (30 s)
