@@ -53,6 +53,7 @@ require_relative "server/task_dump"
 require_relative "server/status_endpoint"
 require_relative "server/lazy_app"
 require_relative "server/heap_warmup"
+require_relative "server/herd_gc"
 require_relative "rails_integration"
 
 module NeverBlock

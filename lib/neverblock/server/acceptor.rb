@@ -138,6 +138,7 @@ module NeverBlock
       # and so is the {IdleSet}.
       # @return [void]
       def close
+        HerdGC.reset
         idle_set = @context.idle_set or return
 
         @idle_tasks.each(&:cancel)
@@ -304,6 +305,7 @@ module NeverBlock
       def start_held(listener)
         held = []
         since = [] # when each was taken in
+        HerdGC.herd_starting(@scheduler)
         # The listener's pace, from backlog to backlog: the next one's first
         # turns follow what the loop did on the last ones (within FRESH).
         pace = (@paces[listener] ||= StartPace.new(streams: @context.method(:streams_open)))
@@ -322,6 +324,8 @@ module NeverBlock
       rescue Exception # rubocop:disable Lint/RescueException -- a cancel: the sockets held are closed, not leaked
         held.each(&:close)
         raise
+      ensure
+        HerdGC.herd_started(@scheduler)
       end
 
       # Beside other workers, having just taken in one connection: lets that
