@@ -384,6 +384,7 @@ module NeverBlock
       end
     ensure
       @access_log&.flush
+      HerdGC.reset # a loop that ended without a stop (its timers will not fire)
       @listeners.each(&:close) unless @keep_listeners
       @wake_reader.close
       @wake_writer.close

@@ -8,7 +8,7 @@ module NeverBlock
     #
     # A server's heap after boot holds little more than the app
     # ({HeapWarmup} frees the empty pages), and a herd of streams makes
-    # Ruby grow it. Past the first three minor GCs after a major one, Ruby
+    # Ruby grow it. Past the first two minor GCs after a major one, Ruby
     # grows a heap only through another major GC, which with thousands of
     # fibers open takes about 100 ms, and every open stream waits for it:
     # 2,000 Live streams opened at once on Ruby 3.4 + YJIT took one or two
@@ -20,8 +20,10 @@ module NeverBlock
     # takes in a backlog of {Acceptor::BATCH} connections or more on one
     # turn ({Acceptor#start_held}, a herd), and ends {AFTER} after the
     # herd's last connection started (its streams' first events allocate
-    # the most), {LONGEST} after it began at the latest, at the server's
-    # stop, or in a forked child. After a hold none begins for {REST}: a
+    # the most), {LONGEST} after it began at the latest, when the server's
+    # loop ends (a stop, or an exception), or in a forked child. A server
+    # of several workers sharing a listener holds nothing: each takes its
+    # share of a backlog, not the herd. After a hold none begins for {REST}: a
     # server taking in herd after herd (new connections for every request)
     # does its major GCs between them. What the hold left for the old
     # generation is collected by the next major GC that Ruby's own limits
@@ -30,7 +32,8 @@ module NeverBlock
     # It holds nothing where Ruby has no such setting (before 3.4) or the
     # environment says `NEVERBLOCK_HERD_GC=off`, and leaves full marking
     # alone where the app turned it off itself (out-of-band GC): the hold
-    # only begins while full marking is on.
+    # only begins while full marking is on (an app that turns it off during
+    # a hold finds it on again at the hold's end).
     # GC.config is the whole process's; so is the hold (one at a time).
     module HerdGC
       # How long a hold lasts after the herd's last connection started.
@@ -82,9 +85,9 @@ module NeverBlock
           return if @released_at && now - @released_at < REST
           return unless GC.config[:rgengc_allow_full_mark]
 
-          GC.config(rgengc_allow_full_mark: false)
           @held_at = now
           @last_started = nil
+          GC.config(rgengc_allow_full_mark: false)
           scheduler.add_timer(LONGEST, method(:release_if_due))
         end
 
