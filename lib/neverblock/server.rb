@@ -384,7 +384,7 @@ module NeverBlock
       end
     ensure
       @access_log&.flush
-      HerdGC.reset # a loop that ended without a stop (its timers will not fire)
+      HerdGC.reset # the loop's end, a stop's or an exception's: a hold's timers fire no more
       @listeners.each(&:close) unless @keep_listeners
       @wake_reader.close
       @wake_writer.close

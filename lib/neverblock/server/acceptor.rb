@@ -138,7 +138,6 @@ module NeverBlock
       # and so is the {IdleSet}.
       # @return [void]
       def close
-        HerdGC.reset
         idle_set = @context.idle_set or return
 
         @idle_tasks.each(&:cancel)

@@ -126,7 +126,7 @@ module NeverBlock
           GC.config(rgengc_allow_full_mark: true)
         end
 
-        # A stopping server's acceptor, or a forked child: ends any hold,
+        # The end of a server's loop, or a forked child: ends any hold,
         # and forgets the herds starting (the child serves none of them)
         # and the last hold's {REST}.
         # @return [void]
