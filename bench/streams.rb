@@ -21,12 +21,17 @@
 # wrote the events (support/stream_gaps.rb); the most streams open at once; the
 # server's peak RSS less its RSS before, per stream open at that peak; its
 # CPU (user + sys, its whole session) per event received; its most threads;
-# the machine's listen drops; the client's CPU.
+# the machine's listen drops; the client's CPU. With --runs N, every cell is
+# measured N times, interleaved (round by round, so that a slow minute of a
+# shared machine spreads over the servers), and its row is the worst run's
+# (the latest first-event p99), with every run's first-event and worst-gap
+# p99 beside it.
 #
 #   bench/run streams                      -> bench/results/streams.{txt,csv,svg}
 #   bench/run streams --quick              smoke run: 200 streams of 10 events
 #   bench/run --ruby 3.4-yjit streams      -> bench/results/ruby34-yjit/
 #   bench/run streams --parts direct --streams 2000 --only neverblock,falcon --neverblock-args "--no-adaptive-limit"
+#   bench/run --ruby 3.4-yjit streams --parts live,rails-body --streams 2000 --only neverblock,falcon --runs 3
 
 require_relative "support/harness"
 require_relative "support/stream_client"
@@ -36,8 +41,8 @@ require "net/http"
 module NeverBlockBench
   class StreamsBench < Bench
     DEFAULTS = { streams: [500, 2000, 10_000], events: 40, interval_ms: 50, deadline: 60, clients: 2,
-                 parts: %w[direct relay live rails-body], neverblock_args: "" }.freeze
-    QUICK = { streams: [200], events: 10, deadline: 20 }.freeze
+                 parts: %w[direct relay live rails-body], neverblock_args: "", runs: 1 }.freeze
+    QUICK = { streams: [200], events: 10, deadline: 20, runs: 1 }.freeze
     ONLY = %w[neverblock neverblock-marked falcon puma-5 puma-50].freeze # the servers
     PARTS = %w[direct relay live rails-body].freeze
     RAILS_PARTS = %w[live rails-body].freeze # served by LIVE_APP
@@ -48,9 +53,11 @@ module NeverBlockBench
     CHARTED = ["first p99 ms", "gap p99 ms", "RSS KB/open stream", "CPU us/event"].freeze # the chart's columns
     PUMA_MOST = 2000 # streams: past this Puma's cells only wait out --deadline
     NOTES = { "puma-5" => "5 threads: 5 streams at a time, corked", "puma-50" => "50 threads: 50 streams at a time, corked" }.freeze
+    RUNS_COLUMNS = ["runs", "first p99 ms, runs", "gap p99 ms, runs"].freeze # with --runs 2 or more
     COLUMNS = ["part", "streams", "server", "complete", "first p50 ms", "first p99 ms", "gap p99 ms", "gap max ms", "app gap p99 ms",
                "upstream gap p99 ms",
-               "peak open", "RSS KB/open stream", "CPU us/event", "threads", "listen drops", "RSS before MB", "seconds", "client CPU s", "note"].freeze
+               "peak open", "RSS KB/open stream", "CPU us/event", "threads", "listen drops", "RSS before MB", "seconds", "client CPU s",
+               *RUNS_COLUMNS, "note"].freeze
 
     # @return [Boolean] true when every cell ran (whether its streams completed or not)
     def call
@@ -59,23 +66,42 @@ module NeverBlockBench
       Machine.raise_fd_limit((@options[:streams].max * 2) + 1000)
       Peers.use_epoll
       puts header(parts)
-      rows = parts.product(@options[:streams], @options[:only]).map do |part, count, server|
-        if server.start_with?("puma") && count > PUMA_MOST
-          next { "part" => part, "streams" => count, "server" => server, **CHARTED.to_h { |column| [column, "not run"] },
-                 "note" => "not run past #{PUMA_MOST} streams: a stream holds a thread" }
-        end
-        if RAILS_PARTS.include?(part) && server == "neverblock-marked"
-          next { "part" => part, "streams" => count, "server" => server, **CHARTED.to_h { |column| [column, "not run"] },
-                 "note" => "not run: a Live stream is an event stream, which gives its slot back anyway" }
-        end
-
-        measure(part, count, server)
+      cells = parts.product(@options[:streams], @options[:only])
+      runs = Array.new(@options[:runs]) do |round|
+        warn "round #{round + 1} of #{@options[:runs]}" if @options[:runs] > 1
+        cells.map { |part, count, server| not_run(part, count, server) || measure(part, count, server) }
       end
+      rows = runs.transpose.map { |cell_runs| worst_of(cell_runs) }
       report(rows, parts)
-      rows.none? { |row| row["note"].to_s.start_with?("failed") }
+      runs.flatten.none? { |row| row["note"].to_s.start_with?("failed") }
     end
 
     private
+
+    # The row of a cell this bench does not run, with why; nil for one it runs.
+    def not_run(part, count, server)
+      why = if server.start_with?("puma") && count > PUMA_MOST
+              "not run past #{PUMA_MOST} streams: a stream holds a thread"
+            elsif RAILS_PARTS.include?(part) && server == "neverblock-marked"
+              "not run: a Live stream is an event stream, which gives its slot back anyway"
+            end
+      why && { "part" => part, "streams" => count, "server" => server, **CHARTED.to_h { |column| [column, "not run"] }, "note" => why }
+    end
+
+    # A cell's row over its runs: the worst run's (a failed one, else the
+    # latest first-event p99; "> N s" is later than any number), with every
+    # run's first-event and worst-gap p99, in the order they ran.
+    def worst_of(cell_runs)
+      return cell_runs.first if cell_runs.size == 1 || cell_runs.first["note"].to_s.start_with?("not run")
+
+      late = ->(value) { value.is_a?(Numeric) ? value : Float::INFINITY }
+      worst = cell_runs.max_by do |row|
+        [row["note"].to_s.start_with?("failed") ? 1 : 0, late.call(row["first p99 ms"]), late.call(row["gap p99 ms"])]
+      end
+      listed = ->(key) { cell_runs.map { |row| row[key] || "-" }.join(" ") }
+      worst.merge("runs" => cell_runs.size, "first p99 ms, runs" => listed.call("first p99 ms"),
+                  "gap p99 ms, runs" => listed.call("gap p99 ms"))
+    end
 
     def header(parts)
       v = PeerServers.locked_versions
@@ -211,8 +237,9 @@ module NeverBlockBench
     end
 
     def report(rows, parts)
-      table = Table.of(rows, COLUMNS, left: %w[part server complete note])
-      puts "\n#{table}"
+      several = @options[:runs] > 1
+      table = Table.of(rows, several ? COLUMNS : COLUMNS - RUNS_COLUMNS, left: %w[part server complete note] + RUNS_COLUMNS.drop(1))
+      puts(several ? "\nthe worst of #{@options[:runs]} runs per cell (latest first-event p99)\n\n#{table}" : "\n#{table}")
       chart = NeverBlockBench.chart("Streams opened at once on one server process",
                                     "#{@options[:events]} events #{@options[:interval_ms]} ms apart each; by streams opened")
       parts.each do |part|
