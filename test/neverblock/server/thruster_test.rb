@@ -4,6 +4,9 @@ require_relative "../../test_helper"
 require_relative "../../support/serve_processes"
 require "securerandom"
 require "tmpdir"
+require "zlib"
+require "stringio"
+require "socket"
 
 # Behind Thruster, as Rails 8's Dockerfile runs an app (`./bin/thrust
 # ./bin/rails server`): the real Thruster binary (the thruster gem) starts
@@ -63,7 +66,60 @@ class ServerThrusterTest < PlainTest
     assert_match(/ 499 /, line, "the access log shows the hang-up")
   end
 
+  # Thruster compresses text/event-stream for a client that accepts gzip,
+  # and passes each event on as it comes: the first arrives long before the
+  # stream ends. A client that hangs up mid-stream has its stream cancelled.
+  def test_server_sent_events_pass_through_thruster_as_they_come_gzip_included
+    socket = TCPSocket.new("127.0.0.1", @port)
+    started = NeverBlock::Clock.now
+    socket.write("GET /events?n=20 HTTP/1.1\r\nHost: localhost\r\nAccept-Encoding: gzip\r\n\r\n")
+    first_body = nil
+    data = +""
+    until data.end_with?("\r\n0\r\n\r\n")
+      assert socket.wait_readable(30), "the stream stalled; got:\n#{data.inspect}"
+      chunk = socket.readpartial(65_536)
+      data << chunk
+      first_body ||= NeverBlock::Clock.now - started if data.include?("\r\n\r\n") && !data.end_with?("\r\n\r\n")
+    end
+    took = NeverBlock::Clock.now - started
+    head, body = data.split("\r\n\r\n", 2)
+    assert_match(/^content-encoding: gzip\r?$/i, head)
+    assert_equal (0...20).map { |index| "data: event #{index}\n\n" }.join, gunzip(dechunk(body))
+    assert_operator took, :>=, 1.9, "twenty events 100 ms apart"
+    assert_operator first_body, :<, took / 2, "the first event came at #{first_body.round(2)} s of #{took.round(2)}: buffered"
+  ensure
+    socket&.close
+  end
+
+  def test_a_client_that_hangs_up_mid_stream_on_thruster_gets_its_stream_cancelled
+    socket = TCPSocket.new("127.0.0.1", @port)
+    socket.write("GET /events?n=600 HTTP/1.1\r\nHost: localhost\r\n\r\n")
+    assert_includes socket.readpartial(65_536), "200"
+    sleep 0.3
+    socket.close
+    line = wait_for_line(@thruster, %r{"GET /events\?n=600 HTTP/1\.1" 499 }, timeout: 30)
+    assert_match(/ 499 /, line, "the access log shows the hang-up, long before the stream's 60 s")
+  end
+
   private
+
+  # The body of a chunked response, de-chunked.
+  def dechunk(body)
+    out = +""
+    until body.empty?
+      size, rest = body.split("\r\n", 2)
+      size = Integer(size, 16)
+      break if size.zero?
+
+      out << rest.byteslice(0, size)
+      body = rest.byteslice(size + 2..)
+    end
+    out
+  end
+
+  def gunzip(data)
+    Zlib::GzipReader.new(StringIO.new(data)).read
+  end
 
   def request(path)
     Net::HTTP.start("127.0.0.1", @port, open_timeout: 5, read_timeout: 30) { |http| http.get(path) }
