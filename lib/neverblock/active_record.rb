@@ -6,6 +6,7 @@ require "active_support/isolated_execution_state"
 require_relative "../neverblock"
 require_relative "active_record/async_queries"
 require_relative "active_record/sqlite_write_turns"
+require_relative "active_record/task_leases"
 
 module NeverBlock
   # ActiveRecord inside NeverBlock: adapters that are a one-word change in
@@ -28,6 +29,8 @@ module NeverBlock
   #   fiber (every NeverBlock task, every request of a fiber server) checks
   #   out its own connection and has its own transaction; with the default
   #   `:thread` level all fibers of a thread would share one connection;
+  # - gives a task's leased connections back as the task ends ({TaskLeases}),
+  #   as Rails' executor does for a request;
   # - in a Rails app, adds a Railtie that keeps `config.active_support.isolation_level`
   #   at `:fiber`.
   #
@@ -59,6 +62,7 @@ module NeverBlock
           prepend(SqliteWriteTurns) unless self < SqliteWriteTurns
         end
         fiber_isolation!
+        TaskLeases.install
       end
 
       # ActiveRecord keys the types of `attribute :x, :jsonb` (and

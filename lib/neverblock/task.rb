@@ -24,6 +24,41 @@ module NeverBlock
     # Ctrl-C or `exit` inside a task must still end the program.
     FATAL = [Interrupt, SignalException, SystemExit, NoMemoryError].freeze
 
+    @block_end_hooks = nil # see Task.at_block_end
+
+    class << self
+      # @api private
+      # Adds a hook run in every task's fiber when its block ends (returned,
+      # raised or cancelled), before the task's end is reported to whoever
+      # waits for it: per-fiber state that must not outlive the task goes
+      # there, such as the database connections ActiveRecord leased to the
+      # fiber ({NeverBlock::ActiveRecord::TaskLeases}). A hook that raises a
+      # StandardError is logged; the task's outcome stays its block's. A hook
+      # is added once, however often this is called with it.
+      # @param hook [#call] called with no argument.
+      # @return [void]
+      def at_block_end(hook)
+        hooks = @block_end_hooks || []
+        @block_end_hooks = [*hooks, hook].freeze unless hooks.include?(hook)
+      end
+
+      # @api private
+      # @return [Array<#call>, nil] the hooks of {.at_block_end}; nil while
+      #   there are none (a task then checks only that).
+      attr_reader :block_end_hooks
+
+      # @api private
+      # Runs the {.at_block_end} hooks in the current fiber.
+      # @return [void]
+      def block_ended(hooks)
+        hooks.each do |hook|
+          hook.call
+        rescue StandardError => e
+          NeverBlock.logger.warn("NeverBlock") { "a task's end hook #{hook.inspect} failed: #{e.class}: #{e.message}" }
+        end
+      end
+    end
+
     # @return [Scheduler] the scheduler the task runs on.
     attr_reader :scheduler
 
@@ -169,7 +204,11 @@ module NeverBlock
       @status = :running
       Thread.current[Tree::CURRENT] = self
       @scheduler.task_started
-      value = @telemetry ? Telemetry.within(@telemetry, &@block) : @block.call
+      value = begin
+        @telemetry ? Telemetry.within(@telemetry, &@block) : @block.call
+      ensure
+        (hooks = Task.block_end_hooks) && Task.block_ended(hooks)
+      end
       @children ? finish(:completed, value) : conclude(:completed, value)
     rescue Cancelled => e
       finish(@cancel_requested ? :cancelled : :failed, e)

@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require "test_helper"
+require "json"
 require "net/http"
 require "open3"
 require "timeout"
@@ -73,6 +74,22 @@ class ActiveRecordRailsAppTest < PlainTest
     assert_equal ["fiber"], levels.uniq
     assert_operator pids.uniq.size, :<=, 5
     assert_operator took, :<, 8, "20 x 0.5 s over a pool of 5 took #{took.round(2)} s"
+  end
+
+  # A Live action runs as a task of its request: the connection it leases
+  # goes back to the pool as it ends, so streams one after another share
+  # one, and none is left checked out under a fiber that has ended.
+  def test_live_streams_one_after_another_share_the_connection_their_actions_lease
+    start
+    pids = Array.new(5) do
+      response = get("/live_pids")
+      assert_equal "200", response.code, response.body
+      response.body.scan(/^data: (\d+)$/).flatten
+    end
+    assert_equal [3] * 5, pids.map(&:size), pids.inspect
+    assert_equal 1, pids.flatten.uniq.size, "each stream leased a connection of its own: #{pids.inspect}"
+    stat = JSON.parse(get("/pool").body)
+    assert_equal 0, stat["busy"] + stat.fetch("dead", 0), stat.inspect
   end
 
   # With RAILS_MAX_THREADS unset, neverblock serve sets it to 25: the
