@@ -18,23 +18,25 @@ module NeverBlock
     # backends), and a pooled fiber, reused, carried its last task's
     # connection into the next task.
     #
-    # A lease marks the fiber ({Marking}, prepended to ActiveRecord's
-    # ConnectionPool); a task whose fiber is marked releases its
-    # connections as it ends ({NeverBlock::Task.at_block_end}). Others pay
-    # one fiber-local read. Like the executor, it leaves a connection whose
-    # transaction is still open, and it does nothing at the `:thread` level,
-    # where a lease is the thread's, shared by every fiber on it.
+    # A lease records its pool in a fiber-local ({Marking}, prepended to
+    # ActiveRecord's ConnectionPool); a task whose fiber recorded one
+    # releases its connections in those pools as it ends
+    # ({NeverBlock::Task.at_block_end}). Others pay one fiber-local read.
+    # Like the executor, it leaves a connection whose transaction is still
+    # open, and it does nothing at the `:thread` level, where a lease is the
+    # thread's, shared by every fiber on it.
     module TaskLeases
-      # The fiber-local that marks a fiber holding a lease (NeverBlock's own
-      # prefix: a Live action's fiber keeps its own, see RailsIntegration::Live).
+      # The fiber-local that holds the pools the fiber leased from: one, or
+      # an Array of several (NeverBlock's own prefix: a Live action's fiber
+      # keeps its own, see RailsIntegration::Live).
       KEY = :__neverblock_active_record_leased
 
-      # Marks the fiber that leases a connection.
+      # Records the pool a fiber leases from.
       module Marking
         # ActiveRecord 7.2+'s permanent checkout (`ActiveRecord::Base.connection`
         # calls it).
         def lease_connection(*, **)
-          Thread.current[KEY] = true
+          TaskLeases.leased(self)
           super
         end
       end
@@ -42,7 +44,7 @@ module NeverBlock
       # The same, for ActiveRecord before 7.2, whose pool's `connection` leases.
       module MarkingBefore72
         def connection(*, **)
-          Thread.current[KEY] = true
+          TaskLeases.leased(self)
           super
         end
       end
@@ -57,22 +59,41 @@ module NeverBlock
           Task.at_block_end(self)
         end
 
-        # In the fiber of a task that is ending: if it leased a connection,
-        # releases the connections it holds in every pool, each unless a
-        # transaction is open on it.
+        # @api private
+        # Records that the current fiber leases from `pool`.
+        # @param pool [ActiveRecord::ConnectionAdapters::ConnectionPool]
+        # @return [void]
+        def leased(pool)
+          thread = Thread.current
+          pools = thread[KEY]
+          if pools.nil?
+            thread[KEY] = pool
+          elsif pools.is_a?(Array)
+            pools << pool unless pools.include?(pool)
+          elsif !pools.equal?(pool)
+            thread[KEY] = [pools, pool]
+          end
+        end
+
+        # In the fiber of a task that is ending: releases its connection in
+        # each pool it leased from, unless a transaction is open on it.
         # @return [void]
         def call
           thread = Thread.current
-          return unless thread[KEY]
+          pools = thread[KEY] or return
 
           thread[KEY] = nil
           return unless ::ActiveSupport::IsolatedExecutionState.isolation_level == :fiber
 
-          ::ActiveRecord::Base.connection_handler.each_connection_pool do |pool|
-            connection = pool.active_connection? or next
-            transaction = connection.current_transaction
-            pool.release_connection if transaction.closed? || !transaction.joinable?
-          end
+          pools.is_a?(Array) ? pools.each { |pool| release(pool) } : release(pools)
+        end
+
+        private
+
+        def release(pool)
+          connection = pool.active_connection? or return
+          transaction = connection.current_transaction
+          pool.release_connection if transaction.closed? || !transaction.joinable?
         end
       end
     end
