@@ -184,18 +184,20 @@ module ARSuite
   # Rails' leak check (ActiveRecord::TestCase#check_connection_leaks) lets a
   # query still running on the async executor (load_async) finish by
   # joining its connection's owner for 0.5 s when the owner is a Thread. At
-  # the :fiber isolation level the owner is the executor thread's fiber,
-  # which has no #join, so the check would report the query about to finish
-  # as a leaked connection (and then fail on Fiber#kill). This gives those
-  # queries the same 0.5 s first; a connection that is never given back is
-  # still reported.
+  # the :fiber isolation level the owner is a fiber, which has no #join: the
+  # executor thread's, or under neverblock/active_record the NeverBlock task's
+  # that runs the query (NeverBlock::ActiveRecord::AsyncQueries, which the
+  # executor's counts do not see). So the check would report the query about
+  # to finish as a leaked connection (and then fail on Fiber#kill). This
+  # gives those queries the same 0.5 s first: the executor's tasks, and any
+  # connection checked out to another fiber that is still alive. A
+  # connection that is never given back is still reported.
   module AsyncQueriesFinishFirst
     def check_connection_leaks
       if ::ActiveSupport::IsolatedExecutionState.isolation_level == :fiber
         deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 0.5
         ::ActiveRecord::Base.connection_handler.each_connection_pool do |pool|
-          executor = pool.async_executor or next
-          while executor.scheduled_task_count != executor.completed_task_count &&
+          while (executor_busy?(pool) || held_by_another_fiber?(pool)) &&
                 Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
             sleep(0.005)
           end
@@ -203,13 +205,23 @@ module ARSuite
       end
       super
     end
+
+    private
+
+    def executor_busy?(pool)
+      executor = pool.async_executor or return false
+      executor.scheduled_task_count != executor.completed_task_count
+    end
+
+    def held_by_another_fiber?(pool)
+      current = Fiber.current
+      pool.connections.any? do |conn|
+        owner = conn.owner
+        conn.in_use? && owner.is_a?(Fiber) && !owner.equal?(current) && owner.alive?
+      end
+    end
   end
 
-  # Each test (its instance, setup, body and teardown) inside its own
-  # NeverBlock.run: a non-blocking fiber under NeverBlock's scheduler, as a
-  # request is under NeverBlock's server. With neverblock/active_record's
-  # fiber isolation, each test's fiber leases its own connection.
-  #
   # The suite's leak check (ActiveRecord::TestCase#check_connection_leaks)
   # counts every connection leased to another thread or fiber as leaked, and
   # the main fiber leases one between tests (helper.rb's QUOTED_TYPE, the
