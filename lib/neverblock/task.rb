@@ -33,8 +33,10 @@ module NeverBlock
       # waits for it: per-fiber state that must not outlive the task goes
       # there, such as the database connections ActiveRecord leased to the
       # fiber ({NeverBlock::ActiveRecord::TaskLeases}). A hook that raises a
-      # StandardError is logged; the task's outcome stays its block's. A hook
-      # is added once, however often this is called with it.
+      # StandardError is logged, and the task's outcome stays its block's,
+      # except for a cancellation or a timeout arriving while a hook waits,
+      # which the task ends with. A hook is added once, however often this
+      # is called with it.
       # @param hook [#call] called with no argument.
       # @return [void]
       def at_block_end(hook)
@@ -53,6 +55,8 @@ module NeverBlock
       def block_ended(hooks)
         hooks.each do |hook|
           hook.call
+        rescue Cancelled, Timeout::Error, TimeoutError::Expired
+          raise
         rescue StandardError => e
           NeverBlock.logger.warn("NeverBlock") { "a task's end hook #{hook.inspect} failed: #{e.class}: #{e.message}" }
         end

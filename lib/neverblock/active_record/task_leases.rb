@@ -18,18 +18,19 @@ module NeverBlock
     # backends), and a pooled fiber, reused, carried its last task's
     # connection into the next task.
     #
-    # A lease records its pool in a fiber-local ({Marking}, prepended to
-    # ActiveRecord's ConnectionPool); a task whose fiber recorded one
+    # A lease records its pool on the leasing Fiber object ({Marking},
+    # prepended to ActiveRecord's ConnectionPool): not in a fiber-local,
+    # which Rails' Live copies from the request's fiber into the action's
+    # and clears at the action's end. A task whose fiber recorded one
     # releases its connections in those pools as it ends
-    # ({NeverBlock::Task.at_block_end}). Others pay one fiber-local read.
-    # Like the executor, it leaves a connection whose transaction is still
-    # open, and it does nothing at the `:thread` level, where a lease is the
-    # thread's, shared by every fiber on it.
+    # ({NeverBlock::Task.at_block_end}); others pay one instance-variable
+    # read. Like the executor, it leaves a connection whose transaction is
+    # still open, and it does nothing at the `:thread` level, where a lease
+    # is the thread's, shared by every fiber on it.
     module TaskLeases
-      # The fiber-local that holds the pools the fiber leased from: one, or
-      # an Array of several (NeverBlock's own prefix: a Live action's fiber
-      # keeps its own, see RailsIntegration::Live).
-      KEY = :__neverblock_active_record_leased
+      # The Fiber's instance variable that holds the pools it leased from:
+      # one, or an Array of several.
+      POOLS = :@__neverblock_active_record_leased
 
       # Records the pool a fiber leases from.
       module Marking
@@ -64,25 +65,27 @@ module NeverBlock
         # @param pool [ActiveRecord::ConnectionAdapters::ConnectionPool]
         # @return [void]
         def leased(pool)
-          thread = Thread.current
-          pools = thread[KEY]
+          fiber = Fiber.current
+          pools = fiber.instance_variable_get(POOLS)
           if pools.nil?
-            thread[KEY] = pool
+            fiber.instance_variable_set(POOLS, pool)
           elsif pools.is_a?(Array)
             pools << pool unless pools.include?(pool)
           elsif !pools.equal?(pool)
-            thread[KEY] = [pools, pool]
+            fiber.instance_variable_set(POOLS, [pools, pool])
           end
         end
 
         # In the fiber of a task that is ending: releases its connection in
-        # each pool it leased from, unless a transaction is open on it.
+        # each pool it leased from, unless a transaction is open on it. A
+        # pool that fails is logged and the others are still released; a
+        # cancellation or timeout arriving meanwhile propagates.
         # @return [void]
         def call
-          thread = Thread.current
-          pools = thread[KEY] or return
+          fiber = Fiber.current
+          pools = fiber.instance_variable_get(POOLS) or return
 
-          thread[KEY] = nil
+          fiber.instance_variable_set(POOLS, nil)
           return unless ::ActiveSupport::IsolatedExecutionState.isolation_level == :fiber
 
           pools.is_a?(Array) ? pools.each { |pool| release(pool) } : release(pools)
@@ -91,9 +94,17 @@ module NeverBlock
         private
 
         def release(pool)
+          return if pool.respond_to?(:discarded?) && pool.discarded? # a forked child's, or one disconnected
+
           connection = pool.active_connection? or return
           transaction = connection.current_transaction
           pool.release_connection if transaction.closed? || !transaction.joinable?
+        rescue Cancelled, Timeout::Error, TimeoutError::Expired
+          raise
+        rescue StandardError => e
+          NeverBlock.logger.warn("NeverBlock") do
+            "giving back the ActiveRecord connection an ending task leased failed: #{e.class}: #{e.message}"
+          end
         end
       end
     end
