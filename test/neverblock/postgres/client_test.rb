@@ -78,8 +78,17 @@ class PostgresClientTest < NeverBlockTest
     end
     # The connection went to `cancelled` as the block returned, and this
     # fiber's wait runs it in its place (Scheduler#wake_next): its query is
-    # on the server and cannot answer before the cancel lands.
+    # on its way to the server. The cancel is sent once the server runs it:
+    # PostgreSQL drops a cancel that lands before its backend has read the
+    # query, and the query would then run its 10 s (on a loaded machine,
+    # 1 run in about 6 passes of the suite).
     sleep 0
+    with_admin do |admin|
+      wait_until("the query to run on the server") do
+        admin.exec_params("SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND state = 'active' AND query = $2",
+                          [pid, "SELECT 'never' FROM pg_sleep(10)"]).ntuples == 1
+      end
+    end
     cancelled.cancel
     assert_raises(NeverBlock::Cancelled) { cancelled.value }
     assert_equal "served", patient.value
