@@ -74,11 +74,16 @@ module TestSupport
   end
 
   # What `socket` sent until the peer closed it (raises when a read waits
-  # `timeout` seconds).
-  def read_all(socket, timeout: 10)
+  # `timeout` seconds, or, with `within`, when the peer has not closed it
+  # that many seconds after the call: a stream that goes on sending).
+  def read_all(socket, timeout: 10, within: nil)
     data = +""
+    deadline = now + within if within
     loop do
-      raise "no EOF within #{timeout} s; got #{data.inspect}" unless socket.wait_readable(timeout)
+      wait = deadline ? [timeout, deadline - now].min : timeout
+      unless wait.positive? && socket.wait_readable(wait)
+        raise "no EOF within #{deadline ? within : timeout} s; got #{data.inspect}"
+      end
 
       data << socket.readpartial(65_536)
     end

@@ -26,6 +26,22 @@ module RawResponse
     [status, headers, body(socket, status, headers, head)]
   end
 
+  # @param body [String] a whole chunked body as sent (from the first chunk's
+  #   size line on).
+  # @return [String] its chunks joined, up to the last (empty) one.
+  def dechunk(body)
+    out = +""
+    until body.empty?
+      size, rest = body.split("\r\n", 2)
+      size = Integer(size, 16)
+      break if size.zero?
+
+      out << rest.byteslice(0, size)
+      body = rest.byteslice(size + 2..)
+    end
+    out
+  end
+
   def body(socket, status, headers, head)
     if head || status == 204 || status == 304 || status < 200
       +""

@@ -2,6 +2,7 @@
 
 require_relative "../../test_helper"
 require_relative "../../support/live_app"
+require_relative "../../support/raw_response"
 require "socket"
 
 # A Live action's writes under `neverblock serve` (test/fixtures/server/live_app)
@@ -132,16 +133,6 @@ class ServerRailsLiveWritesTest < PlainTest
 
   # The body of a chunked response (headers dropped, chunks joined).
   def chunked_body(response)
-    rest = response.split("\r\n\r\n", 2).last
-    body = +""
-    until rest.empty?
-      size, rest = rest.split("\r\n", 2)
-      size = Integer(size, 16)
-      break if size.zero?
-
-      body << rest.byteslice(0, size)
-      rest = rest.byteslice(size + 2..)
-    end
-    body
+    RawResponse.dechunk(response.split("\r\n\r\n", 2).last)
   end
 end

@@ -2,6 +2,7 @@
 
 require_relative "../../test_helper"
 require_relative "../../support/serve_processes"
+require_relative "../../support/raw_response"
 require "securerandom"
 require "tmpdir"
 require "zlib"
@@ -84,7 +85,7 @@ class ServerThrusterTest < PlainTest
     took = NeverBlock::Clock.now - started
     head, body = data.split("\r\n\r\n", 2)
     assert_match(/^content-encoding: gzip\r?$/i, head)
-    assert_equal (0...20).map { |index| "data: event #{index}\n\n" }.join, gunzip(dechunk(body))
+    assert_equal (0...20).map { |index| "data: event #{index}\n\n" }.join, gunzip(RawResponse.dechunk(body))
     assert_operator took, :>=, 1.9, "twenty events 100 ms apart"
     assert_operator first_body, :<, took / 2, "the first event came at #{first_body.round(2)} s of #{took.round(2)}: buffered"
   ensure
@@ -102,20 +103,6 @@ class ServerThrusterTest < PlainTest
   end
 
   private
-
-  # The body of a chunked response, de-chunked.
-  def dechunk(body)
-    out = +""
-    until body.empty?
-      size, rest = body.split("\r\n", 2)
-      size = Integer(size, 16)
-      break if size.zero?
-
-      out << rest.byteslice(0, size)
-      body = rest.byteslice(size + 2..)
-    end
-    out
-  end
 
   def gunzip(data)
     Zlib::GzipReader.new(StringIO.new(data)).read
