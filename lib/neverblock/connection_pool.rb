@@ -356,7 +356,7 @@ module NeverBlock
     # meanwhile still propagates.
     def close_quietly(connection)
       Thread.handle_interrupt(ALLOW) { @closer.call(connection) }
-    rescue Cancelled, Timeout::Error, TimeoutError::Expired
+    rescue *INTERRUPTIONS
       raise
     rescue StandardError => e
       NeverBlock.logger.warn("NeverBlock") { "closing a pooled connection failed: #{e.class}: #{e.message}" }

@@ -79,6 +79,13 @@ module NeverBlock
     end
   end
 
+  # @api private
+  # What interrupts a fiber's wait from outside: a cancel, or a timeout
+  # (NeverBlock's, or Ruby's Timeout). Cleanup code that logs and swallows
+  # its own failures (closing a connection, a health check, a task's end
+  # hooks) lets these through: `rescue *INTERRUPTIONS; raise`.
+  INTERRUPTIONS = [Cancelled, Timeout::Error, TimeoutError::Expired].freeze
+
   # Raised by {FiberPool#spawn} when the pool's queue is at its `queue_limit`:
   # backpressure instead of unbounded memory growth.
   class PoolFull < BaseError

@@ -55,7 +55,7 @@ module NeverBlock
       def block_ended(hooks)
         hooks.each do |hook|
           hook.call
-        rescue Cancelled, Timeout::Error, TimeoutError::Expired
+        rescue *INTERRUPTIONS
           raise
         rescue StandardError => e
           NeverBlock.logger.warn("NeverBlock") { "a task's end hook #{hook.inspect} failed: #{e.class}: #{e.message}" }

@@ -99,7 +99,7 @@ module NeverBlock
           connection = pool.active_connection? or return
           transaction = connection.current_transaction
           pool.release_connection if transaction.closed? || !transaction.joinable?
-        rescue Cancelled, Timeout::Error, TimeoutError::Expired
+        rescue *INTERRUPTIONS
           raise
         rescue StandardError => e
           NeverBlock.logger.warn("NeverBlock") do

@@ -107,7 +107,7 @@ module NeverBlock
         return @healthy.call(connection) unless ConnectionPool.masks_needed?
 
         Thread.handle_interrupt(ALLOW) { @healthy.call(connection) }
-      rescue Cancelled, Timeout::Error, TimeoutError::Expired
+      rescue *INTERRUPTIONS
         raise
       rescue StandardError => e
         NeverBlock.logger.debug("NeverBlock") { "pooled connection failed its health check: #{e.class}: #{e.message}" }
