@@ -107,12 +107,19 @@ module TestSupport
 
   # Captures what NeverBlock logs while the block runs.
   # @return [String]
-  def capture_log
+  def capture_log(&)
     output = StringIO.new
-    previous = NeverBlock.logger
-    NeverBlock.logger = Logger.new(output)
-    yield
+    with_log(output, &)
     output.string
+  end
+
+  # NeverBlock logs to `io` while the block runs (what it logged so far
+  # can then be read inside the block, e.g. for a failure message).
+  # @return [Object] the block's value.
+  def with_log(io)
+    previous = NeverBlock.logger
+    NeverBlock.logger = Logger.new(io)
+    yield
   ensure
     NeverBlock.logger = previous
   end

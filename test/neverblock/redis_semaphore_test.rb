@@ -221,6 +221,76 @@ class RedisSemaphoreTest < NeverBlockTest
     assert_match(/running blocks without a permit/, log)
   end
 
+  # A lease taken while the renewing thread ends (the last lease was
+  # given back, and the thread, still alive, closes its connection)
+  # starts a thread of its own: the ending one renews nothing more.
+  def test_a_lease_taken_as_the_renewing_thread_ends_is_renewed
+    limited = semaphore(1, lease: 1)
+    config = limited.instance_variable_get(:@renewer).instance_variable_get(:@config)
+    closing = Queue.new
+    gate = Queue.new
+    first = [true]
+    held_at_close = Module.new do
+      define_method(:close) do
+        if first.shift
+          closing << true
+          gate.pop
+        end
+        super()
+      end
+    end
+    config.define_singleton_method(:new_client) { |*args, **kw| super(*args, **kw).tap { |c| c.singleton_class.prepend(held_at_close) } }
+
+    limited.acquire { :given_back }
+    closing.pop # the renewing thread found no lease: it ends, held in its last step
+    limited.acquire do
+      sleep 2 # twice the lease
+      assert_equal 0, limited.available, "the lease ended while its block ran"
+    end
+  ensure
+    gate << true
+  end
+
+  # A renewal that Redis refuses (BUSY: another client's script runs past
+  # busy-reply-threshold) is tried again: the renewing thread does not
+  # end, and the lease outlives the refusal. Redis of its own: its
+  # settings change.
+  def test_a_renewal_redis_refuses_is_tried_again
+    skip "needs redis-server on PATH" unless redis_server?
+    dir = Dir.mktmpdir("neverblock-redis-busy")
+    socket = File.join(dir, "redis.sock")
+    pid = start_redis(dir, socket)
+    url = "unix://#{socket}"
+    admin = RedisClient.new(url: url)
+    admin.call("CONFIG", "SET", "busy-reply-threshold", "10")
+    limited = semaphore(url: url, lease: 3) # renewed every second
+    log = StringIO.new
+    busy = nil
+    with_log(log) do
+      limited.acquire do
+        busy = Thread.new do
+          client = RedisClient.new(url: url, timeout: 10)
+          client.call("EVAL", "while true do end", 0)
+        rescue RedisClient::CommandError
+          nil # killed
+        ensure
+          client&.close
+        end
+        eventually(timeout: 5) { log.string.include?("leases not renewed") }
+        admin.call("SCRIPT", "KILL")
+        busy.join
+        sleep 3.5 # past the lease, from the last renewal before the refusal
+        assert_equal 0, limited.available, "the lease ended while its block ran; the log:\n#{log.string}"
+      end
+    end
+    assert_match(/leases not renewed: RedisClient::CommandError: BUSY/, log.string)
+    assert_equal 1, limited.available
+  ensure
+    admin&.close
+    stop_redis(pid, dir) # ends a script still running
+    busy&.join
+  end
+
   # Redis restarted without persistence forgets every lease: it grants no
   # permit until the holders it forgot registered again, so a holder that
   # runs on through the restart still counts. Leases of 3 s (renewed every
@@ -237,7 +307,8 @@ class RedisSemaphoreTest < NeverBlockTest
     holder = semaphore(url: url, lease: 3)
     release = Queue.new
     held = nil
-    log = capture_log do
+    log = StringIO.new
+    with_log(log) do
       held = NeverBlock.spawn { holder.acquire { release.pop } } # after the fence of a Redis just started
       eventually { holder.available.zero? }
 
@@ -245,9 +316,12 @@ class RedisSemaphoreTest < NeverBlockTest
       pid = nil
       assert_raises(NeverBlock::SemaphoreUnavailable) { semaphore(url: url, lease: 3).acquire { flunk "ran while Redis was down" } }
       pid = start_redis(dir, socket)
-      assert_raises(NeverBlock::SemaphoreTimeout) { semaphore(url: url, lease: 3).acquire(timeout: 5) { flunk "two holders" } }
+      NeverBlock.logger.info("Redis started again")
+      assert_raises(NeverBlock::SemaphoreTimeout) do
+        semaphore(url: url, lease: 3).acquire(timeout: 5) { flunk "two holders; the log:\n#{log.string}" }
+      end
     end
-    assert_match(/no permit for \d+ ms, while its holders register again/, log)
+    assert_match(/no permit for \d+ ms, while its holders register again/, log.string)
 
     waiter = semaphore(url: url, lease: 3)
     task = NeverBlock.spawn { waiter.acquire { :acquired } }

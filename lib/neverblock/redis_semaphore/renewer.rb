@@ -10,9 +10,11 @@ module NeverBlock
     #
     # Who calls it: RedisSemaphore#hold adds a lease as its block starts and
     # deletes it as the block ends; RedisSemaphore#renew does the renewing.
-    # A lease Redis no longer has (Redis was down longer than the lease) is
-    # logged: the block goes on, and the fleet may run one more holder than
-    # the limit until it ends.
+    # A renewal that fails (Redis down, or a refusal such as LOADING or
+    # BUSY) is logged once and tried again on the next turn. A lease Redis
+    # no longer has (Redis was down longer than the lease) is logged: the
+    # block goes on, and the fleet may run one more holder than the limit
+    # until it ends.
     class Renewer
       # @param semaphore [RedisSemaphore]
       # @param interval [Float] seconds between renewals.
@@ -29,7 +31,7 @@ module NeverBlock
       def add(token)
         @mutex.synchronize do
           @tokens[token] = true
-          start unless @thread&.alive?
+          start unless @running
         end
       end
 
@@ -57,6 +59,7 @@ module NeverBlock
         @wake = Thread::ConditionVariable.new
         @tokens = {}
         @thread = nil
+        @running = false # a thread renews (false once it decided to end: it may still be alive)
         @stopped = false
       end
 
@@ -64,6 +67,7 @@ module NeverBlock
 
       # Holding @mutex.
       def start
+        @running = true
         @thread = Thread.new { run }
         @thread.name = "neverblock-semaphore-renewer"
         @thread.report_on_exception = false
@@ -75,15 +79,19 @@ module NeverBlock
         loop do
           tokens = @mutex.synchronize do
             @wake.wait(@mutex, @interval) unless @stopped
-            return if @stopped || @tokens.empty? # a new lease starts another thread
+            if @stopped || @tokens.empty? # a new lease starts another thread
+              @running = false
+              return
+            end
 
             @tokens.keys
           end
           begin
             lost = @semaphore.renew(tokens, redis)
             failing = false
-          rescue SemaphoreUnavailable => e
-            NeverBlock.logger.warn("NeverBlock::RedisSemaphore: #{e.message}: leases not renewed") unless failing
+          rescue StandardError => e # SemaphoreUnavailable; a reply such as LOADING or OOM: tried again next turn
+            NeverBlock.logger.warn("NeverBlock::RedisSemaphore #{@semaphore.name}: leases not renewed: " \
+                                   "#{e.class}: #{e.message}") unless failing
             failing = true
             next
           end
@@ -98,6 +106,7 @@ module NeverBlock
         end
       ensure
         redis&.close
+        @mutex.synchronize { @running = false if @thread.equal?(Thread.current) } # ended by an exception
       end
     end
   end
