@@ -202,6 +202,19 @@ module NeverBlockFleet
       end
     end
 
+    # HAProxy's log lines of requests that did not end well: a status other than 2xx, or termination
+    # flags other than "--" (who ended the session and in which phase: HAProxy's "session state at
+    # disconnection"). @return [String]
+    def haproxy_failures(lines = 20)
+      failed = File.readlines(log("haproxy")).select do |line|
+        fields = line.split
+        fields.size > 9 && fields[5].match?(/\A-?\d+\z/) && (!fields[5].start_with?("2") || !fields[9].start_with?("--"))
+      end
+      failed.last(lines).join
+    rescue Errno::ENOENT
+      "(no log)"
+    end
+
     def tail(name, lines = 15) = (File.readlines(log(name)).last(lines).join rescue "(no log)") # rubocop:disable Style/RescueModifier
 
     private
@@ -292,8 +305,11 @@ module NeverBlockFleet
         global
           stats socket #{@dir}/haproxy.sock level admin
           maxconn 4096
+          log stdout format raw local0
         defaults
           mode http
+          log global
+          option httplog
           option http-keep-alive
           timeout connect 2s
           timeout client 60s

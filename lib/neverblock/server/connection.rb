@@ -280,7 +280,11 @@ module NeverBlock
       # with `connection: close`; once per connection. Closed at once, the
       # request would be reset unread, and a proxy tells its client only
       # EOF. Holds no request slot meanwhile, and is not idle to the drain
-      # (which may be over): its own wait bounds it.
+      # (which may be over): its own wait bounds it. A wait that ran out
+      # looks once more just before the connection closes: a proxy that put
+      # the host back in its balancer as the grace ended may have sent a
+      # request meanwhile (between the timer and this fiber's turn, a loop
+      # turn on a loaded machine), which closing would reset unread.
       # @return [Boolean] whether the client sent something (or closed) in time.
       def request_on_its_way?
         return false if @stop_grace_taken
@@ -288,7 +292,7 @@ module NeverBlock
         @stop_grace_taken = true
         @just_answered = false # its wait is over: what came is read at once, with no idle wait the drain would end
         release_slot
-        @socket.wait_readable([STOP_IDLE_GRACE, @limits.idle_timeout].min) ? true : false
+        @socket.wait_readable([STOP_IDLE_GRACE, @limits.idle_timeout].min) ? true : !peek.equal?(:wait_readable)
       end
 
       # @return [String, nil] the next bytes, or nil when the connection

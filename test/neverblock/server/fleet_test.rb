@@ -32,7 +32,8 @@ class ServerFleetTest < PlainTest
     end
     drill = NeverBlockFleet.drill(fleet, variant: "hup", clients: 4, pause: 0.01, long: 1, slow: 2, streams: 2,
                                          stream_seconds: 3, drain: 1)
-    context = "#{drill.inspect}\nlogs:\n#{fleet.hosts.map { |host| fleet.tail(host) }.join}"
+    context = "#{drill.inspect}\nlogs:\n#{fleet.hosts.map { |host| fleet.tail(host) }.join}" \
+              "HAProxy's requests that did not end well:\n#{fleet.haproxy_failures}"
 
     assert_operator drill[:requests], :>, 100, context
     assert_equal 0, drill[:lost], context
