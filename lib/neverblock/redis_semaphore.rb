@@ -54,9 +54,10 @@ module NeverBlock
   # flushed) grants no permit until `lease` seconds (`per` in the rate form)
   # after it started, so that the holders it forgot register again first;
   # the fence is the part of that time still to run when the semaphore is
-  # first used after the restart (none on a Redis up for longer). Redis
-  # tells its uptime in whole seconds, so the fence may last up to a second
-  # longer.
+  # first used after the restart (none on a Redis up for longer), and at
+  # least a third of the lease plus `redis_timeout` (the time a holder takes
+  # to register again once Redis answers). Redis tells its uptime in whole
+  # seconds, so the fence may last up to a second longer.
   class RedisSemaphore
     # What `unavailable:` accepts.
     UNAVAILABLE = %i[raise run].freeze
@@ -217,13 +218,25 @@ module NeverBlock
     # what remains of one hold (lease or window) since Redis started.
     # Redis's uptime is the difference of two whole-second clocks, so it
     # says 1 s a few ms after a start: counted a second short, the fence
-    # never ends before a whole hold has passed since the start.
+    # never ends before a whole hold has passed since the start. A fence
+    # at all lasts at least the time a holder takes to register again once
+    # Redis answers (a renewal's interval and a call that timed out while
+    # Redis was coming up): a Redis that answered late after its start (a
+    # loaded machine) had left the holders less than that.
     def fence
       uptime_s = redis_uptime_s
       fence_ms = [@hold_ms - ([uptime_s - 1, 0].max * 1000), 0].max
+      fence_ms = [fence_ms, register_again_ms].max if fence_ms.positive?
       NeverBlock.logger.warn("NeverBlock::RedisSemaphore #{@name}: Redis started #{uptime_s} s ago without this semaphore's " \
                              "data; no permit for #{fence_ms} ms, while its holders register again") if fence_ms.positive?
       answering { @redis.call("EVAL", Scripts::INIT, @keys.size, *@keys, fence_ms) }
+    end
+
+    # @return [Integer] ms a holder takes at most to register again with a
+    # Redis that answers: one renewal interval, and one call that timed out
+    # just before (the rate form keeps no lease: none).
+    def register_again_ms
+      @renewer ? (@lease_ms / 3) + milliseconds(@redis_timeout) : 0
     end
 
     # @return [Integer] seconds since Redis started; 0 when it does not

@@ -221,6 +221,51 @@ class RedisSemaphoreTest < NeverBlockTest
     assert_match(/running blocks without a permit/, log)
   end
 
+  # A Redis that answered late after its start (a loaded machine) leaves
+  # the holders it forgot less than a lease of fence: the fence lasts at
+  # least a renewal's interval plus `redis_timeout`, the time a holder
+  # takes to register again. Here Redis has been up 2-3 s when the newcomer
+  # asks (a 3 s lease: 1-2 s of fence left by the uptime; 4 s by the floor
+  # with a 3 s redis_timeout), and the holder's renewal, held up meanwhile,
+  # comes 2.3 s after the fence began.
+  def test_a_late_answering_redis_still_fences_long_enough_for_a_renewal
+    skip "needs redis-server on PATH" unless redis_server?
+    dir = Dir.mktmpdir("neverblock-redis-late")
+    socket = File.join(dir, "redis.sock")
+    url = "unix://#{socket}"
+    pid = start_redis(dir, socket)
+    holder = semaphore(url: url, lease: 3)
+    release = Queue.new
+    held = NeverBlock.spawn { holder.acquire { release.pop } }
+    eventually { holder.available.zero? }
+    gate = Queue.new
+    held_up = [true] # its next renewal only
+    holder.singleton_class.prepend(Module.new { define_method(:renew) { |*args| (held_up.shift && gate.pop).then { super(*args) } } })
+
+    admin = nil
+    log = StringIO.new
+    with_log(log) do
+      stop_redis(pid)
+      pid = start_redis(dir, socket)
+      admin = RedisClient.new(url: url)
+      eventually { Integer(admin.call("INFO", "server")[/^uptime_in_seconds:(\d+)/, 1]) >= 2 }
+      newcomer = NeverBlock.spawn { semaphore(url: url, lease: 3, redis_timeout: 3).acquire(timeout: 5) { :two_holders } }
+      eventually { admin.call("EXISTS", "neverblock:semaphore:{#{@name}}:ready") == 1 } # its fence began
+      sleep 2.3
+      gate << true
+      NeverBlock.logger.info("the renewal may go")
+      assert_raises(NeverBlock::SemaphoreTimeout, "the log:\n#{log.string}") { newcomer.value }
+    end
+    assert_match(/no permit for 4000 ms/, log.string)
+  ensure
+    gate&.close
+    release&.push(true)
+    held&.wait
+    holder&.close # its renewing thread ends before Redis does
+    admin&.close
+    stop_redis(pid, dir)
+  end
+
   # A lease taken while the renewing thread ends (the last lease was
   # given back, and the thread, still alive, closes its connection)
   # starts a thread of its own: the ending one renews nothing more.

@@ -89,9 +89,8 @@ module NeverBlock
           begin
             lost = @semaphore.renew(tokens, redis)
             failing = false
-          rescue StandardError => e # SemaphoreUnavailable; a reply such as LOADING or OOM: tried again next turn
-            NeverBlock.logger.warn("NeverBlock::RedisSemaphore #{@semaphore.name}: leases not renewed: " \
-                                   "#{e.class}: #{e.message}") unless failing
+          rescue StandardError => e # Redis down, or a reply such as LOADING or BUSY: tried again next turn
+            log_failure(e) unless failing
             failing = true
             next
           end
@@ -107,6 +106,15 @@ module NeverBlock
       ensure
         redis&.close
         @mutex.synchronize { @running = false if @thread.equal?(Thread.current) } # ended by an exception
+      end
+
+      def log_failure(error)
+        message = if error.is_a?(SemaphoreUnavailable)
+                    "NeverBlock::RedisSemaphore: #{error.message}: leases not renewed"
+                  else
+                    "NeverBlock::RedisSemaphore #{@semaphore.name}: leases not renewed: #{error.class}: #{error.message}"
+                  end
+        NeverBlock.logger.warn(message)
       end
     end
   end
