@@ -66,11 +66,14 @@ module NeverBlock
 
       # Ends the connection now if it is waiting for a next request (for
       # {Server#stop}); one in the middle of a request is left to finish.
+      # One whose next request's first bytes came meanwhile, unread yet (as
+      # the stop's grace ended), is served instead, with `connection:
+      # close`: closed, the request would be reset unread.
       # @return [void]
       def close_if_idle
         if @parked
-          closed_while_parked
-        elsif @idle && @fiber # (not a resuming task that has not started: it has bytes to read)
+          bytes_waiting? ? @context.idle_set.wake(@io.fileno) : closed_while_parked
+        elsif @idle && @fiber && !bytes_waiting? # (not a resuming task that has not started: it has bytes to read)
           @task&.cancel
         end
       end

@@ -100,6 +100,47 @@ class ServerStopKeepAliveTest < PlainTest
     assert_next_request_answered_with_close(socket)
   end
 
+  # The drain's last pass (Acceptor#drain: close_if_idle, as its grace
+  # ends) finds an idle connection whose next request's bytes came and are
+  # not read yet: it serves it rather than reset it unread. Played here by
+  # an app that holds the loop (a CPU-bound request) while the client
+  # sends, then makes that pass over the idle connection; once while the
+  # connection waits in its fiber, once parked in the IdleSet.
+  def assert_drain_pass_serves_request_on_its_way(parked:)
+    sent = Queue.new
+    idle = nil
+    app = lambda do |env|
+      return [200, { "content-length" => "2" }, ["ok"]] unless env["PATH_INFO"] == "/drain"
+
+      Thread.pass while sent.empty? # holds the loop: the idle connection's bytes stay unread
+      idle.close_if_idle
+      [200, { "content-length" => "7" }, ["drained"]]
+    end
+    start_server(app, lint: false, idle_timeout: 60)
+    client = connect
+    client.write(get("/first"))
+    assert_equal 200, read_response(client)[0]
+    idle = server_connection(client)
+    eventually { idle.idle? && idle.parked? == parked }
+
+    drainer = connect
+    drainer.write(get("/drain"))
+    sleep 0.1 # the loop runs /drain
+    client.write(get("/second"))
+    sent << true
+    assert_equal [200, "ok"], read_response(client).values_at(0, 2)
+    assert_equal 200, read_response(drainer)[0]
+  end
+
+  def test_the_drains_last_pass_serves_a_request_on_its_way_to_a_waiting_connection
+    assert_drain_pass_serves_request_on_its_way(parked: false)
+  end
+
+  def test_the_drains_last_pass_serves_a_request_on_its_way_to_a_parked_connection
+    skip "no IdleSet here (#{NeverBlock::Server::IdleSet.missing_reason})" unless NeverBlock::Server::IdleSet.available?
+    assert_drain_pass_serves_request_on_its_way(parked: true)
+  end
+
   def test_a_stream_that_ends_during_a_stop_closes_its_connection_after_the_grace
     socket = stream_requested
     assert_equal 200, read_response(socket)[0]
