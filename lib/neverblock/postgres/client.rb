@@ -364,6 +364,8 @@ module NeverBlock
       end
 
       def restored?(conn)
+        return false if conn.finished? # the interrupted query's recovery gave it up (Recovery.cancel_interrupted)
+
         if conn.status == PG::CONNECTION_OK && conn.transaction_status == PG::PQTRANS_INTRANS && !$!
           NeverBlock.logger.warn("NeverBlock") { "a transaction was left open on a pooled connection; rolled back" }
         end

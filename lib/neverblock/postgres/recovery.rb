@@ -11,10 +11,18 @@ module NeverBlock
     # request, sent without blocking the loop by pg >= 1.5) and its results
     # read and dropped; an open transaction is rolled back. Everything is
     # bounded by `RECOVERY_TIMEOUT`.
+    #
+    # PostgreSQL drops a cancel that reaches the backend before it has read
+    # the query (it cancels only a statement running): the query sent just
+    # before the interrupt, on a loaded machine, then runs on. So while no
+    # result came, the cancel is sent again every `CANCEL_AGAIN` seconds.
     module Recovery
       # Seconds a cancel plus drain, or a ROLLBACK, may take before the
       # connection is given up.
       RECOVERY_TIMEOUT = 5.0
+
+      # Seconds without a result after a cancel before it is sent again.
+      CANCEL_AGAIN = 0.5
 
       module_function
 
@@ -28,7 +36,7 @@ module NeverBlock
           return false if conn.pipeline_status != PG::PQ_PIPELINE_OFF
 
           conn.cancel
-          return false unless drain(conn, deadline)
+          return false unless drain(conn, deadline, cancelling: true)
         end
         case conn.transaction_status
         when PG::PQTRANS_IDLE then true
@@ -56,7 +64,7 @@ module NeverBlock
         if conn.transaction_status == PG::PQTRANS_ACTIVE
           conn.cancel
           conn.pool&.query_cancelled if conn.respond_to?(:pool)
-          return conn.finish unless drain(conn, deadline)
+          return conn.finish unless drain(conn, deadline, cancelling: true)
         end
         return unless before == PG::PQTRANS_IDLE && conn.transaction_status != PG::PQTRANS_IDLE
 
@@ -65,15 +73,23 @@ module NeverBlock
         conn.finish unless conn.finished?
       end
 
-      # Reads and drops the results of the query in flight.
+      # Reads and drops the results of the query in flight; `cancelling`
+      # (a cancel was sent) sends the cancel again while none comes.
       # @return [Boolean] false if the server did not finish in time.
-      def drain(conn, deadline)
+      def drain(conn, deadline, cancelling: false)
+        cancel_again = Clock.now + CANCEL_AGAIN if cancelling
         loop do
           while conn.is_busy
-            remaining = deadline - Clock.now
-            return false if remaining <= 0 || !conn.socket_io.wait_readable(remaining)
+            now = Clock.now
+            remaining = deadline - now
+            return false if remaining <= 0
 
-            conn.consume_input
+            if conn.socket_io.wait_readable(cancel_again ? [remaining, cancel_again - now].min.clamp(0..) : remaining)
+              conn.consume_input
+            elsif cancel_again && Clock.now >= cancel_again
+              conn.cancel
+              cancel_again = Clock.now + CANCEL_AGAIN
+            end
           end
           result = conn.sync_get_result or return true
           status = result.result_status

@@ -96,6 +96,32 @@ class PostgresClientTest < NeverBlockTest
     assert_equal pid, backend_pid(db), "the connection was passed on, not closed"
   end
 
+  # PostgreSQL drops a cancel that reaches the backend before it has read
+  # the query (it cancels only a statement running). Played with the
+  # backend stopped (SIGSTOP) while the query and the cancel reach it:
+  # continued, it takes the cancel first, while it waits for a command
+  # (dropped), then runs the query. The cancel, sent again while no result
+  # comes (Recovery::CANCEL_AGAIN), ends it: the connection is back within
+  # about a second, not closed after RECOVERY_TIMEOUT (5 s).
+  def test_a_cancel_that_lands_before_the_query_runs_is_sent_again
+    skip "needs to signal the server's backend (root)" unless Process.uid.zero?
+    db = client(size: 1)
+    pid = backend_pid(db)
+    Process.kill(:STOP, pid)
+    stopped = true
+    query = NeverBlock.spawn { db.exec("SELECT 'never' FROM pg_sleep(10)") }
+    sleep 0.2 # the query is in the backend's socket
+    query.cancel
+    sleep 0.3 # the cancel is sent: the postmaster signalled the stopped backend
+    Process.kill(:CONT, pid)
+    stopped = false
+    took = elapsed { assert_raises(NeverBlock::Cancelled) { query.value } }
+    assert_operator took, :<, 3, "the cancel was not sent again"
+    assert_equal pid, backend_pid(db), "the connection was closed, not passed on"
+  ensure
+    Process.kill(:CONT, pid) if stopped
+  end
+
   def test_listen_yields_notifications_without_blocking_the_loop
     db = client
     channel = unique_name("chan")
