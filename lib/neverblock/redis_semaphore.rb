@@ -54,10 +54,11 @@ module NeverBlock
   # flushed) grants no permit until `lease` seconds (`per` in the rate form)
   # after it started, so that the holders it forgot register again first;
   # the fence is the part of that time still to run when the semaphore is
-  # first used after the restart (none on a Redis up for longer), and at
-  # least a third of the lease plus `redis_timeout` (the time a holder takes
-  # to register again once Redis answers). Redis tells its uptime in whole
-  # seconds, so the fence may last up to a second longer.
+  # first used after the restart (none on a Redis up for longer); in the
+  # lease form at least a third of the lease plus twice `redis_timeout`
+  # (the time a holder takes to register again once Redis answers), which
+  # may be longer than a lease. Redis tells its uptime in whole seconds, so
+  # the fence may last up to a second longer.
   class RedisSemaphore
     # What `unavailable:` accepts.
     UNAVAILABLE = %i[raise run].freeze
@@ -221,8 +222,9 @@ module NeverBlock
     # never ends before a whole hold has passed since the start. A fence
     # at all lasts at least the time a holder takes to register again once
     # Redis answers (a renewal's interval and a call that timed out while
-    # Redis was coming up): a Redis that answered late after its start (a
-    # loaded machine) had left the holders less than that.
+    # Redis was coming up; see #register_again_ms): a Redis that answered
+    # late after its start (a loaded machine) had left the holders less
+    # than that.
     def fence
       uptime_s = redis_uptime_s
       fence_ms = [@hold_ms - ([uptime_s - 1, 0].max * 1000), 0].max
@@ -234,9 +236,10 @@ module NeverBlock
 
     # @return [Integer] ms a holder takes at most to register again with a
     # Redis that answers: one renewal interval, and one call that timed out
-    # just before (the rate form keeps no lease: none).
+    # just before (its connect and its one reconnect, `redis_timeout` each).
+    # The rate form keeps no lease: none.
     def register_again_ms
-      @renewer ? (@lease_ms / 3) + milliseconds(@redis_timeout) : 0
+      @renewer ? (@lease_ms / 3) + (2 * milliseconds(@redis_timeout)) : 0
     end
 
     # @return [Integer] seconds since Redis started; 0 when it does not

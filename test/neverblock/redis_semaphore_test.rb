@@ -223,18 +223,18 @@ class RedisSemaphoreTest < NeverBlockTest
 
   # A Redis that answered late after its start (a loaded machine) leaves
   # the holders it forgot less than a lease of fence: the fence lasts at
-  # least a renewal's interval plus `redis_timeout`, the time a holder
+  # least a renewal's interval plus twice `redis_timeout`, the time a holder
   # takes to register again. Here Redis has been up 2-3 s when the newcomer
   # asks (a 3 s lease: 1-2 s of fence left by the uptime; 4 s by the floor
-  # with a 3 s redis_timeout), and the holder's renewal, held up meanwhile,
-  # comes 2.3 s after the fence began.
+  # with a 1.5 s redis_timeout), and the holder's renewal, held up
+  # meanwhile, comes 2.3 s after the fence began.
   def test_a_late_answering_redis_still_fences_long_enough_for_a_renewal
     skip "needs redis-server on PATH" unless redis_server?
     dir = Dir.mktmpdir("neverblock-redis-late")
     socket = File.join(dir, "redis.sock")
     url = "unix://#{socket}"
     pid = start_redis(dir, socket)
-    holder = semaphore(url: url, lease: 3)
+    holder = semaphore(url: url, lease: 3, redis_timeout: 1.5)
     release = Queue.new
     held = NeverBlock.spawn { holder.acquire { release.pop } }
     eventually { holder.available.zero? }
@@ -249,7 +249,7 @@ class RedisSemaphoreTest < NeverBlockTest
       pid = start_redis(dir, socket)
       admin = RedisClient.new(url: url)
       eventually { Integer(admin.call("INFO", "server")[/^uptime_in_seconds:(\d+)/, 1]) >= 2 }
-      newcomer = NeverBlock.spawn { semaphore(url: url, lease: 3, redis_timeout: 3).acquire(timeout: 5) { :two_holders } }
+      newcomer = NeverBlock.spawn { semaphore(url: url, lease: 3, redis_timeout: 1.5).acquire(timeout: 5) { :two_holders } }
       eventually { admin.call("EXISTS", "neverblock:semaphore:{#{@name}}:ready") == 1 } # its fence began
       sleep 2.3
       gate << true
@@ -270,7 +270,7 @@ class RedisSemaphoreTest < NeverBlockTest
   # given back, and the thread, still alive, closes its connection)
   # starts a thread of its own: the ending one renews nothing more.
   def test_a_lease_taken_as_the_renewing_thread_ends_is_renewed
-    limited = semaphore(1, lease: 1)
+    limited = semaphore(1, lease: 3)
     config = limited.instance_variable_get(:@renewer).instance_variable_get(:@config)
     closing = Queue.new
     gate = Queue.new
@@ -289,7 +289,7 @@ class RedisSemaphoreTest < NeverBlockTest
     limited.acquire { :given_back }
     closing.pop # the renewing thread found no lease: it ends, held in its last step
     limited.acquire do
-      sleep 2 # twice the lease
+      sleep 4 # past the lease
       assert_equal 0, limited.available, "the lease ended while its block ran"
     end
   ensure

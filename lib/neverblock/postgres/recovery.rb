@@ -14,14 +14,17 @@ module NeverBlock
     #
     # PostgreSQL drops a cancel that reaches the backend before it has read
     # the query (it cancels only a statement running): the query sent just
-    # before the interrupt, on a loaded machine, then runs on. So while no
-    # result came, the cancel is sent again every `CANCEL_AGAIN` seconds.
+    # before the interrupt, on a loaded machine, then runs on. So while the
+    # query runs on, the cancel is sent again, `CANCEL_AGAIN` seconds after
+    # the first and then at twice the last interval, while that is within
+    # `RECOVERY_TIMEOUT` (each cancel is a connection the postmaster forks
+    # a process for: three at most).
     module Recovery
       # Seconds a cancel plus drain, or a ROLLBACK, may take before the
       # connection is given up.
       RECOVERY_TIMEOUT = 5.0
 
-      # Seconds without a result after a cancel before it is sent again.
+      # Seconds after a cancel before it is sent again (then doubling).
       CANCEL_AGAIN = 0.5
 
       module_function
@@ -74,21 +77,24 @@ module NeverBlock
       end
 
       # Reads and drops the results of the query in flight; `cancelling`
-      # (a cancel was sent) sends the cancel again while none comes.
+      # (a cancel was sent) sends it again while the query runs on.
       # @return [Boolean] false if the server did not finish in time.
       def drain(conn, deadline, cancelling: false)
-        cancel_again = Clock.now + CANCEL_AGAIN if cancelling
+        interval = CANCEL_AGAIN
+        cancel_again = Clock.now + interval if cancelling
         loop do
           while conn.is_busy
             now = Clock.now
             remaining = deadline - now
             return false if remaining <= 0
 
-            if conn.socket_io.wait_readable(cancel_again ? [remaining, cancel_again - now].min.clamp(0..) : remaining)
+            cancel_again = nil if cancel_again && cancel_again >= deadline
+            if conn.socket_io.wait_readable(cancel_again ? (cancel_again - now).clamp(0..) : remaining)
               conn.consume_input
             elsif cancel_again && Clock.now >= cancel_again
               conn.cancel
-              cancel_again = Clock.now + CANCEL_AGAIN
+              interval *= 2
+              cancel_again = Clock.now + interval
             end
           end
           result = conn.sync_get_result or return true

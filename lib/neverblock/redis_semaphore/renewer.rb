@@ -31,7 +31,7 @@ module NeverBlock
       def add(token)
         @mutex.synchronize do
           @tokens[token] = true
-          start unless @running
+          start unless @running && @thread&.alive? # (alive: not a thread of the parent, after a fork no hook saw)
         end
       end
 
@@ -65,10 +65,10 @@ module NeverBlock
 
       private
 
-      # Holding @mutex.
+      # Holding @mutex (the thread waits for it before it looks at @running).
       def start
-        @running = true
         @thread = Thread.new { run }
+        @running = true
         @thread.name = "neverblock-semaphore-renewer"
         @thread.report_on_exception = false
       end

@@ -68,12 +68,13 @@ module NeverBlock
       # {Server#stop}); one in the middle of a request is left to finish.
       # One whose next request's first bytes came meanwhile, unread yet (as
       # the stop's grace ended), is served instead, with `connection:
-      # close`: closed, the request would be reset unread.
+      # close`: closed, the request would be reset unread. Bytes that begin
+      # no request (an empty line) do not keep it.
       # @return [void]
       def close_if_idle
         if @parked
-          bytes_waiting? ? @context.idle_set.wake(@io.fileno) : closed_while_parked
-        elsif @idle && @fiber && !bytes_waiting? # (not a resuming task that has not started: it has bytes to read)
+          request_waiting? ? @context.idle_set.wake(@io.fileno) : closed_while_parked
+        elsif @idle && @fiber && !request_waiting? # (not a resuming task that has not started: it has bytes to read)
           @task&.cancel
         end
       end
@@ -290,6 +291,16 @@ module NeverBlock
         @brisk = false
         @fiber = nil
         nil
+      end
+
+      # Whether the first bytes of a next request wait in the socket: a
+      # method's first letter (on a TLS connection, any record: a request's
+      # cannot be told from others'). An empty line between requests is not.
+      def request_waiting?
+        peeked = peek
+        peeked.is_a?(String) && !peeked.empty? && (@listener.tls || peeked.getbyte(0).between?(65, 90))
+      rescue IOError, SystemCallError
+        false
       end
 
       # Whether the client's next bytes wait in the socket (Connection#peek).

@@ -104,22 +104,55 @@ class PostgresClientTest < NeverBlockTest
   # comes (Recovery::CANCEL_AGAIN), ends it: the connection is back within
   # about a second, not closed after RECOVERY_TIMEOUT (5 s).
   def test_a_cancel_that_lands_before_the_query_runs_is_sent_again
-    skip "needs to signal the server's backend (root)" unless Process.uid.zero?
     db = client(size: 1)
+    pid = signallable_backend(db)
+    query = with_backend_stopped(pid) { cancelled_query(db) }
+    took = elapsed { assert_raises(NeverBlock::Cancelled) { query.value } }
+    assert_operator took, :<, 3, "the cancel was not sent again"
+    assert_equal pid, backend_pid(db), "the connection was closed, not passed on"
+  end
+
+  # The recovery of an interrupted query gives its connection up (here the
+  # backend ends, SIGTERM, as pg_terminate_backend does): the query raises
+  # its interrupt, not the check-in's PG::ConnectionBad, and the pool opens
+  # another connection.
+  def test_a_query_whose_recovery_gives_the_connection_up_raises_its_interrupt
+    db = client(size: 1)
+    pid = signallable_backend(db)
+    query = with_backend_stopped(pid) do
+      cancelled_query(db).tap { Process.kill(:TERM, pid) }
+    end
+    assert_raises(NeverBlock::Cancelled) { query.value }
+    refute_equal pid, backend_pid(db)
+  end
+
+  # @return [Integer] the pid of `db`'s backend, when this process may stop
+  #   it (root, and the server runs here: not NEVERBLOCK_DATABASES=external)
+  def signallable_backend(db)
+    skip "needs to signal the server's backend (root)" unless Process.uid.zero?
     pid = backend_pid(db)
+    comm = File.read("/proc/#{pid}/comm").strip rescue nil # rubocop:disable Style/RescueModifier -- not here
+    skip "the backend (pid #{pid}) is not a process of this machine's" unless comm&.start_with?("postgres")
+    pid
+  end
+
+  # Runs the block with the backend stopped (SIGSTOP), continued after it.
+  def with_backend_stopped(pid)
     Process.kill(:STOP, pid)
-    stopped = true
+    yield
+  ensure
+    Process.kill(:CONT, pid)
+  end
+
+  # A task whose query is in the (stopped) backend's socket, cancelled: the
+  # cancel reaches the backend before it reads the query.
+  # @return [NeverBlock::Task]
+  def cancelled_query(db)
     query = NeverBlock.spawn { db.exec("SELECT 'never' FROM pg_sleep(10)") }
     sleep 0.2 # the query is in the backend's socket
     query.cancel
     sleep 0.3 # the cancel is sent: the postmaster signalled the stopped backend
-    Process.kill(:CONT, pid)
-    stopped = false
-    took = elapsed { assert_raises(NeverBlock::Cancelled) { query.value } }
-    assert_operator took, :<, 3, "the cancel was not sent again"
-    assert_equal pid, backend_pid(db), "the connection was closed, not passed on"
-  ensure
-    Process.kill(:CONT, pid) if stopped
+    query
   end
 
   def test_listen_yields_notifications_without_blocking_the_loop

@@ -55,11 +55,15 @@ class ServerStopKeepAliveTest < PlainTest
   end
 
   # Plays the drain's pass (Acceptor#drain: close_if_idle) the moment the
-  # connection it is prepended to begins a wait in its fiber for its next request.
+  # connection it is prepended to begins a wait in its fiber for its next
+  # request, and counts the waits that began with the request there.
   module DrainAtWait
+    attr_reader :waits_with_request_there
+
     private
 
     def read_when_ready(buffer)
+      @waits_with_request_there = (@waits_with_request_there || 0) + (bytes_waiting? ? 1 : 0)
       connection = self
       Fiber.schedule { connection.close_if_idle }
       super
@@ -68,12 +72,15 @@ class ServerStopKeepAliveTest < PlainTest
 
   # The grace's wait ends with the request there: it is read at once. A
   # wait for it in the selector first, idle to the drain, could be ended
-  # by it, and the request reset unread.
+  # by it (a drain's pass that did not look for bytes waiting: see the
+  # tests below), and the request reset unread.
   def test_a_request_that_came_in_the_grace_is_read_at_once
     socket = stream_requested
     assert_equal 200, read_response(socket)[0]
-    server_connection(socket).singleton_class.prepend(DrainAtWait)
+    connection = server_connection(socket)
+    connection.singleton_class.prepend(DrainAtWait)
     assert_next_request_answered_with_close(socket)
+    assert_includes [nil, 0], connection.waits_with_request_there, "it waited with the request there"
   end
 
   # The grace's wait ran out as the request came (its timer and the bytes
@@ -103,16 +110,21 @@ class ServerStopKeepAliveTest < PlainTest
   # The drain's last pass (Acceptor#drain: close_if_idle, as its grace
   # ends) finds an idle connection whose next request's bytes came and are
   # not read yet: it serves it rather than reset it unread. Played here by
-  # an app that holds the loop (a CPU-bound request) while the client
-  # sends, then makes that pass over the idle connection; once while the
-  # connection waits in its fiber, once parked in the IdleSet.
+  # an app that holds the loop (a CPU-bound request) until the client's
+  # bytes are there, then makes that pass over the idle connection; once
+  # while the connection waits in its fiber, once parked in the IdleSet.
   def assert_drain_pass_serves_request_on_its_way(parked:)
-    sent = Queue.new
+    draining = Queue.new
     idle = nil
+    seen = nil
     app = lambda do |env|
       return [200, { "content-length" => "2" }, ["ok"]] unless env["PATH_INFO"] == "/drain"
 
-      Thread.pass while sent.empty? # holds the loop: the idle connection's bytes stay unread
+      draining << true
+      deadline = now + 10
+      # Holds the loop: the idle connection's bytes stay unread.
+      Thread.pass until idle.send(:bytes_waiting?) || now > deadline
+      seen = [idle.send(:bytes_waiting?), idle.parked?]
       idle.close_if_idle
       [200, { "content-length" => "7" }, ["drained"]]
     end
@@ -125,11 +137,40 @@ class ServerStopKeepAliveTest < PlainTest
 
     drainer = connect
     drainer.write(get("/drain"))
-    sleep 0.1 # the loop runs /drain
+    draining.pop
     client.write(get("/second"))
-    sent << true
     assert_equal [200, "ok"], read_response(client).values_at(0, 2)
     assert_equal 200, read_response(drainer)[0]
+    assert_equal [true, parked], seen, "[the request there, parked] as the pass ran"
+  end
+
+  # Bytes that begin no request (an empty line between requests) do not
+  # keep a connection open at the drain's last pass.
+  def test_the_drains_last_pass_closes_a_connection_whose_bytes_begin_no_request
+    draining = Queue.new
+    idle = nil
+    app = lambda do |env|
+      return [200, { "content-length" => "2" }, ["ok"]] unless env["PATH_INFO"] == "/drain"
+
+      draining << true
+      deadline = now + 10
+      Thread.pass until idle.send(:bytes_waiting?) || now > deadline
+      idle.close_if_idle
+      [200, { "content-length" => "7" }, ["drained"]]
+    end
+    start_server(app, lint: false, idle_timeout: 60)
+    client = connect
+    client.write(get("/first"))
+    assert_equal 200, read_response(client)[0]
+    idle = server_connection(client)
+    eventually { idle.idle? }
+
+    drainer = connect
+    drainer.write(get("/drain"))
+    draining.pop
+    client.write("\r\n")
+    assert_equal 200, read_response(drainer)[0]
+    assert_equal "", read_all(client, within: 5)
   end
 
   def test_the_drains_last_pass_serves_a_request_on_its_way_to_a_waiting_connection
