@@ -236,8 +236,9 @@ class RedisSemaphoreTest < NeverBlockTest
     pid = start_redis(dir, socket)
     holder = semaphore(url: url, lease: 3, redis_timeout: 1.5)
     release = Queue.new
-    held = NeverBlock.spawn { holder.acquire { release.pop } }
-    eventually { holder.available.zero? }
+    holding = Queue.new
+    held = NeverBlock.spawn { holder.acquire { holding << true && release.pop } }
+    holding.pop # its block runs (a permit granted in Redis, its reply still on the way, is not enough: see below)
     gate = Queue.new
     held_up = [true] # its next renewal only
     holder.singleton_class.prepend(Module.new { define_method(:renew) { |*args| (held_up.shift && gate.pop).then { super(*args) } } })
@@ -354,8 +355,12 @@ class RedisSemaphoreTest < NeverBlockTest
     held = nil
     log = StringIO.new
     with_log(log) do
-      held = NeverBlock.spawn { holder.acquire { release.pop } } # after the fence of a Redis just started
-      eventually { holder.available.zero? }
+      holding = Queue.new
+      held = NeverBlock.spawn { holder.acquire { holding << true && release.pop } } # after the fence of a Redis just started
+      # Its block runs. That Redis granted the permit is not enough: stopped
+      # before its reply left, Redis fails the holder's acquire, which then
+      # never holds (under load, a CI pass's "two holders").
+      holding.pop
 
       stop_redis(pid)
       pid = nil
