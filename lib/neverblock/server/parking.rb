@@ -297,18 +297,23 @@ module NeverBlock
       # method's first letter (on a TLS connection, any record: a request's
       # cannot be told from others'). An empty line between requests is not.
       def request_waiting?
-        peeked = peek
-        peeked.is_a?(String) && !peeked.empty? && (@listener.tls || peeked.getbyte(0).between?(65, 90))
-      rescue IOError, SystemCallError
-        false
+        byte = first_byte_waiting or return false
+        @listener.tls || byte.between?(65, 90)
       end
 
-      # Whether the client's next bytes wait in the socket (Connection#peek).
+      # Whether the client's next bytes wait in the socket.
       def bytes_waiting?
+        !first_byte_waiting.nil?
+      end
+
+      # @return [Integer, nil] the first byte the client sent that is not
+      #   read yet (Connection#peek); nil when none came, at end of file, or
+      #   when the socket fails.
+      def first_byte_waiting
         peeked = peek
-        peeked.is_a?(String) && !peeked.empty?
+        peeked.getbyte(0) if peeked.is_a?(String)
       rescue IOError, SystemCallError
-        false
+        nil
       end
 
       # Closes a parked connection (idle timeout, stop): out of the set, then
