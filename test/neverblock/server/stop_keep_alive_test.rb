@@ -108,12 +108,14 @@ class ServerStopKeepAliveTest < PlainTest
   end
 
   # The drain's last pass (Acceptor#drain: close_if_idle, as its grace
-  # ends) finds an idle connection whose next request's bytes came and are
-  # not read yet: it serves it rather than reset it unread. Played here by
-  # an app that holds the loop (a CPU-bound request) until the client's
-  # bytes are there, then makes that pass over the idle connection; once
-  # while the connection waits in its fiber, once parked in the IdleSet.
-  def assert_drain_pass_serves_request_on_its_way(parked:)
+  # ends) over an idle keep-alive connection whose client has just sent
+  # `bytes`, unread yet. Played by an app that holds the loop (a CPU-bound
+  # request) until the bytes are there, then makes that pass over the idle
+  # connection. `parked`: first wait until the connection is parked in the
+  # IdleSet (true) or waits in its fiber (false); nil: either.
+  # @return [Array(Socket, Array)] the client's socket, and what the pass
+  #   saw: [bytes waiting, parked]
+  def drain_pass_after(bytes, parked: nil)
     draining = Queue.new
     idle = nil
     seen = nil
@@ -133,44 +135,31 @@ class ServerStopKeepAliveTest < PlainTest
     client.write(get("/first"))
     assert_equal 200, read_response(client)[0]
     idle = server_connection(client)
-    eventually { idle.idle? && idle.parked? == parked }
+    eventually { idle.idle? && (parked.nil? || idle.parked? == parked) }
 
     drainer = connect
     drainer.write(get("/drain"))
     draining.pop
-    client.write(get("/second"))
-    assert_equal [200, "ok"], read_response(client).values_at(0, 2)
+    client.write(bytes)
     assert_equal 200, read_response(drainer)[0]
+    [client, seen]
+  end
+
+  # The pass serves a connection whose next request came, rather than
+  # reset it unread; once while the connection waits in its fiber, once
+  # parked in the IdleSet.
+  def assert_drain_pass_serves_request_on_its_way(parked:)
+    client, seen = drain_pass_after(get("/second"), parked: parked)
+    assert_equal [200, "ok"], read_response(client).values_at(0, 2)
     assert_equal [true, parked], seen, "[the request there, parked] as the pass ran"
   end
 
   # Bytes that begin no request (an empty line between requests) do not
   # keep a connection open at the drain's last pass.
   def test_the_drains_last_pass_closes_a_connection_whose_bytes_begin_no_request
-    draining = Queue.new
-    idle = nil
-    app = lambda do |env|
-      return [200, { "content-length" => "2" }, ["ok"]] unless env["PATH_INFO"] == "/drain"
-
-      draining << true
-      deadline = now + 10
-      Thread.pass until idle.send(:bytes_waiting?) || now > deadline
-      idle.close_if_idle
-      [200, { "content-length" => "7" }, ["drained"]]
-    end
-    start_server(app, lint: false, idle_timeout: 60)
-    client = connect
-    client.write(get("/first"))
-    assert_equal 200, read_response(client)[0]
-    idle = server_connection(client)
-    eventually { idle.idle? }
-
-    drainer = connect
-    drainer.write(get("/drain"))
-    draining.pop
-    client.write("\r\n")
-    assert_equal 200, read_response(drainer)[0]
+    client, seen = drain_pass_after("\r\n")
     assert_equal "", read_all(client, within: 5)
+    assert_equal true, seen[0], "the bytes were read before the pass"
   end
 
   def test_the_drains_last_pass_serves_a_request_on_its_way_to_a_waiting_connection
