@@ -229,11 +229,8 @@ class RedisSemaphoreTest < NeverBlockTest
   # with a 1.5 s redis_timeout), and the holder's renewal, held up
   # meanwhile, comes 2.3 s after the fence began.
   def test_a_late_answering_redis_still_fences_long_enough_for_a_renewal
-    skip "needs redis-server on PATH" unless redis_server?
-    dir = Dir.mktmpdir("neverblock-redis-late")
-    socket = File.join(dir, "redis.sock")
+    dir, socket, pid = own_redis("late")
     url = "unix://#{socket}"
-    pid = start_redis(dir, socket)
     holder = semaphore(url: url, lease: 3, redis_timeout: 1.5)
     release = Queue.new
     holding = Queue.new
@@ -302,10 +299,7 @@ class RedisSemaphoreTest < NeverBlockTest
   # end, and the lease outlives the refusal. Redis of its own: its
   # settings change.
   def test_a_renewal_redis_refuses_is_tried_again
-    skip "needs redis-server on PATH" unless redis_server?
-    dir = Dir.mktmpdir("neverblock-redis-busy")
-    socket = File.join(dir, "redis.sock")
-    pid = start_redis(dir, socket)
+    dir, socket, pid = own_redis("busy")
     url = "unix://#{socket}"
     admin = RedisClient.new(url: url)
     admin.call("CONFIG", "SET", "busy-reply-threshold", "10")
@@ -345,11 +339,8 @@ class RedisSemaphoreTest < NeverBlockTest
   # would have lost its permit anyway. The newcomer waits 5 s, past the
   # fence, so that it is the holder's renewal that keeps it out.
   def test_after_redis_restarts_without_its_data_a_running_holder_still_counts
-    skip "needs redis-server on PATH" unless redis_server?
-    dir = Dir.mktmpdir("neverblock-redis-restart")
-    socket = File.join(dir, "redis.sock")
+    dir, socket, pid = own_redis("restart")
     url = "unix://#{socket}"
-    pid = start_redis(dir, socket)
     holder = semaphore(url: url, lease: 3)
     release = Queue.new
     held = nil
@@ -413,6 +404,17 @@ class RedisSemaphoreTest < NeverBlockTest
     pid = Process.spawn(env, RbConfig.ruby, "-I#{ChildRuby::LIB}", CHILD, out: writer, err: errors.path)
     writer.close
     { pid: pid, out: reader, err: errors }.tap { |child| @children << child }
+  end
+
+  # A Redis of this test's own (OwnRedis), answering; skips the test
+  # without redis-server.
+  # @return [Array(String, String, Integer)] its directory, its socket's
+  #   path, its pid
+  def own_redis(name)
+    skip "needs redis-server on PATH" unless redis_server?
+    dir = Dir.mktmpdir("neverblock-redis-#{name}")
+    socket = File.join(dir, "redis.sock")
+    [dir, socket, start_redis(dir, socket)]
   end
 
   def start_redis(dir, socket)
