@@ -5,6 +5,7 @@ require "net/http"
 require "rbconfig"
 require "socket"
 require "tmpdir"
+require_relative "../../test/support/free_port"
 
 # A fleet on one machine, for bench/fleet.rb and test/neverblock/server/fleet_test.rb (stdlib
 # only, so that both load it): hosts in network namespaces on a bridge, each a two-worker server
@@ -118,6 +119,7 @@ module NeverBlockFleet
 
   # The fleet. #start builds it, #stop takes all of it down (idempotent; call it in an ensure).
   class Fleet
+    include FreePort
     attr_reader :server, :hosts, :port, :dir, :sse_rate
 
     # @param server [String] "neverblock", "puma" or "pitchfork"
@@ -238,8 +240,6 @@ module NeverBlockFleet
       @children[host] = start_server(host)
       ready?(address(host), PORT) or raise "#{host} did not start again in 60 s:\n#{tail(host)}"
     end
-
-    def free_port = TCPServer.open("127.0.0.1", 0) { |server| server.addr[1] }
 
     def ip(*args) = system("ip", *args, %i[out err] => File::NULL)
 

@@ -7,6 +7,7 @@ require "rbconfig"
 require "socket"
 require "tmpdir"
 require_relative "ruby_description"
+require_relative "../../test/support/free_port"
 
 module NeverBlockBench
   # One HTTP server under test, in a session of its own (setsid), so that
@@ -21,8 +22,7 @@ module NeverBlockBench
       def start(name, command, port:, env: {}) = new(name, command, port, env).tap { |server| @running << server }
       def stop_all = @running.dup.each(&:stop) # CommandLine.main does, as a script ends
       def forget(server) = @running.delete(server)
-      # @return [Integer] a port on 127.0.0.1 that nothing listens on now
-      def free_port = TCPServer.open("127.0.0.1", 0) { |server| server.addr[1] }
+      include FreePort # free_port: a port that nothing listens on now
     end
 
     attr_reader :name, :port, :pid

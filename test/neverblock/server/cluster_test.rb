@@ -184,7 +184,7 @@ class ServerClusterTest < PlainTest
       FileUtils.mkdir_p(File.join(dir, "config"))
       File.write(File.join(dir, "config", "database.yml"), "production:\n  pool: <%= ENV.fetch('RAILS_MAX_THREADS') { 5 } %>\n")
       File.write(File.join(dir, "config.ru"), "run ->(_env) { [200, {}, [ENV['RAILS_MAX_THREADS'].to_s]] }\n")
-      port = TCPServer.new("127.0.0.1", 0).then { |s| s.addr[1].tap { s.close } }
+      port = free_port
       { nil => "25", "8" => "8" }.each do |given, expected|
         env = { "RAILS_MAX_THREADS" => given }
         out, writer = IO.pipe
@@ -214,7 +214,7 @@ class ServerClusterTest < PlainTest
     Dir.mktmpdir do |dir|
       FileUtils.mkdir_p(File.join(dir, "config", "tls"))
       TestCertificates.write_self_signed(File.join(dir, "config", "tls"))
-      port = TCPServer.new("127.0.0.1", 0).then { |s| s.addr[1].tap { s.close } }
+      port = free_port
       File.write(File.join(dir, "config", "neverblock.rb"),
                  "ssl_bind \"127.0.0.1\", #{port}, cert: \"tls/cert.pem\", key: \"tls/key.pem\"\nworkers 2\n")
       pid = Process.spawn(RbConfig.ruby, EXE, "serve", File.join(FIXTURES, "pids.ru"), "-C", "config/neverblock.rb",
@@ -244,7 +244,7 @@ class ServerClusterTest < PlainTest
   # -p (not an abbreviation of --preload), --log, the master's log of the
   # signals it acts on, and the process titles.
   def test_port_log_file_signals_and_process_titles
-    port = TCPServer.new("127.0.0.1", 0).then { |s| s.addr[1].tap { s.close } }
+    port = free_port
     Dir.mktmpdir do |dir|
       log = File.join(dir, "server.log")
       terminal, writer = IO.pipe

@@ -89,7 +89,7 @@ class ServerHotRestartTest < PlainTest
   # --control-token given) still opens /stats after each of two hot restarts,
   # and the counts /stats shows carry on instead of going back to 0.
   def test_hot_restarts_keep_the_control_token_and_the_masters_counts
-    port = TCPServer.new("127.0.0.1", 0).then { |probe| probe.local_address.ip_port.tap { probe.close } }
+    port = free_port
     server = serve("versioned.ru", "-w", "1", "--control", "tcp://127.0.0.1:#{port}", env: { "NB_TEST_VERSION" => @version })
     token = wait_for_line(server, /control listener on .*\(token (\h+)\)/)[/\(token (\h+)\)/, 1]
     first = eventually { (w = worker_pids(server[:pid])).size == 1 && w.first }
