@@ -77,17 +77,19 @@ class RedisSemaphoreTest < NeverBlockTest
   end
 
   def test_a_lease_is_renewed_while_its_holder_lives_and_ends_when_it_is_killed
-    holder = start_child({ "NB_MODE" => "hold" })
+    # A 2 s lease, renewed every 0.67 s: a child held up by a loaded
+    # machine has 1.3 s to spare.
+    holder = start_child({ "NB_MODE" => "hold", "NB_LEASE" => "2" })
     assert_equal "held\n", holder[:out].gets
     waiter = semaphore
     # Three leases long: only renewals keep the holder's permit.
-    assert_raises(NeverBlock::SemaphoreTimeout) { waiter.acquire(timeout: 3) { flunk "two holders" } }
+    assert_raises(NeverBlock::SemaphoreTimeout) { waiter.acquire(timeout: 6) { flunk "two holders" } }
     assert_equal 0, waiter.waiting, "a timed-out waiter left its ticket"
 
     task = NeverBlock.spawn { waiter.acquire { :acquired } }
     eventually { waiter.waiting == 1 }
     Process.kill(:KILL, holder[:pid])
-    assert_equal :acquired, task.value # within a lease (1 s) of the kill
+    assert_equal :acquired, task.value # within a lease (2 s) of the kill
     assert_equal 1, waiter.available
   end
 
@@ -225,13 +227,14 @@ class RedisSemaphoreTest < NeverBlockTest
   # the holders it forgot less than a lease of fence: the fence lasts at
   # least a renewal's interval plus twice `redis_timeout`, the time a holder
   # takes to register again. Here Redis has been up 2-3 s when the newcomer
-  # asks (a 3 s lease: 1-2 s of fence left by the uptime; 4 s by the floor
-  # with a 1.5 s redis_timeout), and the holder's renewal, held up
-  # meanwhile, comes 2.3 s after the fence began.
+  # asks (a 5 s lease: 3-4 s of fence left by the uptime; 7.7 s by the floor
+  # with a 3 s redis_timeout), and the holder's renewal, held up meanwhile,
+  # comes 5 s after the fence began. (Margins for a loaded machine: the
+  # newcomer may ask up to 3 s late, the renewal may take 2.7 s.)
   def test_a_late_answering_redis_still_fences_long_enough_for_a_renewal
     dir, socket, pid = own_redis("late")
     url = "unix://#{socket}"
-    holder = semaphore(url: url, lease: 3, redis_timeout: 1.5)
+    holder = semaphore(url: url, lease: 5, redis_timeout: 3)
     release = Queue.new
     holding = Queue.new
     held = NeverBlock.spawn { holder.acquire { holding << true && release.pop } }
@@ -247,14 +250,14 @@ class RedisSemaphoreTest < NeverBlockTest
       pid = start_redis(dir, socket)
       admin = RedisClient.new(url: url)
       eventually { Integer(admin.call("INFO", "server")[/^uptime_in_seconds:(\d+)/, 1]) >= 2 }
-      newcomer = NeverBlock.spawn { semaphore(url: url, lease: 3, redis_timeout: 1.5).acquire(timeout: 5) { :two_holders } }
+      newcomer = NeverBlock.spawn { semaphore(url: url, lease: 5, redis_timeout: 3).acquire(timeout: 9) { :two_holders } }
       eventually { admin.call("EXISTS", "neverblock:semaphore:{#{@name}}:ready") == 1 } # its fence began
-      sleep 2.3
+      sleep 5
       gate << true
       NeverBlock.logger.info("the renewal may go")
       assert_raises(NeverBlock::SemaphoreTimeout, "the log:\n#{log.string}") { newcomer.value }
     end
-    assert_match(/no permit for 4000 ms/, log.string)
+    assert_match(/no permit for 7666 ms/, log.string)
   ensure
     gate&.close
     release&.push(true)

@@ -8,23 +8,27 @@ require "socket"
 # here: the kernel picks the next one at random from the same range, so two
 # calls can name the same port, and any outgoing connection may take it
 # before the server listens. So ports come from below that range, are free
-# on every address when handed out, and are never handed out twice by one
-# process.
+# on every address when handed out, and are claimed for the life of the
+# process: never handed out twice, by this process or by another test
+# process running beside it (bin/test --jobs). The claim is an abstract Unix
+# socket named after the port, which the kernel drops when the process ends.
 module FreePort
   # Below Linux's default ephemeral range (32768-60999).
   PORTS = (20_000..32_767)
-  GIVEN = {}
+  CLAIMS = {} # port => the socket that claims it
   LOCK = Mutex.new
 
   # @return [Integer] a TCP port free right now, and not handed out before
-  #   by this process.
+  #   by this process or another test process that is still running.
   def free_port
     LOCK.synchronize do
       1000.times do
         port = rand(PORTS)
-        next if GIVEN[port] || !FreePort.bindable?(port)
+        next if CLAIMS.key?(port) || !FreePort.bindable?(port)
 
-        return GIVEN[port] = port
+        claim = FreePort.claim(port) or next
+        CLAIMS[port] = claim
+        return port
       end
       raise "no free TCP port in #{PORTS}"
     end
@@ -36,5 +40,17 @@ module FreePort
     true
   rescue Errno::EADDRINUSE, Errno::EACCES
     false
+  end
+
+  # @return [Socket, nil] a socket bound to the port's abstract name, or nil
+  #   when another process holds it.
+  def self.claim(port)
+    socket = Socket.new(:UNIX, :STREAM)
+    socket.bind(Socket.sockaddr_un("\0neverblock-test-port-#{port}"))
+    socket.close_on_exec = true
+    socket
+  rescue Errno::EADDRINUSE
+    socket&.close
+    nil
   end
 end

@@ -188,7 +188,9 @@ class DebouncerRedisStoreTest < NeverBlockTest
     socket = File.join(dir, "redis.sock")
     pid = start_redis(dir, socket)
     url = "unix://#{socket}"
-    redis_store = NeverBlock::Debouncer::RedisStore.new(url: url, prefix: @prefix, lease: 0.5, poll_interval: 0.05,
+    # A 1.5 s lease, extended every 0.5 s (1 s to spare for a thread held up
+    # by a loaded machine), and an upstream three leases slow.
+    redis_store = NeverBlock::Debouncer::RedisStore.new(url: url, prefix: @prefix, lease: 1.5, poll_interval: 0.05,
                                                         redis_timeout: 1).tap { |s| @stores << s }
     upstream = Upstream.new(delay: 0.1)
     debouncer = NeverBlock::Debouncer.new(upstream, store: redis_store)
@@ -203,7 +205,7 @@ class DebouncerRedisStoreTest < NeverBlockTest
       wait_until(30) { pubsub_patterns(url) == 1 }
     end
 
-    slow = Upstream.new(delay: 2.0)
+    slow = Upstream.new(delay: 4.5)
     herd = NeverBlock::Debouncer.new(slow, wait_timeout: 10, store: redis_store)
     results = concurrently(5) { request(herd, "/slow").first }
     assert_equal [200] * 5, results

@@ -8,6 +8,7 @@ require "tmpdir"
 require "zlib"
 require "stringio"
 require "socket"
+require "pg"
 
 # Behind Thruster, as Rails 8's Dockerfile runs an app (`./bin/thrust
 # ./bin/rails server`): the real Thruster binary (the thruster gem) starts
@@ -61,7 +62,7 @@ class ServerThrusterTest < PlainTest
   def test_a_client_that_hangs_up_on_thruster_gets_its_request_cancelled
     socket = TCPSocket.new("127.0.0.1", @port)
     socket.write("GET /hang HTTP/1.1\r\nHost: localhost\r\n\r\n")
-    sleep 0.5 # in pg_sleep now
+    wait_until_running("SELECT pg_sleep(10)")
     socket.close
     line = wait_for_line(@thruster, %r{"GET /hang HTTP/1\.1" 499 }, timeout: 30)
     assert_match(/ 499 /, line, "the access log shows the hang-up")
@@ -103,6 +104,18 @@ class ServerThrusterTest < PlainTest
   end
 
   private
+
+  # Waits until PostgreSQL runs `query` (Thruster passed the request on, and
+  # the app got to it), seen from a connection of the test's own.
+  def wait_until_running(query)
+    PG.connect(pg_url) do |observer|
+      deadline = NeverBlock::Clock.now + 30
+      until observer.exec_params("SELECT 1 FROM pg_stat_activity WHERE state = 'active' AND query = $1", [query]).ntuples == 1
+        flunk "#{query} never ran:\n#{@thruster[:lines].join}" if NeverBlock::Clock.now > deadline
+        sleep 0.05
+      end
+    end
+  end
 
   def gunzip(data)
     Zlib::GzipReader.new(StringIO.new(data)).read
