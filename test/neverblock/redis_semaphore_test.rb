@@ -306,7 +306,7 @@ class RedisSemaphoreTest < NeverBlockTest
     url = "unix://#{socket}"
     admin = RedisClient.new(url: url)
     admin.call("CONFIG", "SET", "busy-reply-threshold", "10")
-    limited = semaphore(url: url, lease: 3) # renewed every second
+    limited = semaphore(url: url, lease: 6) # renewed every 2 s: the script ends before the next renewal, 2 s to spare
     log = StringIO.new
     busy = nil
     with_log(log) do
@@ -319,10 +319,10 @@ class RedisSemaphoreTest < NeverBlockTest
         ensure
           client&.close
         end
-        eventually(timeout: 5) { log.string.include?("leases not renewed") }
+        eventually(timeout: 8) { log.string.include?("leases not renewed") }
         admin.call("SCRIPT", "KILL")
         busy.join
-        sleep 3.5 # past the lease, from the last renewal before the refusal
+        sleep 6.5 # past the lease, from the last renewal before the refusal
         assert_equal 0, limited.available, "the lease ended while its block ran; the log:\n#{log.string}"
       end
     end
