@@ -196,6 +196,7 @@ class ServerClusterTest < PlainTest
         assert_equal expected, body
         Process.kill("TERM", pid)
         Process.wait(pid)
+        pid = nil
         said = out.read
         if given
           refute_match(/RAILS_MAX_THREADS was not set/, said)
@@ -204,6 +205,10 @@ class ServerClusterTest < PlainTest
         end
       ensure
         out&.close
+        if pid # a failed assertion: the next server needs the port
+          Process.kill("KILL", pid)
+          Process.wait(pid)
+        end
       end
     end
   end
