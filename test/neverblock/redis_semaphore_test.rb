@@ -247,6 +247,7 @@ class RedisSemaphoreTest < NeverBlockTest
     log = StringIO.new
     with_log(log) do
       stop_redis(pid)
+      pid = nil
       pid = start_redis(dir, socket)
       admin = RedisClient.new(url: url)
       eventually { Integer(admin.call("INFO", "server")[/^uptime_in_seconds:(\d+)/, 1]) >= 2 }
