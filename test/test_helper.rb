@@ -124,6 +124,16 @@ module TestSupport
     NeverBlock.logger = previous
   end
 
+  # Sets `owner`'s constant `name` to `value` (a tunable the code reads
+  # when it runs), without Ruby's warning for a constant set again.
+  # @return [Object] its value before, to put back the same way.
+  def replace_constant(owner, name, value)
+    old = owner.const_get(name, false)
+    owner.send(:remove_const, name)
+    owner.const_set(name, value)
+    old
+  end
+
   # Runs `code` in a child Ruby with lib/ on the load path; the child is
   # killed (and the test fails) if it runs longer than `timeout` seconds.
   # @return [Array(String, String, Process::Status)] stdout, stderr, status.

@@ -42,15 +42,12 @@ module FreePort
     false
   end
 
-  # @return [Socket, nil] a socket bound to the port's abstract name, or nil
-  #   when another process holds it.
+  # @return [UNIXServer, nil] a socket bound to the port's abstract name (as
+  #   the fleet claims its slot, bench/support/fleet.rb), or nil when
+  #   another process holds it.
   def self.claim(port)
-    socket = Socket.new(:UNIX, :STREAM)
-    socket.bind(Socket.sockaddr_un("\0neverblock-test-port-#{port}"))
-    socket.close_on_exec = true
-    socket
+    UNIXServer.new("\0neverblock-test-port-#{port}")
   rescue Errno::EADDRINUSE
-    socket&.close
     nil
   end
 end

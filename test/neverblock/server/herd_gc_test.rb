@@ -168,12 +168,9 @@ class ServerHerdGCTest < PlainTest
   end
 
   def with_constant(name, value)
-    old = HerdGC.const_get(name)
-    HerdGC.send(:remove_const, name)
-    HerdGC.const_set(name, value)
+    old = replace_constant(HerdGC, name, value)
     yield
   ensure
-    HerdGC.send(:remove_const, name)
-    HerdGC.const_set(name, old)
+    replace_constant(HerdGC, name, old) if old
   end
 end

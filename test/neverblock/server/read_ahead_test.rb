@@ -35,8 +35,7 @@ class ServerReadAheadTest < PlainTest
   # connection wait its turn instead, read ahead or not: on a loaded
   # machine a hello world may, so TURN is raised here.)
   def test_a_pipelining_client_has_its_connection_read_ahead
-    turn = NeverBlock::Server::Connection::TURN
-    set_turn(3600.0)
+    turn = replace_constant(NeverBlock::Server::Connection, :TURN, 3600.0)
     socket = connect
     socket.write(get * 2)
     2.times { assert_equal 200, read_response(socket).first }
@@ -47,16 +46,10 @@ class ServerReadAheadTest < PlainTest
     sleep 0.01 until log.read_log.map(&:last).include?(:wait_readable) || NeverBlock::Clock.now > deadline
     assert_equal %i[bytes wait_readable], log.read_log.first(2).map(&:last), "after the answer, a read ahead that found nothing yet"
   ensure
-    set_turn(turn)
+    replace_constant(NeverBlock::Server::Connection, :TURN, turn) if turn
   end
 
   private
-
-  def set_turn(seconds)
-    connection = NeverBlock::Server::Connection
-    connection.send(:remove_const, :TURN)
-    connection.const_set(:TURN, seconds)
-  end
 
   # The server's socket of the connection `client` opened, its reads logged from now on.
   def read_log_of(client)

@@ -33,18 +33,14 @@ class ServerStopKeepAliveTest < PlainTest
     super
   ensure
     ENV[NeverBlock::Server::IdleSet::SWITCH] = @idle_set_switch[0] if @idle_set_switch
-    NeverBlock::Server.send(:remove_const, :STOP_IDLE_GRACE)
-    NeverBlock::Server.const_set(:STOP_IDLE_GRACE, GRACE)
+    replace_constant(NeverBlock::Server, :STOP_IDLE_GRACE, @grace) if @grace
   end
-
-  GRACE = NeverBlock::Server::STOP_IDLE_GRACE
 
   # A longer grace (STOP_IDLE_GRACE) for a test whose next request must
   # come within it, which a loaded machine's second may not allow; the
   # tests of what happens when the grace runs out keep the real one.
   def long_grace
-    NeverBlock::Server.send(:remove_const, :STOP_IDLE_GRACE)
-    NeverBlock::Server.const_set(:STOP_IDLE_GRACE, 10.0)
+    @grace = replace_constant(NeverBlock::Server, :STOP_IDLE_GRACE, 10.0)
   end
 
   # Servers started after it hold idle connections in fibers of their own
