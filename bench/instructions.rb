@@ -17,6 +17,10 @@
 #   bench/run instructions                  -> bench/results/instructions.{txt,csv}
 #   bench/run instructions --quick          100 requests a revision
 #   bench/run instructions --only before,head --before 93b5567
+#   bench/run instructions --app turn       every request holds its slot past
+#                                           Connection::TURN: its connection's
+#                                           next request waits its turn
+#                                           -> bench/results/instructions-turn.{txt,csv}
 #
 # The client pauses --pause-ms after each response before it sends the
 # next request: under callgrind the server runs some 50× slower, and a
@@ -37,8 +41,9 @@ module NeverBlockBench
   class InstructionsBench < Bench
     include Worktrees
 
-    APP = File.expand_path("support/instructions_app.ru", __dir__)
-    DEFAULTS = { requests: 1000, warmup: 300, baseline: "1530789", before: "66bcfb0", pause_ms: 2.0 }.freeze
+    APPS = { "hello" => File.expand_path("support/instructions_app.ru", __dir__),
+             "turn" => File.expand_path("support/instructions_turn_app.ru", __dir__) }.freeze
+    DEFAULTS = { requests: 1000, warmup: 300, baseline: "1530789", before: "66bcfb0", pause_ms: 2.0, app: "hello" }.freeze
     QUICK = { requests: 100, warmup: 50 }.freeze
     ONLY = %w[baseline before head].freeze
     COLUMNS = ["revision", "commit", "requests", "instructions/request", "vs baseline", "other threads/request"].freeze
@@ -46,24 +51,26 @@ module NeverBlockBench
 
     # @return [Boolean] true when every revision was measured
     def call
-      puts NeverBlockBench.header("Instructions per hello-world request (callgrind), neverblock serve -w 0",
+      app = APPS.fetch(@options[:app]) { raise ArgumentError, "--app is one of #{APPS.keys.join(', ')}" }
+      turn = @options[:app] == "turn" ? ", each holding its request slot past Connection::TURN" : ""
+      puts NeverBlockBench.header("Instructions per hello-world request#{turn} (callgrind), neverblock serve -w 0",
                                   "#{@options[:warmup]} warm-up requests, then #{@options[:requests]} counted, " \
                                   "one keep-alive connection, #{@options[:pause_ms]} ms between a response and the next request")
-      rows = @options[:only].map { |name| measure(name) }
+      rows = @options[:only].map { |name| measure(name, app) }
       base = rows.find { |row| row["revision"] == "baseline" }&.fetch("instructions/request")
       rows.each { |row| row["vs baseline"] = base ? format("%.3f", row["instructions/request"].to_f / base) : "" }
       puts "\n#{Table.of(rows, COLUMNS)}"
-      NeverBlockBench.write_results(@options[:out], "instructions", rows)
+      NeverBlockBench.write_results(@options[:out], @options[:app] == "turn" ? "instructions-turn" : "instructions", rows)
       true
     end
 
     private
 
     # @return [Hash] the row of one revision (baseline, before or head)
-    def measure(name)
+    def measure(name, app)
       dir = name == "head" ? REPO : checkout(@options.fetch(name.to_sym))
       commit = git(dir, "rev-parse", "--short", "HEAD") + (name == "head" && dirty? ? "+" : "")
-      main, others = count(name, dir).map { |total| (total.to_f / @options[:requests]).round }
+      main, others = count(name, dir, app).map { |total| (total.to_f / @options[:requests]).round }
       warn "  #{name} (#{commit}): #{main} instructions/request"
       { "revision" => name, "commit" => commit, "requests" => @options[:requests], "instructions/request" => main,
         "other threads/request" => others }
@@ -71,12 +78,12 @@ module NeverBlockBench
 
     # @return [Array(Integer, Integer)] the instructions the server's main
     #   thread and its other threads spent during the counted requests
-    def count(name, dir)
+    def count(name, dir, app)
       out = File.join(scratch, "callgrind.#{name}")
       port = ServerProcess.free_port
       server = ServerProcess.start("neverblock #{name}", [
         "valgrind", "--tool=callgrind", "--separate-threads=yes", "--callgrind-out-file=#{out}",
-        "ruby", "-rbundler/setup", File.join(dir, "exe/neverblock"), "serve", APP, "-w", "0", "-b", "tcp://127.0.0.1:#{port}"
+        "ruby", "-rbundler/setup", File.join(dir, "exe/neverblock"), "serve", app, "-w", "0", "-b", "tcp://127.0.0.1:#{port}"
       ], port: port, env: environment(dir))
       server.wait_until_ready(timeout: READY_TIMEOUT)
       Socket.tcp("127.0.0.1", port) do |socket|

@@ -195,7 +195,11 @@ module NeverBlock
       # in the sibling.
       # @return [void]
       def wake_parked(connection)
-        return close_connection(connection) if connection.unpark && connection.hand_off
+        if connection.unpark && connection.hand_off
+          close_connection(connection)
+          return connection.wake_turn # (its fiber, if it waited there, then ends)
+        end
+        return if connection.wake_turn # it waited its turn in its fiber
 
         spawn_for(connection) { connection.resume }
       rescue StandardError => e

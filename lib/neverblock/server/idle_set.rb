@@ -27,7 +27,11 @@ module NeverBlock
     # request costs no park, no epoll_ctl and no new task. Beyond
     # {WAITING_FIBERS} such waits a connection whose client is busy waits
     # in its fiber a few milliseconds only ({BriefWaits}) before it parks,
-    # and any other parks at once. {#unpark}
+    # and any other parks at once. A connection whose request held its slot
+    # for Connection::TURN or longer parks at once, to wait its turn in the
+    # order requests arrive, but keeps its fiber, suspended, which the
+    # report wakes (Connection#wait_turn), until the sweeper finds it idle.
+    # {#unpark}
     # takes out one that is closed while parked (the {IdleSweeper}'s idle
     # timeout, {Server#stop}).
     #

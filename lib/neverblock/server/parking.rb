@@ -4,12 +4,13 @@ module NeverBlock
   class Server
     # A {Connection} between requests: waiting for the first bytes of its
     # next request (holding no request slot), parked in the server's
-    # {IdleSet} without a fiber, resumed, handed to a less busy sibling
-    # ({Handoff}), or ended by the {IdleSweeper} (idle timeout) or a stop.
-    # Included in Connection; uses its state (`@socket`, `@io`, `@context`,
-    # `@limits`, `@fiber`, `@task`...). Called by the connection's own
-    # request loop (#read_next_request, from #read_more), by the
-    # {Acceptor} (#unpark, #hand_off, #close_if_idle) and by the
+    # {IdleSet} (without a fiber, or in it while it waits its turn), resumed,
+    # handed to a less busy sibling ({Handoff}), or ended by the
+    # {IdleSweeper} (idle timeout) or a stop. Included in Connection; uses
+    # its state (`@socket`, `@io`, `@context`, `@limits`, `@fiber`,
+    # `@task`...). Called by the connection's own request loop
+    # (#read_next_request, from #read_more), by the {Acceptor} (#unpark,
+    # #hand_off, #wake_turn, #close_if_idle) and by the
     # {IdleSweeper} (#park_idle, #expire_idle, #settle).
     module Parking
       # @return [Boolean] true while it waits for its next request in the
@@ -30,10 +31,25 @@ module NeverBlock
 
       # A connection parked to wait its turn that is still parked a sweep
       # interval later (the {IdleSweeper} says so) is idle: it no longer
-      # counts as active for the {Handoff}.
+      # counts as active for the {Handoff}, and gives up the fiber it waited
+      # in, if it kept one (see #wait_turn).
       # @return [void]
       def settle
         end_turn_park
+        wake_turn
+      end
+
+      # Wakes the fiber the connection waits its turn in (#wait_turn), if
+      # it kept one, on the loop's next turn: unparked, it reads its next
+      # request; still parked (settled), it gives the fiber up; closed
+      # (handed to a sibling, idle timeout, stop), it ends. The {Acceptor}
+      # calls it for a connection the {IdleSet} took out.
+      # @return [Boolean] whether a fiber waited there (none then needs a task).
+      def wake_turn
+        fiber = @turn_fiber or return false
+
+        Fiber.scheduler.wake(fiber)
+        true
       end
 
       # Offers the connection, just out of the {IdleSet} where it waited its
@@ -182,9 +198,16 @@ module NeverBlock
           # previous report, so the connection answered last in a round, whose
           # next request had not come yet when the loop looked, then waited
           # most of two rounds (ten clients of 20 ms pages: p99 163 ms, 100 in
-          # turn).
+          # turn). It waits there in its fiber (#wait_turn), unless
+          # IdleSet::WAITING_FIBERS fibers wait already.
           if idle_set && took_turn && park?
-            data = park(turn: true)
+            if idle_set.crowded?
+              data = park(turn: true)
+            else
+              idle_set.fiber_waits += 1
+              counted = true
+              data = wait_turn(buffer)
+            end
           elsif idle_set && idle_set.crowded? && park?
             if @brisk
               (brief = idle_set.brief_waits).add(self)
@@ -216,6 +239,35 @@ module NeverBlock
           @idle_deadline = nil
           @idle_grace_until = nil
         end
+      end
+
+      # Waits its turn (see #read_next_request) parked in the {IdleSet}, as
+      # #park(turn: true) does, but in its own fiber: the set's report wakes
+      # it (Acceptor#wake_parked, #wake_turn), in the order the requests
+      # arrived, and no task ends or starts for the next request (a task
+      # costs a hello request a fifth of its instructions). Settled by the
+      # {IdleSweeper} (idle a sweep interval), it gives the fiber up and
+      # stays parked, as #park leaves it; so does one whose task is
+      # cancelled meanwhile. Closed meanwhile, it ends.
+      # @return [String, nil] the bytes; nil when it gave its fiber up, or
+      #   on EOF or a close.
+      def wait_turn(buffer)
+        park(turn: true)
+        @fiber = @turn_fiber = Fiber.current
+        begin
+          Fiber.scheduler.suspend
+        ensure
+          @turn_fiber = nil
+          @fiber = nil if @parked
+        end
+        return if @parked || @io.closed?
+
+        data = @socket.read_nonblock(Connection::READ_SIZE, buffer, exception: false)
+        data = :wait_readable if @parser.took_empty_lines?(data)
+        return read_when_ready(buffer) if data == :wait_readable
+
+        @brisk = came_back_soon? if data && @answered
+        data
       end
 
       # #read_next_request's wait in its fiber, until bytes come (empty
@@ -325,6 +377,7 @@ module NeverBlock
         @idle = false
         @idle_deadline = nil
         @context.connection_closed(self)
+        wake_turn
       end
 
       # @return [Boolean] whether it was parked waiting its turn.
