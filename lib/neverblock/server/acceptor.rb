@@ -205,6 +205,7 @@ module NeverBlock
       rescue StandardError => e
         NeverBlock.logger.error("NeverBlock::Server: could not resume an idle connection: #{e.class}: #{e.message}")
         close_connection(connection) # (again, if spawn_for did: finishing is idempotent)
+        connection.wake_turn # its fiber, if it waited its turn there, ends (its socket is closed)
       end
 
       # Open connections less those parked idle in the {IdleSet} (a connection

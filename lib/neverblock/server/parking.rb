@@ -106,6 +106,8 @@ module NeverBlock
       # to the pool.
       # @return [void]
       def park_idle
+        return if @turn_fiber # woken from its turn's wait, about to read its request
+
         Fiber.scheduler.interrupt(@task, IdleSweeper::Park.new) if @idle && @fiber && @task && !@parked && park?
       end
 

@@ -25,6 +25,12 @@ class ServerTurnWaitTest < PlainTest
     super
   end
 
+  def teardown
+    super
+  ensure
+    @handoff_pairs&.each { |pair| pair&.each { |socket| socket.close unless socket.closed? } }
+  end
+
   def test_the_request_after_a_turn_is_served_by_the_same_task
     start_server(APP)
     socket = connect
@@ -132,7 +138,117 @@ class ServerTurnWaitTest < PlainTest
     refute_equal first, served_by(socket, "/")
   end
 
+  # A connection waiting its turn in its fiber whose next request a less
+  # busy sibling worker takes over (Handoff, from Acceptor#wake_parked):
+  # the socket is the sibling's, with the request unread, and the fiber
+  # that waited here ends (Connection#wake_turn after the close). Left
+  # suspended, it would hold a task and a fiber wait until a stop, which
+  # would then wait shutdown_timeout for it.
+  def test_a_connection_handed_to_a_sibling_while_its_fiber_waits_leaves_no_task_behind
+    sibling = start_server_beside_a_sibling
+    base = server_tasks
+    moving = connect
+    staying = connect
+    served_by(moving, "/slow")
+    stayed = served_by(staying, "/slow")
+    assert_equal base + 2, server_tasks, "their fibers did not wait there"
+    assert_equal 2, idle_set.fiber_waits
+    moving.write(get("/moved"))
+    answer_moved(sibling, moving)
+    assert_equal 1, @server.stats[:handed_off]
+    eventually(timeout: 10) { server_tasks == base + 1 && idle_set.fiber_waits == 1 }
+    assert_equal 1, @server.stats[:connections]
+    assert_equal stayed, served_by(staying, "/"), "the connection that stayed lost its fiber"
+  end
+
+  # The same beyond IdleSet::WAITING_FIBERS, where the connection waits its
+  # turn without a fiber: no task starts here for the connection that left.
+  def test_no_task_starts_for_a_connection_handed_to_a_sibling_from_a_turn_wait_without_its_fiber
+    sibling = start_server_beside_a_sibling
+    idle_set.instance_variable_set(:@waiting_fibers, 0)
+    moving = connect
+    staying = connect
+    served_by(moving, "/slow")
+    served_by(staying, "/slow")
+    connection = server_connection(moving)
+    parked_by = connection.task
+    refute connection.fiber, "it waited its turn in its fiber"
+    moving.write(get("/moved"))
+    answer_moved(sibling, moving)
+    assert_equal 1, @server.stats[:handed_off]
+    served_by(staying, "/") # (the server's loop is past the move)
+    assert_same parked_by, connection.task, "a task started for the connection handed to the sibling"
+    assert_equal 1, @server.stats[:connections]
+  end
+
+  # A failure as the IdleSet's report is handled (Acceptor#wake_parked;
+  # here the hand-off check raises) closes the connection, and the fiber
+  # that waited its turn there ends with it: left suspended, it would hold
+  # a task until a stop, which would then wait shutdown_timeout for it.
+  def test_a_failure_waking_a_connection_ends_the_fiber_that_waited_its_turn
+    start_server(APP, idle_timeout: 3600, shutdown_timeout: 60)
+    wait_serving
+    base = server_tasks
+    @server.instance_variable_get(:@context).define_singleton_method(:hand_off) { |*| raise IOError, "the test's failure" }
+    socket = connect
+    served_by(socket, "/slow")
+    socket.write(get("/"))
+    assert socket.wait_readable(10), "not closed"
+    begin
+      assert_nil socket.read_nonblock(1, exception: false)
+    rescue Errno::ECONNRESET
+      nil # (closed with the request unread)
+    end
+    eventually(timeout: 10) { server_tasks == base && idle_set.fiber_waits.zero? && @server.stats[:connections].zero? }
+  end
+
   private
+
+  # Starts the server as worker 0 of a Handoff whose worker 1 is the test:
+  # it serves no connection, so the server (two or more active connections,
+  # Handoff::MARGIN) hands it the next connection that waited its turn. A
+  # sweep interval of a minute: no connection is settled meanwhile (it
+  # would no longer count as active), however slow the machine.
+  # @return [NeverBlock::Server::Handoff] worker 1's.
+  def start_server_beside_a_sibling
+    handoff_class = NeverBlock::Server::Handoff
+    skip "no handoff here: it needs IO::Buffer.map and SCM_RIGHTS" unless handoff_class.available?
+
+    handoff = handoff_class.new(2)
+    @handoff_pairs = handoff.instance_variable_get(:@pairs)
+    sibling = handoff.dup
+    assert sibling.attach(1, [:listener], -> { 0 })
+    sibling.open
+    interval = replace_constant(NeverBlock::Server::IdleSweeper, :MAX_INTERVAL, 60.0)
+    begin
+      @server = NeverBlock::Server.new(Rack::Lint.new(APP), bind: ["tcp://127.0.0.1:0"], workers: 0,
+                                                             idle_timeout: 3600, shutdown_timeout: 2)
+    ensure
+      replace_constant(NeverBlock::Server::IdleSweeper, :MAX_INTERVAL, interval)
+    end
+    @server.worker_index = 0
+    @server.handoff = handoff.dup
+    @port = Integer(@server.bound_addresses.first[/\d+\z/])
+    @server_thread = Thread.new { @server.run }
+    wait_serving
+    sibling
+  end
+
+  # The sibling takes the socket that moved, with `client`'s request
+  # unread in it, and answers.
+  def answer_moved(sibling, client)
+    deadline = now + 10
+    received = nil
+    until (received = sibling.receive)
+      flunk "no connection was handed to the sibling" if now > deadline
+      sleep 0.01
+    end
+    socket = received.first
+    (@sockets ||= []) << socket
+    assert_equal get("/moved"), socket.readpartial(1000)
+    socket.write("HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nmoved")
+    assert_equal [200, "moved"], read_response(client).values_at(0, 2)
+  end
 
   def request(socket, path)
     socket.write(get(path))
