@@ -21,6 +21,9 @@
 #                                           Connection::TURN: its connection's
 #                                           next request waits its turn
 #                                           -> bench/results/instructions-turn.{txt,csv}
+#   bench/run instructions --app rails      the Rails app of bench/rails.rb, GET /fast
+#                                           (in bin/databases: PostgreSQL)
+#                                           -> bench/results/instructions-rails.{txt,csv}
 #
 # The client pauses --pause-ms after each response before it sends the
 # next request: under callgrind the server runs some 50× slower, and a
@@ -30,7 +33,8 @@
 # waits in the event loop). With no pause the counts leave out that wait.
 #
 # Needs valgrind (callgrind_control). What the counts include: the server
-# process only (the client is this process), Ruby 3.1 without YJIT.
+# process only (the client is this process; for --app rails, PostgreSQL is
+# not counted either), Ruby 3.1 without YJIT.
 
 require_relative "support/harness"
 require_relative "support/servers"
@@ -41,8 +45,20 @@ module NeverBlockBench
   class InstructionsBench < Bench
     include Worktrees
 
-    APPS = { "hello" => File.expand_path("support/instructions_app.ru", __dir__),
-             "turn" => File.expand_path("support/instructions_turn_app.ru", __dir__) }.freeze
+    # What --app serves: the rackup, the path requested, the table's title,
+    # `neverblock serve`'s extra arguments and environment.
+    App = Struct.new(:rackup, :path, :title, :args, :env, keyword_init: true)
+    APPS = {
+      "hello" => App.new(rackup: File.expand_path("support/instructions_app.ru", __dir__), path: "/",
+                         title: "Instructions per hello-world request", args: [], env: {}),
+      "turn" => App.new(rackup: File.expand_path("support/instructions_turn_app.ru", __dir__), path: "/",
+                        title: "Instructions per hello-world request, each holding its request slot past Connection::TURN",
+                        args: [], env: {}),
+      # bench/rails's app (the databases bin/databases starts: bench/run does for --app rails)
+      "rails" => App.new(rackup: File.expand_path("rails/config.ru", __dir__), path: "/fast",
+                         title: "Instructions per request of the Rails app's GET /fast (select 1, neverblock_postgresql)",
+                         args: %w[-E production], env: { "NB_RAILS_ADAPTER" => "neverblock_postgresql", "NB_RAILS_POOL" => "200" })
+    }.freeze
     DEFAULTS = { requests: 1000, warmup: 300, baseline: "1530789", before: "66bcfb0", pause_ms: 2.0, app: "hello" }.freeze
     QUICK = { requests: 100, warmup: 50 }.freeze
     ONLY = %w[baseline before head].freeze
@@ -52,15 +68,14 @@ module NeverBlockBench
     # @return [Boolean] true when every revision was measured
     def call
       app = APPS.fetch(@options[:app]) { raise ArgumentError, "--app is one of #{APPS.keys.join(', ')}" }
-      turn = @options[:app] == "turn" ? ", each holding its request slot past Connection::TURN" : ""
-      puts NeverBlockBench.header("Instructions per hello-world request#{turn} (callgrind), neverblock serve -w 0",
+      puts NeverBlockBench.header("#{app.title} (callgrind), neverblock serve -w 0",
                                   "#{@options[:warmup]} warm-up requests, then #{@options[:requests]} counted, " \
                                   "one keep-alive connection, #{@options[:pause_ms]} ms between a response and the next request")
       rows = @options[:only].map { |name| measure(name, app) }
       base = rows.find { |row| row["revision"] == "baseline" }&.fetch("instructions/request")
       rows.each { |row| row["vs baseline"] = base ? format("%.3f", row["instructions/request"].to_f / base) : "" }
       puts "\n#{Table.of(rows, COLUMNS)}"
-      NeverBlockBench.write_results(@options[:out], @options[:app] == "turn" ? "instructions-turn" : "instructions", rows)
+      NeverBlockBench.write_results(@options[:out], @options[:app] == "hello" ? "instructions" : "instructions-#{@options[:app]}", rows)
       true
     end
 
@@ -83,13 +98,13 @@ module NeverBlockBench
       port = ServerProcess.free_port
       server = ServerProcess.start("neverblock #{name}", [
         "valgrind", "--tool=callgrind", "--separate-threads=yes", "--callgrind-out-file=#{out}",
-        "ruby", "-rbundler/setup", File.join(dir, "exe/neverblock"), "serve", app, "-w", "0", "-b", "tcp://127.0.0.1:#{port}"
-      ], port: port, env: environment(dir))
+        "ruby", "-rbundler/setup", File.join(dir, "exe/neverblock"), "serve", app.rackup, "-w", "0", "-b", "tcp://127.0.0.1:#{port}", *app.args
+      ], port: port, env: environment(dir).merge(app.env))
       server.wait_until_ready(timeout: READY_TIMEOUT)
       Socket.tcp("127.0.0.1", port) do |socket|
-        requests(socket, @options[:warmup])
+        requests(socket, @options[:warmup], app.path)
         dump(server.pid)
-        requests(socket, @options[:requests])
+        requests(socket, @options[:requests], app.path)
         dump(server.pid)
       end
       server.stop
@@ -98,11 +113,12 @@ module NeverBlockBench
     end
 
     # Sends `count` GETs on the keep-alive `socket`, one at a time, each read to its end.
-    def requests(socket, count)
+    def requests(socket, count, path)
       pause = @options[:pause_ms] / 1000.0
+      request = RawHTTP.request(path)
       count.times do
         sleep pause if pause.positive?
-        socket.write(RawHTTP.request)
+        socket.write(request)
         RawHTTP.read_response(socket, NeverBlockBench.now + READY_TIMEOUT) or raise "the server closed the connection"
       end
     end
