@@ -31,9 +31,8 @@ module NeverBlock
     # for Connection::TURN or longer parks at once, to wait its turn in the
     # order requests arrive, but keeps its fiber, suspended, which the
     # report wakes (Connection#wait_turn), until the sweeper finds it idle.
-    # {#unpark}
-    # takes out one that is closed while parked (the {IdleSweeper}'s idle
-    # timeout, {Server#stop}).
+    # {#unpark} takes out one that is closed while parked (the
+    # {IdleSweeper}'s idle timeout, {Server#stop}).
     #
     # Without the extension (not Linux), or with the environment variable
     # `NEVERBLOCK_IDLE_SET=off`, {.build} returns nil and every idle
