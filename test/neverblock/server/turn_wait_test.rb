@@ -32,7 +32,7 @@ class ServerTurnWaitTest < PlainTest
   end
 
   def test_the_request_after_a_turn_is_served_by_the_same_task
-    start_server(APP)
+    start_unsettled_server(APP)
     socket = connect
     first = served_by(socket, "/slow")
     assert_equal first, served_by(socket, "/"), "the request after /slow came to another task"
@@ -88,7 +88,7 @@ class ServerTurnWaitTest < PlainTest
   # wait, the stop would wait for its task (up to shutdown_timeout).
   def test_a_stop_closes_a_connection_waiting_its_turn_at_once
     grace = replace_constant(NeverBlock::Server, :STOP_IDLE_GRACE, 0.0)
-    start_server(APP, idle_timeout: 3600, shutdown_timeout: 60)
+    start_unsettled_server(APP, idle_timeout: 3600, shutdown_timeout: 60)
     wait_serving
     base = server_tasks
     socket = connect
@@ -118,7 +118,7 @@ class ServerTurnWaitTest < PlainTest
       end
       APP.call(env)
     end
-    server = start_server(app, idle_timeout: 3600)
+    server = start_unsettled_server(app, idle_timeout: 3600)
     waiting = connect
     first = served_by(waiting, "/slow")
     other = connect
@@ -186,7 +186,7 @@ class ServerTurnWaitTest < PlainTest
   # that waited its turn there ends with it: left suspended, it would hold
   # a task until a stop, which would then wait shutdown_timeout for it.
   def test_a_failure_waking_a_connection_ends_the_fiber_that_waited_its_turn
-    start_server(APP, idle_timeout: 3600, shutdown_timeout: 60)
+    start_unsettled_server(APP, idle_timeout: 3600, shutdown_timeout: 60)
     wait_serving
     base = server_tasks
     @server.instance_variable_get(:@context).define_singleton_method(:hand_off) { |*| raise IOError, "the test's failure" }
@@ -204,11 +204,27 @@ class ServerTurnWaitTest < PlainTest
 
   private
 
+  # The server with a sweep interval of a minute (#unsettled).
+  def start_unsettled_server(app, **options)
+    unsettled { start_server(app, **options) }
+  end
+
+  # Makes the server the block makes sweep once a minute: its IdleSweeper
+  # settles no connection waiting its turn (which would give its fiber up,
+  # and no longer count as active) meanwhile, however slowly a loaded
+  # machine runs the test.
+  # @return what the block returns.
+  def unsettled
+    interval = replace_constant(NeverBlock::Server::IdleSweeper, :MAX_INTERVAL, 60.0)
+    yield
+  ensure
+    replace_constant(NeverBlock::Server::IdleSweeper, :MAX_INTERVAL, interval) if interval
+  end
+
   # Starts the server as worker 0 of a Handoff whose worker 1 is the test:
   # it serves no connection, so the server (two or more active connections,
-  # Handoff::MARGIN) hands it the next connection that waited its turn. A
-  # sweep interval of a minute: no connection is settled meanwhile (it
-  # would no longer count as active), however slow the machine.
+  # Handoff::MARGIN) hands it the next connection that waited its turn.
+  # No connection is settled meanwhile (#unsettled).
   # @return [NeverBlock::Server::Handoff] worker 1's.
   def start_server_beside_a_sibling
     handoff_class = NeverBlock::Server::Handoff
@@ -219,12 +235,8 @@ class ServerTurnWaitTest < PlainTest
     sibling = handoff.dup
     assert sibling.attach(1, [:listener], -> { 0 })
     sibling.open
-    interval = replace_constant(NeverBlock::Server::IdleSweeper, :MAX_INTERVAL, 60.0)
-    begin
-      @server = NeverBlock::Server.new(Rack::Lint.new(APP), bind: ["tcp://127.0.0.1:0"], workers: 0,
-                                                             idle_timeout: 3600, shutdown_timeout: 2)
-    ensure
-      replace_constant(NeverBlock::Server::IdleSweeper, :MAX_INTERVAL, interval)
+    @server = unsettled do
+      NeverBlock::Server.new(Rack::Lint.new(APP), bind: ["tcp://127.0.0.1:0"], workers: 0, idle_timeout: 3600, shutdown_timeout: 2)
     end
     @server.worker_index = 0
     @server.handoff = handoff.dup
