@@ -195,17 +195,13 @@ module NeverBlock
       # in the sibling.
       # @return [void]
       def wake_parked(connection)
-        if connection.unpark && connection.hand_off
-          close_connection(connection)
-          return connection.wake_turn # (its fiber, if it waited there, then ends)
-        end
+        return close_connection(connection) if connection.unpark && connection.hand_off
         return if connection.wake_turn # it waited its turn in its fiber
 
         spawn_for(connection) { connection.resume }
       rescue StandardError => e
         NeverBlock.logger.error("NeverBlock::Server: could not resume an idle connection: #{e.class}: #{e.message}")
         close_connection(connection) # (again, if spawn_for did: finishing is idempotent)
-        connection.wake_turn # its fiber, if it waited its turn there, ends (its socket is closed)
       end
 
       # Open connections less those parked idle in the {IdleSet} (a connection

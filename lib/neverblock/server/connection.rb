@@ -149,10 +149,12 @@ module NeverBlock
       end
 
       # Closes the socket, unless the app took it (rack.hijack) or it is
-      # closed already.
+      # closed already. A fiber that waited its turn for the next request
+      # in the connection (Parking#wait_turn) then ends.
       # @return [void]
       def close
         @io.close unless @io.closed? || @hijacked
+        wake_turn
       end
 
       # The Rack full hijack (`env["rack.hijack"].call`): from now on the

@@ -42,8 +42,8 @@ module NeverBlock
       # Wakes the fiber the connection waits its turn in (#wait_turn), if
       # it kept one, on the loop's next turn: unparked, it reads its next
       # request; still parked (settled), it gives the fiber up; closed
-      # (handed to a sibling, idle timeout, stop), it ends. The {Acceptor}
-      # calls it for a connection the {IdleSet} took out.
+      # (handed to a sibling, idle timeout, stop: Connection#close), it ends.
+      # The {Acceptor} calls it for a connection the {IdleSet} took out.
       # @return [Boolean] whether a fiber waited there (none then needs a task).
       def wake_turn
         fiber = @turn_fiber or return false
@@ -379,7 +379,6 @@ module NeverBlock
         @idle = false
         @idle_deadline = nil
         @context.connection_closed(self)
-        wake_turn
       end
 
       # @return [Boolean] whether it was parked waiting its turn.
