@@ -134,6 +134,16 @@ module TestSupport
     old
   end
 
+  # Runs the block with `owner`'s constant `name` set to `value`
+  # (#replace_constant), then puts it back.
+  # @return what the block returns.
+  def with_constant(owner, name, value)
+    old = replace_constant(owner, name, value)
+    yield
+  ensure
+    replace_constant(owner, name, old) if old
+  end
+
   # Runs `code` in a child Ruby with lib/ on the load path; the child is
   # killed (and the test fails) if it runs longer than `timeout` seconds.
   # @return [Array(String, String, Process::Status)] stdout, stderr, status.

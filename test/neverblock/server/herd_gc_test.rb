@@ -34,7 +34,7 @@ class ServerHerdGCTest < PlainTest
   end
 
   def test_a_herd_runs_with_major_gcs_held_off_and_they_are_back_after_it
-    with_constant(:LONGEST, 600.0) do # ended by the herd's end, not the longest hold
+    with_constant(HerdGC, :LONGEST, 600.0) do # ended by the herd's end, not the longest hold
       answers = herd_answers
       assert_operator answers.count("off"), :>=, BACKLOG / 2, "answers: #{answers.tally}"
       eventually(timeout: 20) { !HerdGC.holding? }
@@ -54,8 +54,8 @@ class ServerHerdGCTest < PlainTest
   end
 
   def test_a_stop_ends_the_hold
-    with_constant(:AFTER, 60.0) do # no timer ends it before the stop
-      with_constant(:LONGEST, 600.0) { herd_answers }
+    with_constant(HerdGC, :AFTER, 60.0) do # no timer ends it before the stop
+      with_constant(HerdGC, :LONGEST, 600.0) { herd_answers }
       assert HerdGC.holding?
       @server.stop
       assert @server_thread.join(20), "server did not stop"
@@ -66,7 +66,7 @@ class ServerHerdGCTest < PlainTest
   end
 
   def test_no_hold_begins_within_the_rest_after_one
-    with_constant(:AFTER, 0.1) do
+    with_constant(HerdGC, :AFTER, 0.1) do
       assert_includes herd_answers, "off"
       eventually(timeout: 10) { !HerdGC.holding? }
       assert_equal ["on"], herd_answers.uniq, "a second herd at once"
@@ -86,7 +86,7 @@ class ServerHerdGCTest < PlainTest
   # A herd that goes on starting (the loop keeps taking in connections)
   # holds major GCs off for HerdGC::LONGEST at most.
   def test_a_hold_ends_after_the_longest_however_long_the_herd
-    with_constant(:LONGEST, 0.3) do
+    with_constant(HerdGC, :LONGEST, 0.3) do
       NeverBlock.run do
         scheduler = NeverBlock.current_scheduler!
         HerdGC.herd_starting(scheduler)
@@ -165,12 +165,5 @@ class ServerHerdGCTest < PlainTest
     socket = connect
     socket.write(get("/n"))
     read_response(socket)[2]
-  end
-
-  def with_constant(name, value)
-    old = replace_constant(HerdGC, name, value)
-    yield
-  ensure
-    replace_constant(HerdGC, name, old) if old
   end
 end

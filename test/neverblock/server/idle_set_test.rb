@@ -13,22 +13,6 @@ require "tmpdir"
 module IdleConnectionBehaviour
   include ServerHelper
 
-  def request(socket, path = "/")
-    socket.write(get(path))
-    read_response(socket)
-  end
-
-  # Tasks of the server's loop now (its own few, plus one per connection
-  # that holds a fiber).
-  def server_tasks
-    @server.instance_variable_get(:@scheduler).tasks.size
-  end
-
-  # Once this is true the server made its loop, its pool and its IdleSet.
-  def wait_serving
-    eventually { @server.stats[:connection_fibers] && @server.instance_variable_get(:@scheduler) }
-  end
-
   # Waits until `count` connections are idle, and (with the IdleSet) parked:
   # the IdleSweeper parks a connection that waited one sweep interval.
   def wait_idle(count)
@@ -183,17 +167,16 @@ class ServerIdleSetTest < PlainTest
   # connection wait its turn, parked and in its fiber at once
   # (turn_wait_test.rb), which the counts here leave out.
   def test_busy_connections_beyond_the_fiber_waits_park_before_the_sweeper_comes
-    turn = replace_constant(NeverBlock::Server::Connection, :TURN, 3600.0)
-    start_server(idle_timeout: 3600)
-    wait_serving
-    idle_set = @server.instance_variable_get(:@context).idle_set
-    idle_set.instance_variable_set(:@waiting_fibers, 20)
-    sockets = Array.new(50) { connect }
-    sockets.each { |socket| 2.times { assert_equal 200, request(socket)[0] } }
-    eventually { idle_set.size == 30 && idle_set.fiber_waits == 20 }
-    eventually { idle_set.size == 50 && idle_set.fiber_waits.zero? }
-  ensure
-    replace_constant(NeverBlock::Server::Connection, :TURN, turn) if turn
+    with_constant(NeverBlock::Server::Connection, :TURN, 3600.0) do
+      start_server(idle_timeout: 3600)
+      wait_serving
+      idle_set = @server.instance_variable_get(:@context).idle_set
+      idle_set.instance_variable_set(:@waiting_fibers, 20)
+      sockets = Array.new(50) { connect }
+      sockets.each { |socket| 2.times { assert_equal 200, request(socket)[0] } }
+      eventually { idle_set.size == 30 && idle_set.fiber_waits == 20 }
+      eventually { idle_set.size == 50 && idle_set.fiber_waits.zero? }
+    end
   end
 end
 

@@ -35,18 +35,17 @@ class ServerReadAheadTest < PlainTest
   # connection wait its turn instead, read ahead or not: on a loaded
   # machine a hello world may, so TURN is raised here.)
   def test_a_pipelining_client_has_its_connection_read_ahead
-    turn = replace_constant(NeverBlock::Server::Connection, :TURN, 3600.0)
-    socket = connect
-    socket.write(get * 2)
-    2.times { assert_equal 200, read_response(socket).first }
-    log = read_log_of(socket)
-    socket.write(get)
-    assert_equal 200, read_response(socket).first
-    deadline = NeverBlock::Clock.now + 5
-    sleep 0.01 until log.read_log.map(&:last).include?(:wait_readable) || NeverBlock::Clock.now > deadline
-    assert_equal %i[bytes wait_readable], log.read_log.first(2).map(&:last), "after the answer, a read ahead that found nothing yet"
-  ensure
-    replace_constant(NeverBlock::Server::Connection, :TURN, turn) if turn
+    with_constant(NeverBlock::Server::Connection, :TURN, 3600.0) do
+      socket = connect
+      socket.write(get * 2)
+      2.times { assert_equal 200, read_response(socket).first }
+      log = read_log_of(socket)
+      socket.write(get)
+      assert_equal 200, read_response(socket).first
+      deadline = NeverBlock::Clock.now + 5
+      sleep 0.01 until log.read_log.map(&:last).include?(:wait_readable) || NeverBlock::Clock.now > deadline
+      assert_equal %i[bytes wait_readable], log.read_log.first(2).map(&:last), "after the answer, a read ahead that found nothing yet"
+    end
   end
 
   private

@@ -70,6 +70,23 @@ module ServerHelper
     "GET #{path} HTTP/1.1\r\nHost: localhost\r\n#{extra}\r\n"
   end
 
+  # Sends a GET of `path` on `socket` and reads its response (#read_response).
+  def request(socket, path = "/")
+    socket.write(get(path))
+    read_response(socket)
+  end
+
+  # Once this is true the server (this process's) made its loop, its pool and its IdleSet.
+  def wait_serving
+    eventually { @server.stats[:connection_fibers] && @server.instance_variable_get(:@scheduler) }
+  end
+
+  # Tasks of the server's loop now (its own few, plus one per connection
+  # that holds a fiber).
+  def server_tasks
+    @server.instance_variable_get(:@scheduler).tasks.size
+  end
+
   # @return [NeverBlock::Server::Connection] the server's connection of
   #   the socket `client` opened (the server runs in this process)
   def server_connection(client)

@@ -87,21 +87,20 @@ class ServerTurnWaitTest < PlainTest
   # settle it meanwhile) is over; if that close did not end the fiber's
   # wait, the stop would wait for its task (up to shutdown_timeout).
   def test_a_stop_closes_a_connection_waiting_its_turn_at_once
-    grace = replace_constant(NeverBlock::Server, :STOP_IDLE_GRACE, 0.0)
-    start_unsettled_server(APP, idle_timeout: 3600, shutdown_timeout: 60)
-    wait_serving
-    base = server_tasks
-    socket = connect
-    served_by(socket, "/slow")
-    assert_equal base + 1, server_tasks, "its fiber did not wait there"
-    started = now
-    @server.stop
-    assert @server_thread.join(20), "the stop waited for the fiber"
-    assert_operator now - started, :<, 20
-    assert socket.wait_readable(10)
-    assert_nil socket.read_nonblock(1, exception: false)
-  ensure
-    replace_constant(NeverBlock::Server, :STOP_IDLE_GRACE, grace) if grace
+    with_constant(NeverBlock::Server, :STOP_IDLE_GRACE, 0.0) do
+      start_unsettled_server(APP, idle_timeout: 3600, shutdown_timeout: 60)
+      wait_serving
+      base = server_tasks
+      socket = connect
+      served_by(socket, "/slow")
+      assert_equal base + 1, server_tasks, "its fiber did not wait there"
+      started = now
+      @server.stop
+      assert @server_thread.join(20), "the stop waited for the fiber"
+      assert_operator now - started, :<, 20
+      assert socket.wait_readable(10)
+      assert_nil socket.read_nonblock(1, exception: false)
+    end
   end
 
   # Its task cancelled while it waits (here by the app; on a stop, the pool
@@ -214,11 +213,8 @@ class ServerTurnWaitTest < PlainTest
   # and no longer count as active) meanwhile, however slowly a loaded
   # machine runs the test.
   # @return what the block returns.
-  def unsettled
-    interval = replace_constant(NeverBlock::Server::IdleSweeper, :MAX_INTERVAL, 60.0)
-    yield
-  ensure
-    replace_constant(NeverBlock::Server::IdleSweeper, :MAX_INTERVAL, interval) if interval
+  def unsettled(&)
+    with_constant(NeverBlock::Server::IdleSweeper, :MAX_INTERVAL, 60.0, &)
   end
 
   # Starts the server as worker 0 of a Handoff whose worker 1 is the test:
@@ -262,24 +258,11 @@ class ServerTurnWaitTest < PlainTest
     assert_equal [200, "moved"], read_response(client).values_at(0, 2)
   end
 
-  def request(socket, path)
-    socket.write(get(path))
-    read_response(socket)
-  end
-
   # @return [String] the task that served `path` on `socket`.
   def served_by(socket, path)
     status, _headers, body = request(socket, path)
     assert_equal 200, status
     body
-  end
-
-  def wait_serving
-    eventually { @server.stats[:connection_fibers] && @server.instance_variable_get(:@scheduler) }
-  end
-
-  def server_tasks
-    @server.instance_variable_get(:@scheduler).tasks.size
   end
 
   def idle_set
