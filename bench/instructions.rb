@@ -32,9 +32,13 @@
 # keep-alive connection finds its socket empty after each response and
 # waits in the event loop). With no pause the counts leave out that wait.
 #
-# Needs valgrind (callgrind_control). What the counts include: the server
-# process only (the client is this process; for --app rails, PostgreSQL is
-# not counted either), Ruby 3.1 without YJIT.
+# Needs valgrind (callgrind_control; bench/run installs it into a Ruby 3.4
+# chroot). What the counts include: the server process only (the client is
+# this process; for --app rails, PostgreSQL is not counted either), on the
+# Ruby that runs this script: Ruby 3.1 (bench/run instructions), or with
+# `bench/run --ruby 3.4-yjit instructions` Ruby 3.4 with YJIT on (its
+# compiled code counts as it runs; the warm-up requests compile it) ->
+# bench/results/ruby34-yjit/instructions*.{txt,csv}.
 
 require_relative "support/harness"
 require_relative "support/servers"
@@ -64,6 +68,12 @@ module NeverBlockBench
     ONLY = %w[baseline before head].freeze
     COLUMNS = ["revision", "commit", "requests", "instructions/request", "vs baseline", "other threads/request"].freeze
     READY_TIMEOUT = 300 # seconds: Ruby boots slowly under valgrind
+    # YJIT writes machine code into memory no file maps, and patches it as
+    # it runs: valgrind must look for changed code there, or it would run
+    # its stale translation of the old code.
+    JIT_CODE = defined?(RubyVM::YJIT) && RubyVM::YJIT.enabled? ? ["--smc-check=all-non-file"] : [].freeze
+    # Run by bench/run inside a Ruby 3.4 chroot, under a bench/gemfiles bundle.
+    CHROOT_BUNDLE = ENV.fetch("BUNDLE_GEMFILE", "").include?("/bench/gemfiles/")
 
     # @return [Boolean] true when every revision was measured
     def call
@@ -97,8 +107,8 @@ module NeverBlockBench
       out = File.join(scratch, "callgrind.#{name}")
       port = ServerProcess.free_port
       server = ServerProcess.start("neverblock #{name}", [
-        "valgrind", "--tool=callgrind", "--separate-threads=yes", "--callgrind-out-file=#{out}",
-        "ruby", "-rbundler/setup", File.join(dir, "exe/neverblock"), "serve", app.rackup, "-w", "0", "-b", "tcp://127.0.0.1:#{port}", *app.args
+        "valgrind", "--tool=callgrind", "--separate-threads=yes", "--callgrind-out-file=#{out}", *JIT_CODE,
+        RbConfig.ruby, "-rbundler/setup", File.join(dir, "exe/neverblock"), "serve", app.rackup, "-w", "0", "-b", "tcp://127.0.0.1:#{port}", *app.args
       ], port: port, env: environment(dir).merge(app.env))
       server.wait_until_ready(timeout: READY_TIMEOUT)
       Socket.tcp("127.0.0.1", port) do |socket|
@@ -129,8 +139,13 @@ module NeverBlockBench
       raise "callgrind_control failed: #{output}" unless status.success?
     end
 
-    # The revision's own lib/ and C extension, this checkout's bundle.
+    # The revision's own lib/ and C extension, this checkout's bundle: on
+    # Ruby 3.1 the revision's Gemfile over vendor/bundle; in a chroot
+    # (bench/run --ruby 3.4...) this process's bench bundle, with the
+    # revision's lib/ ahead of it (Worktrees#revision_env).
     def environment(dir)
+      return revision_env(dir).merge("RUBYOPT" => nil) if CHROOT_BUNDLE
+
       { "BUNDLE_GEMFILE" => File.join(dir, "Gemfile"), "BUNDLE_PATH" => File.join(REPO, "vendor/bundle"),
         "BUNDLE_FROZEN" => "true", "RUBYLIB" => extension(dir), "RUBYOPT" => nil }
     end

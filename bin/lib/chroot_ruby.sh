@@ -11,8 +11,9 @@
 #   chroot_ruby_use VERSION        choose 3.3, 3.4 or 3.4-yjit (sets CR_* below)
 #   chroot_ruby_built              is the chroot there?
 #   chroot_ruby_build              debootstrap the chroot if it is missing (atomic, locked)
-#   chroot_ruby_ensure_packages    install chroot packages that are missing (e.g. a package
-#                                  added to the list after the chroot was built)
+#   chroot_ruby_ensure_packages [PKG...]  install chroot packages that are missing (e.g. a
+#                                  package added to the list after the chroot was built), and
+#                                  PKG (a tool one benchmark needs: bench/run instructions, valgrind)
 #   chroot_ruby_exec CMD...        run CMD inside the chroot, cwd /src (the repository),
 #                                  BUNDLE_PATH=vendor/bundle-X.Y, BUNDLE_GEMFILE=gemfiles/rubyXY.gemfile;
 #                                  returns CMD's exit status
@@ -210,7 +211,7 @@ _chroot_ruby_sync_etc() {
 chroot_ruby_ensure_packages() {
   local missing
   mapfile -t missing < <(
-    for pkg in "${CR_PACKAGES[@]}" "${CR_EXAMPLE_PACKAGES[@]}" "${CR_BENCH_PACKAGES[@]}"; do
+    for pkg in "${CR_PACKAGES[@]}" "${CR_EXAMPLE_PACKAGES[@]}" "${CR_BENCH_PACKAGES[@]}" "$@"; do
       [[ "$(dpkg-query --admindir="$CR_ROOT/var/lib/dpkg" -W -f='${Status}' "$pkg" 2>/dev/null)" \
          == "install ok installed" ]] || echo "$pkg"
     done)
