@@ -25,6 +25,11 @@
 #                                           (in bin/databases: PostgreSQL)
 #                                           -> bench/results/instructions-rails.{txt,csv}
 #
+# Before the counted requests the client asks the app for a full GC (GET
+# /gc, hello and turn): a minor GC costs as many instructions as some
+# hundred requests, and the counted stretch then has its collections at the
+# same requests in every run.
+#
 # The client pauses --pause-ms after each response before it sends the
 # next request: under callgrind the server runs some 50× slower, and a
 # request sent at once would often be in the socket before the server
@@ -50,14 +55,15 @@ module NeverBlockBench
     include Worktrees
 
     # What --app serves: the rackup, the path requested, the table's title,
-    # `neverblock serve`'s extra arguments and environment.
-    App = Struct.new(:rackup, :path, :title, :args, :env, keyword_init: true)
+    # `neverblock serve`'s extra arguments and environment, and the path that
+    # runs a full GC (nil: the app has none).
+    App = Struct.new(:rackup, :path, :title, :args, :env, :gc_path, keyword_init: true)
     APPS = {
       "hello" => App.new(rackup: File.expand_path("support/instructions_app.ru", __dir__), path: "/",
-                         title: "Instructions per hello-world request", args: [], env: {}),
+                         title: "Instructions per hello-world request", args: [], env: {}, gc_path: "/gc"),
       "turn" => App.new(rackup: File.expand_path("support/instructions_turn_app.ru", __dir__), path: "/",
                         title: "Instructions per hello-world request, each holding its request slot past Connection::TURN",
-                        args: [], env: {}),
+                        args: [], env: {}, gc_path: "/gc"),
       # bench/rails's app (the databases bin/databases starts: bench/run does for --app rails)
       "rails" => App.new(rackup: File.expand_path("rails/config.ru", __dir__), path: "/fast",
                          title: "Instructions per request of the Rails app's GET /fast (select 1, neverblock_postgresql)",
@@ -113,6 +119,7 @@ module NeverBlockBench
       server.wait_until_ready(timeout: READY_TIMEOUT)
       Socket.tcp("127.0.0.1", port) do |socket|
         requests(socket, @options[:warmup], app.path)
+        requests(socket, 1, app.gc_path) if app.gc_path
         dump(server.pid)
         requests(socket, @options[:requests], app.path)
         dump(server.pid)

@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-# Compiles NeverBlock's C extensions (ext/neverblock/*: epoll, http_head)
+# Compiles NeverBlock's C extensions (ext/neverblock/*: epoll, http_head, monotonic)
 # for the Ruby running this file, in a checkout: the tests and benchmarks run
 # lib/ from the repository (-Ilib), where no `gem install` built them. Each Ruby gets a
 # build directory of its own, tmp/ext/<version>-<platform>[-<prefix>], since
@@ -39,7 +39,7 @@ module NeverBlockExtension
 
   # @param sanitize [Boolean] build with {SANITIZE} into tmp/ext-asan/ instead.
   # @return [String] the directory to put on the load path (it holds
-  #   neverblock/epoll.so and neverblock/http_head.so once built).
+  #   neverblock/epoll.so, neverblock/http_head.so and neverblock/monotonic.so once built).
   # @raise [RuntimeError] when the compiler fails (its output in the message).
   def build(sanitize: false)
     dir = File.join(REPO, sanitize ? "tmp/ext-asan" : "tmp/ext", key)

@@ -170,7 +170,25 @@ static VALUE nb_response_headers(VALUE self, VALUE head, VALUE headers, VALUE ou
     return INT2FIX(walk.flags);
 }
 
+// NeverBlock::HTTPHead.head_buffer(line, capacity): a new String holding
+// `line` (a status line), in its encoding, with room for `capacity` bytes
+// made at once. On Ruby 3.2+ (Variable Width Allocation) a capacity that fits
+// an object slot keeps the bytes in the String's own slot: a response head
+// that fits then costs no malloc, no realloc as its header lines are
+// appended, and no free when it is swept. String.new(line, capacity: n)
+// would allocate a Hash for its keyword on every call.
+static VALUE nb_head_buffer(VALUE self, VALUE line, VALUE capacity) {
+    StringValue(line);
+    long capa = NUM2LONG(capacity);
+    if (capa < RSTRING_LEN(line)) capa = RSTRING_LEN(line);
+    VALUE head = rb_str_buf_new(capa);
+    rb_enc_copy(head, line);
+    rb_str_buf_cat(head, RSTRING_PTR(line), RSTRING_LEN(line));
+    return head;
+}
+
 void nb_response_head_init(VALUE klass) {
     id_each = rb_intern("each");
     rb_define_singleton_method(klass, "response_headers", nb_response_headers, 3);
+    rb_define_singleton_method(klass, "head_buffer", nb_head_buffer, 2);
 }

@@ -109,6 +109,7 @@ module NeverBlock
         @read_ahead = listener.tls ? true : false # that look reads before it waits: TLS may hold the bytes decrypted; set for a client that pipelines
         @brisk = false # its last next request came soon (see #came_back_soon?)
         @slot_at = nil # when it took its request slot (monotonic seconds; see TURN)
+        @slot_freed_at = nil # when it last gave its slot back (#release_slot)
         @turn = false # parked waiting its turn, not idle (see #park)
         @wait_cut = false # a wait on the socket was cut short (see #movable?)
         @app_task = nil # the task answering its request, while it does (see #cancel_for_hangup)
@@ -353,7 +354,7 @@ module NeverBlock
       def acquire_slot
         @waited = @admission.acquire
         @slot = true
-        @slot_at = Process.clock_gettime(Process::CLOCK_MONOTONIC) # Clock.now, without its call
+        @slot_at = Clock.now
       end
 
       # Gives the request slot back, if it holds one.
@@ -364,9 +365,9 @@ module NeverBlock
 
         @slot = false
         @admission.release
-        # Clock.now, without its call: this and #acquire_slot's are on every
-        # request's path (a hello request's only two readings of the clock).
-        Process.clock_gettime(Process::CLOCK_MONOTONIC) - @slot_at >= TURN
+        # (The connection's wait for its next request, which follows, takes
+        # its idle deadline from this reading: Parking#read_next_request.)
+        (@slot_freed_at = Clock.now) - @slot_at >= TURN
       end
 
       # The app called `env["neverblock.mark_as_io_bound"]`: the request gives

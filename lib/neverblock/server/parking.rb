@@ -167,6 +167,7 @@ module NeverBlock
       # @return [String, nil] the bytes, nil on EOF or idle timeout, or
       #   when it parked ({#parked?}).
       def read_next_request
+        held = @slot # (then #release_slot reads the clock, and the idle deadline below takes that reading)
         took_turn = release_slot
 
         @idle = true
@@ -190,7 +191,7 @@ module NeverBlock
         if data == :wait_readable
           # A resumed connection that found no request (TLS: part of a record)
           # keeps the deadline it parked with.
-          @idle_deadline ||= Clock.now + @limits.idle_timeout
+          @idle_deadline ||= (held ? @slot_freed_at : Clock.now) + @limits.idle_timeout
           @context.idle_sweeper.watch(self)
           idle_set = @context.idle_set
           # Its turn is taken in the order requests arrive: parked, its socket
