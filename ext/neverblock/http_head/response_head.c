@@ -184,6 +184,7 @@ static VALUE nb_head_buffer(VALUE self, VALUE line, VALUE capacity) {
     VALUE head = rb_str_buf_new(capa);
     rb_enc_copy(head, line);
     rb_str_buf_cat(head, RSTRING_PTR(line), RSTRING_LEN(line));
+    RB_GC_GUARD(line);
     return head;
 }
 
